@@ -1,0 +1,73 @@
+# embkv build.  `make` builds the engine library and the SQLite extension;
+# `make test` installs what is missing (Debian packages), builds every
+# variant and runs all tests; `make demo` runs the shell walkthrough;
+# `make bench` runs the benchmarks.
+
+CC      ?= cc
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+OPT     ?= -O2 -g
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext
+LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
+
+B := build
+
+ENGINE_SRC := $(filter-out ext/sqlite_%.c,$(wildcard ext/*.c))
+SQLEXT_SRC := $(wildcard ext/sqlite_*.c)
+HEADERS    := $(wildcard ext/*.h)
+TEST_SRC   := $(wildcard tests/test_*.c)
+BENCH_SRC  := $(wildcard bench/bench_*.c)
+
+# Variants: plain, ASan+UBSan, TSan.  Each has its own object directory.
+define variant
+$(1)_CFLAGS := $(CFLAGS) $(2)
+$(1)_ENGINE_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(ENGINE_SRC))
+$(1)_SQLEXT_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(SQLEXT_SRC))
+$(1)_TESTS := $$(patsubst tests/%.c,$(B)/$(1)/tests/%,$(TEST_SRC))
+
+$(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext
+	$$(CC) $$($(1)_CFLAGS) -c $$< -o $$@
+$(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
+	rm -f $$@ && ar rcs $$@ $$^
+$(B)/$(1)/tests/%: tests/%.c tests/check.h $(B)/$(1)/libembkv.a | $(B)/$(1)/tests
+	$$(CC) $$($(1)_CFLAGS) -Itests $$< -o $$@ $(B)/$(1)/libembkv.a $(LDLIBS)
+$(B)/$(1)/ext $(B)/$(1)/tests:
+	mkdir -p $$@
+endef
+
+$(eval $(call variant,plain,))
+$(eval $(call variant,asan,-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined))
+$(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
+
+.PHONY: all deps test test-plain test-asan test-tsan test-sql test-python bench demo clean
+all: $(B)/libembkv.a $(B)/embkv.so
+
+$(B)/libembkv.a: $(B)/plain/libembkv.a
+	cp $< $@
+$(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
+	$(CC) -shared -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
+
+deps:
+	@bash tests/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests
+	@bash tests/run.sh
+
+plain-tests: $(plain_TESTS)
+asan-tests: $(asan_TESTS)
+tsan-tests: $(tsan_TESTS)
+
+$(B)/bench/%: bench/%.c $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
+	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS)
+$(B)/bench:
+	mkdir -p $@
+
+bench: deps $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+	@bash bench/run.sh
+
+demo: deps all
+	@bash sql/demo.sh
+
+clean:
+	rm -rf $(B)

@@ -1,0 +1,189 @@
+/*
+ * embkv.h - the embkv store engine: a C API with no SQLite inside.
+ *
+ * A store maps int64 ids to fixed-size float32 vectors (plus an optional
+ * per-row optimizer state of `state_floats` floats) and lives in a directory
+ * of its own holding a libpmemobj pool.  The index is a PetHash-style
+ * single-level hash in the pool; records live in a slab space inside the
+ * pool and are updated copy-on-write.
+ *
+ * Threading: one store handle may be used by many threads at once.  Readers
+ * take no lock; writers lock only the buckets they change.
+ *
+ * Durability: every operation is visible to all threads as soon as it
+ * returns.  embkv_sync() makes the current state durable; after a crash the
+ * store reopens exactly as of the last completed sync (a clean close syncs).
+ *
+ * Errors: functions return an embkv_rc.  On failure a message describing it
+ * (naming the id, option or path at fault) is kept per thread and returned by
+ * embkv_errmsg() until the next failing call on that thread.
+ */
+#ifndef EMBKV_H
+#define EMBKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EMBKV_FORMAT_VERSION 1
+#define EMBKV_MAX_DIM 8192
+#define EMBKV_MAX_STATE_FLOATS 16384
+
+typedef enum embkv_rc {
+    EMBKV_OK = 0,
+    EMBKV_NOTFOUND,  /* the id is not in the store */
+    EMBKV_EXISTS,    /* insert-only put of an id that is present */
+    EMBKV_INVALID,   /* bad argument or option (message names it) */
+    EMBKV_NOTSTORE,  /* the directory is not an embkv store */
+    EMBKV_VERSION,   /* store written by an incompatible format version */
+    EMBKV_LOCKED,    /* the store is open in another process */
+    EMBKV_FULL,      /* the pool has no room left; reopen with a larger pool_size */
+    EMBKV_NOMEM,     /* out of DRAM */
+    EMBKV_IO,        /* an operating-system call failed */
+    EMBKV_CORRUPT,   /* an integrity check failed */
+    EMBKV_BUSY       /* the operation could not proceed now */
+} embkv_rc;
+
+/* Tier a row lives in (embkv_rowinfo.tier). */
+typedef enum embkv_tier {
+    EMBKV_TIER_DRAM = 0,
+    EMBKV_TIER_PM = 1,
+    EMBKV_TIER_SSD = 2
+} embkv_tier;
+
+typedef struct embkv_store embkv_store;
+
+/* Options for creating a store.  Zero means "default" for every field but
+ * dim.  When opening an existing store, a non-zero dim / state_floats must
+ * match what the store was created with. */
+typedef struct embkv_options {
+    uint32_t dim;            /* floats per vector, 1..EMBKV_MAX_DIM */
+    uint32_t state_floats;   /* optimizer-state floats per row (default 0) */
+    uint64_t expected_rows;  /* sizes the index (default 100000) */
+    uint64_t pool_size;      /* pool file bytes (default: from expected_rows) */
+    double max_load;         /* index load factor that triggers doubling (default 0.9) */
+} embkv_options;
+
+/* Flags for embkv_open. */
+#define EMBKV_OPEN_CREATE 0x1  /* create the store if the directory is absent or empty */
+
+/* Open (and with EMBKV_OPEN_CREATE, create) the store in directory `dir`.
+ * Opening a directory already open in this process returns the same store
+ * with its reference count raised; each open needs its own embkv_close. */
+int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
+               embkv_store **out);
+
+/* Drop one reference; the last one syncs and closes the pool. */
+int embkv_close(embkv_store *s);
+
+/* The per-thread message of the last failure. Never NULL. */
+const char *embkv_errmsg(void);
+
+/* Store geometry. */
+uint32_t embkv_dim(const embkv_store *s);
+uint32_t embkv_state_floats(const embkv_store *s);
+const char *embkv_path(const embkv_store *s);  /* canonical directory */
+
+/* Per-row metadata. */
+typedef struct embkv_rowinfo {
+    uint64_t clock;  /* number of updates applied to the row since insert */
+    uint64_t epoch;  /* sync generation of its last write */
+    int tier;        /* embkv_tier */
+} embkv_rowinfo;
+
+/* Point operations.
+ * get:  copies dim floats to vec (may be NULL), state_floats floats to state
+ *       (may be NULL) and metadata to info (may be NULL).
+ * put:  insert or replace.  state NULL keeps the existing state (zeros for a
+ *       new row).  A replaced row's clock is old clock + 1; a new row's is 0.
+ *       flags: EMBKV_PUT_INSERT (fail with EMBKV_EXISTS when present),
+ *              EMBKV_PUT_UPDATE (fail with EMBKV_NOTFOUND when absent). */
+#define EMBKV_PUT_INSERT 0x1
+#define EMBKV_PUT_UPDATE 0x2
+int embkv_get(embkv_store *s, int64_t id, float *vec, float *state,
+              embkv_rowinfo *info);
+int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
+              unsigned flags);
+int embkv_delete(embkv_store *s, int64_t id);
+int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
+uint64_t embkv_count(embkv_store *s);
+
+/* Batch get: writes n vectors of dim floats to out in the order of ids
+ * (duplicates allowed).  A missing id's vector is zero-filled; found (may be
+ * NULL) gets 1/0 per id, and *nmissing (may be NULL) the number missing.
+ * Returns EMBKV_OK even when ids are missing. */
+int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out,
+                    uint8_t *found, size_t *nmissing);
+
+/* Batch read-modify-write.  For each ids[i] in order, fn is called with a
+ * private copy of the row's vector and state, which it modifies in place; the
+ * result is published copy-on-write and the clock incremented.  fn returning
+ * non-zero skips the row (nothing written).  A missing id is reported through
+ * fn with vec == NULL unless EMBKV_UPDATE_CREATE is given, in which case the
+ * row starts as zeros (clock 0 after this first write).  *nupdated (may be
+ * NULL) counts rows written. */
+#define EMBKV_UPDATE_CREATE 0x1
+typedef int (*embkv_update_fn)(void *ctx, size_t i, int64_t id, float *vec,
+                               float *state);
+int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n,
+                       embkv_update_fn fn, void *ctx, unsigned flags,
+                       size_t *nupdated);
+
+/* Scan: visits every row present when the scan starts and not changed during
+ * it exactly once.  fn returning non-zero stops the scan (that value is
+ * returned).  vec/state point into the store and are valid only during the
+ * call. */
+typedef int (*embkv_scan_fn)(void *ctx, int64_t id, const float *vec,
+                             const float *state, const embkv_rowinfo *info);
+int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
+
+/* Cursor-style scan of ids: fills ids[0..*n) with the ids of the next whole
+ * buckets from *pos (start with *pos = 0), cap must be >= 64.  *n == 0 means
+ * the end.  A concurrent index resize returns EMBKV_BUSY. */
+int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap,
+                   size_t *n);
+
+/* Hotness-aware placement (PetPS): move each listed id into its home bucket
+ * if it is displaced, evicting a displaced victim when the home bucket is
+ * full.  Concurrent readers keep seeing every row. *moved (may be NULL) gets
+ * the number moved. */
+int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved);
+
+/* Make everything written so far durable.  Cost is proportional to what
+ * changed since the previous sync. */
+int embkv_sync(embkv_store *s);
+
+/* Verify the index and records (checksums, overflow counters, row count).
+ * Returns EMBKV_CORRUPT with a message naming the first problem. */
+int embkv_check(embkv_store *s);
+
+typedef struct embkv_stats {
+    uint64_t rows;
+    uint64_t buckets;          /* index buckets */
+    uint32_t slots_per_bucket;
+    uint32_t bucket_bytes;
+    double load_factor;        /* rows / (buckets * slots_per_bucket) */
+    uint64_t record_bytes;     /* bytes per record (header + vector + state) */
+    uint64_t pool_bytes;       /* pool file size */
+    uint64_t pool_used_bytes;  /* index + record chunks allocated */
+    uint64_t resizes;          /* index doublings since open */
+    uint64_t durable_epoch;    /* last completed sync */
+    uint64_t syncs;            /* since open */
+    double last_sync_ms;
+    uint64_t gets, puts, deletes, batch_gets, hot_moves;
+    int is_pmem;               /* pool on real persistent memory */
+    int recovered;             /* open had to roll back an unclean shutdown */
+} embkv_stats;
+int embkv_stats_get(embkv_store *s, embkv_stats *st);
+
+/* Probe lengths (buckets read) of successful lookups of every present id:
+ * mean and maximum.  Walks the whole index. */
+int embkv_probe_stats(embkv_store *s, double *mean, uint32_t *max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,24 @@
+/*
+ * embkv_debug.h - introspection of the index for tests and benchmarks.
+ * Not part of the stable API: these expose the PetHash layout so tests can
+ * craft collisions and check overflow counters.
+ */
+#ifndef EMBKV_DEBUG_H
+#define EMBKV_DEBUG_H
+
+#include "embkv.h"
+
+uint64_t embkv_debug_nbuckets(embkv_store *s);
+unsigned embkv_debug_slots_per_bucket(void);
+/* Home bucket and probe step of an id under the current index size. */
+uint64_t embkv_debug_home(embkv_store *s, int64_t id);
+uint64_t embkv_debug_step(embkv_store *s, int64_t id);
+/* Bucket the id is stored in; EMBKV_NOTFOUND when absent. */
+int embkv_debug_bucket_of(embkv_store *s, int64_t id, uint64_t *bucket);
+/* Overflow counter and number of occupied slots of a bucket. */
+uint32_t embkv_debug_overflow(embkv_store *s, uint64_t bucket);
+uint32_t embkv_debug_used(embkv_store *s, uint64_t bucket);
+/* Buckets a lookup of id reads (present or absent). */
+uint32_t embkv_debug_probes(embkv_store *s, int64_t id);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * slab.c - fixed-size record space inside the pool.
+ *
+ * The pool hands out 4 MiB chunks (one pmemobj allocation each, published
+ * atomically into the root's chunk table); embkv carves them into records of
+ * the table's record size.  Which records are free is DRAM state only: it is
+ * rebuilt at open from the index (a record is in use exactly when the index
+ * points at it), so a crash can neither leak nor double-allocate a record.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+#define TYPE_CHUNK 2
+
+int locvec_push(locvec *v, uint64_t x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 1024;
+        uint64_t *p = realloc(v->v, cap * sizeof *p);
+        if (!p)
+            return EMBKV_NOMEM;
+        v->v = p;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+    return EMBKV_OK;
+}
+
+static int locvec_reserve(locvec *v, size_t extra)
+{
+    if (v->n + extra <= v->cap)
+        return EMBKV_OK;
+    size_t cap = v->cap ? v->cap : 1024;
+    while (cap < v->n + extra)
+        cap *= 2;
+    uint64_t *p = realloc(v->v, cap * sizeof *p);
+    if (!p)
+        return EMBKV_NOMEM;
+    v->v = p;
+    v->cap = cap;
+    return EMBKV_OK;
+}
+
+static char *chunk_records(PMEMobjpool *pop, PMEMoid oid)
+{
+    /* Records start on a cache line so that prefetching a record's lines
+     * never straddles into a neighbour's more than needed. */
+    uintptr_t p = (uintptr_t)pmemobj_direct(oid);
+    (void)pop;
+    return (char *)((p + 63) & ~(uintptr_t)63);
+}
+
+static void push_chunk_free(embkv_store *s, uint32_t c)
+{
+    /* Highest index first so that allocation hands records out ascending. */
+    for (uint32_t i = s->recs_per_chunk; i-- > 0;)
+        s->free_locs.v[s->free_locs.n++] = loc_make(c, i);
+}
+
+/* With slab_mu held: add one chunk to the pool. */
+static int add_chunk(embkv_store *s)
+{
+    if (s->nchunks >= MAX_CHUNKS)
+        return embkv__err(EMBKV_FULL, "store %s: record space full (%u chunks of %u bytes)",
+                          s->path, MAX_CHUNKS, CHUNK_BYTES);
+    uint32_t c = s->nchunks;
+    if (pmemobj_alloc(s->pop, &s->root->chunks[c], CHUNK_BYTES, TYPE_CHUNK, NULL, NULL) != 0) {
+        int e = errno;
+        return embkv__err(EMBKV_FULL,
+                          "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
+                          "last sync are kept until the next one; reopen with a larger pool_size",
+                          s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
+                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg());
+    }
+    if (locvec_reserve(&s->free_locs, s->recs_per_chunk) != EMBKV_OK)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the free list", s->path);
+    atomic_store_explicit(&s->chunk_base[c], chunk_records(s->pop, s->root->chunks[c]),
+                          memory_order_release);
+    s->nchunks = c + 1;
+    push_chunk_free(s, c);
+    return EMBKV_OK;
+}
+
+int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
+{
+    int rc = EMBKV_OK;
+    bool reclaimed = false;
+    pthread_mutex_lock(&s->slab_mu);
+    while (s->free_locs.n < n) {
+        if (!reclaimed) {
+            /* Records retired to the epoch limbo may be free by now. */
+            pthread_mutex_unlock(&s->slab_mu);
+            reclaim(s, false);
+            reclaimed = true;
+            pthread_mutex_lock(&s->slab_mu);
+            continue;
+        }
+        if ((rc = add_chunk(s)) != EMBKV_OK)
+            break;
+    }
+    if (rc == EMBKV_OK) {
+        s->free_locs.n -= n;
+        memcpy(locs, s->free_locs.v + s->free_locs.n, n * sizeof *locs);
+        /* The copy came off the top of the stack in reverse: keep ascending. */
+        for (size_t i = 0; i < n / 2; i++) {
+            uint64_t t = locs[i];
+            locs[i] = locs[n - 1 - i];
+            locs[n - 1 - i] = t;
+        }
+    }
+    pthread_mutex_unlock(&s->slab_mu);
+    return rc;
+}
+
+void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
+{
+    pthread_mutex_lock(&s->slab_mu);
+    /* Room for every record of every chunk was reserved in add_chunk. */
+    for (size_t i = 0; i < n; i++)
+        s->free_locs.v[s->free_locs.n++] = loc_plain(locs[i]);
+    pthread_mutex_unlock(&s->slab_mu);
+}
+
+int slab_rebuild(embkv_store *s)
+{
+    s->nchunks = 0;
+    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->root->chunks[s->nchunks])) {
+        atomic_store(&s->chunk_base[s->nchunks], chunk_records(s->pop, s->root->chunks[s->nchunks]));
+        s->nchunks++;
+    }
+    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    uint8_t *inuse = calloc(total ? total : 1, 1);
+    if (!inuse)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory rebuilding the free list", s->path);
+    index_desc *ix = atomic_load(&s->ix);
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        bucket *bk = &ix->buckets[b];
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(bk->used & (1u << i)))
+                continue;
+            uint64_t loc = bk->slots[i].loc;
+            if (loc & LOC_SSD)
+                continue;
+            uint32_t c = loc_chunk(loc), r = loc_index(loc);
+            if (c >= s->nchunks || r >= s->recs_per_chunk) {
+                free(inuse);
+                return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
+                                  s->path, (long long)bk->slots[i].key);
+            }
+            inuse[(size_t)c * s->recs_per_chunk + r] = 1;
+        }
+    }
+    s->free_locs.n = 0;
+    if (locvec_reserve(&s->free_locs, total ? total : 1) != EMBKV_OK) {
+        free(inuse);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory rebuilding the free list", s->path);
+    }
+    for (size_t k = total; k-- > 0;)
+        if (!inuse[k])
+            s->free_locs.v[s->free_locs.n++] = loc_make((uint32_t)(k / s->recs_per_chunk),
+                                                       (uint32_t)(k % s->recs_per_chunk));
+    free(inuse);
+    return EMBKV_OK;
+}

@@ -1,0 +1,583 @@
+/*
+ * store.c - opening, creating, recovering, resizing and closing a store.
+ *
+ * A store is a directory holding LOCK (an flock that keeps a second process
+ * out) and store.pool (the libpmemobj pool).  Inside one process, opening a
+ * directory that is already open hands out the same store, reference
+ * counted, so threads of one trainer share one index and one cache.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libpmem.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+#define TYPE_INDEX 1
+#define DEFAULT_EXPECTED_ROWS 100000
+#define DEFAULT_MAX_LOAD 0.9
+#define MIN_POOL_SIZE (16ull << 20)
+#define POOL_SIG "PMEMOBJ"
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static embkv_store *registry;
+
+uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
+uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
+const char *embkv_path(const embkv_store *s) { return s->path; }
+uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
+
+static uint32_t record_size(uint32_t dim, uint32_t state_floats)
+{
+    size_t bytes = sizeof(rec_hdr) + 4 * ((size_t)dim + state_floats);
+    return (uint32_t)((bytes + 15) & ~(size_t)15);
+}
+
+static uint64_t buckets_for(uint64_t rows, double max_load)
+{
+    uint64_t want = (uint64_t)ceil((double)rows / (BUCKET_SLOTS * max_load));
+    uint64_t nb = 16;
+    while (nb < want)
+        nb <<= 1;
+    return nb;
+}
+
+static index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation)
+{
+    index_desc *ix = calloc(1, sizeof *ix);
+    if (!ix)
+        return NULL;
+    uintptr_t p = (uintptr_t)pmemobj_direct(oid);
+    ix->buckets = (bucket *)((p + BUCKET_BYTES - 1) & ~(uintptr_t)(BUCKET_BYTES - 1));
+    ix->nbuckets = nbuckets;
+    ix->mask = nbuckets - 1;
+    ix->generation = generation;
+    ix->owner = s;
+    return ix;
+}
+
+static int validate_options(const embkv_options *opt, unsigned flags, const char *dir)
+{
+    if (!opt)
+        return (flags & EMBKV_OPEN_CREATE)
+                   ? embkv__err(EMBKV_INVALID, "store %s: option dim is required to create a store", dir)
+                   : EMBKV_OK;
+    if ((flags & EMBKV_OPEN_CREATE) && opt->dim == 0)
+        return embkv__err(EMBKV_INVALID, "store %s: option dim is required to create a store", dir);
+    if (opt->dim > EMBKV_MAX_DIM)
+        return embkv__err(EMBKV_INVALID, "store %s: option dim must be between 1 and %d, got %u", dir,
+                          EMBKV_MAX_DIM, opt->dim);
+    if (opt->state_floats > EMBKV_MAX_STATE_FLOATS)
+        return embkv__err(EMBKV_INVALID, "store %s: option state_floats must be at most %d, got %u", dir,
+                          EMBKV_MAX_STATE_FLOATS, opt->state_floats);
+    if (opt->max_load != 0 && !(opt->max_load >= 0.1 && opt->max_load <= 0.98))
+        return embkv__err(EMBKV_INVALID, "store %s: option max_load must be between 0.1 and 0.98, got %g",
+                          dir, opt->max_load);
+    if (opt->pool_size != 0 && opt->pool_size < MIN_POOL_SIZE)
+        return embkv__err(EMBKV_INVALID, "store %s: option pool_size must be at least %llu bytes, got %llu",
+                          dir, (unsigned long long)MIN_POOL_SIZE, (unsigned long long)opt->pool_size);
+    if (opt->expected_rows > (1ull << 40))
+        return embkv__err(EMBKV_INVALID, "store %s: option expected_rows is too large (%llu)", dir,
+                          (unsigned long long)opt->expected_rows);
+    return EMBKV_OK;
+}
+
+static int geometry_matches(const embkv_store *s, const embkv_options *opt)
+{
+    if (!opt)
+        return EMBKV_OK;
+    if (opt->dim && opt->dim != s->dim)
+        return embkv__err(EMBKV_INVALID, "store %s: has dim %u, dim %u requested", s->path, s->dim, opt->dim);
+    if (opt->state_floats && opt->state_floats != s->state_floats)
+        return embkv__err(EMBKV_INVALID, "store %s: has state_floats %u, %u requested", s->path,
+                          s->state_floats, opt->state_floats);
+    return EMBKV_OK;
+}
+
+/* What the directory holds: 1 = a pool file, 0 = nothing of ours and
+ * nothing else (empty apart from LOCK), -1 = foreign files (name copied). */
+static int inspect_dir(const char *dir, char *foreign, size_t len)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -2;
+    int state = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE))
+            continue;
+        if (!strcmp(e->d_name, POOL_FILE)) {
+            if (state == 0)
+                state = 1;
+            continue;
+        }
+        snprintf(foreign, len, "%s", e->d_name);
+        state = -1;
+        break;
+    }
+    closedir(d);
+    return state;
+}
+
+static int check_pool_signature(const char *pool, const char *dir)
+{
+    char sig[8] = {0};
+    int fd = open(pool, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return embkv__err(EMBKV_IO, "store %s: cannot read %s: %s", dir, POOL_FILE, strerror(errno));
+    ssize_t got = read(fd, sig, sizeof sig);
+    close(fd);
+    if (got != (ssize_t)sizeof sig || memcmp(sig, POOL_SIG, sizeof POOL_SIG) != 0)
+        return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: %s is not a pmemobj pool", dir, POOL_FILE);
+    return EMBKV_OK;
+}
+
+static void free_store(embkv_store *s)
+{
+    if (!s)
+        return;
+    free(atomic_load(&s->ix));
+    free(s->free_locs.v);
+    for (int i = 0; i < 2; i++) {
+        free(s->pending[i].v);
+        free(s->tombs[i]);
+        free((void *)s->dirty[i]);
+    }
+    free(s->limbo);
+    pthread_rwlock_destroy(&s->writers);
+    pthread_mutex_destroy(&s->slab_mu);
+    pthread_mutex_destroy(&s->retire_mu);
+    pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->move_mu);
+    free(s->path);
+    free(s);
+}
+
+static embkv_store *alloc_store(void)
+{
+    embkv_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* Sync and resize must not starve behind a stream of writers. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->writers, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&s->slab_mu, NULL);
+    pthread_mutex_init(&s->retire_mu, NULL);
+    pthread_mutex_init(&s->sync_mu, NULL);
+    pthread_mutex_init(&s->move_mu, NULL);
+    s->lockfd = -1;
+    return s;
+}
+
+static int init_root(embkv_store *s, const embkv_options *opt)
+{
+    store_root *r = s->root;
+    double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
+    uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
+    uint64_t nb = buckets_for(expected, max_load);
+    if (pmemobj_zalloc(s->pop, &r->index, nb * BUCKET_BYTES + BUCKET_BYTES, TYPE_INDEX) != 0)
+        return embkv__err(EMBKV_FULL, "store %s: pool_size %zu is too small for an index of %llu buckets",
+                          s->path, s->pool_size, (unsigned long long)nb);
+    r->format_version = EMBKV_FORMAT_VERSION;
+    r->dim = opt->dim;
+    r->state_floats = opt->state_floats;
+    r->record_size = record_size(opt->dim, opt->state_floats);
+    r->durable_epoch = 0;
+    r->clean = 1;
+    r->max_load = max_load;
+    r->nbuckets = nb;
+    r->created_rows_hint = expected;
+    pmemobj_persist(s->pop, r, sizeof *r);
+    /* The magic goes last: a pool without it was never fully created. */
+    memcpy(r->magic, EMBKV_MAGIC, sizeof r->magic);
+    pmemobj_persist(s->pop, r->magic, sizeof r->magic);
+    return EMBKV_OK;
+}
+
+/* Roll every row back to its version as of the durable epoch. */
+static int recover(embkv_store *s, index_desc *ix)
+{
+    uint32_t durable = (uint32_t)s->root->durable_epoch;
+    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        bucket *bk = &ix->buckets[b];
+        bk->version = 0;
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(bk->used & (1u << i)) || (bk->slots[i].loc & LOC_SSD))
+                continue;
+            int64_t id = bk->slots[i].key;
+            uint64_t loc = loc_plain(bk->slots[i].loc);
+            rec_hdr *r = NULL;
+            for (int hops = 0; hops < 4; hops++) {
+                if (loc == LOC_NONE)
+                    break;
+                if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
+                    (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total)
+                    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
+                                      s->path, (long long)id);
+                r = rec_at(s, loc);
+                if (r->id != id)
+                    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld",
+                                      s->path, (long long)id, (long long)r->id);
+                if (rec_epoch(r) <= durable)
+                    break;
+                loc = r->prev;
+                r = NULL;
+            }
+            if (loc == LOC_NONE || !r || (r->epoch & REC_TOMB)) {
+                /* Inserted after the durable point, or its deletion is durable. */
+                bk->used &= (uint16_t)~(1u << i);
+                continue;
+            }
+            bk->slots[i].loc = loc;
+        }
+    }
+    ix_rebuild_overflow(ix);
+    return EMBKV_OK;
+}
+
+static void count_entries(embkv_store *s, index_desc *ix)
+{
+    uint64_t rows = 0, entries = 0;
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        bucket *bk = &ix->buckets[b];
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(bk->used & (1u << i)))
+                continue;
+            entries++;
+            if (!(bk->slots[i].loc & LOC_TOMB))
+                rows++;
+        }
+    }
+    atomic_store(&s->rows, rows);
+    atomic_store(&s->entries, entries);
+}
+
+static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
+{
+    char pool[PATH_MAX];
+    snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_FILE);
+    if (exists) {
+        int rc = check_pool_signature(pool, s->path);
+        if (rc != EMBKV_OK)
+            return rc;
+        s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
+        if (!s->pop)
+            return embkv__err(errno == EINVAL ? EMBKV_NOTSTORE : EMBKV_IO, "%s: cannot open %s: %s",
+                              s->path, POOL_FILE, pmemobj_errormsg());
+    } else {
+        uint32_t rs = record_size(opt->dim, opt->state_floats);
+        double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
+        uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
+        uint64_t size = opt->pool_size;
+        if (!size) {
+            double est = 2.5 * (double)expected * rs + 3.0 * buckets_for(expected, max_load) * BUCKET_BYTES +
+                         (16 << 20);
+            size = ((uint64_t)est + (1 << 20) - 1) & ~((uint64_t)(1 << 20) - 1);
+            if (size < 32ull << 20)
+                size = 32ull << 20;
+        }
+        s->pop = pmemobj_create(pool, EMBKV_LAYOUT, size, 0644);
+        if (!s->pop) {
+            int e = errno;
+            unlink(pool);
+            return embkv__err(e == ENOSPC ? EMBKV_FULL : EMBKV_IO, "store %s: cannot create a %llu-byte pool: %s",
+                              s->path, (unsigned long long)size, pmemobj_errormsg());
+        }
+    }
+    struct stat st;
+    if (stat(pool, &st) != 0)
+        return embkv__err(EMBKV_IO, "store %s: stat %s: %s", s->path, POOL_FILE, strerror(errno));
+    s->pool_size = (size_t)st.st_size;
+    s->pool_base = (char *)s->pop;
+    PMEMoid root = pmemobj_root(s->pop, sizeof(store_root));
+    if (OID_IS_NULL(root))
+        return embkv__err(EMBKV_FULL, "store %s: pool too small for the root object", s->path);
+    s->root = pmemobj_direct(root);
+    return EMBKV_OK;
+}
+
+static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
+{
+    store_root *r = s->root;
+    static const char zero[16];
+    if (!memcmp(r->magic, zero, sizeof zero)) {
+        /* Created by embkv but never finished (or a fresh pool). */
+        if (!(flags & EMBKV_OPEN_CREATE) || !opt || !opt->dim)
+            return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: its creation never completed", s->path);
+        int rc = init_root(s, opt);
+        if (rc != EMBKV_OK)
+            return rc;
+    } else if (memcmp(r->magic, EMBKV_MAGIC, sizeof r->magic) != 0) {
+        return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: bad magic", s->path);
+    }
+    if (r->format_version != EMBKV_FORMAT_VERSION)
+        return embkv__err(EMBKV_VERSION, "store %s: format version %u, this build reads version %d", s->path,
+                          r->format_version, EMBKV_FORMAT_VERSION);
+    s->dim = r->dim;
+    s->state_floats = r->state_floats;
+    s->rec_size = r->record_size;
+    if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->rec_size != record_size(s->dim, s->state_floats) ||
+        r->nbuckets == 0 || (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index))
+        return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
+    int rc = geometry_matches(s, opt);
+    if (rc != EMBKV_OK)
+        return rc;
+    s->recs_per_chunk = (CHUNK_BYTES - 64) / s->rec_size;
+    s->max_load = r->max_load;
+
+    /* Leftovers of a resize interrupted by a crash. */
+    if (!OID_IS_NULL(r->index_next))
+        pmemobj_free(&r->index_next);
+    if (!OID_IS_NULL(r->index_old))
+        pmemobj_free(&r->index_old);
+
+    index_desc *ix = make_desc(s, r->index, r->nbuckets, 1);
+    if (!ix)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    atomic_store(&s->ix, ix);
+
+    s->dirty_words = ((s->pool_size >> 12) + 64) / 64;
+    for (int i = 0; i < 2; i++) {
+        s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t));
+        if (!s->dirty[i])
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    }
+    s->is_pmem = pmem_is_pmem(s->pool_base, s->pool_size);
+
+    /* Chunks must be known before recovery reads records. */
+    s->nchunks = 0;
+    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(r->chunks[s->nchunks]))
+        s->nchunks++;
+    rc = slab_rebuild(s);
+    if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
+        return rc;
+    if (!r->clean) {
+        rc = recover(s, ix);
+        if (rc != EMBKV_OK)
+            return rc;
+        s->recovered = 1;
+        rc = slab_rebuild(s);
+        if (rc != EMBKV_OK)
+            return rc;
+        pmemobj_persist(s->pop, ix->buckets, ix->nbuckets * BUCKET_BYTES);
+    } else if (rc != EMBKV_OK) {
+        return rc;
+    }
+    count_entries(s, ix);
+    atomic_store(&s->cur_epoch, r->durable_epoch + 1);
+    r->clean = 0;
+    pmemobj_persist(s->pop, &r->clean, sizeof r->clean);
+    return EMBKV_OK;
+}
+
+int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_store **out)
+{
+    if (!out)
+        return embkv__err(EMBKV_INVALID, "embkv_open: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir)
+        return embkv__err(EMBKV_INVALID, "embkv_open: directory is NULL or empty");
+    int rc = validate_options(opt, flags, dir);
+    if (rc != EMBKV_OK)
+        return rc;
+
+    pthread_mutex_lock(&registry_mu);
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT) {
+            rc = embkv__err(EMBKV_IO, "store %s: %s", dir, strerror(errno));
+            goto unlock;
+        }
+        if (!(flags & EMBKV_OPEN_CREATE)) {
+            rc = embkv__err(EMBKV_NOTSTORE, "no embkv store at %s: the directory does not exist", dir);
+            goto unlock;
+        }
+        if (mkdir(dir, 0755) != 0 || stat(dir, &st) != 0) {
+            rc = embkv__err(EMBKV_IO, "store %s: cannot create the directory: %s", dir, strerror(errno));
+            goto unlock;
+        }
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: not a directory", dir);
+        goto unlock;
+    }
+    for (embkv_store *o = registry; o; o = o->next) {
+        if (o->dev == st.st_dev && o->ino == st.st_ino) {
+            rc = geometry_matches(o, opt);
+            if (rc == EMBKV_OK) {
+                o->refs++;
+                *out = o;
+            }
+            goto unlock;
+        }
+    }
+
+    char foreign[256] = "";
+    int state = inspect_dir(dir, foreign, sizeof foreign);
+    if (state == -2) {
+        rc = embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno));
+        goto unlock;
+    }
+    if (state < 0) {
+        rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
+        goto unlock;
+    }
+    if (state == 0 && !(flags & EMBKV_OPEN_CREATE)) {
+        rc = embkv__err(EMBKV_NOTSTORE, "no embkv store in %s", dir);
+        goto unlock;
+    }
+
+    embkv_store *s = alloc_store();
+    if (!s) {
+        rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory", dir);
+        goto unlock;
+    }
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+    s->refs = 1;
+    s->path = realpath(dir, NULL);
+    if (!s->path) {
+        rc = embkv__err(EMBKV_IO, "store %s: realpath: %s", dir, strerror(errno));
+        free_store(s);
+        goto unlock;
+    }
+    char lockpath[PATH_MAX];
+    snprintf(lockpath, sizeof lockpath, "%s/%s", s->path, LOCK_FILE);
+    s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lockfd < 0) {
+        rc = embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", s->path, LOCK_FILE, strerror(errno));
+        free_store(s);
+        goto unlock;
+    }
+    if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
+        rc = errno == EWOULDBLOCK
+                 ? embkv__err(EMBKV_LOCKED, "store %s is open in another process", s->path)
+                 : embkv__err(EMBKV_IO, "store %s: flock: %s", s->path, strerror(errno));
+        close(s->lockfd);
+        free_store(s);
+        goto unlock;
+    }
+    rc = open_pool(s, opt, state == 1);
+    if (rc == EMBKV_OK)
+        rc = load_store(s, opt, flags);
+    if (rc != EMBKV_OK) {
+        if (s->pop)
+            pmemobj_close(s->pop);
+        close(s->lockfd);
+        free_store(s);
+        goto unlock;
+    }
+    s->next = registry;
+    registry = s;
+    *out = s;
+unlock:
+    pthread_mutex_unlock(&registry_mu);
+    return rc;
+}
+
+int embkv_close(embkv_store *s)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_close: store is NULL");
+    pthread_mutex_lock(&registry_mu);
+    if (--s->refs > 0) {
+        pthread_mutex_unlock(&registry_mu);
+        return EMBKV_OK;
+    }
+    for (embkv_store **p = &registry; *p; p = &(*p)->next) {
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+
+    int rc = embkv_sync(s);
+    if (rc == EMBKV_OK) {
+        s->root->clean = 1;
+        pmemobj_persist(s->pop, &s->root->clean, sizeof s->root->clean);
+    }
+    pmemobj_close(s->pop);
+    close(s->lockfd);
+    free_store(s);
+    return rc;
+}
+
+uint64_t store_grow_threshold(embkv_store *s)
+{
+    index_desc *ix = atomic_load(&s->ix);
+    return (uint64_t)(s->max_load * (double)(ix->nbuckets * BUCKET_SLOTS));
+}
+
+int store_grow_index(embkv_store *s, uint64_t need_entries)
+{
+    pthread_rwlock_wrlock(&s->writers);
+    index_desc *old = atomic_load(&s->ix);
+    uint64_t nb = old->nbuckets;
+    while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries)
+        nb <<= 1;
+    if (nb == old->nbuckets) {
+        pthread_rwlock_unlock(&s->writers);
+        return EMBKV_OK;  /* another thread grew it meanwhile */
+    }
+    store_root *r = s->root;
+    if (pmemobj_zalloc(s->pop, &r->index_next, nb * BUCKET_BYTES + BUCKET_BYTES, TYPE_INDEX) != 0) {
+        pthread_rwlock_unlock(&s->writers);
+        return embkv__err(EMBKV_FULL, "store %s: pool full: no room to grow the index to %llu buckets; "
+                          "reopen with a larger pool_size", s->path, (unsigned long long)nb);
+    }
+    index_desc *nix = make_desc(s, r->index_next, nb, old->generation + 1);
+    if (!nix) {
+        pmemobj_free(&r->index_next);
+        pthread_rwlock_unlock(&s->writers);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    }
+    /* Writers are out; readers keep using the old array, which does not
+     * change, until the switch below. */
+    nix->owner = NULL;
+    for (uint64_t b = 0; b < old->nbuckets; b++) {
+        bucket *bk = &old->buckets[b];
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++)
+            if (bk->used & (1u << i))
+                ix_insert(nix, bk->slots[i].key, embkv__hash(bk->slots[i].key), bk->slots[i].loc, NULL);
+    }
+    pmemobj_persist(s->pop, nix->buckets, nb * BUCKET_BYTES);
+    int rc = EMBKV_OK;
+    TX_BEGIN(s->pop) {
+        pmemobj_tx_add_range_direct(&r->nbuckets, sizeof r->nbuckets);
+        pmemobj_tx_add_range_direct(&r->index, 3 * sizeof(PMEMoid));
+        r->index_old = r->index;
+        r->index = r->index_next;
+        r->index_next = OID_NULL;
+        r->nbuckets = nb;
+    } TX_ONABORT {
+        rc = embkv__err(EMBKV_FULL, "store %s: cannot switch to the grown index: %s", s->path,
+                        pmemobj_errormsg());
+    } TX_END
+    if (rc != EMBKV_OK) {
+        free(nix);
+        pmemobj_free(&r->index_next);
+        pthread_rwlock_unlock(&s->writers);
+        return rc;
+    }
+    nix->owner = s;
+    atomic_store(&s->ix, nix);
+    ebr_synchronize();
+    pmemobj_free(&r->index_old);
+    free(old);
+    atomic_fetch_add(&s->st_resizes, 1);
+    pthread_rwlock_unlock(&s->writers);
+    return EMBKV_OK;
+}

@@ -1,0 +1,299 @@
+/*
+ * store_internal.h - layout and shared internals of the embkv engine.
+ *
+ * Persistent layout (inside one libpmemobj pool, layout name "embkv"):
+ *   root     - magic, format version, geometry, the durable epoch, the index
+ *              object and the table of record chunks.
+ *   index    - one level of 256-byte buckets (PetHash).  Each bucket has a
+ *              seqlock version, an overflow counter, a bitmap of used slots,
+ *              14 one-byte fingerprints and 14 (id, location) slots.
+ *   chunks   - 4 MiB pmemobj allocations carved into fixed-size records by
+ *              embkv's own slab allocator (free lists live in DRAM and are
+ *              rebuilt from the index at open).
+ *
+ * A location (8 bytes) names where a row lives: PM record (chunk, slot), or
+ * (bit 63) a future SSD-log position.  Bit 62 marks a tombstone entry: the
+ * row is deleted but its durable version must survive until the next sync.
+ */
+#ifndef EMBKV_STORE_INTERNAL_H
+#define EMBKV_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+#include <libpmemobj.h>
+
+#include "embkv.h"
+
+#define EMBKV_LAYOUT "embkv"
+#define EMBKV_MAGIC "embkv-store\0\0\0\0"  /* 16 bytes */
+#define POOL_FILE "store.pool"
+#define LOCK_FILE "LOCK"
+
+/* ---------------------------------------------------------------- index */
+
+#define BUCKET_SLOTS 14
+#define BUCKET_BYTES 256
+
+typedef struct slot {
+    int64_t key;
+    uint64_t loc;
+} slot;
+
+typedef struct bucket {
+    uint32_t version;          /* seqlock: odd while a writer changes slots */
+    uint16_t overflow;         /* keys homed here that live further on */
+    uint16_t used;             /* bitmap of occupied slots */
+    uint8_t fp[16];            /* fingerprints of slots 0..13 (14, 15 unused) */
+    uint64_t reserved;
+    slot slots[BUCKET_SLOTS];
+} bucket;
+
+_Static_assert(sizeof(bucket) == BUCKET_BYTES, "bucket must be 256 bytes");
+
+/* A DRAM descriptor of one index array; replaced whole on a resize. */
+typedef struct index_desc {
+    bucket *buckets;           /* 256-byte aligned inside the pool object */
+    uint64_t nbuckets;         /* power of two */
+    uint64_t mask;
+    uint64_t generation;       /* bumped on every resize (scan cursors) */
+    /* Odd while a key is being moved backwards (towards its home bucket):
+     * a lookup that misses during or across a move retries. */
+    atomic_uint_fast64_t move_seq;
+    /* Pages changed are reported to the owner for the next sync; NULL while a
+     * resize builds a private array. */
+    struct embkv_store *owner;
+} index_desc;
+
+/* ------------------------------------------------------------- locations */
+
+#define LOC_NONE 0ull
+#define LOC_SSD (1ull << 63)
+#define LOC_TOMB (1ull << 62)
+#define LOC_FLAGS (LOC_SSD | LOC_TOMB)
+
+static inline uint64_t loc_make(uint32_t chunk, uint32_t idx)
+{
+    return ((uint64_t)(chunk + 1) << 32) | idx;
+}
+static inline uint32_t loc_chunk(uint64_t loc) { return (uint32_t)((loc & ~LOC_FLAGS) >> 32) - 1; }
+static inline uint32_t loc_index(uint64_t loc) { return (uint32_t)loc; }
+static inline uint64_t loc_plain(uint64_t loc) { return loc & ~LOC_TOMB; }
+
+/* --------------------------------------------------------------- records */
+
+typedef struct rec_hdr {
+    int64_t id;
+    uint64_t prev;             /* durable version this one replaced, or LOC_NONE */
+    uint64_t clock;            /* updates since insert */
+    uint32_t epoch;            /* write epoch (durable epoch + 1 when written) | REC_TOMB */
+    uint32_t check;            /* checksum of header fields and payload */
+} rec_hdr;
+
+_Static_assert(sizeof(rec_hdr) == 32, "record header must be 32 bytes");
+
+#define REC_TOMB 0x80000000u   /* the record marks a deletion */
+static inline uint32_t rec_epoch(const rec_hdr *r) { return r->epoch & ~REC_TOMB; }
+
+#define CHUNK_BYTES (4u << 20)
+#define MAX_CHUNKS 16384u
+
+/* ------------------------------------------------------------------ root */
+
+typedef struct store_root {
+    char magic[16];
+    uint32_t format_version;
+    uint32_t dim;
+    uint32_t state_floats;
+    uint32_t record_size;
+    uint64_t durable_epoch;    /* last completed sync */
+    uint32_t clean;            /* 1 after a clean close */
+    uint32_t reserved0;
+    double max_load;
+    uint64_t nbuckets;
+    uint64_t created_rows_hint;
+    PMEMoid index;             /* current bucket array */
+    PMEMoid index_next;        /* being built by a resize */
+    PMEMoid index_old;         /* replaced, not yet freed */
+    PMEMoid chunks[MAX_CHUNKS];
+} store_root;
+
+/* -------------------------------------------------------- the store handle */
+
+#define KEYLOCK_STRIPES 4096
+
+typedef struct locvec {
+    uint64_t *v;
+    size_t n, cap;
+} locvec;
+
+typedef struct limbo_entry {
+    uint64_t loc;
+    uint64_t ebr_epoch;
+} limbo_entry;
+
+typedef struct tomb_entry {
+    int64_t id;
+    uint64_t loc;              /* the tombstone location (LOC_TOMB set) */
+} tomb_entry;
+
+struct embkv_store {
+    /* process registry */
+    struct embkv_store *next;
+    dev_t dev;
+    ino_t ino;
+    int refs;
+    char *path;
+    int lockfd;
+
+    /* pool */
+    PMEMobjpool *pop;
+    store_root *root;
+    char *pool_base;
+    size_t pool_size;
+    int is_pmem;
+    int recovered;
+
+    /* geometry */
+    uint32_t dim;
+    uint32_t state_floats;
+    uint32_t rec_size;         /* bytes per record, multiple of 16 */
+    uint32_t recs_per_chunk;
+    double max_load;
+
+    /* index */
+    _Atomic(index_desc *) ix;
+    pthread_rwlock_t writers;  /* shared by writers, exclusive for resize/sync epoch bump */
+    atomic_uint keylocks[KEYLOCK_STRIPES];
+    atomic_uint_fast64_t rows;     /* live rows */
+    atomic_uint_fast64_t entries;  /* used slots including tombstones */
+
+    /* slab */
+    pthread_mutex_t slab_mu;
+    locvec free_locs;
+    char *_Atomic chunk_base[MAX_CHUNKS];
+    uint32_t nchunks;
+
+    /* epochs and reclamation */
+    atomic_uint_fast64_t cur_epoch;    /* epoch stamped on writes */
+    pthread_mutex_t retire_mu;
+    locvec pending[2];         /* durable versions replaced in epoch e: free after sync e */
+    tomb_entry *tombs[2];
+    size_t ntombs[2], tombs_cap[2];
+    limbo_entry *limbo;        /* waiting for readers to leave */
+    size_t nlimbo, limbo_cap;
+
+    /* dirty pages since the last sync, one bitmap per epoch parity */
+    atomic_uint_fast64_t *dirty[2];
+    size_t dirty_words;
+    pthread_mutex_t sync_mu;
+    pthread_mutex_t move_mu;   /* one backward move at a time (move_seq) */
+
+    /* statistics */
+    atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves;
+    atomic_uint_fast64_t st_resizes, st_syncs;
+    double last_sync_ms;
+};
+
+/* ------------------------------------------------------------ errmsg.c */
+int embkv__err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ------------------------------------------------------------- epoch.c */
+/* Epoch-based reclamation shared by all stores of the process. */
+void ebr_enter(void);
+void ebr_leave(void);
+uint64_t ebr_now(void);
+/* Advances the global epoch and returns the oldest epoch a reader may still
+ * be in: objects retired at an epoch strictly below it are unreachable. */
+uint64_t ebr_safe_epoch(void);
+/* Waits until every reader active now has left. */
+void ebr_synchronize(void);
+
+/* ------------------------------------------------------------- hash */
+static inline uint64_t embkv__hash(int64_t id)
+{
+    uint64_t x = (uint64_t)id;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+static inline uint8_t hash_fp(uint64_t h) { return (uint8_t)(h >> 56); }
+static inline uint64_t hash_step(uint64_t h) { return ((h >> 48) & 3) * 2 + 1; }
+
+/* ------------------------------------------------------------- pethash.c */
+typedef struct found_slot {
+    uint64_t bucket;
+    unsigned slot;
+    uint64_t loc;              /* as stored (may carry LOC_TOMB) */
+} found_slot;
+
+void ix_lock_bucket(bucket *b);
+void ix_unlock_bucket(bucket *b);
+/* Lock-free lookup; returns the stored location or LOC_NONE. */
+uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes);
+/* Writer-side lookup (the key's stripe lock held): where the key lives. */
+bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *out);
+/* Insert a key known absent; the key's stripe lock held. Returns false only
+ * when no bucket on the whole probe cycle has room. */
+bool ix_insert(index_desc *ix, int64_t id, uint64_t h, uint64_t loc, found_slot *out);
+/* Remove the key at f (found by ix_find) and fix the counters on its path. */
+void ix_remove(index_desc *ix, uint64_t h, const found_slot *f);
+/* Position (0-based) of bucket b on the probe path of hash h. */
+uint64_t ix_path_pos(index_desc *ix, uint64_t h, uint64_t b);
+/* Recompute every overflow counter from the placement of the keys. */
+void ix_rebuild_overflow(index_desc *ix);
+/* Move a displaced key into its home bucket (hotset). 1 moved, 0 not. */
+int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h);
+
+static inline unsigned ix_fp_match(const bucket *b, uint8_t fp)
+{
+    uint64_t w0 = __atomic_load_n((const uint64_t *)&b->fp[0], __ATOMIC_RELAXED);
+    uint64_t w1 = __atomic_load_n((const uint64_t *)&b->fp[8], __ATOMIC_RELAXED);
+    const uint64_t ones = 0x0101010101010101ull, low7 = 0x7f7f7f7f7f7f7f7full;
+    uint64_t pat = ones * fp;
+    uint64_t x0 = w0 ^ pat, x1 = w1 ^ pat;
+    /* Exact per-byte zero test: high bit set in each byte that was zero. */
+    uint64_t z0 = ~(((x0 & low7) + low7) | x0 | low7);
+    uint64_t z1 = ~(((x1 & low7) + low7) | x1 | low7);
+    unsigned m = 0;
+    for (unsigned i = 0; i < 8; i++) {
+        m |= (unsigned)((z0 >> (8 * i + 7)) & 1) << i;
+        m |= (unsigned)((z1 >> (8 * i + 7)) & 1) << (i + 8);
+    }
+    return m & __atomic_load_n(&b->used, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------- slab.c */
+int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
+void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
+int slab_rebuild(embkv_store *s);
+static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
+{
+    char *base = atomic_load_explicit(&s->chunk_base[loc_chunk(loc)], memory_order_acquire);
+    return (rec_hdr *)(base + (size_t)loc_index(loc) * s->rec_size);
+}
+static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
+
+/* ------------------------------------------------------------- store_sync.c */
+void persist_range(embkv_store *s, const void *addr, size_t len);
+void persist_barrier(embkv_store *s);
+uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r);
+/* Retire a location: freed once no reader can see it. */
+void retire_now(embkv_store *s, const uint64_t *locs, size_t n);
+void reclaim(embkv_store *s, bool wait_for_readers);
+int locvec_push(locvec *v, uint64_t x);
+
+/* keylocks (store_ops.c) */
+void keylock_acquire(embkv_store *s, uint64_t h);
+void keylock_release(embkv_store *s, uint64_t h);
+bool keylock_try(embkv_store *s, uint64_t h);
+static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
+
+int store_grow_index(embkv_store *s, uint64_t need_entries);
+uint64_t store_grow_threshold(embkv_store *s);
+
+#endif

@@ -1,0 +1,587 @@
+/*
+ * store_ops.c - reads and writes of rows.
+ *
+ * Reads take no lock: they run inside an epoch (so a record they found
+ * cannot be reused under them) and read buckets under their seqlock.
+ * Writes hold the store's writer lock shared (only resize and the epoch
+ * switch of a sync take it exclusively) and the stripe lock of the id's
+ * hash, which serializes operations on one id.  A write builds a complete
+ * new record, then switches the index entry to it with one 8-byte store.
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+#define PF_BUCKET 8   /* ids ahead whose home bucket is prefetched */
+#define PF_RECORD 4   /* ids ahead whose record is prefetched */
+#define RING 16
+#define RETIRE_BUF 64
+
+/* ------------------------------------------------------------ key locks */
+
+void keylock_acquire(embkv_store *s, uint64_t h)
+{
+    atomic_uint *l = &s->keylocks[keylock_stripe(h)];
+    unsigned spins = 0;
+    while (atomic_exchange_explicit(l, 1, memory_order_acquire)) {
+        while (atomic_load_explicit(l, memory_order_relaxed)) {
+            if (++spins > 100) {
+                sched_yield();
+                spins = 0;
+            }
+        }
+    }
+}
+
+void keylock_release(embkv_store *s, uint64_t h)
+{
+    atomic_store_explicit(&s->keylocks[keylock_stripe(h)], 0, memory_order_release);
+}
+
+bool keylock_try(embkv_store *s, uint64_t h)
+{
+    return !atomic_exchange_explicit(&s->keylocks[keylock_stripe(h)], 1, memory_order_acquire);
+}
+
+/* ------------------------------------------------------------ retirement */
+
+/* Versions displaced by one writer, handed over in bulk.  `keep` are durable
+ * versions (kept until the current epoch's sync), `now` can go as soon as
+ * readers are out, `tombs` are deletions to purge after the sync. */
+typedef struct retire_buf {
+    uint64_t keep[RETIRE_BUF];
+    uint64_t now[RETIRE_BUF];
+    tomb_entry tombs[RETIRE_BUF];
+    size_t nkeep, nnow, ntombs;
+} retire_buf;
+
+static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size_t n)
+{
+    if (s->ntombs[parity] + n > s->tombs_cap[parity]) {
+        size_t cap = s->tombs_cap[parity] ? s->tombs_cap[parity] * 2 : 256;
+        while (cap < s->ntombs[parity] + n)
+            cap *= 2;
+        tomb_entry *p = realloc(s->tombs[parity], cap * sizeof *p);
+        if (!p)
+            return EMBKV_NOMEM;
+        s->tombs[parity] = p;
+        s->tombs_cap[parity] = cap;
+    }
+    memcpy(s->tombs[parity] + s->ntombs[parity], t, n * sizeof *t);
+    s->ntombs[parity] += n;
+    return EMBKV_OK;
+}
+
+/* Must run before the writer lock is released, so that the lists of the
+ * epoch the writes were stamped with receive them. */
+static void retire_flush(embkv_store *s, retire_buf *rb)
+{
+    if (rb->nkeep || rb->ntombs) {
+        unsigned parity = atomic_load(&s->cur_epoch) & 1;
+        pthread_mutex_lock(&s->retire_mu);
+        for (size_t i = 0; i < rb->nkeep; i++)
+            if (locvec_push(&s->pending[parity], rb->keep[i]) != EMBKV_OK)
+                break;  /* out of memory: the record leaks until the next open */
+        push_tombs(s, parity, rb->tombs, rb->ntombs);
+        pthread_mutex_unlock(&s->retire_mu);
+    }
+    retire_now(s, rb->now, rb->nnow);
+    rb->nkeep = rb->nnow = rb->ntombs = 0;
+}
+
+static inline void retire_add(embkv_store *s, retire_buf *rb, uint64_t loc, bool keep)
+{
+    if ((keep ? rb->nkeep : rb->nnow) == RETIRE_BUF)
+        retire_flush(s, rb);
+    if (keep)
+        rb->keep[rb->nkeep++] = loc_plain(loc);
+    else
+        rb->now[rb->nnow++] = loc_plain(loc);
+}
+
+/* ------------------------------------------------------------ writes */
+
+enum write_kind { W_PUT, W_UPDATE };
+
+typedef struct write_req {
+    enum write_kind kind;
+    const float *vec, *state;  /* W_PUT */
+    unsigned flags;            /* EMBKV_PUT_* or EMBKV_UPDATE_* */
+    embkv_update_fn fn;        /* W_UPDATE */
+    void *ctx;
+    size_t index;
+} write_req;
+
+static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
+{
+    slot *sl = &ix->buckets[f->bucket].slots[f->slot];
+    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
+    persist_range(s, &sl->loc, sizeof sl->loc);
+}
+
+/* Decide what the new version links to and what happens to the old one. */
+static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, const rec_hdr *old,
+                         uint32_t epoch)
+{
+    if (rec_epoch(old) < epoch) {
+        /* The old version is what a crash must return to: keep it. */
+        retire_add(s, rb, f->loc, true);
+        return loc_plain(f->loc);
+    }
+    retire_add(s, rb, f->loc, false);
+    return old->prev;
+}
+
+/* With the writer lock shared, the id's stripe lock and an epoch held.
+ * Returns EMBKV_OK (written, *consumed set), EMBKV_BUSY for a row the
+ * callback skipped, or an error. */
+static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uint64_t newloc,
+                     const write_req *w, retire_buf *rb, bool *consumed)
+{
+    *consumed = false;
+    found_slot f;
+    bool have = ix_find(ix, id, h, &f);
+    bool live = have && !(f.loc & LOC_TOMB);
+    rec_hdr *old = have ? rec_at(s, f.loc) : NULL;
+    uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
+    size_t vbytes = 4 * (size_t)s->dim, sbytes = 4 * (size_t)s->state_floats;
+    rec_hdr *nr = rec_at(s, newloc);
+    float *nvec = rec_vec(nr), *nstate = nvec + s->dim;
+
+    if (w->kind == W_PUT) {
+        if ((w->flags & EMBKV_PUT_INSERT) && live)
+            return embkv__err(EMBKV_EXISTS, "id %lld already exists", (long long)id);
+        if ((w->flags & EMBKV_PUT_UPDATE) && !live)
+            return embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
+        memcpy(nvec, w->vec, vbytes);
+        if (w->state)
+            memcpy(nstate, w->state, sbytes);
+        else if (live)
+            memcpy(nstate, rec_vec(old) + s->dim, sbytes);
+        else
+            memset(nstate, 0, sbytes);
+    } else {
+        if (!live && !(w->flags & EMBKV_UPDATE_CREATE)) {
+            w->fn(w->ctx, w->index, id, NULL, NULL);
+            return EMBKV_BUSY;
+        }
+        if (live)
+            memcpy(nvec, rec_vec(old), vbytes + sbytes);
+        else
+            memset(nvec, 0, vbytes + sbytes);
+        if (w->fn(w->ctx, w->index, id, nvec, nstate) != 0)
+            return EMBKV_BUSY;
+    }
+    nr->id = id;
+    nr->clock = live ? old->clock + 1 : 0;
+    nr->epoch = epoch;
+    nr->prev = have ? displace(s, rb, &f, old, epoch) : LOC_NONE;
+    nr->check = rec_checksum(s, nr);
+    persist_range(s, nr, s->rec_size);
+    persist_barrier(s);  /* the record is durable before anything points at it */
+    if (have) {
+        set_loc(s, ix, &f, newloc);
+    } else if (!ix_insert(ix, id, h, newloc, NULL)) {
+        return embkv__err(EMBKV_FULL, "store %s: index full inserting id %lld", s->path, (long long)id);
+    } else {
+        atomic_fetch_add(&s->entries, 1);
+    }
+    if (!live)
+        atomic_fetch_add(&s->rows, 1);
+    *consumed = true;
+    return EMBKV_OK;
+}
+
+/* Grow the index first when `more` new entries could cross the load limit. */
+static int make_room(embkv_store *s, uint64_t more)
+{
+    uint64_t need = atomic_load(&s->entries) + more;
+    if (need <= store_grow_threshold(s))
+        return EMBKV_OK;
+    return store_grow_index(s, need);
+}
+
+int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags)
+{
+    if (!s || !vec)
+        return embkv__err(EMBKV_INVALID, "embkv_put: %s is NULL", s ? "vec" : "store");
+    if ((flags & EMBKV_PUT_INSERT) && (flags & EMBKV_PUT_UPDATE))
+        return embkv__err(EMBKV_INVALID, "embkv_put: EMBKV_PUT_INSERT and EMBKV_PUT_UPDATE together");
+    int rc = make_room(s, 1);
+    uint64_t loc;
+    if (rc != EMBKV_OK || (rc = slab_alloc(s, &loc, 1)) != EMBKV_OK)
+        return rc;
+    uint64_t h = embkv__hash(id);
+    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags};
+    retire_buf rb;
+    rb.nkeep = rb.nnow = rb.ntombs = 0;
+    bool consumed;
+    pthread_rwlock_rdlock(&s->writers);
+    keylock_acquire(s, h);
+    ebr_enter();
+    rc = write_row(s, atomic_load(&s->ix), id, h, loc, &w, &rb, &consumed);
+    ebr_leave();
+    keylock_release(s, h);
+    retire_flush(s, &rb);
+    pthread_rwlock_unlock(&s->writers);
+    if (!consumed)
+        slab_free(s, &loc, 1);
+    atomic_fetch_add_explicit(&s->st_puts, 1, memory_order_relaxed);
+    return rc;
+}
+
+int embkv_delete(embkv_store *s, int64_t id)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
+    uint64_t tloc, h = embkv__hash(id);
+    int rc = slab_alloc(s, &tloc, 1);  /* for a tombstone, if one is needed */
+    if (rc != EMBKV_OK)
+        return rc;
+    bool used_tomb = false;
+    retire_buf rb;
+    rb.nkeep = rb.nnow = rb.ntombs = 0;
+    pthread_rwlock_rdlock(&s->writers);
+    keylock_acquire(s, h);
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    found_slot f;
+    if (!ix_find(ix, id, h, &f) || (f.loc & LOC_TOMB)) {
+        rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
+    } else {
+        rec_hdr *old = rec_at(s, f.loc);
+        uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
+        uint64_t prev = displace(s, &rb, &f, old, epoch);
+        if (prev == LOC_NONE) {
+            /* Born in this epoch: nothing to return to after a crash. */
+            ix_remove(ix, h, &f);
+            atomic_fetch_sub(&s->entries, 1);
+        } else {
+            /* The durable version must survive until the next sync: the
+             * entry stays, pointing at a tombstone that links to it. */
+            rec_hdr *t = rec_at(s, tloc);
+            memset(rec_vec(t), 0, 4 * ((size_t)s->dim + s->state_floats));
+            t->id = id;
+            t->prev = prev;
+            t->clock = old->clock;
+            t->epoch = epoch | REC_TOMB;
+            t->check = rec_checksum(s, t);
+            persist_range(s, t, s->rec_size);
+            persist_barrier(s);
+            set_loc(s, ix, &f, tloc | LOC_TOMB);
+            rb.tombs[rb.ntombs++] = (tomb_entry){id, tloc | LOC_TOMB};
+            used_tomb = true;
+        }
+        atomic_fetch_sub(&s->rows, 1);
+    }
+    ebr_leave();
+    keylock_release(s, h);
+    retire_flush(s, &rb);
+    pthread_rwlock_unlock(&s->writers);
+    if (!used_tomb)
+        slab_free(s, &tloc, 1);
+    atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
+    return rc;
+}
+
+/* ------------------------------------------------------------ reads */
+
+static void fill_info(embkv_rowinfo *info, const rec_hdr *r, uint64_t loc)
+{
+    info->clock = r->clock;
+    info->epoch = rec_epoch(r);
+    info->tier = (loc & LOC_SSD) ? EMBKV_TIER_SSD : EMBKV_TIER_PM;
+}
+
+int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
+    int rc = EMBKV_OK;
+    ebr_enter();
+    uint64_t loc = ix_lookup(atomic_load(&s->ix), id, embkv__hash(id), &(uint32_t){0});
+    if (loc == LOC_NONE || (loc & LOC_TOMB)) {
+        rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
+    } else {
+        rec_hdr *r = rec_at(s, loc);
+        if (vec)
+            memcpy(vec, rec_vec(r), 4 * (size_t)s->dim);
+        if (state)
+            memcpy(state, rec_vec(r) + s->dim, 4 * (size_t)s->state_floats);
+        if (info)
+            fill_info(info, r, loc);
+    }
+    ebr_leave();
+    atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
+    return rc;
+}
+
+int embkv_exists(embkv_store *s, int64_t id)
+{
+    if (!s)
+        return 0;
+    ebr_enter();
+    uint64_t loc = ix_lookup(atomic_load(&s->ix), id, embkv__hash(id), &(uint32_t){0});
+    ebr_leave();
+    return loc != LOC_NONE && !(loc & LOC_TOMB);
+}
+
+static inline void prefetch_record(embkv_store *s, uint64_t loc)
+{
+    const char *p = (const char *)rec_at(s, loc);
+    size_t bytes = sizeof(rec_hdr) + 4 * (size_t)s->dim;
+    if (bytes > 16 * 64)
+        bytes = 16 * 64;
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
+/* PetPS-style batch pipeline: the home bucket of id i+PF_BUCKET and the
+ * record of id i+PF_RECORD are in flight while id i is copied, so a batch
+ * pays roughly one memory latency per PF_RECORD ids, not one per id. */
+int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, uint8_t *found,
+                    size_t *nmissing)
+{
+    if (!s || (n && (!ids || !out)))
+        return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
+    uint64_t hs[RING], locs[RING];
+    size_t missing = 0, vbytes = 4 * (size_t)s->dim;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n + PF_BUCKET; i++) {
+        if (i < n) {
+            uint64_t h = embkv__hash(ids[i]);
+            hs[i % RING] = h;
+            __builtin_prefetch(&ix->buckets[h & ix->mask], 0, 3);
+        }
+        if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
+            size_t j = i - (PF_BUCKET - PF_RECORD);
+            uint32_t probes;
+            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+            locs[j % RING] = loc;
+            if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                prefetch_record(s, loc);
+        }
+        if (i >= PF_BUCKET) {
+            size_t j = i - PF_BUCKET;
+            uint64_t loc = locs[j % RING];
+            bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
+            if (ok)
+                memcpy(out + j * s->dim, rec_vec(rec_at(s, loc)), vbytes);
+            else {
+                memset(out + j * s->dim, 0, vbytes);
+                missing++;
+            }
+            if (found)
+                found[j] = ok;
+        }
+    }
+    ebr_leave();
+    if (nmissing)
+        *nmissing = missing;
+    atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_gets, n, memory_order_relaxed);
+    return EMBKV_OK;
+}
+
+int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                       unsigned flags, size_t *nupdated)
+{
+    if (nupdated)
+        *nupdated = 0;
+    if (!s || !fn || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_update_batch: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    int rc = (flags & EMBKV_UPDATE_CREATE) ? make_room(s, n) : EMBKV_OK;
+    if (rc != EMBKV_OK)
+        return rc;
+    uint64_t *fresh = malloc(n * sizeof *fresh);
+    if (!fresh)
+        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
+    if ((rc = slab_alloc(s, fresh, n)) != EMBKV_OK) {
+        free(fresh);
+        return rc;
+    }
+    size_t next_fresh = 0, updated = 0;
+    retire_buf *rb = malloc(sizeof *rb);
+    if (!rb) {
+        slab_free(s, fresh, n);
+        free(fresh);
+        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
+    }
+    rb->nkeep = rb->nnow = rb->ntombs = 0;
+    uint64_t hs[RING];
+    write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx};
+
+    /* The whole batch lands in one epoch: a sync waits for it. */
+    pthread_rwlock_rdlock(&s->writers);
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n + PF_BUCKET && rc == EMBKV_OK; i++) {
+        if (i < n) {
+            uint64_t h = embkv__hash(ids[i]);
+            hs[i % RING] = h;
+            __builtin_prefetch(&ix->buckets[h & ix->mask], 1, 3);
+        }
+        if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
+            size_t j = i - (PF_BUCKET - PF_RECORD);
+            uint32_t probes;
+            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+            if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                prefetch_record(s, loc);
+            /* The fresh record this row will most likely be written to. */
+            size_t k = next_fresh + PF_RECORD < n ? next_fresh + PF_RECORD : n - 1;
+            __builtin_prefetch(rec_at(s, fresh[k]), 1, 3);
+        }
+        if (i >= PF_BUCKET) {
+            size_t j = i - PF_BUCKET;
+            uint64_t h = hs[j % RING];
+            bool consumed;
+            w.index = j;
+            keylock_acquire(s, h);
+            int r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
+            keylock_release(s, h);
+            if (consumed) {
+                next_fresh++;
+                updated++;
+            }
+            if (r != EMBKV_OK && r != EMBKV_BUSY)
+                rc = r;
+        }
+    }
+    ebr_leave();
+    retire_flush(s, rb);
+    pthread_rwlock_unlock(&s->writers);
+    if (next_fresh < n)
+        slab_free(s, fresh + next_fresh, n - next_fresh);
+    free(fresh);
+    free(rb);
+    if (nupdated)
+        *nupdated = updated;
+    atomic_fetch_add_explicit(&s->st_puts, updated, memory_order_relaxed);
+    return rc;
+}
+
+/* ------------------------------------------------------------ scans */
+
+/* Snapshot of the live rows of one bucket. */
+static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
+{
+    for (;;) {
+        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+        if (v1 & 1) {
+            sched_yield();
+            continue;
+        }
+        unsigned n = 0;
+        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(used & (1u << i)))
+                continue;
+            uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+            if (loc & LOC_TOMB)
+                continue;
+            ids[n] = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
+            locs[n] = loc;
+            n++;
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+            return n;
+    }
+}
+
+int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
+{
+    if (!s || !fn)
+        return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
+    size_t row_floats = (size_t)s->dim + s->state_floats;
+    float *buf = malloc(BUCKET_SLOTS * row_floats * sizeof(float));
+    if (!buf)
+        return embkv__err(EMBKV_NOMEM, "embkv_scan: out of memory");
+    int rc = EMBKV_OK;
+    uint64_t gen = atomic_load(&s->ix)->generation;
+    for (uint64_t b = 0;; b++) {
+        int64_t ids[BUCKET_SLOTS];
+        uint64_t locs[BUCKET_SLOTS];
+        embkv_rowinfo info[BUCKET_SLOTS];
+        ebr_enter();
+        index_desc *ix = atomic_load(&s->ix);
+        if (ix->generation != gen) {
+            ebr_leave();
+            rc = embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);
+            break;
+        }
+        if (b >= ix->nbuckets) {
+            ebr_leave();
+            break;
+        }
+        unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
+        /* Copy out so the callback runs outside the epoch and may write. */
+        for (unsigned i = 0; i < n; i++) {
+            rec_hdr *r = rec_at(s, locs[i]);
+            memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
+            fill_info(&info[i], r, locs[i]);
+        }
+        ebr_leave();
+        for (unsigned i = 0; i < n && rc == EMBKV_OK; i++)
+            rc = fn(ctx, ids[i], buf + i * row_floats, buf + i * row_floats + s->dim, &info[i]);
+        if (rc != EMBKV_OK)
+            break;
+    }
+    free(buf);
+    return rc;
+}
+
+int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n)
+{
+    if (!s || !pos || !ids || !n || cap < 64)
+        return embkv__err(EMBKV_INVALID, "embkv_scan_ids: NULL argument or cap below 64");
+    *n = 0;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    /* pos: low 40 bits the next bucket, high 24 bits the index generation. */
+    uint64_t b = *pos & ((1ull << 40) - 1), gen = *pos >> 40;
+    if (*pos == 0)
+        gen = ix->generation & 0xffffff;
+    if (gen != (ix->generation & 0xffffff)) {
+        ebr_leave();
+        return embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);
+    }
+    uint64_t locs[BUCKET_SLOTS];
+    while (b < ix->nbuckets && *n + BUCKET_SLOTS <= cap)
+        *n += read_bucket_rows(&ix->buckets[b++], ids + *n, locs);
+    ebr_leave();
+    *pos = (gen << 40) | b;
+    return EMBKV_OK;
+}
+
+/* ------------------------------------------------------------ hot set */
+
+int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
+{
+    if (moved)
+        *moved = 0;
+    if (!s || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_hotset: NULL argument");
+    size_t m = 0;
+    pthread_rwlock_rdlock(&s->writers);
+    pthread_mutex_lock(&s->move_mu);
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        keylock_acquire(s, h);
+        m += (size_t)ix_move_home(s, ix, ids[i], h);
+        keylock_release(s, h);
+    }
+    pthread_mutex_unlock(&s->move_mu);
+    pthread_rwlock_unlock(&s->writers);
+    atomic_fetch_add(&s->st_hot_moves, m);
+    if (moved)
+        *moved = m;
+    return EMBKV_OK;
+}

@@ -1,0 +1,387 @@
+/*
+ * store_sync.c - persistence discipline, reclamation and the durable point.
+ *
+ * On real persistent memory every write is flushed as it is made and a sync
+ * only drains.  On an ordinary mapped file a flush is an msync (about 100 us
+ * on ext4), far too dear per operation, so writers only mark the pages they
+ * touch in a bitmap of the current epoch and embkv_sync msyncs exactly those
+ * pages: its cost follows what changed, not the size of the table.
+ *
+ * Epochs: every write is stamped with the current write epoch E.  A row's
+ * version from before E (its durable version) is kept, linked as `prev`,
+ * until sync E completes; recovery after a crash follows `prev` for every
+ * record newer than the durable epoch, so the store reopens exactly as of
+ * the last completed sync.
+ */
+#include <errno.h>
+#include <libpmem.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "store_internal.h"
+
+#define PAGE_SHIFT 12
+#define LIMBO_BATCH 4096
+
+void persist_range(embkv_store *s, const void *addr, size_t len)
+{
+    if (s->is_pmem) {
+        pmem_flush(addr, len);
+        return;
+    }
+    size_t first = (size_t)((const char *)addr - s->pool_base) >> PAGE_SHIFT;
+    size_t last = (size_t)((const char *)addr + len - 1 - s->pool_base) >> PAGE_SHIFT;
+    atomic_uint_fast64_t *bm = s->dirty[atomic_load_explicit(&s->cur_epoch, memory_order_relaxed) & 1];
+    for (size_t p = first; p <= last; p++) {
+        uint64_t bit = 1ull << (p & 63);
+        /* Read first: most pages are already marked, and a plain load keeps
+         * the cache line shared between writer threads. */
+        if (!(atomic_load_explicit(&bm[p >> 6], memory_order_relaxed) & bit))
+            atomic_fetch_or_explicit(&bm[p >> 6], bit, memory_order_relaxed);
+    }
+}
+
+void persist_barrier(embkv_store *s)
+{
+    if (s->is_pmem)
+        pmem_drain();
+}
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r)
+{
+    /* Four independent lanes keep the multiply chain short. */
+    const uint64_t k1 = 0x9e3779b97f4a7c15ull, k2 = 0xc2b2ae3d27d4eb4full;
+    uint64_t a = (uint64_t)r->id * k1, b = r->prev * k2, c = r->clock ^ k1, d = (uint64_t)r->epoch ^ k2;
+    const unsigned char *p = (const unsigned char *)(r + 1);
+    size_t bytes = 4 * ((size_t)s->dim + s->state_floats), i = 0;
+    for (; i + 32 <= bytes; i += 32) {
+        uint64_t w[4];
+        memcpy(w, p + i, 32);
+        a = rotl64(a ^ w[0], 29) * k1;
+        b = rotl64(b ^ w[1], 31) * k2;
+        c = rotl64(c ^ w[2], 27) * k1;
+        d = rotl64(d ^ w[3], 33) * k2;
+    }
+    for (; i + 4 <= bytes; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        a = rotl64(a ^ w, 23) * k2;
+    }
+    uint64_t h = a ^ rotl64(b, 17) ^ rotl64(c, 37) ^ rotl64(d, 49) ^ bytes;
+    h ^= h >> 33;
+    h *= k1;
+    h ^= h >> 29;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
+{
+    if (n == 0)
+        return;
+    bool over = false;
+    pthread_mutex_lock(&s->retire_mu);
+    if (s->nlimbo + n > s->limbo_cap) {
+        size_t cap = s->limbo_cap ? s->limbo_cap : 1024;
+        while (cap < s->nlimbo + n)
+            cap *= 2;
+        limbo_entry *p = realloc(s->limbo, cap * sizeof *p);
+        if (!p) {
+            /* Cannot queue: wait out the readers and free right away. */
+            pthread_mutex_unlock(&s->retire_mu);
+            ebr_synchronize();
+            slab_free(s, locs, n);
+            return;
+        }
+        s->limbo = p;
+        s->limbo_cap = cap;
+    }
+    uint64_t e = ebr_now();
+    for (size_t i = 0; i < n; i++)
+        s->limbo[s->nlimbo++] = (limbo_entry){loc_plain(locs[i]), e};
+    over = s->nlimbo >= LIMBO_BATCH;
+    pthread_mutex_unlock(&s->retire_mu);
+    if (over)
+        reclaim(s, false);
+}
+
+void reclaim(embkv_store *s, bool wait_for_readers)
+{
+    if (wait_for_readers)
+        ebr_synchronize();
+    pthread_mutex_lock(&s->retire_mu);
+    uint64_t safe = ebr_safe_epoch();
+    size_t k = 0;
+    while (k < s->nlimbo && s->limbo[k].ebr_epoch < safe)
+        k++;
+    uint64_t *freed = k ? malloc(k * sizeof *freed) : NULL;
+    if (k && !freed) {
+        pthread_mutex_unlock(&s->retire_mu);
+        return;  /* try again at the next reclaim */
+    }
+    for (size_t i = 0; i < k; i++)
+        freed[i] = s->limbo[i].loc;
+    memmove(s->limbo, s->limbo + k, (s->nlimbo - k) * sizeof *s->limbo);
+    s->nlimbo -= k;
+    pthread_mutex_unlock(&s->retire_mu);
+    if (k)
+        slab_free(s, freed, k);
+    free(freed);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* msync a run of pages; records the first failure. */
+static void flush_run(embkv_store *s, size_t first, size_t npages, int *rc)
+{
+    size_t page = (size_t)1 << PAGE_SHIFT;
+    if (npages && msync(s->pool_base + first * page, npages * page, MS_SYNC) != 0 && *rc == EMBKV_OK)
+        *rc = embkv__err(EMBKV_IO, "store %s: msync: %s", s->path, strerror(errno));
+}
+
+/* msync every page marked in bitmap bm, coalescing adjacent pages, and clear it. */
+static int flush_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
+{
+    size_t run_start = 0, run_len = 0;
+    int rc = EMBKV_OK;
+    for (size_t w = 0; w < s->dirty_words; w++) {
+        if (!atomic_load_explicit(&bm[w], memory_order_relaxed))
+            continue;
+        uint64_t bits = atomic_exchange(&bm[w], 0);
+        while (bits) {
+            size_t p = w * 64 + (size_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            if (run_len && run_start + run_len == p) {
+                run_len++;
+            } else {
+                flush_run(s, run_start, run_len, &rc);
+                run_start = p;
+                run_len = 1;
+            }
+        }
+    }
+    flush_run(s, run_start, run_len, &rc);
+    return rc;
+}
+
+/* Remove the index entries of rows deleted in an epoch that is now durable. */
+static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(t[i].id);
+        pthread_rwlock_rdlock(&s->writers);
+        keylock_acquire(s, h);
+        index_desc *ix = atomic_load(&s->ix);
+        found_slot f;
+        if (ix_find(ix, t[i].id, h, &f) && f.loc == t[i].loc) {
+            ix_remove(ix, h, &f);
+            atomic_fetch_sub(&s->entries, 1);
+            retire_now(s, &t[i].loc, 1);
+        }
+        keylock_release(s, h);
+        pthread_rwlock_unlock(&s->writers);
+    }
+}
+
+int embkv_sync(embkv_store *s)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_sync: store is NULL");
+    pthread_mutex_lock(&s->sync_mu);
+    double t0 = now_ms();
+
+    /* Close epoch E: writers in flight finish in E, later ones write E+1. */
+    pthread_rwlock_wrlock(&s->writers);
+    uint64_t e = atomic_load(&s->cur_epoch);
+    atomic_store(&s->cur_epoch, e + 1);
+    pthread_mutex_lock(&s->retire_mu);
+    locvec pend = s->pending[e & 1];
+    tomb_entry *tombs = s->tombs[e & 1];
+    size_t ntombs = s->ntombs[e & 1];
+    s->pending[e & 1] = (locvec){0};
+    s->tombs[e & 1] = NULL;
+    s->ntombs[e & 1] = s->tombs_cap[e & 1] = 0;
+    pthread_mutex_unlock(&s->retire_mu);
+    pthread_rwlock_unlock(&s->writers);
+
+    int rc = EMBKV_OK;
+    if (s->is_pmem)
+        pmem_drain();
+    else
+        rc = flush_dirty(s, s->dirty[e & 1]);
+    if (rc == EMBKV_OK) {
+        s->root->durable_epoch = e;
+        pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);
+        /* Versions replaced during E and rows deleted during E are garbage. */
+        purge_tombstones(s, tombs, ntombs);
+        retire_now(s, pend.v, pend.n);
+        reclaim(s, false);
+    } else {
+        /* The epoch is not durable: keep its old versions for recovery by
+         * carrying them into the next epoch's lists. */
+        pthread_mutex_lock(&s->retire_mu);
+        for (size_t i = 0; i < pend.n; i++)
+            locvec_push(&s->pending[(e + 1) & 1], pend.v[i]);
+        pthread_mutex_unlock(&s->retire_mu);
+    }
+    free(pend.v);
+    free(tombs);
+    s->last_sync_ms = now_ms() - t0;
+    atomic_fetch_add(&s->st_syncs, 1);
+    pthread_mutex_unlock(&s->sync_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------- checks */
+
+int embkv_check(embkv_store *s)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_check: store is NULL");
+    pthread_rwlock_wrlock(&s->writers);
+    index_desc *ix = atomic_load(&s->ix);
+    int rc = EMBKV_OK;
+    uint64_t rows = 0, entries = 0;
+    uint32_t *want = calloc(ix->nbuckets, sizeof *want);
+    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    uint8_t *seen = calloc(total ? total : 1, 1);
+    if (!want || !seen) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_check: out of memory");
+        goto out;
+    }
+    for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
+        bucket *bk = &ix->buckets[b];
+        if (bk->version & 1) {
+            rc = embkv__err(EMBKV_CORRUPT, "store %s: bucket %llu left locked", s->path,
+                            (unsigned long long)b);
+            break;
+        }
+        for (unsigned i = 0; i < BUCKET_SLOTS && rc == EMBKV_OK; i++) {
+            if (!(bk->used & (1u << i)))
+                continue;
+            int64_t id = bk->slots[i].key;
+            uint64_t loc = bk->slots[i].loc, h = embkv__hash(id);
+            entries++;
+            if (bk->fp[i] != hash_fp(h)) {
+                rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: wrong fingerprint", s->path, (long long)id);
+                break;
+            }
+            found_slot f;
+            if (!ix_find(ix, id, h, &f) || f.bucket != b || f.slot != i) {
+                rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: unreachable or duplicated in the index",
+                                s->path, (long long)id);
+                break;
+            }
+            uint64_t step = hash_step(h);
+            for (uint64_t x = h & ix->mask; x != b; x = (x + step) & ix->mask)
+                want[x]++;
+            if (loc & LOC_SSD)
+                continue;
+            uint32_t c = loc_chunk(loc), r = loc_index(loc);
+            if (c >= s->nchunks || r >= s->recs_per_chunk) {
+                rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the record space",
+                                s->path, (long long)id);
+                break;
+            }
+            if (seen[(size_t)c * s->recs_per_chunk + r]++) {
+                rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record shared with another row",
+                                s->path, (long long)id);
+                break;
+            }
+            rec_hdr *rec = rec_at(s, loc);
+            if (rec->id != id || rec->check != rec_checksum(s, rec)) {
+                rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record %s", s->path, (long long)id,
+                                rec->id != id ? "belongs to another id" : "fails its checksum");
+                break;
+            }
+            if (!(loc & LOC_TOMB))
+                rows++;
+        }
+    }
+    for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++)
+        if (ix->buckets[b].overflow != want[b])
+            rc = embkv__err(EMBKV_CORRUPT, "store %s: bucket %llu: overflow counter %u, expected %u",
+                            s->path, (unsigned long long)b, ix->buckets[b].overflow, want[b]);
+    if (rc == EMBKV_OK && (rows != atomic_load(&s->rows) || entries != atomic_load(&s->entries)))
+        rc = embkv__err(EMBKV_CORRUPT, "store %s: %llu rows and %llu entries in the index, %llu and %llu counted",
+                        s->path, (unsigned long long)rows, (unsigned long long)entries,
+                        (unsigned long long)atomic_load(&s->rows),
+                        (unsigned long long)atomic_load(&s->entries));
+out:
+    free(want);
+    free(seen);
+    pthread_rwlock_unlock(&s->writers);
+    return rc;
+}
+
+int embkv_stats_get(embkv_store *s, embkv_stats *st)
+{
+    if (!s || !st)
+        return embkv__err(EMBKV_INVALID, "embkv_stats_get: NULL argument");
+    memset(st, 0, sizeof *st);
+    index_desc *ix;
+    ebr_enter();
+    ix = atomic_load(&s->ix);
+    st->buckets = ix->nbuckets;
+    ebr_leave();
+    st->rows = atomic_load(&s->rows);
+    st->slots_per_bucket = BUCKET_SLOTS;
+    st->bucket_bytes = BUCKET_BYTES;
+    st->load_factor = (double)atomic_load(&s->entries) / ((double)st->buckets * BUCKET_SLOTS);
+    st->record_bytes = s->rec_size;
+    st->pool_bytes = s->pool_size;
+    pthread_mutex_lock(&s->slab_mu);
+    st->pool_used_bytes = (uint64_t)s->nchunks * CHUNK_BYTES + st->buckets * BUCKET_BYTES;
+    pthread_mutex_unlock(&s->slab_mu);
+    st->resizes = atomic_load(&s->st_resizes);
+    st->durable_epoch = s->root->durable_epoch;
+    st->syncs = atomic_load(&s->st_syncs);
+    st->last_sync_ms = s->last_sync_ms;
+    st->gets = atomic_load(&s->st_gets);
+    st->puts = atomic_load(&s->st_puts);
+    st->deletes = atomic_load(&s->st_deletes);
+    st->batch_gets = atomic_load(&s->st_batch_gets);
+    st->hot_moves = atomic_load(&s->st_hot_moves);
+    st->is_pmem = s->is_pmem;
+    st->recovered = s->recovered;
+    return EMBKV_OK;
+}
+
+int embkv_probe_stats(embkv_store *s, double *mean, uint32_t *max)
+{
+    if (!s || !mean || !max)
+        return embkv__err(EMBKV_INVALID, "embkv_probe_stats: NULL argument");
+    pthread_rwlock_rdlock(&s->writers);
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    uint64_t n = 0, sum = 0;
+    uint32_t mx = 0;
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        bucket *bk = &ix->buckets[b];
+        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_ACQUIRE);
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(used & (1u << i)))
+                continue;
+            uint64_t h = embkv__hash(__atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED));
+            uint32_t p = (uint32_t)ix_path_pos(ix, h, b) + 1;
+            sum += p;
+            n++;
+            if (p > mx)
+                mx = p;
+        }
+    }
+    ebr_leave();
+    pthread_rwlock_unlock(&s->writers);
+    *mean = n ? (double)sum / (double)n : 0.0;
+    *max = mx;
+    return EMBKV_OK;
+}

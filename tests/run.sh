@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
+# threaded ones) under TSan; the SQL tests through the sqlite3 shell against
+# expected output; the Python tests.  Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+passed=0 failed=0 failures=()
+
+run_one() {  # name, command...
+    local name=$1; shift
+    local log; log=$(mktemp)
+    if "$@" >"$log" 2>&1; then
+        passed=$((passed + 1)); echo "ok    $name"
+    else
+        failed=$((failed + 1)); failures+=("$name"); echo "FAIL  $name"; sed 's/^/      /' "$log" | tail -40
+    fi
+    rm -f "$log"
+}
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+for t in build/plain/tests/test_*; do run_one "plain/$(basename "$t")" "$t"; done
+for t in build/asan/tests/test_*; do
+    run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
+done
+for t in build/tsan/tests/test_concurrency*; do
+    [[ -x $t ]] && run_one "tsan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
+done
+if [[ -d tests/sql ]]; then
+    for t in tests/sql/*.sql; do
+        [[ -f $t ]] && run_one "sql/$(basename "$t" .sql)" bash tests/sql_check.sh "$t"
+    done
+fi
+if [[ -d tests/python ]]; then
+    for t in tests/python/test_*.py; do
+        [[ -f $t ]] && run_one "python/$(basename "$t" .py)" bash tests/python_run.sh "$t"
+    done
+fi
+
+((failed)) && printf 'failed: %s\n' "${failures[*]}"
+echo "$passed passed, $failed failed"
+((failed == 0))
