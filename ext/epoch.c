@@ -70,8 +70,9 @@ void ebr_enter(void)
         my_slot = claim_slot();
     uint64_t e = atomic_load(&global_epoch);
     for (;;) {
+        /* seq_cst store then seq_cst load: ordered in the single total
+         * order, so a reclaimer either sees this slot or we see its bump. */
         atomic_store(&my_slot->epoch, e);
-        atomic_thread_fence(memory_order_seq_cst);
         uint64_t again = atomic_load(&global_epoch);
         if (again == e)
             break;
@@ -94,7 +95,6 @@ uint64_t ebr_now(void)
 uint64_t ebr_safe_epoch(void)
 {
     uint64_t now = atomic_fetch_add(&global_epoch, 1) + 1;
-    atomic_thread_fence(memory_order_seq_cst);
     uint64_t oldest = now;
     unsigned hw = atomic_load(&high_water);
     for (unsigned i = 0; i < hw; i++) {
@@ -108,7 +108,6 @@ uint64_t ebr_safe_epoch(void)
 void ebr_synchronize(void)
 {
     uint64_t target = atomic_fetch_add(&global_epoch, 1) + 1;
-    atomic_thread_fence(memory_order_seq_cst);
     unsigned hw = atomic_load(&high_water);
     for (unsigned i = 0; i < hw; i++) {
         if (&slots[i] == my_slot && depth > 0)

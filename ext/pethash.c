@@ -39,7 +39,7 @@ void ix_lock_bucket(bucket *b)
         uint32_t v = __atomic_load_n(&b->version, __ATOMIC_RELAXED);
         if (!(v & 1) && __atomic_compare_exchange_n(&b->version, &v, v + 1, false,
                                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-            __atomic_thread_fence(__ATOMIC_RELEASE);
+            seq_fence(__ATOMIC_RELEASE);
             return;
         }
         cpu_relax(&spins);
@@ -80,7 +80,7 @@ static inline int read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint64_t
             m &= m - 1;
         }
         *ovf = __atomic_load_n(&bk->overflow, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        seq_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
             return found;
     }

@@ -489,7 +489,7 @@ static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
             locs[n] = loc;
             n++;
         }
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        seq_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
             return n;
     }
