@@ -183,6 +183,74 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st);
  * mean and maximum.  Walks the whole index. */
 int embkv_probe_stats(embkv_store *s, double *mean, uint32_t *max);
 
+
+/* ------------------------------------------------------------ training
+ *
+ * Pull/push with an optimizer applied in the store, deferred initialization
+ * of missing rows and per-embedding bounded staleness (MLKV's counter: a
+ * pull takes a permit on each id, a push returns it).  Configure a store
+ * once with embkv_train_configure; each trainer thread or connection uses
+ * its own session, which remembers the permits it holds and returns them
+ * when it closes.
+ */
+enum { EMBKV_SGD = 0, EMBKV_ADAGRAD = 1, EMBKV_ADAM = 2 };
+enum { EMBKV_INIT_NONE = 0, EMBKV_INIT_ZEROS = 1, EMBKV_INIT_UNIFORM = 2, EMBKV_INIT_NORMAL = 3 };
+#define EMBKV_STALENESS_UNLIMITED (-1)
+
+typedef struct embkv_train_options {
+    int optimizer;               /* EMBKV_SGD, EMBKV_ADAGRAD or EMBKV_ADAM */
+    double lr;                   /* learning rate, > 0 */
+    double initial_accumulator;  /* adagrad: starting value of the accumulator */
+    double eps;                  /* adagrad and adam denominator term */
+    double beta1, beta2;         /* adam */
+    int init;                    /* EMBKV_INIT_*: how a missing id is created on pull */
+    double init_a, init_b;       /* uniform(a, b) or normal(mean a, std b) */
+    uint64_t seed;               /* initial values are a function of (seed, id) */
+    int64_t staleness;           /* >= 0, or EMBKV_STALENESS_UNLIMITED */
+    uint32_t wait_ms;            /* how long a pull waits for a permit */
+} embkv_train_options;
+
+/* Defaults: sgd, lr 0.01, adagrad accumulator 0 and eps 1e-10, adam
+ * betas 0.9/0.999 and eps 1e-8, no initializer, seed 0, unlimited staleness,
+ * wait 5000 ms. */
+void embkv_train_defaults(embkv_train_options *o);
+/* Optimizer-state floats a row needs (create the store with this many):
+ * sgd 0, adagrad dim, adam 2*dim + 1. */
+uint32_t embkv_train_state_floats(const embkv_train_options *o, uint32_t dim);
+/* Validates and installs the training options of an open store (all its
+ * handles and sessions share them); may be called again to change them. */
+int embkv_train_configure(embkv_store *s, const embkv_train_options *o);
+
+typedef struct embkv_session embkv_session;
+int embkv_session_open(embkv_store *s, embkv_session **out);
+/* Returns every permit the session still holds. */
+void embkv_session_close(embkv_session *ss);
+
+/* Pull: n vectors in the order of ids (duplicates allowed, each gets its
+ * vector).  Takes one permit per distinct id of the batch; waits while an id
+ * has staleness+1 unreturned pulls, and gives up with EMBKV_BUSY (naming the
+ * id and the bound) after wait_ms, holding nothing it took in this call.  A
+ * missing id is created from the initializer, or is EMBKV_NOTFOUND naming it
+ * when there is none (nothing taken, nothing created). */
+int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out);
+/* Push: gradients (n * dim floats) applied with the optimizer; duplicates'
+ * gradients are summed first; every distinct row's clock advances by one.
+ * lr <= 0 uses the configured rate.  Then returns the session's permits on
+ * those ids.  NaN/Inf gradients or a missing id (without initializer) are
+ * errors that change nothing.  *nupdated (may be NULL): distinct rows. */
+int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr,
+               size_t *nupdated);
+/* Return the session's permits on ids without an update. */
+int embkv_release(embkv_session *ss, const int64_t *ids, size_t n);
+
+typedef struct embkv_train_stats {
+    uint64_t pulls, pushes;      /* rows pulled / distinct rows pushed */
+    uint64_t rows_created;       /* by the initializer */
+    uint64_t permit_waits;       /* pulls that had to wait for a permit */
+    uint64_t permit_timeouts;
+} embkv_train_stats;
+int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,6 +152,7 @@ static void free_store(embkv_store *s)
         free((void *)s->dirty[i]);
     }
     free(s->limbo);
+    train_free(s);
     pthread_rwlock_destroy(&s->writers);
     pthread_mutex_destroy(&s->slab_mu);
     pthread_mutex_destroy(&s->retire_mu);

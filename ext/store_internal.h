@@ -198,6 +198,9 @@ struct embkv_store {
     pthread_mutex_t sync_mu;
     pthread_mutex_t move_mu;   /* one backward move at a time (move_seq) */
 
+    /* training (train.c): options, permits; NULL until configured */
+    struct train_state *_Atomic train;
+
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves;
     atomic_uint_fast64_t st_resizes, st_syncs;
@@ -302,6 +305,7 @@ bool keylock_try(embkv_store *s, uint64_t h);
 static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
 
 int store_grow_index(embkv_store *s, uint64_t need_entries);
+void train_free(embkv_store *s);
 uint64_t store_grow_threshold(embkv_store *s);
 
 #endif

@@ -59,6 +59,8 @@ typedef struct retire_buf {
 
 static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size_t n)
 {
+    if (n == 0)
+        return EMBKV_OK;
     if (s->ntombs[parity] + n > s->tombs_cap[parity]) {
         size_t cap = s->tombs_cap[parity] ? s->tombs_cap[parity] * 2 : 256;
         while (cap < s->ntombs[parity] + n)

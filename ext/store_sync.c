@@ -123,10 +123,12 @@ void reclaim(embkv_store *s, bool wait_for_readers)
         pthread_mutex_unlock(&s->retire_mu);
         return;  /* try again at the next reclaim */
     }
-    for (size_t i = 0; i < k; i++)
-        freed[i] = s->limbo[i].loc;
-    memmove(s->limbo, s->limbo + k, (s->nlimbo - k) * sizeof *s->limbo);
-    s->nlimbo -= k;
+    if (k) {
+        for (size_t i = 0; i < k; i++)
+            freed[i] = s->limbo[i].loc;
+        memmove(s->limbo, s->limbo + k, (s->nlimbo - k) * sizeof *s->limbo);
+        s->nlimbo -= k;
+    }
     pthread_mutex_unlock(&s->retire_mu);
     if (k)
         slab_free(s, freed, k);

@@ -1,0 +1,667 @@
+/*
+ * train.c - pull/push training on a store: optimizers applied in the store,
+ * deferred initialization of missing rows, per-embedding bounded staleness.
+ *
+ * Staleness permits (MLKV): a pull takes a permit on each id, a push returns
+ * it, and a pull waits while its id already has staleness+1 permits out.
+ * Counters live in DRAM in a table indexed by the id's hash (a permit
+ * stripe).  The table is sized to several times the rows so that two ids in
+ * flight rarely share a stripe; when they do, both are bounded together,
+ * which can only make a pull wait more, never see more staleness than the
+ * bound.  Taking a permit is one compare-and-swap on the uncontended path; a
+ * waiter sleeps on the counter with a futex and the high bit of the counter
+ * tells a returning push that someone sleeps.
+ *
+ * Initialization (MTrainS deferred init): a missing id's values are a pure
+ * function of (seed, id, element) through a counter-based generator, so
+ * creating rows needs no shared random state and no queue, and the same
+ * seed gives the same values whatever the order of calls.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+#define WAITERS 0x80000000u
+#define MIN_STRIPES (1u << 16)
+#define MAX_STRIPES (1u << 24)
+
+struct train_state {
+    embkv_train_options opt;          /* current options (guarded by mu for writes) */
+    pthread_mutex_t mu;
+    atomic_uint *permits;
+    uint64_t stripe_mask;
+    atomic_uint_fast64_t pulls, pushes, created, waits, timeouts;
+};
+
+struct embkv_session {
+    embkv_store *s;
+    /* Permits held: stripe+1 -> count, linear probing. */
+    uint32_t *keys, *counts;
+    size_t cap, n;
+};
+
+/* ------------------------------------------------------------ options */
+
+void embkv_train_defaults(embkv_train_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->optimizer = EMBKV_SGD;
+    o->lr = 0.01;
+    o->initial_accumulator = 0.0;
+    o->eps = 1e-10;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->init = EMBKV_INIT_NONE;
+    o->staleness = EMBKV_STALENESS_UNLIMITED;
+    o->wait_ms = 5000;
+}
+
+uint32_t embkv_train_state_floats(const embkv_train_options *o, uint32_t dim)
+{
+    switch (o->optimizer) {
+    case EMBKV_ADAGRAD: return dim;
+    case EMBKV_ADAM: return 2 * dim + 1;
+    default: return 0;
+    }
+}
+
+static int validate(embkv_store *s, const embkv_train_options *o)
+{
+    if (o->optimizer < EMBKV_SGD || o->optimizer > EMBKV_ADAM)
+        return embkv__err(EMBKV_INVALID, "store %s: option optimizer: unknown optimizer %d", s->path, o->optimizer);
+    if (!(o->lr > 0) || !isfinite(o->lr))
+        return embkv__err(EMBKV_INVALID, "store %s: option lr must be a positive number, got %g", s->path, o->lr);
+    if (embkv_train_state_floats(o, s->dim) > s->state_floats)
+        return embkv__err(EMBKV_INVALID, "store %s: the optimizer needs %u state floats per row, the store has %u",
+                          s->path, embkv_train_state_floats(o, s->dim), s->state_floats);
+    if (!(o->eps > 0) || !isfinite(o->eps))
+        return embkv__err(EMBKV_INVALID, "store %s: option eps must be a positive number, got %g", s->path, o->eps);
+    if (!(o->initial_accumulator >= 0) || !isfinite(o->initial_accumulator))
+        return embkv__err(EMBKV_INVALID, "store %s: option initial_accumulator must be >= 0, got %g", s->path,
+                          o->initial_accumulator);
+    if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+        return embkv__err(EMBKV_INVALID, "store %s: options beta1 and beta2 must be in [0, 1)", s->path);
+    if (o->init < EMBKV_INIT_NONE || o->init > EMBKV_INIT_NORMAL)
+        return embkv__err(EMBKV_INVALID, "store %s: option init: unknown initializer %d", s->path, o->init);
+    if (!isfinite(o->init_a) || !isfinite(o->init_b) ||
+        (o->init == EMBKV_INIT_UNIFORM && !(o->init_a < o->init_b)) ||
+        (o->init == EMBKV_INIT_NORMAL && !(o->init_b >= 0)))
+        return embkv__err(EMBKV_INVALID, "store %s: option init: %s", s->path,
+                          o->init == EMBKV_INIT_NORMAL ? "normal(mean, std) needs std >= 0"
+                                                       : "uniform(a, b) needs finite a < b");
+    if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)WAITERS - 1)
+        return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
+                          s->path, (long long)o->staleness);
+    return EMBKV_OK;
+}
+
+static struct train_state *train_of(embkv_store *s)
+{
+    return atomic_load_explicit(&s->train, memory_order_acquire);
+}
+
+int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
+{
+    if (!s || !o)
+        return embkv__err(EMBKV_INVALID, "embkv_train_configure: NULL argument");
+    int rc = validate(s, o);
+    if (rc != EMBKV_OK)
+        return rc;
+    pthread_mutex_lock(&s->slab_mu);  /* serializes first configuration */
+    struct train_state *t = train_of(s);
+    if (!t) {
+        t = calloc(1, sizeof *t);
+        uint64_t want = 4 * (atomic_load(&s->rows) + s->root->created_rows_hint), n = MIN_STRIPES;
+        while (n < want && n < MAX_STRIPES)
+            n <<= 1;
+        if (t)
+            t->permits = calloc(n, sizeof *t->permits);
+        if (!t || !t->permits) {
+            free(t);
+            pthread_mutex_unlock(&s->slab_mu);
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the permit table", s->path);
+        }
+        t->stripe_mask = n - 1;
+        pthread_mutex_init(&t->mu, NULL);
+        t->opt = *o;
+        atomic_store_explicit(&s->train, t, memory_order_release);
+    } else {
+        pthread_mutex_lock(&t->mu);
+        t->opt = *o;
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&s->slab_mu);
+    return EMBKV_OK;
+}
+
+static embkv_train_options options_now(struct train_state *t)
+{
+    pthread_mutex_lock(&t->mu);
+    embkv_train_options o = t->opt;
+    pthread_mutex_unlock(&t->mu);
+    return o;
+}
+
+void train_free(embkv_store *s)
+{
+    struct train_state *t = train_of(s);
+    if (!t)
+        return;
+    free((void *)t->permits);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st)
+{
+    if (!s || !st)
+        return embkv__err(EMBKV_INVALID, "embkv_train_stats_get: NULL argument");
+    memset(st, 0, sizeof *st);
+    struct train_state *t = train_of(s);
+    if (t) {
+        st->pulls = atomic_load(&t->pulls);
+        st->pushes = atomic_load(&t->pushes);
+        st->rows_created = atomic_load(&t->created);
+        st->permit_waits = atomic_load(&t->waits);
+        st->permit_timeouts = atomic_load(&t->timeouts);
+    }
+    return EMBKV_OK;
+}
+
+/* ------------------------------------------------------------ sessions */
+
+int embkv_session_open(embkv_store *s, embkv_session **out)
+{
+    if (!s || !out)
+        return embkv__err(EMBKV_INVALID, "embkv_session_open: NULL argument");
+    if (!train_of(s))
+        return embkv__err(EMBKV_INVALID, "store %s: not configured for training (embkv_train_configure)", s->path);
+    embkv_session *ss = calloc(1, sizeof *ss);
+    if (!ss)
+        return embkv__err(EMBKV_NOMEM, "embkv_session_open: out of memory");
+    ss->s = s;
+    *out = ss;
+    return EMBKV_OK;
+}
+
+static size_t held_slot(const embkv_session *ss, uint32_t key)
+{
+    size_t m = ss->cap - 1, i = (key * 0x9e3779b1u) & m;
+    while (ss->keys[i] && ss->keys[i] != key)
+        i = (i + 1) & m;
+    return i;
+}
+
+static int held_add(embkv_session *ss, uint32_t stripe)
+{
+    if ((ss->n + 1) * 2 > ss->cap) {
+        size_t cap = ss->cap ? ss->cap * 2 : 1024;
+        uint32_t *k = calloc(cap, sizeof *k), *c = calloc(cap, sizeof *c);
+        if (!k || !c) {
+            free(k);
+            free(c);
+            return EMBKV_NOMEM;
+        }
+        embkv_session old = *ss;
+        ss->keys = k;
+        ss->counts = c;
+        ss->cap = cap;
+        for (size_t i = 0; i < old.cap; i++) {
+            if (old.keys[i]) {
+                size_t j = held_slot(ss, old.keys[i]);
+                ss->keys[j] = old.keys[i];
+                ss->counts[j] = old.counts[i];
+            }
+        }
+        free(old.keys);
+        free(old.counts);
+    }
+    size_t i = held_slot(ss, stripe + 1);
+    if (!ss->keys[i]) {
+        ss->keys[i] = stripe + 1;
+        ss->counts[i] = 0;
+        ss->n++;
+    }
+    ss->counts[i]++;
+    return EMBKV_OK;
+}
+
+/* Takes one held permit on stripe off the books; false if none held. */
+static bool held_take(embkv_session *ss, uint32_t stripe)
+{
+    if (!ss->cap)
+        return false;
+    size_t i = held_slot(ss, stripe + 1), m = ss->cap - 1;
+    if (!ss->keys[i])
+        return false;
+    if (--ss->counts[i] > 0)
+        return true;
+    /* Backward-shift deletion keeps probe runs unbroken. */
+    ss->keys[i] = 0;
+    ss->n--;
+    for (size_t j = (i + 1) & m; ss->keys[j]; j = (j + 1) & m) {
+        size_t home = (ss->keys[j] * 0x9e3779b1u) & m;
+        if (((j - home) & m) >= ((j - i) & m)) {
+            ss->keys[i] = ss->keys[j];
+            ss->counts[i] = ss->counts[j];
+            ss->keys[j] = 0;
+            i = j;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ permits */
+
+static inline uint32_t stripe_of(const struct train_state *t, int64_t id)
+{
+    return (uint32_t)((embkv__hash(id) >> 8) & t->stripe_mask);
+}
+
+static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (unsigned *)addr, op, val, ts, NULL, 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void permit_return(struct train_state *t, uint32_t stripe)
+{
+    atomic_uint *c = &t->permits[stripe];
+    unsigned old = atomic_fetch_sub(c, 1);
+    if (old & WAITERS) {
+        atomic_fetch_and(c, ~WAITERS);
+        futex(c, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+    }
+}
+
+/* 0 taken, 1 timed out. *waited set when it had to sleep. */
+static int permit_take(struct train_state *t, uint32_t stripe, unsigned bound, double deadline, bool *waited)
+{
+    atomic_uint *c = &t->permits[stripe];
+    unsigned v = atomic_load(c);
+    for (;;) {
+        if ((v & ~WAITERS) < bound) {
+            if (atomic_compare_exchange_weak(c, &v, v + 1))
+                return 0;
+            continue;
+        }
+        *waited = true;
+        double left = deadline - now_ms();
+        if (left <= 0)
+            return 1;
+        if (!(v & WAITERS) && !atomic_compare_exchange_weak(c, &v, v | WAITERS))
+            continue;
+        struct timespec ts = {(time_t)(left / 1000), (long)(fmod(left, 1000.0) * 1e6)};
+        futex(c, FUTEX_WAIT_PRIVATE, v | WAITERS, &ts);
+        v = atomic_load(c);
+    }
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Distinct stripes of ids, ascending (a global order, so that two pulls
+ * waiting on each other's permits cannot deadlock). */
+static uint32_t *distinct_stripes(struct train_state *t, const int64_t *ids, size_t n, size_t *nd)
+{
+    uint32_t *st = malloc((n ? n : 1) * sizeof *st);
+    if (!st)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        st[i] = stripe_of(t, ids[i]);
+    qsort(st, n, sizeof *st, cmp_u32);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || st[k - 1] != st[i])
+            st[k++] = st[i];
+    *nd = k;
+    return st;
+}
+
+static int64_t id_of_stripe(struct train_state *t, const int64_t *ids, size_t n, uint32_t stripe)
+{
+    for (size_t i = 0; i < n; i++)
+        if (stripe_of(t, ids[i]) == stripe)
+            return ids[i];
+    return 0;
+}
+
+/* ------------------------------------------------------------ init */
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static void init_values(const embkv_train_options *o, int64_t id, float *v, uint32_t dim)
+{
+    uint64_t base = mix64(o->seed ^ mix64((uint64_t)id));
+    for (uint32_t j = 0; j < dim; j++) {
+        uint64_t x = mix64(base + j);
+        switch (o->init) {
+        case EMBKV_INIT_UNIFORM:
+            v[j] = (float)(o->init_a + (o->init_b - o->init_a) * ((double)(x >> 11) * 0x1p-53));
+            break;
+        case EMBKV_INIT_NORMAL: {
+            /* Box-Muller on two independent uniforms of this element. */
+            double u1 = ((double)(x >> 11) + 0.5) * 0x1p-53;
+            double u2 = (double)(mix64(x) >> 11) * 0x1p-53;
+            v[j] = (float)(o->init_a + o->init_b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+            break;
+        }
+        default:
+            v[j] = 0.0f;
+        }
+    }
+}
+
+/* Create each listed missing id from the initializer (insert-only: a row
+ * created meanwhile by another thread is left alone). */
+static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_options *o, const int64_t *ids,
+                       size_t n)
+{
+    float *v = malloc(4 * (size_t)s->dim);
+    if (!v)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    int rc = EMBKV_OK;
+    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+        init_values(o, ids[i], v, s->dim);
+        rc = embkv_put(s, ids[i], v, NULL, EMBKV_PUT_INSERT);
+        if (rc == EMBKV_OK)
+            atomic_fetch_add(&t->created, 1);
+        else if (rc == EMBKV_EXISTS)
+            rc = EMBKV_OK;
+    }
+    free(v);
+    return rc;
+}
+
+/* ------------------------------------------------------------ pull */
+
+static void return_taken(embkv_session *ss, struct train_state *t, const uint32_t *st, size_t k)
+{
+    for (size_t i = 0; i < k; i++) {
+        held_take(ss, st[i]);
+        permit_return(t, st[i]);
+    }
+}
+
+int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
+{
+    if (!ss || (n && (!ids || !out)))
+        return embkv__err(EMBKV_INVALID, "embkv_pull: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    embkv_store *s = ss->s;
+    struct train_state *t = train_of(s);
+    embkv_train_options o = options_now(t);
+    uint32_t *st = NULL;
+    size_t nst = 0, taken = 0;
+    int rc = EMBKV_OK;
+
+    if (o.staleness != EMBKV_STALENESS_UNLIMITED) {
+        st = distinct_stripes(t, ids, n, &nst);
+        if (!st)
+            return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+        double deadline = now_ms() + o.wait_ms;
+        bool waited_any = false;
+        for (; taken < nst; taken++) {
+            bool waited = false;
+            if (permit_take(t, st[taken], (unsigned)o.staleness + 1, deadline, &waited)) {
+                atomic_fetch_add(&t->timeouts, 1);
+                int64_t id = id_of_stripe(t, ids, n, st[taken]);
+                return_taken(ss, t, st, taken);
+                free(st);
+                return embkv__err(EMBKV_BUSY,
+                                  "id %lld: staleness bound %lld reached: still %lld pulls without a push "
+                                  "after %u ms",
+                                  (long long)id, (long long)o.staleness, (long long)o.staleness + 1, o.wait_ms);
+            }
+            waited_any |= waited;
+            if (held_add(ss, st[taken]) != EMBKV_OK) {
+                permit_return(t, st[taken]);
+                return_taken(ss, t, st, taken);
+                free(st);
+                return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+            }
+        }
+        if (waited_any)
+            atomic_fetch_add(&t->waits, 1);
+    }
+
+    uint8_t *found = malloc(n);
+    size_t missing = 0;
+    if (!found)
+        rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+    else
+        rc = embkv_get_batch(s, ids, n, out, found, &missing);
+    if (rc == EMBKV_OK && missing) {
+        int64_t *miss = malloc(missing * sizeof *miss);
+        size_t k = 0;
+        if (!miss) {
+            rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+        } else {
+            for (size_t i = 0; i < n; i++)
+                if (!found[i])
+                    miss[k++] = ids[i];
+            if (o.init == EMBKV_INIT_NONE)
+                rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)",
+                                (long long)miss[0]);
+            else
+                rc = create_rows(s, t, &o, miss, k);
+            /* Read the created rows back: another thread may have created
+             * (and even updated) some of them first. */
+            for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+                if (found[i])
+                    continue;
+                rc = embkv_get(s, ids[i], out + i * s->dim, NULL, NULL);
+                if (rc == EMBKV_NOTFOUND)
+                    rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
+            }
+            free(miss);
+        }
+    }
+    free(found);
+    if (rc != EMBKV_OK)
+        return_taken(ss, t, st, taken);
+    else
+        atomic_fetch_add(&t->pulls, n);
+    free(st);
+    return rc;
+}
+
+/* ------------------------------------------------------------ push */
+
+typedef struct push_ctx {
+    const embkv_train_options *o;
+    double lr;
+    const double *grad;  /* summed gradients, one row per distinct id */
+    uint32_t dim;
+} push_ctx;
+
+static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *state)
+{
+    push_ctx *c = vctx;
+    (void)id;
+    if (!w)
+        return 1;  /* deleted since the existence check: skipped */
+    const double *g = c->grad + i * c->dim;
+    const embkv_train_options *o = c->o;
+    switch (o->optimizer) {
+    case EMBKV_ADAGRAD:
+        /* state holds acc - initial_accumulator, so a zero state is a fresh row. */
+        for (uint32_t j = 0; j < c->dim; j++) {
+            double acc = (double)state[j] + g[j] * g[j];
+            state[j] = (float)acc;
+            w[j] = (float)(w[j] - c->lr * g[j] / (sqrt(acc + o->initial_accumulator) + o->eps));
+        }
+        break;
+    case EMBKV_ADAM: {
+        float *m = state, *v = state + c->dim;
+        double t = (double)state[2 * c->dim] + 1.0;
+        state[2 * c->dim] = (float)t;
+        double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
+        for (uint32_t j = 0; j < c->dim; j++) {
+            double mj = o->beta1 * m[j] + (1.0 - o->beta1) * g[j];
+            double vj = o->beta2 * v[j] + (1.0 - o->beta2) * g[j] * g[j];
+            m[j] = (float)mj;
+            v[j] = (float)vj;
+            w[j] = (float)(w[j] - c->lr * (mj / bc1) / (sqrt(vj / bc2) + o->eps));
+        }
+        break;
+    }
+    default:
+        for (uint32_t j = 0; j < c->dim; j++)
+            w[j] = (float)(w[j] - c->lr * g[j]);
+    }
+    return 0;
+}
+
+/* Distinct ids in first-seen order with their gradients summed. */
+static int dedupe(const int64_t *ids, size_t n, const float *grads, uint32_t dim, int64_t **uids, double **ugrad,
+                  size_t *nu)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    size_t *slots = malloc(cap * sizeof *slots);
+    *uids = malloc(n * sizeof **uids);
+    *ugrad = calloc(n * (size_t)dim, sizeof **ugrad);
+    if (!slots || !*uids || !*ugrad) {
+        free(slots);
+        return EMBKV_NOMEM;
+    }
+    memset(slots, 0xff, cap * sizeof *slots);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)embkv__hash(ids[i]) & (cap - 1);
+        while (slots[h] != SIZE_MAX && (*uids)[slots[h]] != ids[i])
+            h = (h + 1) & (cap - 1);
+        if (slots[h] == SIZE_MAX) {
+            slots[h] = k;
+            (*uids)[k++] = ids[i];
+        }
+        double *dst = *ugrad + slots[h] * dim;
+        const float *src = grads + i * dim;
+        for (uint32_t j = 0; j < dim; j++)
+            dst[j] += src[j];
+    }
+    free(slots);
+    *nu = k;
+    return EMBKV_OK;
+}
+
+static void release_stripes(embkv_session *ss, struct train_state *t, const int64_t *ids, size_t n)
+{
+    size_t nst;
+    uint32_t *st = distinct_stripes(t, ids, n, &nst);
+    if (!st)
+        return;
+    for (size_t i = 0; i < nst; i++)
+        if (held_take(ss, st[i]))
+            permit_return(t, st[i]);
+    free(st);
+}
+
+int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
+{
+    if (nupdated)
+        *nupdated = 0;
+    if (!ss || (n && (!ids || !grads)))
+        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    embkv_store *s = ss->s;
+    struct train_state *t = train_of(s);
+    embkv_train_options o = options_now(t);
+    uint32_t dim = s->dim;
+    for (size_t i = 0; i < n * dim; i++)
+        if (!isfinite(grads[i]))
+            return embkv__err(EMBKV_INVALID, "id %lld: gradient element %zu is %s", (long long)ids[i / dim],
+                              i % dim, isnan(grads[i]) ? "NaN" : "infinite");
+    if (lr != lr || isinf(lr))
+        return embkv__err(EMBKV_INVALID, "embkv_push: lr must be a finite number");
+    int64_t *uids = NULL;
+    double *ugrad = NULL;
+    size_t nu = 0;
+    if (dedupe(ids, n, grads, dim, &uids, &ugrad, &nu) != EMBKV_OK) {
+        free(uids);
+        free(ugrad);
+        return embkv__err(EMBKV_NOMEM, "embkv_push: out of memory for %zu ids", n);
+    }
+    int rc = EMBKV_OK;
+    /* Check (and with an initializer, create) every row before changing any. */
+    int64_t *miss = malloc(nu * sizeof *miss);
+    size_t nmiss = 0;
+    if (!miss)
+        rc = embkv__err(EMBKV_NOMEM, "embkv_push: out of memory");
+    for (size_t i = 0; i < nu && rc == EMBKV_OK; i++)
+        if (!embkv_exists(s, uids[i]))
+            miss[nmiss++] = uids[i];
+    if (rc == EMBKV_OK && nmiss) {
+        if (o.init == EMBKV_INIT_NONE)
+            rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)", (long long)miss[0]);
+        else
+            rc = create_rows(s, t, &o, miss, nmiss);
+    }
+    free(miss);
+    size_t updated = 0;
+    if (rc == EMBKV_OK) {
+        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = ugrad, .dim = dim};
+        rc = embkv_update_batch(s, uids, nu, apply_optimizer, &c, 0, &updated);
+    }
+    if (rc == EMBKV_OK) {
+        /* Updates are visible before the permits go back (BSP: the next pull
+         * of an id sees this push). */
+        if (o.staleness != EMBKV_STALENESS_UNLIMITED || ss->n)
+            release_stripes(ss, t, uids, nu);
+        atomic_fetch_add(&t->pushes, updated);
+        if (nupdated)
+            *nupdated = updated;
+    }
+    free(uids);
+    free(ugrad);
+    return rc;
+}
+
+int embkv_release(embkv_session *ss, const int64_t *ids, size_t n)
+{
+    if (!ss || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_release: NULL argument");
+    if (n && ss->n)
+        release_stripes(ss, train_of(ss->s), ids, n);
+    return EMBKV_OK;
+}
+
+void embkv_session_close(embkv_session *ss)
+{
+    if (!ss)
+        return;
+    struct train_state *t = train_of(ss->s);
+    for (size_t i = 0; i < ss->cap; i++)
+        while (ss->keys[i] && ss->counts[i]--)
+            permit_return(t, ss->keys[i] - 1);
+    free(ss->keys);
+    free(ss->counts);
+    free(ss);
+}
