@@ -142,9 +142,16 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
 
 /* Cursor-style scan of ids: fills ids[0..*n) with the ids of the next whole
  * buckets from *pos (start with *pos = 0), cap must be >= 64.  *n == 0 means
- * the end.  A concurrent index resize returns EMBKV_BUSY. */
+ * the end.  An index resize since the scan began returns EMBKV_BUSY; hold a
+ * pin for the life of the cursor to rule that out. */
 int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap,
                    size_t *n);
+
+/* While any pin is held the index does not resize: inserts keep going into
+ * the current array (until it is 98% full, then EMBKV_BUSY), and growth
+ * happens after the last unpin.  embkv_scan pins for its own duration. */
+void embkv_scan_pin(embkv_store *s);
+void embkv_scan_unpin(embkv_store *s);
 
 /* Hotness-aware placement (PetPS): move each listed id into its home bucket
  * if it is displaced, evicting a displaced victim when the home bucket is
@@ -201,7 +208,7 @@ typedef struct embkv_train_options {
     int optimizer;               /* EMBKV_SGD, EMBKV_ADAGRAD or EMBKV_ADAM */
     double lr;                   /* learning rate, > 0 */
     double initial_accumulator;  /* adagrad: starting value of the accumulator */
-    double eps;                  /* adagrad and adam denominator term */
+    double eps;                  /* adagrad and adam denominator term, > 0 */
     double beta1, beta2;         /* adam */
     int init;                    /* EMBKV_INIT_*: how a missing id is created on pull */
     double init_a, init_b;       /* uniform(a, b) or normal(mean a, std b) */
@@ -210,9 +217,10 @@ typedef struct embkv_train_options {
     uint32_t wait_ms;            /* how long a pull waits for a permit */
 } embkv_train_options;
 
-/* Defaults: sgd, lr 0.01, adagrad accumulator 0 and eps 1e-10, adam
- * betas 0.9/0.999 and eps 1e-8, no initializer, seed 0, unlimited staleness,
- * wait 5000 ms. */
+/* Defaults: sgd, lr 0.01, adagrad accumulator 0, eps 1e-10 (PyTorch's
+ * Adagrad default; PyTorch's Adam uses 1e-8: set it when choosing adam),
+ * adam betas 0.9/0.999, no initializer, seed 0, unlimited staleness, wait
+ * 5000 ms. */
 void embkv_train_defaults(embkv_train_options *o);
 /* Optimizer-state floats a row needs (create the store with this many):
  * sgd 0, adagrad dim, adam 2*dim + 1. */
@@ -226,8 +234,8 @@ int embkv_session_open(embkv_store *s, embkv_session **out);
 /* Returns every permit the session still holds. */
 void embkv_session_close(embkv_session *ss);
 
-/* Pull: n vectors in the order of ids (duplicates allowed, each gets its
- * vector).  Takes one permit per distinct id of the batch; waits while an id
+/* Pull: n vectors in the order of ids (duplicates allowed: each gets the
+ * same vector, read once).  Takes one permit per distinct id of the batch; waits while an id
  * has staleness+1 unreturned pulls, and gives up with EMBKV_BUSY (naming the
  * id and the bound) after wait_ms, holding nothing it took in this call.  A
  * missing id is created from the initializer, or is EMBKV_NOTFOUND naming it

@@ -65,9 +65,9 @@ static int add_chunk(embkv_store *s)
 {
     if (s->nchunks >= MAX_CHUNKS)
         return embkv__err(EMBKV_FULL, "store %s: record space full (%u chunks of %u bytes)",
-                          s->path, MAX_CHUNKS, CHUNK_BYTES);
+                          s->path, (unsigned)MAX_CHUNKS, s->chunk_bytes);
     uint32_t c = s->nchunks;
-    if (pmemobj_alloc(s->pop, &s->root->chunks[c], CHUNK_BYTES, TYPE_CHUNK, NULL, NULL) != 0) {
+    if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
         int e = errno;
         return embkv__err(EMBKV_FULL,
                           "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
@@ -75,9 +75,12 @@ static int add_chunk(embkv_store *s)
                           s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
                           e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg());
     }
-    if (locvec_reserve(&s->free_locs, s->recs_per_chunk) != EMBKV_OK)
+    /* Every record of every chunk may be free at once: reserve for all, so
+     * slab_free never needs to grow the list. */
+    size_t total = (size_t)(c + 1) * s->recs_per_chunk;
+    if (locvec_reserve(&s->free_locs, total - s->free_locs.n) != EMBKV_OK)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the free list", s->path);
-    atomic_store_explicit(&s->chunk_base[c], chunk_records(s->pop, s->root->chunks[c]),
+    atomic_store_explicit(&s->chunk_base[c], chunk_records(s->pop, s->chunks[c]),
                           memory_order_release);
     s->nchunks = c + 1;
     push_chunk_free(s, c);
@@ -127,8 +130,8 @@ void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
 int slab_rebuild(embkv_store *s)
 {
     s->nchunks = 0;
-    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->root->chunks[s->nchunks])) {
-        atomic_store(&s->chunk_base[s->nchunks], chunk_records(s->pop, s->root->chunks[s->nchunks]));
+    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->chunks[s->nchunks])) {
+        atomic_store(&s->chunk_base[s->nchunks], chunk_records(s->pop, s->chunks[s->nchunks]));
         s->nchunks++;
     }
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;

@@ -16,16 +16,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "store_internal.h"
 
 #define TYPE_INDEX 1
+#define TYPE_CHUNK_TABLE 3
 #define DEFAULT_EXPECTED_ROWS 100000
 #define DEFAULT_MAX_LOAD 0.9
 #define MIN_POOL_SIZE (16ull << 20)
 #define POOL_SIG "PMEMOBJ"
+#define POOL_LAYOUT_OFFSET 4096  /* where libpmemobj keeps the layout name */
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static embkv_store *registry;
@@ -39,6 +42,19 @@ static uint32_t record_size(uint32_t dim, uint32_t state_floats)
 {
     size_t bytes = sizeof(rec_hdr) + 4 * ((size_t)dim + state_floats);
     return (uint32_t)((bytes + 15) & ~(size_t)15);
+}
+
+/* Record chunks: about a thousandth of the pool, a power of two from
+ * 256 KiB to 64 MiB less 64 bytes (so that with libpmemobj's allocation
+ * header a chunk fills whole heap units), and at least 8 records. */
+static uint32_t chunk_bytes_for(size_t pool_size, uint32_t rec_size)
+{
+    uint64_t c = 256u << 10;
+    while (c < pool_size / 1024 && c < (64u << 20))
+        c <<= 1;
+    while (c - 128 < 8ull * rec_size)
+        c <<= 1;
+    return (uint32_t)(c - 64);
 }
 
 static uint64_t buckets_for(uint64_t rows, double max_load)
@@ -112,7 +128,8 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     int state = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE))
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
+            !strcmp(e->d_name, POOL_TMP))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
             if (state == 0)
@@ -127,16 +144,23 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     return state;
 }
 
-static int check_pool_signature(const char *pool, const char *dir)
+/* Checked by reading the file, before libpmemobj opens it: pmemobj_open
+ * writes to a pool even when it then refuses its layout, and a pool that
+ * is not embkv's must be left exactly as it was. */
+static int check_pool_header(const char *pool, const char *dir)
 {
-    char sig[8] = {0};
+    char sig[8] = {0}, layout[PMEMOBJ_MAX_LAYOUT] = {0};
     int fd = open(pool, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return embkv__err(EMBKV_IO, "store %s: cannot read %s: %s", dir, POOL_FILE, strerror(errno));
     ssize_t got = read(fd, sig, sizeof sig);
+    ssize_t got_layout = pread(fd, layout, sizeof layout - 1, POOL_LAYOUT_OFFSET);
     close(fd);
     if (got != (ssize_t)sizeof sig || memcmp(sig, POOL_SIG, sizeof POOL_SIG) != 0)
         return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: %s is not a pmemobj pool", dir, POOL_FILE);
+    if (got_layout <= 0 || strcmp(layout, EMBKV_LAYOUT) != 0)
+        return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: %s is a pmemobj pool of layout \"%.64s\"",
+                          dir, POOL_FILE, layout);
     return EMBKV_OK;
 }
 
@@ -187,7 +211,8 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
     uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
     uint64_t nb = buckets_for(expected, max_load);
-    if (pmemobj_zalloc(s->pop, &r->index, nb * BUCKET_BYTES + BUCKET_BYTES, TYPE_INDEX) != 0)
+    if (pmemobj_zalloc(s->pop, &r->index, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0 ||
+        pmemobj_zalloc(s->pop, &r->chunk_table, heap_units_size(MAX_CHUNKS * sizeof(PMEMoid)), TYPE_CHUNK_TABLE) != 0)
         return embkv__err(EMBKV_FULL, "store %s: pool_size %zu is too small for an index of %llu buckets",
                           s->path, s->pool_size, (unsigned long long)nb);
     r->format_version = EMBKV_FORMAT_VERSION;
@@ -199,6 +224,7 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     r->max_load = max_load;
     r->nbuckets = nb;
     r->created_rows_hint = expected;
+    r->chunk_bytes = chunk_bytes_for(s->pool_size, r->record_size);
     pmemobj_persist(s->pop, r, sizeof *r);
     /* The magic goes last: a pool without it was never fully created. */
     memcpy(r->magic, EMBKV_MAGIC, sizeof r->magic);
@@ -270,7 +296,7 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
     char pool[PATH_MAX];
     snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_FILE);
     if (exists) {
-        int rc = check_pool_signature(pool, s->path);
+        int rc = check_pool_header(pool, s->path);
         if (rc != EMBKV_OK)
             return rc;
         s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
@@ -289,7 +315,12 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
             if (size < 32ull << 20)
                 size = 32ull << 20;
         }
+        /* Created under a temporary name and renamed once complete, so a
+         * crash during creation leaves nothing that looks like a store. */
+        snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_TMP);
+        unlink(pool);
         s->pop = pmemobj_create(pool, EMBKV_LAYOUT, size, 0644);
+        s->creating = 1;
         if (!s->pop) {
             int e = errno;
             unlink(pool);
@@ -330,12 +361,17 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     s->state_floats = r->state_floats;
     s->rec_size = r->record_size;
     if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->rec_size != record_size(s->dim, s->state_floats) ||
-        r->nbuckets == 0 || (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index))
+        r->nbuckets == 0 || (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) ||
+        OID_IS_NULL(r->chunk_table))
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
     int rc = geometry_matches(s, opt);
     if (rc != EMBKV_OK)
         return rc;
-    s->recs_per_chunk = (CHUNK_BYTES - 64) / s->rec_size;
+    s->chunk_bytes = r->chunk_bytes;
+    if (s->chunk_bytes < s->rec_size + 64)
+        return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
+    s->recs_per_chunk = (s->chunk_bytes - 64) / s->rec_size;
+    s->chunks = pmemobj_direct(r->chunk_table);
     s->max_load = r->max_load;
 
     /* Leftovers of a resize interrupted by a crash. */
@@ -348,6 +384,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (!ix)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
     atomic_store(&s->ix, ix);
+    atomic_store(&s->index_slots, ix->nbuckets * BUCKET_SLOTS);
 
     s->dirty_words = ((s->pool_size >> 12) + 64) / 64;
     for (int i = 0; i < 2; i++) {
@@ -359,7 +396,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
 
     /* Chunks must be known before recovery reads records. */
     s->nchunks = 0;
-    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(r->chunks[s->nchunks]))
+    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->chunks[s->nchunks]))
         s->nchunks++;
     rc = slab_rebuild(s);
     if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
@@ -380,6 +417,26 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     atomic_store(&s->cur_epoch, r->durable_epoch + 1);
     r->clean = 0;
     pmemobj_persist(s->pop, &r->clean, sizeof r->clean);
+    return EMBKV_OK;
+}
+
+/* Give the fully created pool its real name, durably. */
+static int publish_pool(embkv_store *s)
+{
+    char from[PATH_MAX], to[PATH_MAX];
+    snprintf(from, sizeof from, "%s/%s", s->path, POOL_TMP);
+    snprintf(to, sizeof to, "%s/%s", s->path, POOL_FILE);
+    if (rename(from, to) != 0)
+        return embkv__err(EMBKV_IO, "store %s: cannot rename the new pool: %s", s->path, strerror(errno));
+    int dfd = open(s->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return embkv__err(EMBKV_IO, "store %s: fsync of the directory: %s", s->path, strerror(e));
+    }
+    close(dfd);
+    s->creating = 0;
     return EMBKV_OK;
 }
 
@@ -473,9 +530,16 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     rc = open_pool(s, opt, state == 1);
     if (rc == EMBKV_OK)
         rc = load_store(s, opt, flags);
+    if (rc == EMBKV_OK && s->creating)
+        rc = publish_pool(s);
     if (rc != EMBKV_OK) {
         if (s->pop)
             pmemobj_close(s->pop);
+        if (s->creating) {
+            char tmp[PATH_MAX];
+            snprintf(tmp, sizeof tmp, "%s/%s", s->path, POOL_TMP);
+            unlink(tmp);
+        }
         close(s->lockfd);
         free_store(s);
         goto unlock;
@@ -503,8 +567,8 @@ int embkv_close(embkv_store *s)
             break;
         }
     }
-    pthread_mutex_unlock(&registry_mu);
-
+    /* Still under the registry lock: an open of this directory from another
+     * thread must wait for the flock to go, not take it for another process. */
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
         s->root->clean = 1;
@@ -513,13 +577,13 @@ int embkv_close(embkv_store *s)
     pmemobj_close(s->pop);
     close(s->lockfd);
     free_store(s);
+    pthread_mutex_unlock(&registry_mu);
     return rc;
 }
 
 uint64_t store_grow_threshold(embkv_store *s)
 {
-    index_desc *ix = atomic_load(&s->ix);
-    return (uint64_t)(s->max_load * (double)(ix->nbuckets * BUCKET_SLOTS));
+    return (uint64_t)(s->max_load * (double)atomic_load(&s->index_slots));
 }
 
 int store_grow_index(embkv_store *s, uint64_t need_entries)
@@ -527,6 +591,25 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
     pthread_rwlock_wrlock(&s->writers);
     index_desc *old = atomic_load(&s->ix);
     uint64_t nb = old->nbuckets;
+    if (atomic_load(&s->scan_pins) > 0) {
+        pthread_rwlock_unlock(&s->writers);
+        if (scan_pins_here > 0) {
+            /* This thread is itself scanning (a scan callback inserting):
+             * keep inserting into the current array while it has room and
+             * grow after the scan. */
+            if (need_entries <= old->nbuckets * BUCKET_SLOTS * 98 / 100)
+                return EMBKV_OK;
+            return embkv__err(EMBKV_BUSY, "store %s: the index is full and cannot grow during this scan",
+                              s->path);
+        }
+        /* Let running scans finish; new ones wait for the resize. */
+        atomic_fetch_add(&s->grow_pending, 1);
+        while (atomic_load(&s->scan_pins) > 0)
+            sched_yield();
+        int rc = store_grow_index(s, need_entries);
+        atomic_fetch_sub(&s->grow_pending, 1);
+        return rc;
+    }
     while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries)
         nb <<= 1;
     if (nb == old->nbuckets) {
@@ -534,7 +617,7 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
         return EMBKV_OK;  /* another thread grew it meanwhile */
     }
     store_root *r = s->root;
-    if (pmemobj_zalloc(s->pop, &r->index_next, nb * BUCKET_BYTES + BUCKET_BYTES, TYPE_INDEX) != 0) {
+    if (pmemobj_zalloc(s->pop, &r->index_next, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0) {
         pthread_rwlock_unlock(&s->writers);
         return embkv__err(EMBKV_FULL, "store %s: pool full: no room to grow the index to %llu buckets; "
                           "reopen with a larger pool_size", s->path, (unsigned long long)nb);
@@ -575,6 +658,7 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
     }
     nix->owner = s;
     atomic_store(&s->ix, nix);
+    atomic_store(&s->index_slots, nb * BUCKET_SLOTS);
     ebr_synchronize();
     pmemobj_free(&r->index_old);
     free(old);

@@ -29,6 +29,7 @@
 #define EMBKV_LAYOUT "embkv"
 #define EMBKV_MAGIC "embkv-store\0\0\0\0"  /* 16 bytes */
 #define POOL_FILE "store.pool"
+#define POOL_TMP "store.pool.new"  /* a pool being created; renamed when complete */
 #define LOCK_FILE "LOCK"
 
 /* Seqlock fences.  ThreadSanitizer does not model fences; every field a
@@ -104,8 +105,16 @@ _Static_assert(sizeof(rec_hdr) == 32, "record header must be 32 bytes");
 #define REC_TOMB 0x80000000u   /* the record marks a deletion */
 static inline uint32_t rec_epoch(const rec_hdr *r) { return r->epoch & ~REC_TOMB; }
 
-#define CHUNK_BYTES (4u << 20)
-#define MAX_CHUNKS 16384u
+/* libpmemobj hands out large objects in 256 KiB heap units, with a 16-byte
+ * header; small objects come from runs that reserve many units at once.
+ * Sizing every object embkv allocates to whole units (less 64 bytes) keeps
+ * a small pool from losing half its space to partly used runs. */
+#define HEAP_UNIT (256u << 10)
+static inline uint64_t heap_units_size(uint64_t bytes)
+{
+    return (bytes + 64 + HEAP_UNIT - 1) / HEAP_UNIT * HEAP_UNIT - 64;
+}
+#define MAX_CHUNKS ((HEAP_UNIT - 64) / sizeof(PMEMoid))  /* chunk table: one unit */
 
 /* ------------------------------------------------------------------ root */
 
@@ -117,14 +126,14 @@ typedef struct store_root {
     uint32_t record_size;
     uint64_t durable_epoch;    /* last completed sync */
     uint32_t clean;            /* 1 after a clean close */
-    uint32_t reserved0;
+    uint32_t chunk_bytes;      /* size of each record chunk allocation */
     double max_load;
     uint64_t nbuckets;
     uint64_t created_rows_hint;
     PMEMoid index;             /* current bucket array */
     PMEMoid index_next;        /* being built by a resize */
     PMEMoid index_old;         /* replaced, not yet freed */
-    PMEMoid chunks[MAX_CHUNKS];
+    PMEMoid chunk_table;       /* PMEMoid[MAX_CHUNKS] of record chunks */
 } store_root;
 
 /* -------------------------------------------------------- the store handle */
@@ -162,12 +171,14 @@ struct embkv_store {
     size_t pool_size;
     int is_pmem;
     int recovered;
+    int creating;              /* pool still under its temporary name */
 
     /* geometry */
     uint32_t dim;
     uint32_t state_floats;
     uint32_t rec_size;         /* bytes per record, multiple of 16 */
     uint32_t recs_per_chunk;
+    uint32_t chunk_bytes;
     double max_load;
 
     /* index */
@@ -176,10 +187,14 @@ struct embkv_store {
     atomic_uint keylocks[KEYLOCK_STRIPES];
     atomic_uint_fast64_t rows;     /* live rows */
     atomic_uint_fast64_t entries;  /* used slots including tombstones */
+    atomic_uint_fast64_t index_slots; /* buckets * slots of the current index */
+    atomic_uint scan_pins;     /* scans running: the index must not resize */
+    atomic_int grow_pending;   /* a resize waits for the pins: no new ones */
 
     /* slab */
     pthread_mutex_t slab_mu;
     locvec free_locs;
+    PMEMoid *chunks;           /* the pool's chunk table */
     char *_Atomic chunk_base[MAX_CHUNKS];
     uint32_t nchunks;
 
@@ -305,6 +320,8 @@ bool keylock_try(embkv_store *s, uint64_t h);
 static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
 
 int store_grow_index(embkv_store *s, uint64_t need_entries);
+/* Pins held by the calling thread (on any store). */
+extern _Thread_local unsigned scan_pins_here;
 void train_free(embkv_store *s);
 uint64_t store_grow_threshold(embkv_store *s);
 

@@ -234,15 +234,13 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, 
     return rc;
 }
 
-int embkv_delete(embkv_store *s, int64_t id)
+/* One attempt at a delete.  A row whose durable version must survive until
+ * the next sync needs a tombstone record: without one in *tloc the attempt
+ * changes nothing and returns EMBKV_BUSY, and the caller allocates and
+ * retries.  So a full pool still takes the deletes that need no tombstone. */
+static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
 {
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
-    uint64_t tloc, h = embkv__hash(id);
-    int rc = slab_alloc(s, &tloc, 1);  /* for a tombstone, if one is needed */
-    if (rc != EMBKV_OK)
-        return rc;
-    bool used_tomb = false;
+    int rc = EMBKV_OK;
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     pthread_rwlock_rdlock(&s->writers);
@@ -252,37 +250,58 @@ int embkv_delete(embkv_store *s, int64_t id)
     found_slot f;
     if (!ix_find(ix, id, h, &f) || (f.loc & LOC_TOMB)) {
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
-    } else {
-        rec_hdr *old = rec_at(s, f.loc);
-        uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
-        uint64_t prev = displace(s, &rb, &f, old, epoch);
-        if (prev == LOC_NONE) {
-            /* Born in this epoch: nothing to return to after a crash. */
-            ix_remove(ix, h, &f);
-            atomic_fetch_sub(&s->entries, 1);
-        } else {
-            /* The durable version must survive until the next sync: the
-             * entry stays, pointing at a tombstone that links to it. */
-            rec_hdr *t = rec_at(s, tloc);
-            memset(rec_vec(t), 0, 4 * ((size_t)s->dim + s->state_floats));
-            t->id = id;
-            t->prev = prev;
-            t->clock = old->clock;
-            t->epoch = epoch | REC_TOMB;
-            t->check = rec_checksum(s, t);
-            persist_range(s, t, s->rec_size);
-            persist_barrier(s);
-            set_loc(s, ix, &f, tloc | LOC_TOMB);
-            rb.tombs[rb.ntombs++] = (tomb_entry){id, tloc | LOC_TOMB};
-            used_tomb = true;
-        }
-        atomic_fetch_sub(&s->rows, 1);
+        goto out;
     }
+    rec_hdr *old = rec_at(s, f.loc);
+    uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
+    bool keep = rec_epoch(old) < epoch;
+    if ((keep || old->prev != LOC_NONE) && *tloc == LOC_NONE) {
+        rc = EMBKV_BUSY;
+        goto out;
+    }
+    uint64_t prev = displace(s, &rb, &f, old, epoch);
+    if (prev == LOC_NONE) {
+        /* Born in this epoch: nothing to return to after a crash. */
+        ix_remove(ix, h, &f);
+        atomic_fetch_sub(&s->entries, 1);
+    } else {
+        /* The entry stays, pointing at a tombstone that links to the
+         * durable version. */
+        rec_hdr *t = rec_at(s, *tloc);
+        memset(rec_vec(t), 0, 4 * ((size_t)s->dim + s->state_floats));
+        t->id = id;
+        t->prev = prev;
+        t->clock = old->clock;
+        t->epoch = epoch | REC_TOMB;
+        t->check = rec_checksum(s, t);
+        persist_range(s, t, s->rec_size);
+        persist_barrier(s);
+        set_loc(s, ix, &f, *tloc | LOC_TOMB);
+        rb.tombs[rb.ntombs++] = (tomb_entry){id, *tloc | LOC_TOMB};
+        *tloc = LOC_NONE;  /* consumed */
+    }
+    atomic_fetch_sub(&s->rows, 1);
+out:
     ebr_leave();
     keylock_release(s, h);
     retire_flush(s, &rb);
     pthread_rwlock_unlock(&s->writers);
-    if (!used_tomb)
+    return rc;
+}
+
+int embkv_delete(embkv_store *s, int64_t id)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
+    uint64_t tloc = LOC_NONE, h = embkv__hash(id);
+    int rc = delete_once(s, id, h, &tloc);
+    if (rc == EMBKV_BUSY) {
+        if ((rc = slab_alloc(s, &tloc, 1)) != EMBKV_OK)
+            return embkv__err(rc, "id %lld: no room for the tombstone that keeps its durable version until the "
+                              "next sync: %s", (long long)id, embkv_errmsg());
+        rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
+    }
+    if (tloc != LOC_NONE)
         slab_free(s, &tloc, 1);
     atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
     return rc;
@@ -497,6 +516,32 @@ static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
     }
 }
 
+_Thread_local unsigned scan_pins_here;
+
+void embkv_scan_pin(embkv_store *s)
+{
+    for (;;) {
+        atomic_fetch_add(&s->scan_pins, 1);
+        /* A resize waiting for scans to end must not be starved by new ones
+         * (unless this thread already scans: it could wait for itself). */
+        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0)
+            break;
+        atomic_fetch_sub(&s->scan_pins, 1);
+        while (atomic_load(&s->grow_pending))
+            sched_yield();
+    }
+    scan_pins_here++;
+    /* A resize that started before the pin finishes before we go on. */
+    pthread_rwlock_rdlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);
+}
+
+void embkv_scan_unpin(embkv_store *s)
+{
+    scan_pins_here--;
+    atomic_fetch_sub(&s->scan_pins, 1);
+}
+
 int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 {
     if (!s || !fn)
@@ -506,7 +551,10 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
     if (!buf)
         return embkv__err(EMBKV_NOMEM, "embkv_scan: out of memory");
     int rc = EMBKV_OK;
+    embkv_scan_pin(s);
+    ebr_enter();
     uint64_t gen = atomic_load(&s->ix)->generation;
+    ebr_leave();
     for (uint64_t b = 0;; b++) {
         int64_t ids[BUCKET_SLOTS];
         uint64_t locs[BUCKET_SLOTS];
@@ -535,6 +583,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         if (rc != EMBKV_OK)
             break;
     }
+    embkv_scan_unpin(s);
     free(buf);
     return rc;
 }

@@ -342,7 +342,7 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->record_bytes = s->rec_size;
     st->pool_bytes = s->pool_size;
     pthread_mutex_lock(&s->slab_mu);
-    st->pool_used_bytes = (uint64_t)s->nchunks * CHUNK_BYTES + st->buckets * BUCKET_BYTES;
+    st->pool_used_bytes = (uint64_t)s->nchunks * s->chunk_bytes + st->buckets * BUCKET_BYTES;
     pthread_mutex_unlock(&s->slab_mu);
     st->resizes = atomic_load(&s->st_resizes);
     st->durable_epoch = s->root->durable_epoch;

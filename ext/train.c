@@ -361,6 +361,8 @@ static void init_values(const embkv_train_options *o, int64_t id, float *v, uint
         switch (o->init) {
         case EMBKV_INIT_UNIFORM:
             v[j] = (float)(o->init_a + (o->init_b - o->init_a) * ((double)(x >> 11) * 0x1p-53));
+            if (v[j] >= (float)o->init_b)  /* rounding to float can reach b */
+                v[j] = nextafterf((float)o->init_b, (float)o->init_a);
             break;
         case EMBKV_INIT_NORMAL: {
             /* Box-Muller on two independent uniforms of this element. */
@@ -396,7 +398,69 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
     return rc;
 }
 
+/* ------------------------------------------------------------ batches */
+
+/* Distinct ids of a batch in first-seen order: uniq[0..*nu) and, for each
+ * position i, slot_of[i] = its index in uniq. */
+static int distinct_ids(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    size_t *table = malloc(cap * sizeof *table);
+    if (!table)
+        return EMBKV_NOMEM;
+    memset(table, 0xff, cap * sizeof *table);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)embkv__hash(ids[i]) & (cap - 1);
+        while (table[h] != SIZE_MAX && uniq[table[h]] != ids[i])
+            h = (h + 1) & (cap - 1);
+        if (table[h] == SIZE_MAX) {
+            table[h] = k;
+            uniq[k++] = ids[i];
+        }
+        slot_of[i] = table[h];
+    }
+    free(table);
+    *nu = k;
+    return EMBKV_OK;
+}
+
 /* ------------------------------------------------------------ pull */
+
+/* Read a batch; duplicates are read once and copied, so that every copy of
+ * an id shows the same version even while another thread pushes to it. */
+static int read_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, uint8_t *found, size_t *missing)
+{
+    int64_t *uniq = malloc(n * sizeof *uniq);
+    size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
+    int rc = EMBKV_OK;
+    if (!uniq || !slot_of || distinct_ids(ids, n, uniq, slot_of, &nu) != EMBKV_OK) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
+    } else if (nu == n) {
+        rc = embkv_get_batch(s, ids, n, out, found, missing);
+    } else {
+        float *buf = malloc(nu * (size_t)s->dim * sizeof *buf);
+        uint8_t *ufound = malloc(nu);
+        if (!buf || !ufound) {
+            rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
+        } else {
+            rc = embkv_get_batch(s, uniq, nu, buf, ufound, NULL);
+            *missing = 0;
+            for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+                memcpy(out + i * s->dim, buf + slot_of[i] * s->dim, 4 * (size_t)s->dim);
+                found[i] = ufound[slot_of[i]];
+                *missing += !found[i];
+            }
+        }
+        free(buf);
+        free(ufound);
+    }
+    free(uniq);
+    free(slot_of);
+    return rc;
+}
 
 static void return_taken(embkv_session *ss, struct train_state *t, const uint32_t *st, size_t k)
 {
@@ -428,6 +492,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
         for (; taken < nst; taken++) {
             bool waited = false;
             if (permit_take(t, st[taken], (unsigned)o.staleness + 1, deadline, &waited)) {
+                atomic_fetch_add(&t->waits, 1);
                 atomic_fetch_add(&t->timeouts, 1);
                 int64_t id = id_of_stripe(t, ids, n, st[taken]);
                 return_taken(ss, t, st, taken);
@@ -454,7 +519,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     if (!found)
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
     else
-        rc = embkv_get_batch(s, ids, n, out, found, &missing);
+        rc = read_batch(s, ids, n, out, found, &missing);
     if (rc == EMBKV_OK && missing) {
         int64_t *miss = malloc(missing * sizeof *miss);
         size_t k = 0;
@@ -537,40 +602,6 @@ static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *st
     return 0;
 }
 
-/* Distinct ids in first-seen order with their gradients summed. */
-static int dedupe(const int64_t *ids, size_t n, const float *grads, uint32_t dim, int64_t **uids, double **ugrad,
-                  size_t *nu)
-{
-    size_t cap = 16;
-    while (cap < 2 * n)
-        cap <<= 1;
-    size_t *slots = malloc(cap * sizeof *slots);
-    *uids = malloc(n * sizeof **uids);
-    *ugrad = calloc(n * (size_t)dim, sizeof **ugrad);
-    if (!slots || !*uids || !*ugrad) {
-        free(slots);
-        return EMBKV_NOMEM;
-    }
-    memset(slots, 0xff, cap * sizeof *slots);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t h = (size_t)embkv__hash(ids[i]) & (cap - 1);
-        while (slots[h] != SIZE_MAX && (*uids)[slots[h]] != ids[i])
-            h = (h + 1) & (cap - 1);
-        if (slots[h] == SIZE_MAX) {
-            slots[h] = k;
-            (*uids)[k++] = ids[i];
-        }
-        double *dst = *ugrad + slots[h] * dim;
-        const float *src = grads + i * dim;
-        for (uint32_t j = 0; j < dim; j++)
-            dst[j] += src[j];
-    }
-    free(slots);
-    *nu = k;
-    return EMBKV_OK;
-}
-
 static void release_stripes(embkv_session *ss, struct train_state *t, const int64_t *ids, size_t n)
 {
     size_t nst;
@@ -601,14 +632,23 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
                               i % dim, isnan(grads[i]) ? "NaN" : "infinite");
     if (lr != lr || isinf(lr))
         return embkv__err(EMBKV_INVALID, "embkv_push: lr must be a finite number");
-    int64_t *uids = NULL;
-    double *ugrad = NULL;
-    size_t nu = 0;
-    if (dedupe(ids, n, grads, dim, &uids, &ugrad, &nu) != EMBKV_OK) {
+    /* Gradients of duplicate ids are summed (in double) into one update. */
+    int64_t *uids = malloc(n * sizeof *uids);
+    size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
+    double *ugrad = calloc(n * (size_t)dim, sizeof *ugrad);
+    if (!uids || !slot_of || !ugrad || distinct_ids(ids, n, uids, slot_of, &nu) != EMBKV_OK) {
         free(uids);
+        free(slot_of);
         free(ugrad);
         return embkv__err(EMBKV_NOMEM, "embkv_push: out of memory for %zu ids", n);
     }
+    for (size_t i = 0; i < n; i++) {
+        double *dst = ugrad + slot_of[i] * dim;
+        const float *src = grads + i * dim;
+        for (uint32_t j = 0; j < dim; j++)
+            dst[j] += src[j];
+    }
+    free(slot_of);
     int rc = EMBKV_OK;
     /* Check (and with an initializer, create) every row before changing any. */
     int64_t *miss = malloc(nu * sizeof *miss);

@@ -1,0 +1,757 @@
+/*
+ * test_errors.c - every error path returns its code, says what is wrong and
+ * leaves the store (or the directory) usable and unchanged.
+ *
+ * Covers: bad options (dim, state_floats, max_load, pool_size, an index
+ * bigger than the pool), NULL arguments and handles, missing
+ * and foreign directories, a path that is a file, garbage and foreign pool
+ * files, dim / state_floats mismatch on reopen, insert-only and update-only
+ * puts, deletes and gets of missing ids, a pool too small for its rows, and a
+ * second process opening a store that is open (EMBKV_LOCKED, both ways).
+ * Messages are checked for the word at fault (the id in decimal, "dim", the
+ * path).
+ *
+ * Not covered: a store of an incompatible format version (EMBKV_VERSION).
+ * Making one needs the engine's private root layout; the test instead checks
+ * that libpmemobj pools that are not embkv stores are refused and untouched.
+ *
+ * The binary re-executes itself (/proc/self/exe --child ...) to get a second
+ * process with no inherited state.
+ */
+#include "embkv.h"
+#include "check.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libpmemobj.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define DIM 8
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void make_vec(int64_t id, uint32_t ver, float *v, uint32_t dim)
+{
+    for (uint32_t j = 0; j < dim; j++)
+        v[j] = (float)((int64_t)(mix64((uint64_t)id * 31 + ver * 7 + j) >> 42) - (1 << 21)) / 4.0f;
+}
+
+static embkv_options opts(uint32_t dim, uint32_t sf)
+{
+    embkv_options o = {0};
+    o.dim = dim;
+    o.state_floats = sf;
+    o.expected_rows = 1000;
+    o.pool_size = 16ull << 20;
+    return o;
+}
+
+/* The last message names `word`. */
+#define CHECK_MSG(word) do { \
+    const char *m_ = embkv_errmsg(); \
+    CHECK(m_ != NULL && strstr(m_, (word)) != NULL); \
+    if (m_ && !strstr(m_, (word))) fprintf(stderr, "    message \"%s\" lacks \"%s\"\n", m_, (word)); \
+} while (0)
+
+static void check_msg_id(int64_t id)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, id);
+    CHECK_MSG(buf);
+}
+
+/* ---- files ------------------------------------------------------------ */
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+static bool path_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* FNV-1a of a file's bytes, and its size; 0 when unreadable. */
+static uint64_t file_hash(const char *path, off_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    uint64_t h = 1469598103934665603ull;
+    unsigned char buf[65536];
+    size_t n;
+    off_t total = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
+        total += (off_t)n;
+    }
+    fclose(f);
+    if (size) *size = total;
+    return h;
+}
+
+/* Hash of every file in a directory (names and contents). */
+static uint64_t dir_hash(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    uint64_t h = 0;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        uint64_t nh = 1469598103934665603ull;
+        for (const char *c = e->d_name; *c; c++) nh = (nh ^ (unsigned char)*c) * 1099511628211ull;
+        h += mix64(nh ^ file_hash(p, NULL));  /* order-independent */
+    }
+    closedir(d);
+    return h;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n) { perror(path); exit(2); }
+    fclose(f);
+}
+
+static int run_cmd(const char *fmt, const char *a, const char *b)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    return system(cmd);
+}
+
+/* ---- a second process ---------------------------------------------------- */
+
+/* Child modes (argv: --child MODE DIR):
+ *   try   open without CREATE; exit status = return code (0 after a close)
+ *   tryc  the same with EMBKV_OPEN_CREATE
+ *   hold  open, write "o" to stdout, wait for stdin to close, close, exit 0 */
+static int child_main(const char *mode, const char *dir)
+{
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    int rc = embkv_open(dir, &o, !strcmp(mode, "tryc") ? EMBKV_OPEN_CREATE : 0, &s);
+    if (!strcmp(mode, "hold")) {
+        if (rc) return 100 + rc;
+        if (write(1, "o", 1) != 1) return 99;
+        char c;
+        while (read(0, &c, 1) > 0) {}
+        return embkv_close(s) ? 98 : 0;
+    }
+    if (rc == EMBKV_OK) rc = embkv_close(s) ? 97 : 0;
+    return rc;
+}
+
+static int run_child(const char *mode, const char *dir)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_errors", "--child", mode, dir, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+typedef struct { pid_t pid; int to, from; } holder;
+
+static holder start_holder(const char *dir)
+{
+    int in[2], out[2];
+    holder h = { -1, -1, -1 };
+    if (pipe(in) || pipe(out)) { perror("pipe"); exit(2); }
+    h.pid = fork();
+    if (h.pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]); close(in[1]); close(out[0]); close(out[1]);
+        execl("/proc/self/exe", "test_errors", "--child", "hold", dir, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    h.to = in[1];
+    h.from = out[0];
+    char c = 0;
+    CHECK(read(h.from, &c, 1) == 1 && c == 'o');  /* the child has it open */
+    return h;
+}
+
+static int stop_holder(holder h)
+{
+    close(h.to);
+    close(h.from);
+    int st = 0;
+    waitpid(h.pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 200;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_options(void)
+{
+    const char *dir = strdup(test_tmpdir("opts"));
+    embkv_store *s = NULL;
+    embkv_options o;
+
+    o = opts(0, 0);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("dim");
+    CHECK(s == NULL);
+    o = opts(EMBKV_MAX_DIM + 1, 0);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("dim");
+    o = opts(DIM, EMBKV_MAX_STATE_FLOATS + 1);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("state_floats");
+    o = opts(DIM, 0);
+    o.max_load = 1.5;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("max_load");
+    o.max_load = -0.5;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("max_load");
+    o = opts(DIM, 0);
+    o.pool_size = 1u << 20;  /* below the 16 MiB minimum */
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("pool_size");
+    /* NULL options cannot create: the dim is missing */
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_MSG("dim");
+    o = opts(DIM, 0);
+    CHECK_RC(embkv_open(NULL, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, NULL), EMBKV_INVALID);
+
+    /* none of the refused creates left anything behind that blocks a create */
+    CHECK(!path_exists(dir) || count_entries(dir) == 0);
+    o = opts(DIM, 0);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* the largest dim is accepted and round-trips */
+    const char *big = strdup(test_tmpdir("maxdim"));
+    o = opts(EMBKV_MAX_DIM, 0);
+    o.expected_rows = 10;
+    s = NULL;
+    CHECK_RC(embkv_open(big, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (s) {
+        float *v = malloc(EMBKV_MAX_DIM * sizeof *v), *w = malloc(EMBKV_MAX_DIM * sizeof *w);
+        make_vec(5, 1, v, EMBKV_MAX_DIM);
+        CHECK_RC(embkv_put(s, 5, v, NULL, 0), EMBKV_OK);
+        CHECK_RC(embkv_get(s, 5, w, NULL, NULL), EMBKV_OK);
+        CHECK(memcmp(v, w, EMBKV_MAX_DIM * sizeof *v) == 0);
+        CHECK(embkv_dim(s) == EMBKV_MAX_DIM);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        free(v);
+        free(w);
+    }
+
+    /* an index bigger than the pool cannot be created */
+    const char *huge = strdup(test_tmpdir("hugeindex"));
+    o = opts(DIM, 0);
+    o.expected_rows = 100000000;  /* ~2 GB of buckets in a 16 MiB pool */
+    s = NULL;
+    int rc = embkv_open(huge, &o, EMBKV_OPEN_CREATE, &s);
+    CHECK(rc == EMBKV_FULL || rc == EMBKV_INVALID);
+    if (rc == EMBKV_OK && s) embkv_close(s);
+    o = opts(DIM, 0);
+    CHECK_RC(embkv_open(huge, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    free((void *)dir);
+    free((void *)big);
+    free((void *)huge);
+}
+
+static void test_paths(void)
+{
+    embkv_store *s = NULL;
+    embkv_options o = opts(DIM, 0);
+
+    /* a missing directory without CREATE: an error, and nothing created */
+    const char *missing = strdup(test_tmpdir("missing"));
+    int rc = embkv_open(missing, &o, 0, &s);
+    CHECK(rc == EMBKV_NOTSTORE || rc == EMBKV_IO);
+    CHECK_MSG(missing);
+    CHECK(!path_exists(missing));
+
+    /* with CREATE under a parent that does not exist either: an error */
+    char deep[700];
+    snprintf(deep, sizeof deep, "%s/no/such/parent", missing);
+    rc = embkv_open(deep, &o, EMBKV_OPEN_CREATE, &s);
+    CHECK(rc != EMBKV_OK);
+    CHECK(!path_exists(missing));
+
+    /* an empty directory without CREATE is not a store */
+    const char *empty = strdup(test_tmpdir("empty"));
+    mkdir(empty, 0755);
+    rc = embkv_open(empty, &o, 0, &s);
+    CHECK(rc == EMBKV_NOTSTORE || rc == EMBKV_IO);
+    CHECK(count_entries(empty) == 0);
+
+    /* a directory of someone else's files: NOTSTORE, with or without CREATE,
+     * and it stays exactly as it was */
+    const char *foreign = strdup(test_tmpdir("foreign"));
+    mkdir(foreign, 0755);
+    char fp[700];
+    snprintf(fp, sizeof fp, "%s/notes.txt", foreign);
+    write_file(fp, "my notes\n", 9);
+    uint64_t h0 = dir_hash(foreign);
+    CHECK_RC(embkv_open(foreign, &o, EMBKV_OPEN_CREATE, &s), EMBKV_NOTSTORE);
+    CHECK_MSG(foreign);
+    CHECK_RC(embkv_open(foreign, &o, 0, &s), EMBKV_NOTSTORE);
+    CHECK(count_entries(foreign) == 1 && dir_hash(foreign) == h0);
+
+    /* a path that is a regular file */
+    const char *file = strdup(test_tmpdir("plainfile"));
+    write_file(file, "not a directory", 15);
+    uint64_t fh = file_hash(file, NULL);
+    rc = embkv_open(file, &o, EMBKV_OPEN_CREATE, &s);
+    CHECK(rc == EMBKV_NOTSTORE || rc == EMBKV_IO || rc == EMBKV_INVALID);
+    CHECK_MSG(file);
+    rc = embkv_open(file, &o, 0, &s);
+    CHECK(rc == EMBKV_NOTSTORE || rc == EMBKV_IO || rc == EMBKV_INVALID);
+    CHECK(file_hash(file, NULL) == fh);
+
+    free((void *)missing);
+    free((void *)empty);
+    free((void *)foreign);
+    free((void *)file);
+}
+
+/* A good store, a copy whose pool is garbage, pools of other layouts. */
+static void test_bad_pools(void)
+{
+    const char *good = strdup(test_tmpdir("goodpool"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    float v[DIM], w[DIM];
+    CHECK_RC(embkv_open(good, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    for (int64_t id = 0; id < 100; id++) {
+        make_vec(id, 1, v, DIM);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    char pool[700];
+    snprintf(pool, sizeof pool, "%s/store.pool", good);
+    off_t size = 0;
+    file_hash(pool, &size);
+    CHECK(size >= (16 << 20));  /* the pool file the engine keeps is store.pool */
+
+    /* whole pool replaced by random bytes of the same size */
+    const char *garb = strdup(test_tmpdir("garbage"));
+    CHECK(run_cmd("cp -a '%s' '%s'", good, garb) == 0);
+    char gp[700];
+    snprintf(gp, sizeof gp, "%s/store.pool", garb);
+    unsigned char *junk = malloc((size_t)size);
+    for (off_t i = 0; i < size; i += 8) {
+        uint64_t x = mix64((uint64_t)i);
+        memcpy(junk + i, &x, (size_t)(size - i < 8 ? size - i : 8));
+    }
+    write_file(gp, junk, (size_t)size);
+    uint64_t gh = dir_hash(garb);
+    CHECK_RC(embkv_open(garb, &o, 0, &s), EMBKV_NOTSTORE);
+    CHECK_MSG(garb);
+    CHECK_RC(embkv_open(garb, &o, EMBKV_OPEN_CREATE, &s), EMBKV_NOTSTORE);
+    CHECK(dir_hash(garb) == gh);
+
+    /* only the first 64 KiB (the pool header) garbage */
+    const char *hdr = strdup(test_tmpdir("badheader"));
+    CHECK(run_cmd("cp -a '%s' '%s'", good, hdr) == 0);
+    char hp[700];
+    snprintf(hp, sizeof hp, "%s/store.pool", hdr);
+    int fd = open(hp, O_WRONLY);
+    CHECK(fd >= 0 && pwrite(fd, junk, 65536, 0) == 65536);
+    if (fd >= 0) close(fd);
+    uint64_t hh = dir_hash(hdr);
+    CHECK_RC(embkv_open(hdr, &o, 0, &s), EMBKV_NOTSTORE);
+    CHECK(dir_hash(hdr) == hh);
+
+    /* an empty pool file */
+    const char *zero = strdup(test_tmpdir("zeropool"));
+    CHECK(run_cmd("cp -a '%s' '%s'", good, zero) == 0);
+    char zp[700];
+    snprintf(zp, sizeof zp, "%s/store.pool", zero);
+    CHECK(truncate(zp, 0) == 0);
+    CHECK_RC(embkv_open(zero, &o, EMBKV_OPEN_CREATE, &s), EMBKV_NOTSTORE);
+    off_t zs = -1;
+    file_hash(zp, &zs);
+    CHECK(zs == 0);
+
+    /* a valid libpmemobj pool of another application, and one that claims
+     * embkv's layout but holds no embkv root: neither is an embkv store */
+    const char *layouts[2] = { "someoneelse", "embkv" };
+    for (int k = 0; k < 2; k++) {
+        const char *d = strdup(test_tmpdir(k ? "emptyembkvpool" : "otherpool"));
+        mkdir(d, 0755);
+        char p[700];
+        snprintf(p, sizeof p, "%s/store.pool", d);
+        PMEMobjpool *pop = pmemobj_create(p, layouts[k], 16u << 20, 0644);
+        CHECK(pop != NULL);
+        if (pop) pmemobj_close(pop);
+        uint64_t ph = file_hash(p, NULL);
+        int rc = embkv_open(d, &o, 0, &s);
+        if (k == 0) CHECK_RC(rc, EMBKV_NOTSTORE);
+        else CHECK(rc == EMBKV_NOTSTORE || rc == EMBKV_VERSION || rc == EMBKV_CORRUPT);
+        if (rc == EMBKV_OK) embkv_close(s);
+        /* the other application's pool is untouched (the half-made embkv
+         * one is embkv's own business) */
+        if (k == 0) CHECK(file_hash(p, NULL) == ph);
+        if (k == 0 && file_hash(p, NULL) != ph)
+            fprintf(stderr, "    pool of layout \"%s\" was modified by the refused open (rc %d: %s)\n",
+                    layouts[k], rc, embkv_errmsg());
+        free((void *)d);
+    }
+
+    /* and the original is untouched by all of this */
+    CHECK_RC(embkv_open(good, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == 100);
+        for (int64_t id = 0; id < 100; id++) {
+            make_vec(id, 1, v, DIM);
+            CHECK_RC(embkv_get(s, id, w, NULL, NULL), EMBKV_OK);
+            CHECK(memcmp(v, w, sizeof v) == 0);
+        }
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free(junk);
+    free((void *)good);
+    free((void *)garb);
+    free((void *)hdr);
+    free((void *)zero);
+}
+
+/* Per-thread messages: a failure on another thread does not touch ours. */
+static void *other_thread(void *arg)
+{
+    embkv_store *s = arg;
+    const char *m = embkv_errmsg();
+    CHECK(m != NULL && strstr(m, "-777000111222") == NULL);  /* ours is not visible here */
+    CHECK(embkv_delete(s, 424242424242) == EMBKV_NOTFOUND);
+    check_msg_id(424242424242);
+    return NULL;
+}
+
+/* Counts calls with vec == NULL (calls[0]) and with a vector (calls[1]);
+ * skips every row, so nothing is written. */
+static int null_vec_fn(void *ctx, size_t i, int64_t id, float *vec, float *state)
+{
+    int *calls = ctx;
+    calls[vec ? 1 : 0]++;
+    CHECK(vec ? i == 1 : i == 0);
+    return 1;
+}
+
+static void test_rows(void)
+{
+    const char *dir = strdup(test_tmpdir("rows"));
+    embkv_options o = opts(DIM, 2);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float v[DIM], w[DIM], st[2] = { 1.5f, -2.5f }, st2[2];
+    embkv_rowinfo info;
+    const int64_t id = -777000111222;
+
+    make_vec(id, 1, v, DIM);
+    CHECK_RC(embkv_put(s, id, v, st, EMBKV_PUT_INSERT), EMBKV_OK);
+    make_vec(id, 2, v, DIM);
+    CHECK_RC(embkv_put(s, id, v, st, 0), EMBKV_OK);  /* clock 1 */
+
+    /* insert-only put of a present id: EXISTS, row untouched */
+    float other[DIM], ost[2] = { 9, 9 };
+    make_vec(id, 3, other, DIM);
+    CHECK_RC(embkv_put(s, id, other, ost, EMBKV_PUT_INSERT), EMBKV_EXISTS);
+    check_msg_id(id);
+    CHECK_RC(embkv_get(s, id, w, st2, &info), EMBKV_OK);
+    CHECK(memcmp(v, w, sizeof v) == 0);
+    CHECK(st2[0] == 1.5f && st2[1] == -2.5f);
+    CHECK(info.clock == 1);
+
+    /* the message stays until the next failure on this thread */
+    CHECK(embkv_exists(s, id) == 1);
+    check_msg_id(id);
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread, s);
+    pthread_join(th, NULL);
+    check_msg_id(id);
+
+    /* update-only put, delete and get of a missing id: NOTFOUND, nothing made */
+    const int64_t miss = 9000000000000000001;
+    CHECK_RC(embkv_put(s, miss, v, NULL, EMBKV_PUT_UPDATE), EMBKV_NOTFOUND);
+    check_msg_id(miss);
+    CHECK(embkv_exists(s, miss) == 0);
+    CHECK(embkv_count(s) == 1);
+    CHECK_RC(embkv_delete(s, INT64_MIN), EMBKV_NOTFOUND);
+    check_msg_id(INT64_MIN);
+    CHECK_RC(embkv_get(s, INT64_MAX, w, NULL, NULL), EMBKV_NOTFOUND);
+    check_msg_id(INT64_MAX);
+    CHECK(embkv_count(s) == 1);
+
+    /* a missing id in update_batch without CREATE: reported, not written */
+    size_t nupd = 99;
+    int64_t ids[2] = { miss, id };
+    int calls[2] = { 0, 0 };
+    CHECK_RC(embkv_update_batch(s, ids, 2, null_vec_fn, calls, 0, &nupd), EMBKV_OK);
+    CHECK(calls[0] == 1 && calls[1] == 1);  /* one NULL-vector call, one real */
+    CHECK(nupd == 0);                       /* the real one skipped itself */
+    CHECK(embkv_exists(s, miss) == 0);
+    CHECK_RC(embkv_update_batch(s, ids, 2, NULL, NULL, 0, &nupd), EMBKV_INVALID);  /* fn NULL */
+
+    /* NULL arguments on a live store */
+    CHECK_RC(embkv_put(s, 5, NULL, NULL, 0), EMBKV_INVALID);
+    CHECK(embkv_exists(s, 5) == 0);
+    float out[2 * DIM];
+    CHECK_RC(embkv_get_batch(s, NULL, 2, out, NULL, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_get_batch(s, ids, 2, NULL, NULL, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_scan(s, NULL, NULL), EMBKV_INVALID);
+    uint64_t pos = 0;
+    size_t n = 0;
+    int64_t few[16];
+    CHECK_RC(embkv_scan_ids(s, &pos, few, 16, &n), EMBKV_INVALID);  /* cap < 64 */
+    CHECK_RC(embkv_scan_ids(s, NULL, few, 64, &n), EMBKV_INVALID);
+    CHECK_RC(embkv_hotset(s, NULL, 3, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_stats_get(s, NULL), EMBKV_INVALID);
+
+    /* NULL store handles, in a child so that a crash is one clear failure */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        bad |= embkv_get(NULL, 1, w, NULL, NULL) != EMBKV_INVALID;
+        bad |= (embkv_put(NULL, 1, v, NULL, 0) != EMBKV_INVALID) << 1;
+        bad |= (embkv_delete(NULL, 1) != EMBKV_INVALID) << 2;
+        bad |= (embkv_sync(NULL) != EMBKV_INVALID) << 3;
+        bad |= (embkv_close(NULL) != EMBKV_INVALID) << 4;
+        bad |= (embkv_check(NULL) != EMBKV_INVALID) << 5;
+        _exit(bad);
+    }
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    CHECK(WIFEXITED(wst));
+    CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst))
+        fprintf(stderr, "    NULL-store child: status 0x%x\n", wst);
+
+    /* still fully usable */
+    CHECK_RC(embkv_get(s, id, w, st2, &info), EMBKV_OK);
+    CHECK(memcmp(v, w, sizeof v) == 0 && info.clock == 1);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* dim / state_floats mismatch on reopen: closed store */
+    embkv_options bad = opts(DIM * 2, 2);
+    CHECK_RC(embkv_open(dir, &bad, 0, &s), EMBKV_INVALID);
+    CHECK_MSG("dim");
+    CHECK_RC(embkv_open(dir, &bad, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    bad = opts(DIM, 3);
+    CHECK_RC(embkv_open(dir, &bad, 0, &s), EMBKV_INVALID);
+    CHECK_MSG("state_floats");
+
+    /* ... and while it is open: refused without taking a reference */
+    embkv_store *s1 = NULL, *s2 = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s1), EMBKV_OK);
+    bad = opts(DIM + 1, 2);
+    CHECK_RC(embkv_open(dir, &bad, 0, &s2), EMBKV_INVALID);
+    CHECK_MSG("dim");
+    if (s1) {
+        CHECK_RC(embkv_get(s1, id, w, NULL, NULL), EMBKV_OK);
+        CHECK(memcmp(v, w, sizeof v) == 0);
+        CHECK_RC(embkv_close(s1), EMBKV_OK);
+    }
+    /* one close was enough: another process can open it now */
+    CHECK(run_child("try", dir) == EMBKV_OK);
+    free((void *)dir);
+}
+
+/* Insert rows into a small pool until EMBKV_FULL. */
+static void test_full(void)
+{
+    const char *dir = strdup(test_tmpdir("full"));
+    const uint32_t dim = 1024;   /* 4 KiB rows: 16 MiB holds a few thousand */
+    embkv_options o = opts(dim, 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float *v = malloc(dim * sizeof *v), *w = malloc(dim * sizeof *w);
+    uint8_t *present = calloc(20000, 1);
+    uint32_t *ver = calloc(20000, sizeof *ver);
+    int64_t n = 0;
+    int rc = EMBKV_OK;
+    for (; n < 20000; n++) {
+        make_vec(n, 1, v, dim);
+        rc = embkv_put(s, n, v, NULL, EMBKV_PUT_INSERT);
+        if (rc != EMBKV_OK) break;
+        present[n] = 1;
+        ver[n] = 1;
+    }
+    CHECK_RC(rc, EMBKV_FULL);
+    printf("  pool of 16 MiB full after %" PRId64 " rows of %u floats\n", n, dim);
+    /* at least half the pool holds rows (libpmemobj's own metadata takes
+     * a few MiB, the rest is the engine's to use) */
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.pool_bytes == o.pool_size);
+    CHECK((double)n * (double)st.record_bytes >= 0.5 * (double)st.pool_bytes);
+    printf("  pool_used_bytes %" PRIu64 " of %" PRIu64 " (%.0f%% in rows) at EMBKV_FULL\n",
+           st.pool_used_bytes, st.pool_bytes,
+           100.0 * (double)n * (double)st.record_bytes / (double)st.pool_bytes);
+    CHECK(embkv_exists(s, n) == 0);
+    CHECK(embkv_count(s) == (uint64_t)n);
+    CHECK(strlen(embkv_errmsg()) > 0);
+    rc = embkv_put(s, n, v, NULL, 0);  /* still full */
+    CHECK_RC(rc, EMBKV_FULL);
+    CHECK(embkv_exists(s, n) == 0);
+
+    /* a replacing put on a full pool either lands or leaves the old row */
+    make_vec(7, 2, v, dim);
+    rc = embkv_put(s, 7, v, NULL, 0);
+    CHECK(rc == EMBKV_OK || rc == EMBKV_FULL);
+    if (rc == EMBKV_OK) ver[7] = 2;
+
+    for (int64_t i = 0; i < n; i++) {
+        make_vec(i, ver[i], v, dim);
+        CHECK_RC(embkv_get(s, i, w, NULL, NULL), EMBKV_OK);
+        CHECK(memcmp(v, w, dim * sizeof *v) == 0);
+    }
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+
+    /* delete every other row (a full pool must still take deletes: they are
+     * how room is made); after a sync the room is reusable */
+    int64_t freed = 0, refused = 0;
+    for (int64_t i = 0; i < n; i += 2) {
+        rc = embkv_delete(s, i);
+        if (rc != EMBKV_OK) { refused++; continue; }
+        present[i] = 0;
+        freed++;
+    }
+    CHECK(refused == 0);
+    if (refused) fprintf(stderr, "    %" PRId64 " deletes refused on the full pool: %s\n", refused,
+                         embkv_errmsg());
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    int64_t added = 0;
+    for (int64_t id = 100000; added < freed; id++, added++) {
+        make_vec(id, 1, v, dim);
+        rc = embkv_put(s, id, v, NULL, EMBKV_PUT_INSERT);
+        if (rc != EMBKV_OK) break;
+    }
+    CHECK(added >= freed / 2);
+    printf("  freed %" PRId64 " rows, inserted %" PRId64 " new ones\n", freed, added);
+    uint64_t want = (uint64_t)(n - freed + added);
+    CHECK(embkv_count(s) == want);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* reopen: exactly what was there */
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == want);
+        for (int64_t i = 0; i < n; i++) {
+            rc = embkv_get(s, i, w, NULL, NULL);
+            CHECK_RC(rc, present[i] ? EMBKV_OK : EMBKV_NOTFOUND);
+            make_vec(i, ver[i], v, dim);
+            if (present[i] && rc == EMBKV_OK) CHECK(memcmp(v, w, dim * sizeof *v) == 0);
+        }
+        for (int64_t i = 0; i < added; i++) {
+            make_vec(100000 + i, 1, v, dim);
+            CHECK_RC(embkv_get(s, 100000 + i, w, NULL, NULL), EMBKV_OK);
+            CHECK(memcmp(v, w, dim * sizeof *v) == 0);
+        }
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free(v);
+    free(w);
+    free(present);
+    free(ver);
+    free((void *)dir);
+}
+
+/* Two processes, one store. */
+static void test_locked(void)
+{
+    const char *dir = strdup(test_tmpdir("locked"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    float v[DIM], w[DIM];
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    for (int64_t id = 1; id <= 50; id++) {
+        make_vec(id, 1, v, DIM);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    make_vec(1, 2, v, DIM);
+    CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_OK);  /* not yet synced */
+
+    /* another process, while this one has it open */
+    CHECK(run_child("try", dir) == EMBKV_LOCKED);
+    CHECK(run_child("tryc", dir) == EMBKV_LOCKED);
+    CHECK(embkv_count(s) == 50);
+    CHECK_RC(embkv_get(s, 1, w, NULL, NULL), EMBKV_OK);
+    CHECK(memcmp(v, w, sizeof v) == 0);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* the other way round: the child holds it, this process is refused */
+    holder h = start_holder(dir);
+    uint64_t dh = dir_hash(dir);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_LOCKED);
+    CHECK_MSG(dir);
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_LOCKED);
+    CHECK(dir_hash(dir) == dh);
+    CHECK(stop_holder(h) == 0);
+
+    /* released: open again, everything as it was */
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == 50);
+        for (int64_t id = 1; id <= 50; id++) {
+            make_vec(id, id == 1 ? 2 : 1, v, DIM);
+            CHECK_RC(embkv_get(s, id, w, NULL, NULL), EMBKV_OK);
+            CHECK(memcmp(v, w, sizeof v) == 0);
+        }
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free((void *)dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
+    CHECK(embkv_errmsg() != NULL);
+    test_options();
+    test_paths();
+    test_bad_pools();
+    test_rows();
+    test_full();
+    test_locked();
+    return test_summary("test_errors");
+}

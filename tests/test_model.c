@@ -1,0 +1,600 @@
+/*
+ * test_model.c - model-based randomized test of the embkv store engine.
+ *
+ * Millions of random operations go both to the store and to a plain
+ * reference map (the "model"), and every answer of the store is compared
+ * exactly with what the model predicts.  Vector contents are derived from
+ * (id, version), so the model keeps only a version number per row and still
+ * checks every float bit for bit.  The run mixes every point and batch
+ * operation, periodic syncs, close+reopen cycles and full scans, and grows the
+ * key space far past the initial index size so that the index doubles many
+ * times under the model's eye.
+ *
+ * Seed: fixed by default, overridable with EMBKV_TEST_SEED; printed at the
+ * start and at the first failure together with the failing operation.
+ * Operations: 3,000,000 * EMBKV_TEST_SCALE.
+ */
+#include "embkv.h"
+#include "embkv_debug.h"
+#include "check.h"
+
+#include <stdbool.h>
+#include <time.h>
+
+#define DIM 8
+#define SF 2               /* state floats per row */
+#define NHOT 64            /* hot ids: updates and deletes hit existing rows */
+#define MAX_RAND_IDS 200000
+
+/* ---- deterministic randomness ---------------------------------------- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rng_state;
+static uint64_t rnd(void) { return mix64(rng_state += 0x9E3779B97F4A7C15ull); }
+static uint64_t rnd_below(uint64_t n) { return rnd() % n; }
+
+static double test_scale(void)
+{
+    const char *e = getenv("EMBKV_TEST_SCALE");
+    double s = e && *e ? atof(e) : 1.0;
+    return s > 0 ? s : 1.0;
+}
+
+/* Vector of version `ver` of row `id`; version 0 is the all-zero vector a
+ * row created by embkv_update_batch(EMBKV_UPDATE_CREATE) starts from.  The
+ * values are integers below 2^23 scaled by 2^-10: exactly representable, so
+ * the store must hand them back bit for bit. */
+static void make_vec(int64_t id, uint32_t ver, float *v)
+{
+    if (ver == 0) { memset(v, 0, DIM * sizeof *v); return; }
+    uint64_t h = mix64((uint64_t)id * 0x9E3779B97F4A7C15ull + ver);
+    for (int j = 0; j < DIM; j++) {
+        h = mix64(h + (uint64_t)j + 1);
+        v[j] = (float)((int64_t)(h >> 40) - (1 << 23)) / 1024.0f;
+    }
+}
+
+static float rnd_state_float(void) { return (float)((int64_t)rnd_below(2000001) - 1000000) / 8.0f; }
+
+/* ---- the model: open addressing, ids are never removed (present flag) - */
+
+typedef struct ment {
+    int64_t id;
+    uint8_t used;      /* slot holds this id (present or deleted) */
+    uint8_t present;
+    uint32_t ver;      /* vector = make_vec(id, ver) */
+    uint32_t gen;      /* model sync generation of the last write */
+    uint32_t stamp;    /* scan bookkeeping: seen in scan number `stamp` */
+    uint64_t clock;
+    float st[SF];
+} ment;
+
+static ment *mtab;
+static size_t mcap, mused, mlive, mpeak;
+
+static void mgrow(void)
+{
+    ment *old = mtab;
+    size_t oldcap = mcap;
+    mcap = mcap ? mcap * 2 : 1024;
+    mtab = calloc(mcap, sizeof *mtab);
+    if (!mtab) { perror("calloc"); exit(2); }
+    for (size_t i = 0; i < oldcap; i++) {
+        if (!old[i].used) continue;
+        size_t j = mix64((uint64_t)old[i].id) & (mcap - 1);
+        while (mtab[j].used) j = (j + 1) & (mcap - 1);
+        mtab[j] = old[i];
+    }
+    free(old);
+}
+
+static ment *mfind(int64_t id, bool create)
+{
+    if (create && (mused + 1) * 2 > mcap) mgrow();
+    size_t i = mix64((uint64_t)id) & (mcap - 1);
+    for (;;) {
+        ment *e = &mtab[i];
+        if (!e->used) {
+            if (!create) return NULL;
+            memset(e, 0, sizeof *e);
+            e->used = 1;
+            e->id = id;
+            mused++;
+            return e;
+        }
+        if (e->id == id) return e;
+        i = (i + 1) & (mcap - 1);
+    }
+}
+
+static bool mpresent(int64_t id)
+{
+    ment *e = mfind(id, false);
+    return e && e->present;
+}
+
+/* ---- ids -------------------------------------------------------------- */
+
+static int64_t hot[NHOT];
+static int64_t *rand_ids;
+static size_t nrand;
+static uint64_t universe;  /* warm ids: warm_id(0..universe-1); grows */
+
+static int64_t warm_id(uint64_t k)
+{
+    /* The first 2000 are small ids around 0 (dense, both signs); the rest
+     * are scattered over the whole int64 range. */
+    if (k < 2000) return (int64_t)k - 1000;
+    return (int64_t)mix64(k * 7919 + 13);
+}
+
+static int64_t pick_id(void)
+{
+    uint64_t r = rnd_below(100);
+    if (r < 35) return hot[rnd_below(NHOT)];
+    if (r < 92) return warm_id(rnd_below(universe));
+    if (r < 97 && nrand) return rand_ids[rnd_below(nrand)];
+    /* a fresh random id: half full 64-bit (negative half the time), half
+     * 63-bit positive */
+    int64_t id = (int64_t)(rnd_below(2) ? rnd() : rnd() >> 1);
+    if (nrand < MAX_RAND_IDS) rand_ids[nrand++] = id;
+    return id;
+}
+
+/* ---- store state & checking ------------------------------------------ */
+
+static const char *dir;
+static embkv_store *S;
+static embkv_options opts;
+static uint32_t cur_gen;     /* bumped by every sync and clean close */
+static uint32_t vcounter;    /* last vector version handed out */
+
+/* What the operation in progress was, for the first-failure report. */
+static uint64_t op_index;
+static const char *op_name = "setup";
+static int64_t op_id;
+
+/* Epoch consistency: rows last written in the same model generation share
+ * one epoch, and later generations have larger epochs. */
+#define MAX_GENS (1u << 16)
+static uint64_t gen_epoch[MAX_GENS];
+static uint8_t gen_known[MAX_GENS];
+
+static void check_epoch(uint32_t g, uint64_t epoch)
+{
+    if (g >= MAX_GENS) return;
+    if (gen_known[g]) { CHECK(gen_epoch[g] == epoch); return; }
+    gen_known[g] = 1;
+    gen_epoch[g] = epoch;
+    for (uint32_t p = g; p-- > 0;)
+        if (gen_known[p]) { CHECK(gen_epoch[p] < epoch); break; }
+    for (uint32_t n = g + 1; n < MAX_GENS; n++)
+        if (gen_known[n]) { CHECK(gen_epoch[n] > epoch); break; }
+}
+
+/* Compare one row as the store returned it with the model entry. */
+static void check_row(const ment *e, const float *vec, const float *st,
+                      const embkv_rowinfo *info)
+{
+    float want[DIM];
+    make_vec(e->id, e->ver, want);
+    CHECK(memcmp(vec, want, sizeof want) == 0);
+    CHECK(st[0] == e->st[0] && st[1] == e->st[1]);
+    CHECK(info->clock == e->clock);
+    CHECK(info->tier >= EMBKV_TIER_DRAM && info->tier <= EMBKV_TIER_SSD);
+    check_epoch(e->gen, info->epoch);
+}
+
+static void verify_get(int64_t id)
+{
+    float vec[DIM], st[SF];
+    embkv_rowinfo info;
+    memset(vec, 0x7f, sizeof vec);
+    ment *e = mfind(id, false);
+    int rc = embkv_get(S, id, vec, st, &info);
+    if (e && e->present) {
+        CHECK_RC(rc, EMBKV_OK);
+        if (rc == EMBKV_OK) check_row(e, vec, st, &info);
+    } else {
+        CHECK_RC(rc, EMBKV_NOTFOUND);
+    }
+}
+
+static uint32_t scan_stamp;
+static size_t scan_visits;
+
+static int scan_cb(void *ctx, int64_t id, const float *vec, const float *state,
+                   const embkv_rowinfo *info)
+{
+    (void)ctx;
+    scan_visits++;
+    ment *e = mfind(id, false);
+    CHECK(e && e->present);
+    if (!e || !e->present) return 0;
+    CHECK(e->stamp != scan_stamp);  /* each row exactly once */
+    e->stamp = scan_stamp;
+    check_row(e, vec, state, info);
+    return 0;
+}
+
+static int stop_after;
+static int scan_stop_cb(void *ctx, int64_t id, const float *vec, const float *state,
+                        const embkv_rowinfo *info)
+{
+    (void)ctx; (void)id; (void)vec; (void)state; (void)info;
+    return ++scan_visits == (size_t)stop_after ? 7 : 0;
+}
+
+/* Every read path over the whole store against the model. */
+static void full_verify(void)
+{
+    CHECK(embkv_count(S) == mlive);
+    CHECK_RC(embkv_check(S), EMBKV_OK);
+
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
+    CHECK(st.rows == mlive);
+    CHECK(st.buckets == embkv_debug_nbuckets(S));
+    CHECK(st.slots_per_bucket == 14 && st.bucket_bytes == 256);
+    /* the index doubles as soon as rows exceed max_load of its slots */
+    CHECK((double)mlive <= 0.9 * (double)st.buckets * 14 + 1);
+
+    /* callback scan: every present row once, with exact contents */
+    scan_stamp++;
+    scan_visits = 0;
+    CHECK_RC(embkv_scan(S, scan_cb, NULL), EMBKV_OK);
+    CHECK(scan_visits == mlive);
+
+    /* cursor scan of ids, with the smallest legal and a larger capacity */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t cap = pass ? 1000 : 64;
+        int64_t *ids = malloc(cap * sizeof *ids);
+        uint64_t pos = 0;
+        size_t total = 0, n;
+        scan_stamp++;
+        for (;;) {
+            n = 0;
+            int rc = embkv_scan_ids(S, &pos, ids, cap, &n);
+            CHECK_RC(rc, EMBKV_OK);
+            if (rc != EMBKV_OK || n == 0) break;
+            CHECK(n <= cap);
+            for (size_t i = 0; i < n && i < cap; i++) {
+                ment *e = mfind(ids[i], false);
+                CHECK(e && e->present);
+                if (!e) continue;
+                CHECK(e->stamp != scan_stamp);
+                e->stamp = scan_stamp;
+            }
+            total += n;
+            if (total > mlive + 1000) break;  /* runaway cursor */
+        }
+        CHECK(total == mlive);
+        free(ids);
+    }
+
+    /* a scan stopped early returns the callback's value */
+    if (mlive >= 5) {
+        scan_visits = 0;
+        stop_after = 5;
+        CHECK_RC(embkv_scan(S, scan_stop_cb, NULL), 7);
+        CHECK(scan_visits == 5);
+    }
+
+    double mean = 0;
+    uint32_t max = 0;
+    CHECK_RC(embkv_probe_stats(S, &mean, &max), EMBKV_OK);
+    if (mlive) CHECK(mean >= 1.0 && max >= 1 && mean <= max);
+}
+
+static void open_store(bool create)
+{
+    /* Half the reopens pass only dim: zero state_floats means "whatever the
+     * store has", so it must not count as a mismatch. */
+    embkv_options o = opts;
+    if (!create && rnd_below(2)) { memset(&o, 0, sizeof o); o.dim = DIM; }
+    int rc = embkv_open(dir, &o, create ? EMBKV_OPEN_CREATE : 0, &S);
+    CHECK_RC(rc, EMBKV_OK);
+    if (rc != EMBKV_OK) {
+        fprintf(stderr, "cannot open %s, giving up\n", dir);
+        exit(test_summary("test_model"));
+    }
+    CHECK(embkv_dim(S) == DIM);
+    CHECK(embkv_state_floats(S) == SF);
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+static void op_put(void)
+{
+    int64_t id = pick_id();
+    op_id = id;
+    unsigned flags = 0;
+    uint64_t r = rnd_below(10);
+    if (r < 2) flags = EMBKV_PUT_INSERT;
+    else if (r < 4) flags = EMBKV_PUT_UPDATE;
+    op_name = flags == EMBKV_PUT_INSERT ? "put(INSERT)" : flags ? "put(UPDATE)" : "put";
+
+    ment *e = mfind(id, false);
+    bool present = e && e->present;
+    int want = EMBKV_OK;
+    if ((flags & EMBKV_PUT_INSERT) && present) want = EMBKV_EXISTS;
+    if ((flags & EMBKV_PUT_UPDATE) && !present) want = EMBKV_NOTFOUND;
+
+    float vec[DIM], st[SF];
+    bool with_state = rnd_below(2);
+    uint32_t ver = ++vcounter;
+    make_vec(id, ver, vec);
+    st[0] = rnd_state_float();
+    st[1] = rnd_state_float();
+
+    int rc = embkv_put(S, id, vec, with_state ? st : NULL, flags);
+    CHECK_RC(rc, want);
+    if (rc != EMBKV_OK) {
+        verify_get(id);  /* a refused put leaves the row as it was */
+        return;
+    }
+    if (!e) e = mfind(id, true);
+    if (present) {
+        e->clock++;
+    } else {
+        e->present = 1;
+        e->clock = 0;
+        e->st[0] = e->st[1] = 0;  /* NULL state on a new row: zeros */
+        if (++mlive > mpeak) mpeak = mlive;
+    }
+    e->ver = ver;
+    if (with_state) { e->st[0] = st[0]; e->st[1] = st[1]; }
+    e->gen = cur_gen;
+}
+
+static void op_delete(void)
+{
+    int64_t id = pick_id();
+    op_name = "delete";
+    op_id = id;
+    ment *e = mfind(id, false);
+    bool present = e && e->present;
+    CHECK_RC(embkv_delete(S, id), present ? EMBKV_OK : EMBKV_NOTFOUND);
+    if (present) { e->present = 0; mlive--; }
+}
+
+static void op_exists(void)
+{
+    int64_t id = pick_id();
+    op_name = "exists";
+    op_id = id;
+    CHECK(embkv_exists(S, id) == (mpresent(id) ? 1 : 0));
+}
+
+static void op_get_batch(void)
+{
+    int64_t ids[64];
+    float out[64 * DIM];
+    uint8_t found[64];
+    size_t n = 1 + rnd_below(64), nmissing = 12345, want_missing = 0;
+    op_name = "get_batch";
+    for (size_t i = 0; i < n; i++)
+        ids[i] = i && rnd_below(4) == 0 ? ids[rnd_below(i)] : pick_id();  /* duplicates */
+    op_id = ids[0];
+    memset(out, 0x7f, sizeof out);
+    memset(found, 0x55, sizeof found);
+    bool pass_found = rnd_below(4) != 0;  /* found and nmissing may be NULL */
+    int rc = embkv_get_batch(S, ids, n, out, pass_found ? found : NULL,
+                             pass_found ? &nmissing : NULL);
+    CHECK_RC(rc, EMBKV_OK);
+    for (size_t i = 0; i < n; i++) {
+        ment *e = mfind(ids[i], false);
+        float want[DIM];
+        make_vec(ids[i], e && e->present ? e->ver : 0, want);
+        if (!(e && e->present)) want_missing++;
+        if (!(e && e->present)) {
+            for (int j = 0; j < DIM; j++) CHECK(out[i * DIM + j] == 0.0f);
+        } else {
+            CHECK(memcmp(&out[i * DIM], want, sizeof want) == 0);
+        }
+        if (pass_found) CHECK(found[i] == (e && e->present ? 1 : 0));
+    }
+    if (pass_found) CHECK(nmissing == want_missing);
+    else CHECK(nmissing == 12345);
+}
+
+/* embkv_update_batch: the callback checks the private copy it is handed
+ * against the model (applying earlier entries of the same batch first, as
+ * the batch is applied in order), then changes vector and/or state or skips. */
+typedef struct ubctx {
+    const int64_t *ids;
+    size_t n, next, written;
+    bool create;
+} ubctx;
+
+static int ub_fn(void *vctx, size_t i, int64_t id, float *vec, float *state)
+{
+    ubctx *c = vctx;
+    CHECK(i == c->next);
+    CHECK(i < c->n && id == c->ids[i]);
+    c->next = i + 1;
+    ment *e = mfind(id, false);
+    bool present = e && e->present;
+    if (!vec) {
+        CHECK(!present && !c->create);
+        return 0;
+    }
+    CHECK(present || c->create);
+    float want[DIM];
+    make_vec(id, present ? e->ver : 0, want);
+    CHECK(memcmp(vec, want, sizeof want) == 0);
+    CHECK(state != NULL);
+    if (state) {
+        CHECK(state[0] == (present ? e->st[0] : 0.0f));
+        CHECK(state[1] == (present ? e->st[1] : 0.0f));
+    }
+    uint64_t r = rnd_below(8);
+    if (r == 0) return 1 + (int)rnd_below(3);  /* skip: nothing written */
+
+    if (!e) e = mfind(id, true);
+    if (present) {
+        e->clock++;
+    } else {
+        e->present = 1;
+        e->clock = 0;
+        e->ver = 0;
+        e->st[0] = e->st[1] = 0;
+        if (++mlive > mpeak) mpeak = mlive;
+    }
+    if (r & 1) { e->ver = ++vcounter; make_vec(id, e->ver, vec); }
+    if ((r & 2) && state) {
+        state[0] = e->st[0] = rnd_state_float();
+        state[1] = e->st[1] = rnd_state_float();
+    }
+    e->gen = cur_gen;
+    c->written++;
+    return 0;
+}
+
+static void op_update_batch(void)
+{
+    int64_t ids[16];
+    size_t n = 1 + rnd_below(16), nupdated = 999;
+    for (size_t i = 0; i < n; i++)
+        ids[i] = i && rnd_below(5) == 0 ? ids[rnd_below(i)] : pick_id();
+    ubctx c = { ids, n, 0, 0, rnd_below(2) != 0 };
+    op_name = c.create ? "update_batch(CREATE)" : "update_batch";
+    op_id = ids[0];
+    CHECK_RC(embkv_update_batch(S, ids, n, ub_fn, &c, c.create ? EMBKV_UPDATE_CREATE : 0,
+                                &nupdated), EMBKV_OK);
+    CHECK(c.next == n);  /* fn was called once for every entry */
+    CHECK(nupdated == c.written);
+    for (size_t i = 0; i < n; i++) verify_get(ids[i]);
+}
+
+static void op_hotset(void)
+{
+    int64_t ids[8];
+    size_t n = 1 + rnd_below(8), moved = 999;
+    op_name = "hotset";
+    for (size_t i = 0; i < n; i++) {
+        /* only present ids: what hotset does with absent ones is unspecified */
+        ids[i] = hot[rnd_below(NHOT)];
+        for (int t = 0; t < 20 && !mpresent(ids[i]); t++) ids[i] = pick_id();
+        if (!mpresent(ids[i])) { n = i; break; }
+    }
+    if (!n) return;
+    op_id = ids[0];
+    CHECK_RC(embkv_hotset(S, ids, n, &moved), EMBKV_OK);
+    CHECK(moved <= n);
+    for (size_t i = 0; i < n; i++) verify_get(ids[i]);
+}
+
+static void do_sync(void)
+{
+    op_name = "sync";
+    embkv_stats a, b;
+    CHECK_RC(embkv_stats_get(S, &a), EMBKV_OK);
+    CHECK_RC(embkv_sync(S), EMBKV_OK);
+    cur_gen++;
+    CHECK_RC(embkv_stats_get(S, &b), EMBKV_OK);
+    CHECK(b.syncs >= a.syncs + 1);
+    CHECK(b.durable_epoch >= a.durable_epoch);
+}
+
+static void do_reopen(void)
+{
+    op_name = "close+reopen";
+    uint64_t nb = embkv_debug_nbuckets(S);
+    CHECK_RC(embkv_close(S), EMBKV_OK);
+    cur_gen++;  /* a clean close syncs */
+    S = NULL;
+    open_store(false);
+    CHECK(embkv_debug_nbuckets(S) == nb);  /* the index is persistent */
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
+    CHECK(st.recovered == 0);  /* the close was clean */
+    full_verify();
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+int main(void)
+{
+    const char *es = getenv("EMBKV_TEST_SEED");
+    uint64_t seed = es && *es ? strtoull(es, NULL, 0) : 20240611;
+    double scale = test_scale();
+    uint64_t nops = (uint64_t)(3000000 * scale);
+    printf("test_model: seed=%" PRIu64 " ops=%" PRIu64 " (override with EMBKV_TEST_SEED)\n",
+           seed, nops);
+    fflush(stdout);
+    rng_state = seed;
+    time_t t0 = time(NULL);
+
+    mgrow();
+    rand_ids = malloc(MAX_RAND_IDS * sizeof *rand_ids);
+    hot[0] = 0; hot[1] = INT64_MIN; hot[2] = INT64_MAX; hot[3] = -1; hot[4] = 1;
+    hot[5] = INT64_MIN + 1; hot[6] = INT64_MAX - 1;
+    for (int i = 7; i < NHOT; i++) hot[i] = (int64_t)rnd();
+
+    dir = strdup(test_tmpdir("model"));
+    memset(&opts, 0, sizeof opts);
+    opts.dim = DIM;
+    opts.state_floats = SF;
+    opts.expected_rows = 200;  /* tiny: the run must double the index many times */
+    opts.pool_size = 64ull << 20;
+    open_store(true);
+    uint64_t nb0 = embkv_debug_nbuckets(S);
+    CHECK(nb0 > 0 && (nb0 & (nb0 - 1)) == 0);  /* a power of two */
+    CHECK(embkv_count(S) == 0);
+    full_verify();
+
+    uint64_t next_sync = 1 + rnd_below(20000);
+    uint64_t next_reopen = 100000 + rnd_below(300000);
+    uint64_t next_scan = 50000 + rnd_below(100000);
+    int last_failed = 0, reported = 0;
+
+    for (uint64_t i = 0; i < nops; i++) {
+        op_index = i;
+        /* the warm key space grows linearly to 40000 ids over the run */
+        universe = 500 + i * 40000 / nops;
+        uint64_t r = rnd_below(1000);
+        if (r < 380) op_put();
+        else if (r < 600) { op_name = "get"; op_id = pick_id(); verify_get(op_id); }
+        else if (r < 740) op_delete();
+        else if (r < 800) op_exists();
+        else if (r < 900) op_get_batch();
+        else if (r < 980) op_update_batch();
+        else if (r < 985) op_hotset();
+        else { op_name = "count"; CHECK(embkv_count(S) == mlive); }
+
+        if (i == next_sync) { do_sync(); next_sync = i + 1 + rnd_below(20000); }
+        if (i == next_reopen) { do_reopen(); next_reopen = i + 100000 + rnd_below(300000); }
+        if (i == next_scan) { op_name = "full scan"; full_verify(); next_scan = i + 50000 + rnd_below(100000); }
+
+        if (check_failed != last_failed) {
+            if (!reported++)
+                fprintf(stderr, "test_model: FIRST FAILURE at op %" PRIu64 " (%s id=%" PRId64
+                        "), seed=%" PRIu64 "\n", i, op_name, op_id, seed);
+            last_failed = check_failed;
+            if (check_failed > 50) { fprintf(stderr, "too many failures, stopping\n"); break; }
+        }
+    }
+
+    op_name = "final verify";
+    full_verify();
+    uint64_t nb = embkv_debug_nbuckets(S);
+    printf("test_model: rows=%zu peak=%zu buckets %" PRIu64 " -> %" PRIu64 ", %ld s\n",
+           mlive, mpeak, nb0, nb, (long)(time(NULL) - t0));
+    /* at least two doublings, and no doubling that the load did not need */
+    CHECK(nb >= 4 * nb0);
+    if (nb > nb0) CHECK(0.9 * (double)(nb / 2) * 14 <= (double)mpeak);
+    do_reopen();
+    CHECK_RC(embkv_close(S), EMBKV_OK);
+    if (check_failed) fprintf(stderr, "test_model: seed=%" PRIu64 "\n", seed);
+    free(rand_ids);
+    free(mtab);
+    free((void *)dir);
+    return test_summary("test_model");
+}
