@@ -45,7 +45,7 @@ all: $(B)/libembkv.a $(B)/embkv.so
 $(B)/libembkv.a: $(B)/plain/libembkv.a
 	cp $< $@
 $(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
-	$(CC) -shared -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
+	$(CC) -shared -Wl,-z,defs -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
 deps:
 	@bash tests/deps.sh
@@ -58,8 +58,8 @@ plain-tests: $(plain_TESTS)
 asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
 
-$(B)/bench/%: bench/%.c $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
-	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS)
+$(B)/bench/%: bench/%.c bench/bench_common.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
+	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -lsqlite3
 $(B)/bench:
 	mkdir -p $@
 

@@ -22,16 +22,6 @@
 
 #define FULL_MASK ((uint16_t)((1u << BUCKET_SLOTS) - 1))
 
-static inline void cpu_relax(unsigned *spins)
-{
-    if (++*spins > 64) {
-        sched_yield();
-        *spins = 0;
-    } else {
-        __builtin_ia32_pause();
-    }
-}
-
 void ix_lock_bucket(bucket *b)
 {
     unsigned spins = 0;
@@ -42,7 +32,7 @@ void ix_lock_bucket(bucket *b)
             seq_fence(__ATOMIC_RELEASE);
             return;
         }
-        cpu_relax(&spins);
+        ix_relax(&spins);
     }
 }
 
@@ -54,85 +44,6 @@ void ix_unlock_bucket(bucket *b)
 static inline uint64_t next_bucket(const index_desc *ix, uint64_t b, uint64_t step)
 {
     return (b + step) & ix->mask;
-}
-
-/* One consistent read of a bucket: the slot holding id (or -1) and the
- * overflow counter. */
-static inline int read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint64_t *loc,
-                              uint16_t *ovf)
-{
-    unsigned spins = 0;
-    for (;;) {
-        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-        if (v1 & 1) {
-            cpu_relax(&spins);
-            continue;
-        }
-        int found = -1;
-        unsigned m = ix_fp_match(bk, fp);
-        while (m) {
-            unsigned i = (unsigned)__builtin_ctz(m);
-            if (__atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED) == id) {
-                *loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
-                found = (int)i;
-                break;
-            }
-            m &= m - 1;
-        }
-        *ovf = __atomic_load_n(&bk->overflow, __ATOMIC_RELAXED);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
-            return found;
-    }
-}
-
-/* Walk the probe path of id; fills out and returns true when found. */
-static bool probe(index_desc *ix, int64_t id, uint64_t h, found_slot *out, uint32_t *probes)
-{
-    uint64_t step = hash_step(h);
-    uint8_t fp = hash_fp(h);
-    unsigned spins = 0;
-    for (;;) {
-        uint64_t seq = atomic_load(&ix->move_seq);
-        uint64_t b = h & ix->mask;
-        uint32_t n = 0;
-        for (uint64_t i = 0; i <= ix->mask; i++) {
-            uint64_t loc = LOC_NONE;
-            uint16_t ovf;
-            n++;
-            int s = read_bucket(&ix->buckets[b], id, fp, &loc, &ovf);
-            if (s >= 0) {
-                out->bucket = b;
-                out->slot = (unsigned)s;
-                out->loc = loc;
-                if (probes)
-                    *probes = n;
-                return true;
-            }
-            if (ovf == 0)
-                break;
-            b = next_bucket(ix, b, step);
-        }
-        /* A miss is only trusted when no key moved backwards meanwhile. */
-        uint64_t seq2 = atomic_load(&ix->move_seq);
-        if (seq == seq2 && !(seq & 1)) {
-            if (probes)
-                *probes = n;
-            return false;
-        }
-        cpu_relax(&spins);
-    }
-}
-
-uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes)
-{
-    found_slot f;
-    return probe(ix, id, h, &f, probes) ? f.loc : LOC_NONE;
-}
-
-bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *out)
-{
-    return probe(ix, id, h, out, NULL);
 }
 
 /* Writes a key into free slot i of a locked bucket. */

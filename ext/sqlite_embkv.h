@@ -8,8 +8,41 @@
 #include <sqlite3ext.h>
 #include "embkv.h"
 
-/* sqlite_vtab.c: the embkv module, embkv_stats() and the table functions. */
+/* sqlite_vtab.c, sqlite_txn.c, sqlite_registry.c: the embkv module, the
+ * embkv_pending module, embkv_stats() and embkv_checkpoint(). */
 int embkv_vtab_register(sqlite3 *db);
+
+/* Options of an embkv virtual table, the key=value arguments of
+ * CREATE VIRTUAL TABLE t USING embkv(...).  Adding an option is a field here
+ * and one line in ek_options[] (sqlite_vtab.c). */
+typedef struct embkv_tabopts {
+    uint32_t dim;          /* dim: floats per vector (required, 1..8192) */
+    const char *path;      /* path: the store directory as written, NULL when defaulted */
+    uint64_t pool_size;    /* pool_size: pool file bytes (0: the engine's default) */
+    uint64_t capacity;     /* capacity: expected rows (0: the engine's default) */
+} embkv_tabopts;
+
+/* An embkv table of a connection, as embkv_table_lookup() resolves it. */
+typedef struct embkv_table_ref {
+    embkv_store *store;          /* the table's open store (shared in the process) */
+    const embkv_tabopts *opts;   /* its options */
+    const char *schema;          /* "main", "temp", or an attached schema */
+    const char *name;            /* the table's current name */
+    const char *dir;             /* the store's canonical directory */
+    size_t pending_writes;       /* rows this connection's open transaction wrote
+                                  * to the table and has not committed yet: they
+                                  * are not in the store */
+} embkv_table_ref;
+
+/* Resolves `table` ("name" or "schema.name", searched like SQLite does: temp,
+ * main, then attached schemas) to an embkv table of connection db, connecting
+ * it if needed.  For SQL functions that take a table name (embkv_stats,
+ * embkv_checkpoint, the training functions): everything in *out stays valid
+ * until the table is disconnected, so use it within the current SQL function
+ * call only.  Returns SQLITE_OK, or SQLITE_ERROR with *pzErr (sqlite3_malloc'd,
+ * may be NULL) naming the table when there is no such table or it is not an
+ * embkv table. */
+int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, char **pzErr);
 /* sqlite_vecfn.c: vector functions, aggregates, embkv_version/embkv_build. */
 int embkv_vecfn_register(sqlite3 *db);
 

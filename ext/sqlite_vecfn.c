@@ -37,8 +37,10 @@
  *  - Reductions (dot, norm, l2, cosine, sum, avg) accumulate in double, in
  *    element order; element-wise results are rounded once to float32.
  *  - embkv_json() writes each element with the fewest significant digits
- *    (1..9, "%.Ng") that read back to the same float32, so
- *    embkv_vec(embkv_json(v)) = v bit for bit (-0 is kept as "-0").
+ *    (1 to 9) that read back to the same float32, so
+ *    embkv_vec(embkv_json(v)) = v bit for bit: plain notation when the
+ *    decimal exponent is in [-4, 16) ("0.1", "10", "16777216", "-0"),
+ *    otherwise "1e+20", "1.5e-05" (the style of numpy's float32 repr).
  *  - The pure functions are SQLITE_UTF8 | SQLITE_INNOCUOUS |
  *    SQLITE_DETERMINISTIC, so they may be used in views, triggers, indexes
  *    and generated columns.
@@ -48,6 +50,7 @@ SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,15 +187,25 @@ static int snippet_len(const char *s, int avail, int max)
 static int parse_json_vec(sqlite3_context *ctx, const char *fname, int argno,
                           const char *text, int len, vecarg *out)
 {
+    const char *nul = memchr(text, 0, (size_t)len);
+    if (nul) {
+        vec_error(ctx, fname, argno,
+                  "not a JSON array of numbers: NUL character at offset %d",
+                  (int)(nul - text));
+        return VEC_ERR;
+    }
+    int first = 0;
+    while (first < len && strchr(" \t\r\n", text[first])) first++;
+    if (first == len) {
+        vec_error(ctx, fname, argno, "not a JSON array of numbers: empty text");
+        return VEC_ERR;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)len + 1, &end, 1);
     if (!root || end != text + len) {
         int off = end ? (int)(end - text) : 0;
         if (off < 0 || off > len) off = 0;
-        if (root) /* an embedded NUL ended the text early */
-            vec_error(ctx, fname, argno,
-                      "not a JSON array of numbers: NUL character at offset %d", off);
-        else if (off >= len)
+        if (off >= len)
             vec_error(ctx, fname, argno,
                       "not a JSON array of numbers: invalid JSON (unexpected end of text)");
         else
@@ -273,12 +286,16 @@ static int get_vec(sqlite3_context *ctx, const char *fname, int argno,
         }
         if (len % 4 != 0) {
             vec_error(ctx, fname, argno,
-                      "BLOB of %d bytes is not a float32 vector (length not a multiple of 4)",
-                      len);
+                      "BLOB of %d byte%s is not a float32 vector (length not a multiple of 4)",
+                      len, len == 1 ? "" : "s");
             return VEC_ERR;
         }
         sqlite3_int64 n = len / 4;
+#ifdef EMBKV_VECFN_FORCE_COPY /* testing: exercise the unaligned path */
+        if (0) {
+#else
         if (!VEC_BIG_ENDIAN && ((uintptr_t)p % _Alignof(float)) == 0) {
+#endif
             out->v = (const float *)(const void *)p; /* zero-copy fast path */
         } else {
             float *dst = vecarg_room(out, n);
@@ -404,6 +421,7 @@ static double k_l2sq(const float *a, const float *b, sqlite3_int64 n)
 
 static void fn_vec(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a;
     if (get_vec(ctx, "embkv_vec", 0, argv[0], &a) != VEC_OK) return;
     if (check_finite(ctx, "embkv_vec", &a) == VEC_OK) {
@@ -422,40 +440,90 @@ static void fn_vec(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     vecarg_free(&a);
 }
 
-/* Shortest "%.Ng" (N in 1..9) that reads back as f; written to buf (>= 32
- * bytes) with '.' as the decimal point whatever the locale.  Returns length. */
-static int fmt_float(char *buf, size_t cap, float f)
+/* Format a finite float32 as the shortest decimal (1 to 9 significant
+ * digits) that reads back as the same float32, numpy/Python style: plain
+ * notation when the decimal exponent is in [-4, 16), otherwise d.ddde+XX.
+ * Examples: 0.1, 10, 16777216, 0.33333334, 1e+20, 1e-45, -0.  The decimal
+ * point is '.' whatever the locale.  buf must hold FMT_MAX bytes.  Returns
+ * the length written. */
+#define FMT_MAX 32
+static int fmt_float(char *buf, float f)
 {
-    int lo = 1, hi = 9, len = 0;
-    /* The round trip holds for N = 9 always, and if it holds for N it holds
-     * for every larger N, so binary search the smallest N. */
+    if (f == 0) {
+        int n = 0;
+        if (signbit(f)) buf[n++] = '-';
+        buf[n++] = '0';
+        buf[n] = 0;
+        return n;
+    }
+    char tmp[FMT_MAX];
+    /* The round trip holds with 9 significant digits always, and if it holds
+     * with N digits it holds with more, so binary search the fewest. */
+    int lo = 1, hi = 9;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        snprintf(buf, cap, "%.*g", mid, (double)f);
-        if (strtof(buf, NULL) == f)
+        int w = snprintf(tmp, sizeof tmp, "%.*e", mid - 1, (double)f);
+        if (w > 0 && (size_t)w < sizeof tmp && strtof(tmp, NULL) == f)
             hi = mid;
         else
             lo = mid + 1;
     }
-    len = snprintf(buf, cap, "%.*g", lo, (double)f);
-    if (len < 0 || (size_t)len >= cap) len = 0;
-    for (int i = 0; i < len; i++) {
-        char c = buf[i];
-        if (!((c >= '0' && c <= '9') || c == '-' || c == '+' || c == 'e')) buf[i] = '.';
+    int w = snprintf(tmp, sizeof tmp, "%.*e", lo - 1, (double)f);
+    if (w <= 0 || (size_t)w >= sizeof tmp) return 0; /* cannot happen */
+    /* Split "-d.ddde+XX" (any locale's decimal point) into digits and exponent. */
+    char dig[16];
+    int nd = 0, i = 0, neg = 0;
+    if (tmp[i] == '-') {
+        neg = 1;
+        i++;
     }
-    return len;
+    for (; tmp[i] && tmp[i] != 'e' && nd < (int)sizeof dig - 1; i++)
+        if (tmp[i] >= '0' && tmp[i] <= '9') dig[nd++] = tmp[i];
+    int e = tmp[i] == 'e' ? atoi(tmp + i + 1) : 0;
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    int n = 0;
+    if (neg) buf[n++] = '-';
+    if (e >= 16 || e < -4) {
+        buf[n++] = dig[0];
+        if (nd > 1) {
+            buf[n++] = '.';
+            memcpy(buf + n, dig + 1, (size_t)(nd - 1));
+            n += nd - 1;
+        }
+        int x = snprintf(buf + n, (size_t)(FMT_MAX - n), "e%c%02d", e < 0 ? '-' : '+',
+                         e < 0 ? -e : e);
+        if (x <= 0 || x >= FMT_MAX - n) return 0; /* cannot happen: |e| <= 45 */
+        n += x;
+    } else if (e < 0) {
+        buf[n++] = '0';
+        buf[n++] = '.';
+        for (int z = 0; z < -e - 1; z++) buf[n++] = '0';
+        memcpy(buf + n, dig, (size_t)nd);
+        n += nd;
+    } else {
+        for (int k = 0; k <= e; k++) buf[n++] = k < nd ? dig[k] : '0';
+        if (nd > e + 1) {
+            buf[n++] = '.';
+            memcpy(buf + n, dig + e + 1, (size_t)(nd - e - 1));
+            n += nd - e - 1;
+        }
+    }
+    buf[n] = 0;
+    return n;
 }
 
 static void fn_json(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a;
     if (get_vec(ctx, "embkv_json", 0, argv[0], &a) != VEC_OK) return;
     if (check_finite(ctx, "embkv_json", &a) != VEC_OK) {
         vecarg_free(&a);
         return;
     }
-    /* "-1.17549435e-38" is the longest element: 15 chars, plus a comma. */
-    sqlite3_uint64 cap = (sqlite3_uint64)a.n * 16 + 3;
+    /* The longest element is 17 chars ("-0.00012345678" or
+     * "-1234567890000000"), plus a comma. */
+    sqlite3_uint64 cap = (sqlite3_uint64)a.n * 18 + 3;
     char *out = sqlite3_malloc64(cap);
     if (!out) {
         sqlite3_result_error_nomem(ctx);
@@ -465,8 +533,8 @@ static void fn_json(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     sqlite3_uint64 pos = 0;
     out[pos++] = '[';
     for (sqlite3_int64 i = 0; i < a.n; i++) {
-        char buf[32];
-        int len = fmt_float(buf, sizeof buf, a.v[i]);
+        char buf[FMT_MAX];
+        int len = fmt_float(buf, a.v[i]);
         if (i) out[pos++] = ',';
         memcpy(out + pos, buf, (size_t)len);
         pos += (sqlite3_uint64)len;
@@ -479,6 +547,7 @@ static void fn_json(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_dims(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a;
     if (get_vec(ctx, "embkv_dims", 0, argv[0], &a) != VEC_OK) return;
     sqlite3_result_int64(ctx, a.n);
@@ -487,6 +556,7 @@ static void fn_dims(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_norm(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a;
     if (get_vec(ctx, "embkv_norm", 0, argv[0], &a) != VEC_OK) return;
     result_real(ctx, "embkv_norm", sqrt(k_sumsq(a.v, a.n)));
@@ -495,6 +565,7 @@ static void fn_norm(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_dot(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a, b;
     if (get_vec2(ctx, "embkv_dot", argv, &a, &b) != VEC_OK) return;
     result_real(ctx, "embkv_dot", k_dot(a.v, b.v, a.n));
@@ -504,6 +575,7 @@ static void fn_dot(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_l2(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a, b;
     if (get_vec2(ctx, "embkv_l2", argv, &a, &b) != VEC_OK) return;
     result_real(ctx, "embkv_l2", sqrt(k_l2sq(a.v, b.v, a.n)));
@@ -513,17 +585,18 @@ static void fn_l2(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_cosine(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     vecarg a, b;
     if (get_vec2(ctx, "embkv_cosine", argv, &a, &b) != VEC_OK) return;
     double dot = 0, na = 0, nb = 0;
     for (sqlite3_int64 i = 0; i < a.n; i++) {
-        double x = a.v[i], y = b.v[i];
+        double x = (double)a.v[i], y = (double)b.v[i];
         dot += x * y;
         na += x * x;
         nb += y * y;
     }
     if (!isfinite(dot) || !isfinite(na) || !isfinite(nb)) {
-        result_real(ctx, "embkv_cosine", NAN);
+        result_real(ctx, "embkv_cosine", (double)NAN);
     } else if (na == 0 || nb == 0) {
         sqlite3_result_null(ctx); /* undefined for a zero vector, like x/0 */
     } else {
@@ -550,9 +623,9 @@ static void elementwise(sqlite3_context *ctx, sqlite3_value **argv,
         sqlite3_result_error_nomem(ctx);
     } else {
         if (op == 0)
-            for (sqlite3_int64 i = 0; i < a.n; i++) r[i] = (float)((double)a.v[i] + b.v[i]);
+            for (sqlite3_int64 i = 0; i < a.n; i++) r[i] = (float)((double)a.v[i] + (double)b.v[i]);
         else
-            for (sqlite3_int64 i = 0; i < a.n; i++) r[i] = (float)((double)a.v[i] - b.v[i]);
+            for (sqlite3_int64 i = 0; i < a.n; i++) r[i] = (float)((double)a.v[i] - (double)b.v[i]);
         if (check_result(ctx, fname, r, a.n) == VEC_OK)
             result_vec(ctx, r, a.n);
         else
@@ -564,16 +637,19 @@ static void elementwise(sqlite3_context *ctx, sqlite3_value **argv,
 
 static void fn_add(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     elementwise(ctx, argv, "embkv_add", 0);
 }
 
 static void fn_sub(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     elementwise(ctx, argv, "embkv_sub", 1);
 }
 
 static void fn_scale(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     int kt = sqlite3_value_type(argv[1]);
     if (kt == SQLITE_NULL) return; /* NULL factor: NULL */
     if (kt != SQLITE_INTEGER && kt != SQLITE_FLOAT) {
@@ -602,6 +678,8 @@ static void fn_scale(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 static void fn_version(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
+    (void)argv;
     sqlite3_result_text(ctx, EMBKV_VERSION_STRING, -1, SQLITE_STATIC);
 }
 
@@ -627,6 +705,8 @@ static const char build_json[] =
 
 static void fn_build(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
+    (void)argv;
     sqlite3_result_text(ctx, build_json, -1, SQLITE_STATIC);
 }
 
@@ -669,20 +749,22 @@ static void agg_add(sqlite3_context *ctx, sqlite3_value *v, int sign)
         return;
     }
     if (sign > 0)
-        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] += a.v[i];
+        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] += (double)a.v[i];
     else
-        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] -= a.v[i];
+        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] -= (double)a.v[i];
     g->count += sign;
     vecarg_free(&a);
 }
 
 static void agg_step(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     agg_add(ctx, argv[0], +1);
 }
 
 static void agg_inverse(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
+    (void)argc;
     agg_add(ctx, argv[0], -1);
 }
 

@@ -41,7 +41,7 @@ uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 static uint32_t record_size(uint32_t dim, uint32_t state_floats)
 {
     size_t bytes = sizeof(rec_hdr) + 4 * ((size_t)dim + state_floats);
-    return (uint32_t)((bytes + 15) & ~(size_t)15);
+    return (uint32_t)((bytes + 63) & ~(size_t)63);  /* see chunk_records() */
 }
 
 /* Record chunks: about a thousandth of the pool, a power of two from
@@ -370,7 +370,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     s->chunk_bytes = r->chunk_bytes;
     if (s->chunk_bytes < s->rec_size + 64)
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
-    s->recs_per_chunk = (s->chunk_bytes - 64) / s->rec_size;
+    s->recs_per_chunk = (s->chunk_bytes - 128) / s->rec_size;
     s->chunks = pmemobj_direct(r->chunk_table);
     s->max_load = r->max_load;
 

@@ -259,10 +259,6 @@ typedef struct found_slot {
 
 void ix_lock_bucket(bucket *b);
 void ix_unlock_bucket(bucket *b);
-/* Lock-free lookup; returns the stored location or LOC_NONE. */
-uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes);
-/* Writer-side lookup (the key's stripe lock held): where the key lives. */
-bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *out);
 /* Insert a key known absent; the key's stripe lock held. Returns false only
  * when no bucket on the whole probe cycle has room. */
 bool ix_insert(index_desc *ix, int64_t id, uint64_t h, uint64_t loc, found_slot *out);
@@ -285,12 +281,104 @@ static inline unsigned ix_fp_match(const bucket *b, uint8_t fp)
     /* Exact per-byte zero test: high bit set in each byte that was zero. */
     uint64_t z0 = ~(((x0 & low7) + low7) | x0 | low7);
     uint64_t z1 = ~(((x1 & low7) + low7) | x1 | low7);
-    unsigned m = 0;
-    for (unsigned i = 0; i < 8; i++) {
-        m |= (unsigned)((z0 >> (8 * i + 7)) & 1) << i;
-        m |= (unsigned)((z1 >> (8 * i + 7)) & 1) << (i + 8);
-    }
+    /* Gather the eight flag bits of each word into a byte. */
+    const uint64_t gather = 0x0102040810204080ull;
+    unsigned m = (unsigned)((((z0 >> 7) & ones) * gather) >> 56) |
+                 (unsigned)((((z1 >> 7) & ones) * gather) >> 56) << 8;
     return m & __atomic_load_n(&b->used, __ATOMIC_RELAXED);
+}
+
+/* The read path, inlined into the batch loops.  ix_lookup: lock-free
+ * lookup returning the stored location or LOC_NONE; ix_find: the same with
+ * the slot, for writers holding the key's stripe lock. */
+#include <sched.h>
+static inline void ix_relax(unsigned *spins)
+{
+    if (++*spins > 64) {
+        sched_yield();
+        *spins = 0;
+    } else {
+        __builtin_ia32_pause();
+    }
+}
+
+/* One consistent read of a bucket: the slot holding id (or -1) and the
+ * overflow counter. */
+static inline int ix_read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint64_t *loc,
+                              uint16_t *ovf)
+{
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+        if (v1 & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int found = -1;
+        unsigned m = ix_fp_match(bk, fp);
+        while (m) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            if (__atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED) == id) {
+                *loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+                found = (int)i;
+                break;
+            }
+            m &= m - 1;
+        }
+        *ovf = __atomic_load_n(&bk->overflow, __ATOMIC_RELAXED);
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+            return found;
+    }
+}
+
+/* Walk the probe path of id; fills out and returns true when found. */
+static inline bool ix_probe(index_desc *ix, int64_t id, uint64_t h, found_slot *out, uint32_t *probes)
+{
+    uint64_t step = hash_step(h);
+    uint8_t fp = hash_fp(h);
+    unsigned spins = 0;
+    for (;;) {
+        uint64_t seq = atomic_load(&ix->move_seq);
+        uint64_t b = h & ix->mask;
+        uint32_t n = 0;
+        for (uint64_t i = 0; i <= ix->mask; i++) {
+            uint64_t loc = LOC_NONE;
+            uint16_t ovf;
+            n++;
+            int s = ix_read_bucket(&ix->buckets[b], id, fp, &loc, &ovf);
+            if (s >= 0) {
+                out->bucket = b;
+                out->slot = (unsigned)s;
+                out->loc = loc;
+                if (probes)
+                    *probes = n;
+                return true;
+            }
+            if (ovf == 0)
+                break;
+            b = (b + step) & ix->mask;
+        }
+        /* A miss is only trusted when no key moved backwards meanwhile. */
+        uint64_t seq2 = atomic_load(&ix->move_seq);
+        if (seq == seq2 && !(seq & 1)) {
+            if (probes)
+                *probes = n;
+            return false;
+        }
+        ix_relax(&spins);
+    }
+}
+
+static inline uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes)
+{
+    found_slot f;
+    return ix_probe(ix, id, h, &f, probes) ? f.loc : LOC_NONE;
+}
+
+static inline bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *out)
+{
+    return ix_probe(ix, id, h, out, NULL);
 }
 
 /* ------------------------------------------------------------- slab.c */

@@ -14,9 +14,9 @@
 
 #include "store_internal.h"
 
-#define PF_BUCKET 8   /* ids ahead whose home bucket is prefetched */
-#define PF_RECORD 4   /* ids ahead whose record is prefetched */
-#define RING 16
+#define PF_BUCKET 16  /* ids ahead whose home bucket is prefetched */
+#define PF_RECORD 6   /* ids ahead whose record is prefetched */
+#define RING 32
 #define RETIRE_BUF 64
 
 /* ------------------------------------------------------------ key locks */
@@ -351,13 +351,12 @@ int embkv_exists(embkv_store *s, int64_t id)
 
 static inline void prefetch_record(embkv_store *s, uint64_t loc)
 {
-    const char *p = (const char *)rec_at(s, loc);
-    size_t bytes = sizeof(rec_hdr) + 4 * (size_t)s->dim;
+    const char *p = (const char *)rec_vec(rec_at(s, loc));  /* line aligned */
+    size_t bytes = 4 * (size_t)s->dim;
     if (bytes > 16 * 64)
         bytes = 16 * 64;
     for (size_t off = 0; off < bytes; off += 64)
         __builtin_prefetch(p + off, 0, 3);
-    __builtin_prefetch(p + bytes - 1, 0, 3);
 }
 
 /* PetPS-style batch pipeline: the home bucket of id i+PF_BUCKET and the

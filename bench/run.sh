@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Runs embkv's benchmarks (built by `make bench`, which then calls this):
+#   bench_probes   index probe lengths at load 0.5 / 0.8 / 0.9 (on /dev/shm)
+#   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
+#                  (build/benchdata, ext4 here)
+#   bench_sql      when build/embkv.so and build/bench/bench_sql exist
+# Everything printed is also written to build/bench-results.txt.  Pools live
+# in per-run directories that are removed on exit, failure or interrupt.
+# BENCH_ROWS / BENCH_BATCHES override the data size (default 2M rows, 2000
+# batches of 512) for a quick run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=build/bench
+OUT=build/bench-results.txt
+ROWS=${BENCH_ROWS:-2000000}
+BATCHES=${BENCH_BATCHES:-2000}
+BATCH_SIZE=512
+DIM_BYTES=256   # dim 64 floats
+mkdir -p build
+
+# Pool of bench_engine: records (32-byte header + 256-byte vector) x 2.5 for
+# copy-on-write versions and slab slack, plus 64 B/row for the index (enough
+# to hold it across one doubling), plus 64 MiB.  2M rows: 1559 MiB.
+POOL_MB=$(( ROWS * (32 + DIM_BYTES) * 5 / 2 / 1048576 + ROWS * 64 / 1048576 + 64 ))
+# bench_sql holds an engine store (x1.5 records), the virtual table's store
+# and the plain SQLite database (~1.2 x the vectors) at once.
+SQL_NEED_MB=$(( POOL_MB * 2 + ROWS * (DIM_BYTES + 64) / 1048576 + 256 ))
+
+SHM_ROOT=/dev/shm/embkv-bench.$$
+FS_ROOT=build/benchdata/run.$$
+
+cleanup() {
+    rm -rf "$SHM_ROOT" "$FS_ROOT"
+    rmdir build/benchdata 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 130' INT TERM
+
+# Leftovers of runs that were killed outright (their shell is gone).
+for d in /dev/shm/embkv-bench.* build/benchdata/run.*; do
+    [[ -d $d ]] || continue
+    pid=${d##*.}
+    if [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+        echo "removing leftover $d"; rm -rf "$d"
+    fi
+done
+
+exec > >(tee "$OUT") 2>&1
+
+free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+
+status=0
+RUNLOG=/dev/null  # run() also copies the command's output here
+run() {  # name, command...
+    local name=$1; shift
+    echo
+    echo "################ $name"
+    echo "\$ $*"
+    local t0=$SECONDS
+    "$@" 2>&1 | tee "$RUNLOG"
+    local rc=${PIPESTATUS[0]}
+    echo "(exit $rc, $((SECONDS - t0)) s)"
+    if ((rc != 0)); then status=1; echo "FAILED: $name"; fi
+    return 0
+}
+
+echo "embkv benchmarks, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+echo "host: $(uname -srm), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "memory: $(free -m | awk '/^Mem:/ { print $2 " MiB total, " $7 " MiB available" }')"
+echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo '?')"
+echo "rows $ROWS, batches $BATCHES x $BATCH_SIZE, engine pool $POOL_MB MiB"
+rev=$(git rev-parse --short HEAD 2>/dev/null) && echo "commit $rev$(git diff --quiet HEAD -- ext bench 2>/dev/null || echo ' (with local changes)')"
+
+mkdir -p "$SHM_ROOT" "$FS_ROOT" || exit 1
+
+for b in bench_probes bench_engine; do
+    [[ -x $BIN/$b ]] || { echo "missing $BIN/$b (run make bench)"; exit 1; }
+done
+
+run "bench_probes (/dev/shm)" "$BIN/bench_probes" "$SHM_ROOT/probes"
+rm -rf "$SHM_ROOT/probes"
+
+results=()
+for where in shm fs; do
+    if [[ $where == shm ]]; then root=$SHM_ROOT; else root=$FS_ROOT; fi
+    avail=$(free_mb "$root")
+    if ((avail < POOL_MB + 256)); then
+        echo; echo "skipping bench_engine on $root: $avail MiB free, need $((POOL_MB + 256)) MiB"
+        status=1; continue
+    fi
+    RUNLOG=$root/engine.log
+    run "bench_engine ($root, $(df -PT "$root" | awk 'NR == 2 { print $2 }'))" \
+        "$BIN/bench_engine" "$root/engine" --rows "$ROWS" --batches "$BATCHES" \
+        --batch-size "$BATCH_SIZE" --pool-mb "$POOL_MB"
+    results+=("$where $(grep '^RESULT ' "$RUNLOG" || true)")
+    rm -rf "${root:?}/engine" "$RUNLOG"
+    RUNLOG=/dev/null
+done
+
+# The file-system goal: get on the ordinary FS within 1.5x of /dev/shm.
+shm_get=$(printf '%s\n' "${results[@]}" | awk '$1 == "shm" { for (i = 2; i <= NF; i++) if ($i ~ /^get_best=/) { sub(/.*=/, "", $i); print $i } }')
+fs_get=$(printf '%s\n' "${results[@]}" | awk '$1 == "fs" { for (i = 2; i <= NF; i++) if ($i ~ /^get_best=/) { sub(/.*=/, "", $i); print $i } }')
+if [[ -n $shm_get && -n $fs_get ]]; then
+    echo
+    awk -v s="$shm_get" -v f="$fs_get" 'BEGIN {
+        printf "embkv_get_batch best: /dev/shm %.2f M rows/s, ordinary FS %.2f M rows/s, shm/FS %.3f -> goal (<= 1.5) %s\n",
+               s / 1e6, f / 1e6, s / f, (s / f <= 1.5 ? "met" : "not met") }'
+fi
+
+if [[ -x $BIN/bench_sql && -f build/embkv.so ]]; then
+    avail=$(free_mb "$SHM_ROOT")
+    if ((avail < SQL_NEED_MB)); then
+        echo; echo "skipping bench_sql: $avail MiB free on /dev/shm, need $SQL_NEED_MB MiB"; status=1
+    else
+        run "bench_sql (/dev/shm)" "$BIN/bench_sql" "$SHM_ROOT/sql" --ext build/embkv.so \
+            --rows "$ROWS" --batches "$BATCHES" --batch-size "$BATCH_SIZE"
+        rm -rf "$SHM_ROOT/sql"
+    fi
+else
+    echo; echo "bench_sql skipped: needs build/bench/bench_sql and build/embkv.so"
+fi
+
+echo
+echo "results written to $OUT"
+exit $status

@@ -1,0 +1,142 @@
+/*
+ * sqlite_vtab.h - private declarations shared by the files of the embkv
+ * virtual table: sqlite_vtab.c (the module), sqlite_txn.c (the transaction
+ * write buffer) and sqlite_registry.c (per-connection and per-process state,
+ * deferred directory removal, embkv_stats/embkv_checkpoint).
+ */
+#ifndef SQLITE_VTAB_H
+#define SQLITE_VTAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sqlite_embkv.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "embkv stores vectors as little-endian float32 BLOBs: a little-endian host is required"
+#endif
+
+/* ------------------------------------------------------------------------
+ * sqlite_txn.c: one connection's private write buffer for one table.
+ *
+ * Maps id -> pending new vector or deletion for the open transaction.  Reads
+ * of the owning connection overlay it on the store; other connections never
+ * see it.  Savepoints are an undo log over the map.  ektxn_apply() writes it
+ * to the store at COMMIT, keeping pre-images so that a failure (or a
+ * rollback after a successful xSync) can put the store back as it was.
+ */
+enum { EKTXN_PUT = 1, EKTXN_DEL = 2 };
+
+typedef struct ektxn_entry {
+    int64_t id;
+    uint8_t used;
+    uint8_t kind;   /* EKTXN_PUT or EKTXN_DEL */
+    uint8_t fresh;  /* PUT of a row (re)created in this transaction: COMMIT
+                     * deletes any committed row of that id first, so the row
+                     * starts anew (clock 0, zero optimizer state) */
+    float *vec;     /* PUT: dim floats */
+} ektxn_entry;
+
+typedef struct ektxn ektxn;
+
+ektxn *ektxn_new(uint32_t dim, uint32_t state_floats);
+void ektxn_free(ektxn *t);
+/* Forget everything (the transaction ended); keeps some memory for reuse. */
+void ektxn_clear(ektxn *t);
+/* Number of ids with a pending change. */
+size_t ektxn_count(const ektxn *t);
+const ektxn_entry *ektxn_find(const ektxn *t, int64_t id);
+/* Makes room so that the next k ektxn_set() calls cannot fail: reserve
+ * first, then mutate, and a statement never leaves half a change behind.
+ * SQLITE_OK or SQLITE_NOMEM. */
+int ektxn_reserve(ektxn *t, size_t k);
+/* Records a change (copies vec for PUT).  Needs a prior ektxn_reserve. */
+void ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec);
+/* Slots of the map, for iteration: ektxn_slot() is NULL for an empty one. */
+size_t ektxn_nslots(const ektxn *t);
+const ektxn_entry *ektxn_slot(const ektxn *t, size_t i);
+
+/* SQLite's savepoint numbering (xSavepoint/xRelease/xRollbackTo). */
+int ektxn_savepoint(ektxn *t, int n);
+void ektxn_release(ektxn *t, int n);
+void ektxn_rollback_to(ektxn *t, int n);
+
+/* Applies the buffer to the store (embkv_rc).  On failure it undoes what it
+ * had applied, sets *fail_id to the id that failed and *msg to the engine's
+ * message (sqlite3_malloc'd). */
+int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg);
+/* Undoes a successful ektxn_apply() (xRollback after xSync). */
+int ektxn_unapply(ektxn *t, embkv_store *s);
+
+/* ------------------------------------------------------------------------
+ * The virtual table instance: one per table per connection.
+ */
+typedef struct ekconn ekconn;
+typedef struct ekvtab ekvtab;
+
+struct ekvtab {
+    sqlite3_vtab base;
+    sqlite3 *db;
+    ekconn *conn;         /* per-connection state (holds a reference) */
+    ekvtab *next;         /* conn's list of connected tables */
+    char *zDb;            /* schema: "main", "temp", ... */
+    char *zName;          /* current table name */
+    char tid[17];         /* stable id: 16 hex digits, kept in <name>_config */
+    int is_tmp;           /* store in a temporary directory (:memory:/temp db) */
+    embkv_tabopts opts;
+    char *optpath;        /* storage of opts.path */
+    embkv_store *store;
+    char *dir;            /* the store's canonical directory */
+    uint32_t dim, state_floats;
+    ektxn *txn;           /* this connection's uncommitted writes */
+    int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
+    float *scratch;       /* dim floats */
+    char *broken;         /* why the store could not be opened at connect
+                           * (NULL when open); see vt_init */
+};
+
+/* ------------------------------------------------------------------------
+ * sqlite_registry.c
+ */
+/* Per-connection state, shared by the modules and functions registered on
+ * one sqlite3 connection; reference counted (registrations, tables). */
+ekconn *ekconn_get(sqlite3 *db);   /* find or create, +1 reference */
+void ekconn_ref(ekconn *c);
+void ekconn_unref(ekconn *c);
+void ekconn_unref_v(void *c);      /* for SQLite destructors */
+void ekconn_add(ekconn *c, ekvtab *v);
+void ekconn_remove(ekconn *c, ekvtab *v);
+int ekconn_register_pending(sqlite3 *db, ekconn *c);
+
+/* Opens a store and counts the binding's references per canonical
+ * directory (embkv_open itself shares one handle per directory).  Returns
+ * an embkv_rc; on failure *err (sqlite3_malloc'd) says why. */
+int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_store **s, char **err);
+void ekreg_close(embkv_store *s);
+/* Removes a store directory now, or when its last reference in this process
+ * closes if it is still open. */
+void ekreg_discard(const char *dir);
+/* Recursive removal, not following symbolic links.  0 or -1 (errno). */
+int ek_remove_tree(const char *dir);
+
+/* Temporary directories of tables of :memory: and temporary databases,
+ * keyed by the table's stable id and referenced by the connections that
+ * use them; removed when the last such connection closes (or the DROP
+ * commits).  Return SQLITE_OK or an error with *err (sqlite3_malloc'd). */
+int ekreg_tmpdir_create(ekconn *c, const char *tid, char **path, char **err);
+int ekreg_tmpdir_find(ekconn *c, const char *tid, char **path, char **err);
+void ekreg_tmpdir_forget(ekconn *c, const char *tid);   /* creation failed */
+
+/* Directory removal tied to the outcome of the open transaction: on commit
+ * (DROP TABLE) or on rollback (CREATE VIRTUAL TABLE).  Implemented by a
+ * write to the eponymous table embkv_pending, which makes it take part in
+ * the transaction (xCommit/xRollback/savepoints).  tid: the id of a
+ * temporary directory (its registration goes too), or NULL. */
+enum { EK_ON_COMMIT = 1, EK_ON_ROLLBACK = 2 };
+int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err);
+
+int ekfn_register(sqlite3 *db, ekconn *c);
+/* Keeps the extension's shared object loaded until the process exits. */
+void ekreg_pin_library(void);
+
+#endif

@@ -1,0 +1,286 @@
+"""The embkv virtual table from Python's sqlite3 module (and numpy).
+
+Loading the extension; float32 vectors round-tripping bit for bit as numpy
+BLOBs; batched reads with IN (SELECT value FROM json_each(?)); errors as
+Python exceptions; two connections in two threads sharing one table (the
+writes of one visible to the other after COMMIT, not before); a second
+process refused with a message naming the store directory.
+
+Standard library unittest plus numpy (Debian's python3-numpy).  Run by
+tests/run.sh through tests/python_run.sh, or by hand:
+    EMBKV_EXT=build/embkv /usr/bin/python3 tests/python/test_vtab.py -v
+"""
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    sys.exit("test_vtab: numpy is required (Debian package python3-numpy)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+EXT = os.path.abspath(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
+
+if not hasattr(sqlite3.Connection, "enable_load_extension"):  # pragma: no cover
+    sys.exit("test_vtab: this Python's sqlite3 cannot load extensions; use /usr/bin/python3")
+
+
+def connect(path, **kw):
+    kw.setdefault("isolation_level", None)  # autocommit; BEGIN/COMMIT by hand
+    kw.setdefault("timeout", 30)
+    conn = sqlite3.connect(path, **kw)
+    conn.enable_load_extension(True)
+    conn.load_extension(EXT)
+    conn.enable_load_extension(False)
+    return conn
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="embkv-py-")
+        self.db = os.path.join(self.dir, "test.db")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TestLoad(Base):
+    def test_load_without_entry_point(self):
+        conn = connect(self.db)
+        mods = {r[0] for r in conn.execute("SELECT name FROM pragma_module_list WHERE name GLOB 'embkv*'")}
+        self.assertEqual(mods, {"embkv", "embkv_pending"})
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=8, pool_size='16M')")
+        self.assertEqual(conn.execute("SELECT count(*) FROM item").fetchone(), (0,))
+        conn.close()
+
+
+class TestNumpy(Base):
+    DIM = 16
+
+    def setUp(self):
+        super().setUp()
+        self.conn = connect(self.db)
+        self.conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, pool_size='16M')" % self.DIM)
+
+    def tearDown(self):
+        self.conn.close()
+        super().tearDown()
+
+    def test_roundtrip_bits(self):
+        rng = np.random.default_rng(7)
+        n = 500
+        ids = rng.choice(np.arange(-(2 ** 62), 2 ** 62, 2 ** 50, dtype=np.int64), n, replace=False)
+        vecs = rng.standard_normal((n, self.DIM)).astype(np.float32)
+        # awkward values: signed zero, subnormals, the largest float32
+        vecs[0, :4] = [-0.0, np.float32(1e-45), np.finfo(np.float32).max, -np.finfo(np.float32).tiny]
+        with_tx(self.conn, lambda c: c.executemany(
+            "INSERT INTO item(id, vec) VALUES (?, ?)", zip(map(int, ids), (v.tobytes() for v in vecs))))
+        # one batch: IN (SELECT value FROM json_each(?)), any order, duplicates, missing ids
+        want = list(map(int, ids[::-1])) + [int(ids[3]), 12345]
+        rows = self.conn.execute("SELECT id, vec FROM item WHERE id IN (SELECT value FROM json_each(?))",
+                                 (json.dumps(want),)).fetchall()
+        self.assertEqual(len(rows), n)
+        got = {i: np.frombuffer(b, dtype=np.float32) for i, b in rows}
+        for i, v in zip(ids, vecs):
+            self.assertTrue(np.array_equal(got[int(i)].view(np.uint32), v.view(np.uint32)), int(i))
+        plan = self.conn.execute("EXPLAIN QUERY PLAN SELECT id, vec FROM item WHERE id IN "
+                                 "(SELECT value FROM json_each(?))", ("[]",)).fetchall()
+        self.assertIn("INDEX 2:in-batch", plan[0][3])
+        # point lookup of every row, and a full scan
+        for i, v in zip(ids[:50], vecs[:50]):
+            (b,) = self.conn.execute("SELECT vec FROM item WHERE id = ?", (int(i),)).fetchone()
+            self.assertEqual(b, v.tobytes())
+        scanned = dict(self.conn.execute("SELECT id, vec FROM item"))
+        self.assertEqual(set(scanned), set(map(int, ids)))
+
+    def test_json_input_rounds_to_float32(self):
+        x = [0.1, -1 / 3, 1e-8, 3e38, 16777217, -2.5, 0, 1] + [0.5] * (self.DIM - 8)
+        self.conn.execute("INSERT INTO item(id, vec) VALUES (1, ?)", (json.dumps(x),))
+        (b,) = self.conn.execute("SELECT vec FROM item WHERE id = 1").fetchone()
+        self.assertTrue(np.array_equal(np.frombuffer(b, np.float32), np.array(x, dtype=np.float32)))
+
+    def test_errors_are_exceptions(self):
+        self.conn.execute("INSERT INTO item(id, vec) VALUES (1, ?)", (np.zeros(self.DIM, np.float32).tobytes(),))
+        with self.assertRaises(sqlite3.IntegrityError) as cm:
+            self.conn.execute("INSERT INTO item(id, vec) VALUES (1, ?)", (np.ones(self.DIM, np.float32).tobytes(),))
+        self.assertEqual(str(cm.exception), "embkv table item: id 1 already exists (UNIQUE constraint failed: item.id)")
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            self.conn.execute("INSERT INTO item(id, vec) VALUES (2, ?)", (np.zeros(3, np.float32).tobytes(),))
+        self.assertEqual(str(cm.exception), "embkv table item: id 2: vector must be 16 float32 (64-byte BLOB) "
+                                            "or a JSON array of 16 numbers, got a 12-byte BLOB")
+        bad = np.zeros(self.DIM, np.float32)
+        bad[5] = np.nan
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            self.conn.execute("INSERT INTO item(id, vec) VALUES (3, ?)", (bad.tobytes(),))
+        self.assertIn("id 3: vec[5] is NaN", str(cm.exception))
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            self.conn.execute("INSERT INTO item(id, vec) VALUES (?, ?)", ("12a", bad.tobytes()))
+        self.assertIn("id must be an INTEGER, got TEXT '12a'", str(cm.exception))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM item").fetchone(), (1,))
+        # numpy integers bind as INTEGER once converted: int(np.int64(...))
+        self.conn.execute("INSERT INTO item(id, vec) VALUES (?, ?)",
+                          (int(np.int64(4)), np.ones(self.DIM, np.float32).tobytes()))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM item").fetchone(), (2,))
+
+    def test_context_manager_rolls_back(self):
+        conn = connect(self.db, isolation_level="DEFERRED")
+        try:
+            with self.assertRaises(sqlite3.DatabaseError):
+                with conn:
+                    conn.execute("INSERT INTO item(id, vec) VALUES (10, ?)", (np.ones(self.DIM, np.float32).tobytes(),))
+                    conn.execute("INSERT INTO item(id, vec) VALUES (11, 'oops')")
+            self.assertEqual(conn.execute("SELECT count(*) FROM item").fetchone(), (0,))
+            with conn:
+                conn.execute("INSERT INTO item(id, vec) VALUES (10, ?)", (np.ones(self.DIM, np.float32).tobytes(),))
+            self.assertEqual(self.conn.execute("SELECT count(*) FROM item").fetchone(), (1,))
+        finally:
+            conn.close()
+
+
+def with_tx(conn, fn):
+    conn.execute("BEGIN")
+    try:
+        fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class TestThreads(Base):
+    def test_two_connections_two_threads(self):
+        setup = connect(self.db)
+        setup.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, pool_size='16M')")
+        setup.execute("INSERT INTO item(id, vec) VALUES (1, '[1,1,1,1]')")
+        setup.close()
+
+        step = [threading.Event() for _ in range(4)]
+        seen = {}
+        errors = []
+
+        def writer():
+            try:
+                conn = connect(self.db)
+                conn.execute("BEGIN")
+                conn.execute("INSERT INTO item(id, vec) VALUES (2, '[2,2,2,2]')")
+                conn.execute("UPDATE item SET vec = '[9,9,9,9]' WHERE id = 1")
+                seen["writer-own"] = conn.execute("SELECT id, embkv_json(vec) FROM item ORDER BY id").fetchall()
+                seen["writer-path"] = conn.execute("SELECT json_extract(embkv_stats('item'), '$.path')").fetchone()[0]
+                step[0].set()
+                step[1].wait(30)
+                conn.execute("COMMIT")
+                step[2].set()
+                step[3].wait(30)
+                seen["writer-after"] = conn.execute("SELECT id FROM item ORDER BY id").fetchall()
+                conn.close()
+            except Exception as e:  # pragma: no cover
+                errors.append(repr(e))
+                for s in step:
+                    s.set()
+
+        def reader():
+            try:
+                conn = connect(self.db)
+                step[0].wait(30)
+                seen["reader-before"] = conn.execute("SELECT id, embkv_json(vec) FROM item ORDER BY id").fetchall()
+                seen["reader-before-in"] = conn.execute(
+                    "SELECT id, embkv_json(vec) FROM item WHERE id IN (1, 2) ORDER BY id").fetchall()
+                seen["reader-path"] = conn.execute("SELECT json_extract(embkv_stats('item'), '$.path')").fetchone()[0]
+                step[1].set()
+                step[2].wait(30)
+                seen["reader-after"] = conn.execute("SELECT id, embkv_json(vec), clock FROM item ORDER BY id").fetchall()
+                conn.execute("INSERT INTO item(id, vec) VALUES (3, '[3,3,3,3]')")
+                step[3].set()
+                conn.close()
+            except Exception as e:  # pragma: no cover
+                errors.append(repr(e))
+                for s in step:
+                    s.set()
+
+        threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(seen["writer-own"], [(1, "[9,9,9,9]"), (2, "[2,2,2,2]")])
+        self.assertEqual(seen["reader-before"], [(1, "[1,1,1,1]")])
+        self.assertEqual(seen["reader-before-in"], [(1, "[1,1,1,1]")])
+        self.assertEqual(seen["reader-after"], [(1, "[9,9,9,9]", 1), (2, "[2,2,2,2]", 0)])
+        self.assertEqual(seen["writer-after"], [(1,), (2,), (3,)])
+        self.assertEqual(seen["writer-path"], seen["reader-path"])  # one store, shared
+
+    def test_concurrent_autocommit_writers(self):
+        setup = connect(self.db)
+        setup.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, pool_size='16M')")
+        setup.close()
+        errors = []
+
+        def work(base):
+            try:
+                conn = connect(self.db)
+                for i in range(200):
+                    conn.execute("INSERT INTO item(id, vec) VALUES (?, ?)",
+                                 (base + i, np.full(4, base + i, np.float32).tobytes()))
+                    if i % 50 == 0:
+                        conn.execute("SELECT count(*) FROM item").fetchone()
+                conn.close()
+            except Exception as e:  # pragma: no cover
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work, args=(k * 1000,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors, [])
+        conn = connect(self.db)
+        rows = conn.execute("SELECT id, vec FROM item").fetchall()
+        self.assertEqual(len(rows), 600)
+        for i, b in rows:
+            self.assertTrue(np.all(np.frombuffer(b, np.float32) == i))
+        conn.close()
+
+
+CHILD = r"""
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.enable_load_extension(True)
+conn.load_extension(sys.argv[2])
+try:
+    print(conn.execute("SELECT count(*) FROM item").fetchone()[0])
+except sqlite3.Error as e:
+    print("ERROR", type(e).__name__, e)
+"""
+
+
+class TestSecondProcess(Base):
+    def test_refused_with_the_directory_named(self):
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, pool_size='16M')")
+        conn.execute("INSERT INTO item(id, vec) VALUES (1, '[1,2,3,4]')")
+        path = conn.execute("SELECT json_extract(embkv_stats('item'), '$.path')").fetchone()[0]
+        out = subprocess.run([sys.executable, "-c", CHILD, self.db, EXT], capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(),
+                         "ERROR OperationalError embkv table item: cannot open its store: "
+                         "store %s is open in another process" % path)
+        # the table is untouched, and the child gets in once this process lets go
+        self.assertEqual(conn.execute("SELECT count(*) FROM item").fetchone(), (1,))
+        conn.close()
+        out = subprocess.run([sys.executable, "-c", CHILD, self.db, EXT], capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual(out.stdout.strip(), "1", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,137 @@
+-- Every error of the embkv virtual table: each names the table (and the
+-- id, option or column at fault), says what was expected, and changes
+-- nothing.
+.headers off
+.mode list
+.nullvalue NULL
+.shell mkdir other && touch other/foreign.txt && echo hi > notes.txt
+
+-- Options.  (A value such as 16M must be quoted: SQLite's tokenizer
+-- rejects it bare.)
+CREATE VIRTUAL TABLE e USING embkv;
+CREATE VIRTUAL TABLE e USING embkv(dims=4);
+CREATE VIRTUAL TABLE e USING embkv(dim=0);
+CREATE VIRTUAL TABLE e USING embkv(dim=8193);
+CREATE VIRTUAL TABLE e USING embkv(dim=-1);
+CREATE VIRTUAL TABLE e USING embkv(dim='four');
+CREATE VIRTUAL TABLE e USING embkv(dim=4.5);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, DIM=4);
+CREATE VIRTUAL TABLE e USING embkv(4);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size=1000);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size='12Q');
+CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size=99999999999999999999999);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=0);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, path='');
+CREATE VIRTUAL TABLE e USING embkv(dim=4, path='notes.txt');
+CREATE VIRTUAL TABLE e USING embkv(dim=4, path='other');
+CREATE VIRTUAL TABLE e USING embkv(dim=4, path='no/such/parent');
+CREATE VIRTUAL TABLE e USING embkv(dim=4, path='mine', pool_size='16M');
+CREATE VIRTUAL TABLE e2 USING embkv(dim=8, path='mine');
+SELECT 'tables', group_concat(name, ' ') FROM (SELECT name FROM sqlite_schema ORDER BY name);
+.shell ls
+
+-- Vectors (dim 3: 12-byte BLOBs).
+CREATE VIRTUAL TABLE v USING embkv(dim=3, pool_size='16M');
+INSERT INTO v VALUES (10, '[1, 2, 3]');
+INSERT INTO v VALUES (1, x'00');
+INSERT INTO v VALUES (1, zeroblob(16));
+INSERT INTO v VALUES (1, x'0000c07f0000000000000000');
+INSERT INTO v VALUES (1, x'000000000000807f00000000');
+INSERT INTO v VALUES (1, x'0000000000000000000080ff');
+INSERT INTO v VALUES (1, '[1,2]');
+INSERT INTO v VALUES (1, '[1,2,3,4]');
+INSERT INTO v VALUES (1, '[]');
+INSERT INTO v VALUES (1, '[1,"2",3]');
+INSERT INTO v VALUES (1, '[1,null,3]');
+INSERT INTO v VALUES (1, '[1,[2],3]');
+INSERT INTO v VALUES (1, '[1,2,1e39]');
+INSERT INTO v VALUES (1, '[1,2,-1e999]');
+INSERT INTO v VALUES (1, '[1,2,NaN]');
+INSERT INTO v VALUES (1, '[1,2,3] and more');
+INSERT INTO v VALUES (1, '{"vec": [1,2,3]}');
+INSERT INTO v VALUES (1, '1,2,3');
+INSERT INTO v VALUES (1, '');
+INSERT INTO v VALUES (1, NULL);
+INSERT INTO v VALUES (1, 7);
+INSERT INTO v VALUES (1, 7.5);
+INSERT INTO v(id) VALUES (1);
+UPDATE v SET vec = x'00' WHERE id = 10;
+UPDATE v SET vec = NULL WHERE id = 10;
+UPDATE v SET vec = '[1,2,3,4]', id = 11 WHERE id = 10;
+
+-- Ids.
+INSERT INTO v VALUES ('12a', '[1,2,3]');
+INSERT INTO v VALUES (1.5, '[1,2,3]');
+INSERT INTO v VALUES (NULL, '[1,2,3]');
+INSERT INTO v(vec) VALUES ('[1,2,3]');
+INSERT INTO v VALUES (x'01', '[1,2,3]');
+INSERT INTO v VALUES ('99999999999999999999', '[1,2,3]');
+INSERT INTO v VALUES (9.3e18, '[1,2,3]');
+INSERT INTO v VALUES ('0x10', '[1,2,3]');
+INSERT INTO v VALUES ('', '[1,2,3]');
+INSERT INTO v(id, rowid, vec) VALUES (1, 2, '[1,2,3]');
+UPDATE v SET id = NULL WHERE id = 10;
+UPDATE v SET id = 'abc' WHERE id = 10;
+UPDATE v SET id = 11, rowid = 12 WHERE id = 10;
+
+-- Hidden columns are read-only (NULL on INSERT is accepted).
+INSERT INTO v(id, vec, clock) VALUES (1, '[1,2,3]', 0);
+INSERT INTO v(id, vec, tier) VALUES (1, '[1,2,3]', 'pm');
+UPDATE v SET clock = clock + 1 WHERE id = 10;
+UPDATE v SET tier = 'ssd';
+INSERT INTO v(id, vec, clock, tier) VALUES (2, '[2,2,2]', NULL, NULL);
+
+-- Conflicts, with and without a transaction around them.
+INSERT INTO v VALUES (10, '[0,0,0]');
+BEGIN;
+INSERT INTO v VALUES (3, '[3,3,3]');
+INSERT INTO v VALUES (3, '[0,0,0]');
+COMMIT;
+SELECT 'rows', id, embkv_json(vec), clock FROM v ORDER BY id;
+
+-- The functions.
+SELECT embkv_stats('nosuch');
+SELECT embkv_stats('nosuch.v');
+SELECT embkv_stats('temp.v');
+CREATE TABLE plain(x);
+SELECT embkv_stats('plain');
+SELECT embkv_stats(NULL);
+SELECT embkv_stats(42);
+SELECT embkv_stats();
+SELECT embkv_checkpoint('nosuch');
+SELECT embkv_checkpoint(x'00');
+SELECT 'ok', json_extract(embkv_stats('main.v'), '$.rows');
+
+-- embkv_pending belongs to embkv.
+INSERT INTO embkv_pending VALUES ('remove on commit', '/');
+CREATE VIRTUAL TABLE p USING embkv_pending;
+
+-- A COMMIT the pool cannot hold fails and writes nothing: 1000 rows of
+-- 16 KiB do not fit in 16 MiB.
+CREATE VIRTUAL TABLE big USING embkv(dim=4096, pool_size='16M', capacity=1000);
+BEGIN;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+INSERT INTO big(id, vec) SELECT i, zeroblob(16384) FROM n;
+SELECT 'in-txn', count(*) FROM big;
+COMMIT;
+SELECT 'after-full', count(*), json_extract(embkv_stats('big'), '$.rows') FROM big;
+INSERT INTO big(id, vec) VALUES (1, zeroblob(16384));
+SELECT 'usable', count(*) FROM big;
+
+-- A table whose store is gone, or replaced by something else, cannot be
+-- used, but can be dropped (its directory is left alone).
+CREATE VIRTUAL TABLE gone USING embkv(dim=2, path='gone.embkv', pool_size='16M');
+CREATE VIRTUAL TABLE foreign_ USING embkv(dim=2, path='foreign.embkv', pool_size='16M');
+INSERT INTO gone VALUES (1, '[1,2]');
+.open test.db
+.shell rm -r gone.embkv foreign.embkv && mkdir foreign.embkv && touch foreign.embkv/x
+.load build/embkv
+SELECT * FROM gone;
+INSERT INTO gone VALUES (2, '[2,2]');
+SELECT embkv_stats('gone');
+SELECT id FROM foreign_;
+DROP TABLE gone;
+DROP TABLE foreign_;
+SELECT 'dropped', count(*) FROM sqlite_schema WHERE name GLOB 'gone*' OR name GLOB 'foreign*';
+.shell ls -d foreign.embkv/*

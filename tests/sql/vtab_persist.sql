@@ -1,0 +1,102 @@
+-- Persistence and the table's directory.  Committed writes survive closing
+-- and reopening the database ("-- @reopen": a new sqlite3 process);
+-- ALTER TABLE RENAME keeps the data (the directory is named after a stable
+-- id, not the name); DROP TABLE removes the directory once the DROP
+-- commits, and a rolled-back DROP leaves the table usable; a rolled-back
+-- CREATE removes the directory it made.
+.headers off
+.mode list
+.nullvalue NULL
+CREATE VIRTUAL TABLE item USING embkv(dim=3, pool_size='16M');
+CREATE VIRTUAL TABLE other USING embkv(dim=2, path='other.embkv', pool_size='16M');
+INSERT INTO item(id, vec) SELECT value, json_array(value, value * 0.5, -value) FROM generate_series(1, 100);
+UPDATE item SET vec = '[0,0,0]' WHERE id = 7;
+DELETE FROM item WHERE id = 9;
+INSERT INTO other VALUES (1, '[1,2]');
+.shell ls -d *.embkv | sed 's/-[0-9a-f]*\.embkv/-ID.embkv/' | sort
+-- this process ends inside a transaction: it is rolled back
+BEGIN;
+INSERT INTO item VALUES (1000, '[1,1,1]');
+DELETE FROM item WHERE id = 8;
+-- @reopen
+SELECT 'reopened', count(*), sum(id), embkv_json(embkv_sum(vec)) FROM item;
+SELECT 'rows', id, embkv_json(vec), clock FROM item WHERE id IN (7, 8, 9, 100, 1000) ORDER BY id;
+SELECT 'other', id, embkv_json(vec) FROM other;
+SELECT 'config', k, typeof(v), length(v) FROM item_config ORDER BY k;
+ALTER TABLE item RENAME TO thing;
+SELECT 'renamed', count(*) FROM thing;
+SELECT 'schema', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;
+SELECT 'stats', json_extract(embkv_stats('thing'), '$.table'), json_extract(embkv_stats('thing'), '$.rows');
+SELECT embkv_stats('item');
+.shell ls -d *.embkv | wc -l
+-- @reopen
+SELECT 'renamed-reopened', count(*), sum(id) FROM thing;
+-- RENAME inside a rolled-back transaction
+BEGIN;
+ALTER TABLE thing RENAME TO thing2;
+SELECT 'renamed-in-txn', count(*) FROM thing2;
+ROLLBACK;
+SELECT 'rename-rolled-back', count(*) FROM thing;
+SELECT 'schema', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;
+-- DROP inside a rolled-back transaction: the table and its directory stay
+BEGIN;
+INSERT INTO thing VALUES (500, '[5,0,0]');
+DROP TABLE thing;
+SELECT 'pending', action FROM embkv_pending;
+SELECT count(*) FROM thing;
+ROLLBACK;
+SELECT 'drop-rolled-back', count(*), sum(id) FROM thing;
+INSERT INTO thing VALUES (200, '[2,0,0]');
+SELECT 'usable', count(*) FROM thing;
+.shell ls -d *.embkv | wc -l
+-- DROP undone by ROLLBACK TO
+BEGIN;
+SAVEPOINT s;
+DROP TABLE thing;
+ROLLBACK TO s;
+COMMIT;
+SELECT 'drop-rolled-back-to', count(*) FROM thing;
+.shell ls -d *.embkv | wc -l
+-- @reopen
+SELECT 'still-there', count(*) FROM thing;
+-- a committed DROP: the directory goes at COMMIT, not before
+BEGIN;
+DROP TABLE thing;
+.shell ls -d *.embkv | wc -l
+COMMIT;
+.shell ls -d *.embkv | wc -l
+DROP TABLE other;
+.shell ls -d *.embkv 2>/dev/null | wc -l
+SELECT 'schema-after-drop', count(*) FROM sqlite_schema;
+-- a rolled-back CREATE removes the directory it made ...
+BEGIN;
+CREATE VIRTUAL TABLE t3 USING embkv(dim=2, pool_size='16M');
+INSERT INTO t3 VALUES (1, '[1,1]');
+.shell ls -d *.embkv | wc -l
+ROLLBACK;
+.shell ls -d *.embkv 2>/dev/null | wc -l
+-- ... and one undone by ROLLBACK TO, at the end of the transaction
+BEGIN;
+SAVEPOINT s;
+CREATE VIRTUAL TABLE t4 USING embkv(dim=2, pool_size='16M');
+ROLLBACK TO s;
+SELECT 'pending', action FROM embkv_pending;
+COMMIT;
+.shell ls -d *.embkv 2>/dev/null | wc -l
+-- ... but not a store that was there before: CREATE on an existing store
+-- directory opens it
+CREATE VIRTUAL TABLE a USING embkv(dim=2, path='shared.embkv', pool_size='16M');
+INSERT INTO a VALUES (1, '[1,1]'), (2, '[2,2]');
+-- @reopen
+BEGIN;
+CREATE VIRTUAL TABLE b USING embkv(dim=2, path='shared.embkv');
+SELECT 'shared', count(*) FROM b;
+ROLLBACK;
+SELECT 'kept', count(*) FROM a;
+.shell ls -d *.embkv
+-- a table created and committed in one process is there in the next
+CREATE VIRTUAL TABLE late USING embkv(dim=2, pool_size='16M');
+INSERT INTO late VALUES (3, '[3,3]');
+-- @reopen
+SELECT 'late', id, embkv_json(vec) FROM late;
+SELECT 'final', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;

@@ -1,0 +1,114 @@
+-- Transactions: writes to an embkv table follow SQLite's transactions.
+-- ROLLBACK, ROLLBACK TO and a failed statement leave no trace; reads inside
+-- a transaction see its own writes (the store and embkv_stats do not, until
+-- COMMIT); uncommitted rows have no tier yet and the clock COMMIT will give.
+.headers off
+.mode list
+.nullvalue NULL
+CREATE VIRTUAL TABLE t USING embkv(dim=2, pool_size='16M');
+INSERT INTO t VALUES (1, '[1,1]'), (2, '[2,2]');
+
+-- ROLLBACK.
+BEGIN;
+INSERT INTO t VALUES (3, '[3,3]');
+UPDATE t SET vec = '[20,20]' WHERE id = 2;
+DELETE FROM t WHERE id = 1;
+SELECT 'in-txn', id, embkv_json(vec), clock, tier FROM t ORDER BY id;
+SELECT 'in-txn-in', id, embkv_json(vec) FROM t WHERE id IN (1, 2, 3) ORDER BY id;
+SELECT 'in-txn-point', count(*) FROM t WHERE id = 1;
+SELECT 'in-txn-count', count(*) FROM t;
+SELECT 'in-txn-stats', json_extract(embkv_stats('t'), '$.rows'), json_extract(embkv_stats('t'), '$.pending_writes');
+ROLLBACK;
+SELECT 'after-rollback', id, embkv_json(vec), clock, tier FROM t ORDER BY id;
+SELECT 'stats', json_extract(embkv_stats('t'), '$.rows'), json_extract(embkv_stats('t'), '$.pending_writes');
+
+-- COMMIT.
+BEGIN;
+INSERT INTO t VALUES (3, '[3,3]');
+UPDATE t SET vec = '[20,20]' WHERE id = 2;
+UPDATE t SET vec = '[21,21]' WHERE id = 2;
+DELETE FROM t WHERE id = 1;
+INSERT INTO t VALUES (1, '[-1,-1]');
+SELECT 'before-commit', id, embkv_json(vec), clock, tier FROM t ORDER BY id;
+COMMIT;
+SELECT 'after-commit', id, embkv_json(vec), clock, tier FROM t ORDER BY id;
+
+-- Savepoints, nested; ROLLBACK TO keeps the savepoint open.
+BEGIN;
+INSERT INTO t VALUES (10, '[10,10]');
+SAVEPOINT a;
+INSERT INTO t VALUES (11, '[11,11]');
+UPDATE t SET vec = '[0,0]' WHERE id = 10;
+SAVEPOINT b;
+DELETE FROM t WHERE id = 10;
+INSERT INTO t VALUES (12, '[12,12]');
+SELECT 'in-b', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+ROLLBACK TO b;
+SELECT 'rolled-back-to-b', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+INSERT INTO t VALUES (13, '[13,13]');
+RELEASE b;
+SELECT 'released-b', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+ROLLBACK TO a;
+SELECT 'rolled-back-to-a', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+INSERT INTO t VALUES (14, '[14,14]');
+RELEASE a;
+COMMIT;
+SELECT 'committed', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+
+-- A SAVEPOINT that begins the transaction.
+SAVEPOINT outer_;
+INSERT INTO t VALUES (20, '[20,20]');
+DELETE FROM t WHERE id = 14;
+ROLLBACK TO outer_;
+SELECT 'rolled-back-to-outer', group_concat(id) FROM (SELECT id FROM t ORDER BY id);
+INSERT INTO t VALUES (21, '[21,21]');
+RELEASE outer_;
+SELECT 'released-outer', group_concat(id) FROM (SELECT id FROM t ORDER BY id);
+
+-- A statement failing midway (INSERT ... SELECT whose 3rd row is bad),
+-- in autocommit mode and inside a transaction, which goes on.
+INSERT INTO t(id, vec) SELECT value + 100, CASE value WHEN 3 THEN '[bad]' ELSE '[1,1]' END
+  FROM generate_series(1, 5);
+SELECT 'failed-autocommit', count(*) FROM t WHERE id > 100;
+BEGIN;
+INSERT INTO t VALUES (30, '[30,30]');
+INSERT INTO t(id, vec) SELECT value + 100, CASE value WHEN 3 THEN '[bad]' ELSE '[1,1]' END
+  FROM generate_series(1, 5);
+SELECT 'failed-in-txn', group_concat(id) FROM (SELECT id FROM t WHERE id >= 30 ORDER BY id);
+-- a multi-row UPDATE failing on one row
+UPDATE t SET vec = CASE id WHEN 10 THEN x'00' ELSE '[5,5]' END;
+-- a multi-row id change that conflicts (21 cannot become 121)
+INSERT INTO t VALUES (121, '[0,0]');
+UPDATE t SET id = id + 100 WHERE id IN (10, 14, 21);
+DELETE FROM t WHERE id = 121;
+SELECT 'still', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id);
+-- OR FAIL keeps the rows before the failing one, even in a transaction
+INSERT OR FAIL INTO t VALUES (31, '[31,31]'), (30, '[0,0]'), (32, '[32,32]');
+COMMIT;
+SELECT 'after-fail', group_concat(id) FROM (SELECT id FROM t ORDER BY id);
+-- OR ROLLBACK ends the whole transaction
+BEGIN;
+INSERT INTO t VALUES (40, '[40,40]');
+INSERT OR ROLLBACK INTO t VALUES (41, '[41,41]'), (1, '[0,0]');
+SELECT 'after-or-rollback', count(*) FROM t WHERE id IN (40, 41);
+COMMIT;
+
+-- A statement that reads the table it writes.
+INSERT INTO t(id, vec) SELECT id + 1000, embkv_scale(vec, 10) FROM t WHERE id < 12;
+SELECT 'self-insert', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t WHERE id > 1000 ORDER BY id);
+BEGIN;
+DELETE FROM t;
+SELECT 'deleted-all', count(*) FROM t;
+INSERT INTO t SELECT id - 1000, vec FROM t;
+SELECT 'empty-copy', count(*) FROM t;
+UPDATE t SET vec = embkv_add(vec, vec);
+ROLLBACK;
+SELECT 'restored', count(*), embkv_json(embkv_sum(vec)) FROM t;
+
+-- Checkpoints make committed state durable; a pending transaction is not
+-- part of it.
+BEGIN;
+INSERT INTO t VALUES (50, '[50,50]');
+SELECT 'checkpoint-in-txn', embkv_checkpoint('t') > 0, json_extract(embkv_stats('t'), '$.rows');
+ROLLBACK;
+SELECT 'pending', count(*) FROM embkv_pending;
