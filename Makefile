@@ -58,7 +58,7 @@ plain-tests: $(plain_TESTS)
 asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
 
-$(B)/bench/%: bench/%.c bench/bench_common.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
+$(B)/bench/%: bench/%.c bench/bench_common.h bench/bench_baseline.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
 	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -lsqlite3
 $(B)/bench:
 	mkdir -p $@

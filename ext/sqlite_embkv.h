@@ -8,13 +8,16 @@
 #include <sqlite3ext.h>
 #include "embkv.h"
 
-/* sqlite_vtab.c, sqlite_txn.c, sqlite_registry.c: the embkv module, the
- * embkv_pending module, embkv_stats() and embkv_checkpoint(). */
+/* The embkv virtual table module, the embkv_pending module, embkv_stats()
+ * and embkv_checkpoint() (sqlite_vtab.c, sqlite_cursor.c, sqlite_values.c,
+ * sqlite_txn.c, sqlite_registry.c, sqlite_pending.c, sqlite_stats.c; their
+ * private declarations are in sqlite_vtab.h). */
 int embkv_vtab_register(sqlite3 *db);
 
 /* Options of an embkv virtual table, the key=value arguments of
  * CREATE VIRTUAL TABLE t USING embkv(...).  Adding an option is a field here
- * and one line in ek_options[] (sqlite_vtab.c). */
+ * and one line in ek_options[] (sqlite_vtab.c; EKO_CUSTOM takes a parser
+ * for enumerations, doubles and the like). */
 typedef struct embkv_tabopts {
     uint32_t dim;          /* dim: floats per vector (required, 1..8192) */
     const char *path;      /* path: the store directory as written, NULL when defaulted */
@@ -32,6 +35,12 @@ typedef struct embkv_table_ref {
     size_t pending_writes;       /* rows this connection's open transaction wrote
                                   * to the table and has not committed yet: they
                                   * are not in the store */
+    embkv_session *session;      /* this connection's training session on the
+                                  * table (opened on the first lookup, closed
+                                  * with the table instance, which returns its
+                                  * permits); NULL when the store is not
+                                  * configured for training, embkv_errmsg()
+                                  * then saying why */
 } embkv_table_ref;
 
 /* Resolves `table` ("name" or "schema.name", searched like SQLite does: temp,

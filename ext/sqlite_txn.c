@@ -239,9 +239,15 @@ int ektxn_reserve(ektxn *t, size_t k)
     return SQLITE_OK;
 }
 
-void ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
+int ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
 {
     ektxn_entry *e = probe(t, id);
+    float *dst = NULL;
+    if (kind == EKTXN_PUT) {
+        /* No savepoint can need the old vector: overwrite it in place. */
+        dst = (e->used && e->vec && t->nsp == 0) ? e->vec : arena_take(t, t->vbytes);
+        if (!dst) return SQLITE_NOMEM; /* not after ektxn_reserve */
+    }
     if (t->nsp > 0) {
         ekundo *u = &t->undo[t->nundo++];
         u->id = id;
@@ -250,10 +256,8 @@ void ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
         u->fresh = e->fresh;
         u->vec = e->vec;
     }
-    if (kind == EKTXN_PUT) {
-        /* No savepoint can need the old vector: overwrite it in place. */
-        float *dst = (e->used && e->vec && t->nsp == 0) ? e->vec : arena_take(t, t->vbytes);
-        memcpy(dst, vec, t->vbytes); /* arena_take cannot fail after ektxn_reserve */
+    if (dst) {
+        memcpy(dst, vec, t->vbytes);
         e->vec = dst;
     } else if (t->nsp > 0) {
         e->vec = NULL; /* the undo record owns the old vector */
@@ -265,6 +269,7 @@ void ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
     }
     e->kind = (uint8_t)kind;
     e->fresh = (uint8_t)(kind == EKTXN_PUT && fresh);
+    return SQLITE_OK;
 }
 
 /* Backward-shift deletion for linear probing. */

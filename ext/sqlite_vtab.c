@@ -1,9 +1,12 @@
 /*
- * sqlite_vtab.c - the embkv virtual table module.
+ * sqlite_vtab.c - the embkv virtual table module: options, CREATE/connect/
+ * DROP/RENAME, writes (xUpdate) and transactions.
  *
- *   CREATE VIRTUAL TABLE item USING embkv(dim=64 [, path='dir'] [, pool_size=256M]
+ *   CREATE VIRTUAL TABLE item USING embkv(dim=64 [, path='dir'] [, pool_size='256M']
  *                                         [, capacity=1000000]);
  *   schema: id INTEGER PRIMARY KEY, vec BLOB, clock INTEGER HIDDEN, tier TEXT HIDDEN
+ * (Quote values that are not plain numbers or words: SQLite's tokenizer
+ * rejects 256M bare.)
  *
  * Where a table's data lives.  Option path names the store directory
  * (relative paths are taken relative to the database file's directory, so
@@ -20,28 +23,27 @@
  * and copies of the file.  Tables of :memory: and temporary databases get
  * a temporary directory (under $TMPDIR) removed when the last connection
  * using it closes.  DROP TABLE removes the directory once the DROP commits;
- * a rolled-back CREATE removes the directory it made (sqlite_registry.c).
- *
- * Plans (xBestIndex), shown by EXPLAIN QUERY PLAN as INDEX <n>:<name>:
- *   1 point      id = ?: unique point lookup
- *   2 in-batch   id IN (...), IN (SELECT ...): the whole list through
- *                sqlite3_vtab_in, served by one embkv_get_batch
- *   3 fullscan   anything else: every id from embkv_scan_ids, vectors
- *                fetched 256 rows per embkv_get_batch
- * A name ending in " ids-only" means the query does not use vec (colUsed):
- * the cursor then never reads a vector (count(*), SELECT id, EXISTS).
+ * a rolled-back CREATE removes the directory it made (sqlite_pending.c).
+ * CREATE on a directory that already holds a store opens it (and a
+ * rolled-back CREATE leaves it alone).
  *
  * Writes go to the connection's transaction buffer (sqlite_txn.c) and reach
  * the store at COMMIT (xSync), followed by embkv_sync, so a committed
  * transaction is durable; its cost follows the pages the transaction
- * changed, not the size of the table.
+ * changed, not the size of the table.  Writers of one database file are
+ * serialized by SQLite's own lock (a write to the virtual table is a write
+ * transaction on its schema's database), so two connections never buffer
+ * conflicting changes; connections of different database files whose tables
+ * name the same path are not, and the last to commit a row wins.
+ *
+ * Reading (plans, cursors) is in sqlite_cursor.c, the parsing of ids and
+ * vectors in sqlite_values.c, the per-connection and per-process state in
+ * sqlite_registry.c, embkv_stats/embkv_checkpoint in sqlite_stats.c.
  */
 #include "sqlite_vtab.h"
 SQLITE_EXTENSION_INIT3
 
-#include <cjson/cJSON.h>
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -50,12 +52,8 @@ SQLITE_EXTENSION_INIT3
 #include <sys/stat.h>
 
 #define EK_SCHEMA "CREATE TABLE x(id INTEGER PRIMARY KEY, vec BLOB, clock INTEGER HIDDEN, tier TEXT HIDDEN)"
-enum { COL_ID = 0, COL_VEC = 1, COL_CLOCK = 2, COL_TIER = 3 };
-enum { PLAN_POINT = 1, PLAN_IN = 2, PLAN_SCAN = 3 };
-#define SCAN_CHUNK 256   /* rows per embkv_get_batch in a full scan */
-#define SCAN_IDS 4096    /* ids per embkv_scan_ids call */
 
-static void vt_err(ekvtab *v, const char *fmt, ...)
+void vt_err(ekvtab *v, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -66,7 +64,7 @@ static void vt_err(ekvtab *v, const char *fmt, ...)
     sqlite3_free(m);
 }
 
-static int sqlite_rc_of(int erc)
+int sqlite_rc_of(int erc)
 {
     switch (erc) {
     case EMBKV_OK: return SQLITE_OK;
@@ -85,7 +83,7 @@ static int sqlite_rc_of(int erc)
 /* ------------------------------------------------------------------------
  * Options: one line per option.
  */
-enum { EKO_U32, EKO_U64, EKO_BYTES, EKO_STR };
+enum { EKO_U32, EKO_U64, EKO_BYTES, EKO_STR, EKO_CUSTOM };
 
 typedef struct ekopt_def {
     const char *name;
@@ -93,28 +91,36 @@ typedef struct ekopt_def {
     size_t off;          /* field in embkv_tabopts */
     uint64_t lo, hi;     /* numeric range */
     const char *expect;  /* for error messages */
+    /* EKO_CUSTOM: parses the (unquoted) value into the field; 0 if valid.
+     * For enumerations, doubles, 'unlimited'-or-a-number and the like. */
+    int (*parse)(const char *val, void *field);
 } ekopt_def;
 
 static const ekopt_def ek_options[] = {
-    {"dim", EKO_U32, offsetof(embkv_tabopts, dim), 1, EMBKV_MAX_DIM, "an integer from 1 to 8192"},
-    {"path", EKO_STR, offsetof(embkv_tabopts, path), 0, 0, "a directory name"},
+    {"dim", EKO_U32, offsetof(embkv_tabopts, dim), 1, EMBKV_MAX_DIM, "an integer from 1 to 8192", NULL},
+    {"path", EKO_STR, offsetof(embkv_tabopts, path), 0, 0, "a directory name", NULL},
     {"pool_size", EKO_BYTES, offsetof(embkv_tabopts, pool_size), 1, 1ull << 50,
-     "a size in bytes such as 268435456, 256M or 4G"},
+     "a size in bytes such as 268435456, 256M or 4G", NULL},
     {"capacity", EKO_U64, offsetof(embkv_tabopts, capacity), 1, 1ull << 40,
-     "a row count from 1 to 1099511627776"},
+     "a row count from 1 to 1099511627776", NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
-#define OPTION_NAMES "dim, path, pool_size, capacity"
 
-static int is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+/* "dim, path, ..." for messages (sqlite3_malloc'd). */
+static char *option_names(void)
+{
+    sqlite3_str *b = sqlite3_str_new(NULL);
+    for (size_t j = 0; j < N_OPTIONS; j++) sqlite3_str_appendf(b, "%s%s", j ? ", " : "", ek_options[j].name);
+    return sqlite3_str_finish(b);
+}
 
 /* The value text of an argument: blanks around it dropped, '...' and "..."
  * unquoted (a doubled quote stands for one).  NULL on unbalanced quotes. */
 static char *opt_value(const char *s)
 {
-    while (is_blank(*s)) s++;
+    while (ek_is_blank(*s)) s++;
     size_t n = strlen(s);
-    while (n > 0 && is_blank(s[n - 1])) n--;
+    while (n > 0 && ek_is_blank(s[n - 1])) n--;
     if (n > 0 && (s[0] == '\'' || s[0] == '"')) {
         char q = s[0];
         if (n < 2 || s[n - 1] != q) return NULL;
@@ -172,28 +178,32 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 
 static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
 {
-    unsigned seen = 0;
+    uint64_t seen = 0;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
         if (!eq) {
-            *err = sqlite3_mprintf("argument '%s' is not key=value (options: %s)", a, OPTION_NAMES);
+            char *names = option_names();
+            *err = sqlite3_mprintf("argument '%s' is not key=value (options: %s)", a, names);
+            sqlite3_free(names);
             return SQLITE_ERROR;
         }
         const char *k = a;
-        while (is_blank(*k)) k++;
+        while (ek_is_blank(*k)) k++;
         size_t klen = (size_t)(eq - k);
-        while (klen > 0 && is_blank(k[klen - 1])) klen--;
+        while (klen > 0 && ek_is_blank(k[klen - 1])) klen--;
         const ekopt_def *d = NULL;
-        unsigned bit = 0;
+        uint64_t bit = 0;
         for (unsigned j = 0; j < N_OPTIONS; j++) {
             if (strlen(ek_options[j].name) == klen && sqlite3_strnicmp(ek_options[j].name, k, (int)klen) == 0) {
                 d = &ek_options[j];
-                bit = 1u << j;
+                bit = 1ull << j;
             }
         }
         if (!d) {
-            *err = sqlite3_mprintf("unknown option '%.*s' (options: %s)", (int)klen, k, OPTION_NAMES);
+            char *names = option_names();
+            *err = sqlite3_mprintf("unknown option '%.*s' (options: %s)", (int)klen, k, names);
+            sqlite3_free(names);
             return SQLITE_ERROR;
         }
         if (seen & bit) {
@@ -203,7 +213,7 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         seen |= bit;
         char *val = opt_value(eq + 1);
         const char *raw = eq + 1;
-        while (is_blank(*raw)) raw++;
+        while (ek_is_blank(*raw)) raw++;
         int ok = val && *val;
         char *field = (char *)&v->opts + d->off;
         if (ok) {
@@ -215,6 +225,9 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
                 ok = parse_uint(val, d->type == EKO_BYTES, &u) == 0 && u >= d->lo && u <= d->hi;
                 if (ok && d->type == EKO_U32) *(uint32_t *)(void *)field = (uint32_t)u;
                 else if (ok) *(uint64_t *)(void *)field = u;
+                break;
+            case EKO_CUSTOM:
+                ok = d->parse(val, field) == 0;
                 break;
             case EKO_STR:
                 sqlite3_free(v->optpath);
@@ -230,7 +243,7 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
             return SQLITE_ERROR;
         }
     }
-    if (!(seen & 1u)) {
+    if (!(seen & 1)) {
         *err = sqlite3_mprintf("option dim is required, e.g. USING embkv(dim=64)");
         return SQLITE_ERROR;
     }
@@ -273,10 +286,12 @@ static int shadow_read(ekvtab *v, char **err)
     int ok = t && strlen((const char *)t) == 16 && strspn((const char *)t, "0123456789abcdef") == 16;
     if (ok) memcpy(v->tid, t, 17);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        /* busy, I/O...: an error now, not a broken table */
         *err = sqlite3_mprintf("cannot read its shadow table %s_config: %s", v->zName, sqlite3_errmsg(v->db));
-    } else if (!ok) {
-        *err = sqlite3_mprintf("its shadow table %s_config holds no valid id", v->zName);
+        rc = sqlite3_finalize(st);
+        return rc == SQLITE_OK || rc == SQLITE_ERROR ? SQLITE_IOERR : rc;
     }
+    if (!ok) *err = sqlite3_mprintf("its shadow table %s_config holds no valid id", v->zName);
     sqlite3_finalize(st);
     return ok ? SQLITE_OK : SQLITE_ERROR;
 }
@@ -308,8 +323,10 @@ static void vt_free(ekvtab *v)
 {
     ekconn *c = v->conn;
     if (c) ekconn_remove(c, v);
+    if (v->session) embkv_session_close(v->session); /* returns its permits */
     if (v->store) ekreg_close(v->store);
     ektxn_free(v->txn);
+    if (v->has_spare) ekcurbuf_free(&v->spare);
     sqlite3_free(v->scratch);
     sqlite3_free(v->zDb);
     sqlite3_free(v->zName);
@@ -345,7 +362,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         sqlite3_randomness(sizeof r, &r);
         snprintf(v->tid, sizeof v->tid, "%016llx", (unsigned long long)r);
     } else if ((rc = shadow_read(v, &err)) != SQLITE_OK) {
-        goto broken;
+        if (rc == SQLITE_ERROR) goto broken; /* missing or damaged */
+        goto fail;
     }
     dir = dir_for(v, create, &err);
     if (!dir) {
@@ -369,8 +387,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
                               emsg ? emsg : "out of memory");
         sqlite3_free(emsg);
         rc = sqlite_rc_of(erc);
-        /* Another process holding the store is an error here and now. */
-        if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM) goto broken;
+        /* Another process holding the store, or a passing condition, is an
+         * error here and now; a store that is not there is a broken table. */
+        if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
         goto fail;
     }
     v->dir = sqlite3_mprintf("%s", embkv_path(v->store));
@@ -514,162 +533,12 @@ static int vt_shadow_name(const char *suffix)
     return sqlite3_stricmp(suffix, "config") == 0;
 }
 
-/* ------------------------------------------------------------------------
- * Values
- */
-
-/* An id from a value: INTEGER, a REAL with an integral value, or TEXT that
- * reads as one (as INTEGER affinity would convert it).  1 if it is one. */
-static int value_to_id(sqlite3_value *val, int64_t *out)
+/* A table connected without its store (see vt_init) can only be dropped. */
+int vt_unusable(ekvtab *v)
 {
-    switch (sqlite3_value_type(val)) {
-    case SQLITE_INTEGER:
-        *out = sqlite3_value_int64(val);
-        return 1;
-    case SQLITE_FLOAT: {
-        double d = sqlite3_value_double(val);
-        if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == floor(d)) {
-            *out = (int64_t)d;
-            return 1;
-        }
-        return 0;
-    }
-    case SQLITE_TEXT: {
-        const char *s = (const char *)sqlite3_value_text(val);
-        if (!s) return 0;
-        while (is_blank(*s)) s++;
-        size_t n = strlen(s);
-        while (n > 0 && is_blank(s[n - 1])) n--;
-        if (n == 0 || n > 64 || strspn(s, "0123456789+-.eE") < n) return 0;
-        char buf[72];
-        memcpy(buf, s, n);
-        buf[n] = 0;
-        /* Exact integers first (beyond 2^53 a double would round). */
-        const char *p = buf;
-        int neg = 0;
-        if (*p == '+' || *p == '-') neg = *p++ == '-';
-        if (*p && strspn(p, "0123456789") == strlen(p)) {
-            uint64_t u = 0;
-            for (; *p; p++) {
-                if (u > (UINT64_MAX - 9) / 10) return 0;
-                u = u * 10 + (uint64_t)(*p - '0');
-            }
-            if (neg ? u > (uint64_t)INT64_MAX + 1 : u > (uint64_t)INT64_MAX) return 0;
-            *out = neg ? (int64_t)(0 - u) : (int64_t)u;
-            return 1;
-        }
-        char *end = NULL;
-        errno = 0;
-        double d = strtod(buf, &end);
-        if (errno || *end || !(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != floor(d))
-            return 0;
-        *out = (int64_t)d;
-        return 1;
-    }
-    default:
-        return 0;
-    }
-}
-
-/* The id of a write, or an error naming what was given. */
-static int write_id(ekvtab *v, sqlite3_value *val, int64_t *out)
-{
-    if (value_to_id(val, out)) return SQLITE_OK;
-    switch (sqlite3_value_type(val)) {
-    case SQLITE_NULL:
-        vt_err(v, "id must be an INTEGER, got NULL (an embkv table has no automatic ids)");
-        break;
-    case SQLITE_TEXT:
-        vt_err(v, "id must be an INTEGER, got TEXT '%.40s'", (const char *)sqlite3_value_text(val));
-        break;
-    case SQLITE_FLOAT:
-        vt_err(v, "id must be an INTEGER, got REAL %!.15g", sqlite3_value_double(val));
-        break;
-    default:
-        vt_err(v, "id must be an INTEGER, got a %d-byte BLOB", sqlite3_value_bytes(val));
-        break;
-    }
-    return SQLITE_MISMATCH;
-}
-
-static const char *nonfinite_name(float f)
-{
-    return isnan(f) ? "NaN" : f > 0 ? "Inf" : "-Inf";
-}
-
-/* A vector from a float32 BLOB or a JSON array of numbers, into out. */
-static int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
-{
-    const unsigned dim = v->dim;
-#define EXPECT "id %lld: vector must be %u float32 (%u-byte BLOB) or a JSON array of %u numbers, got "
-#define EXPECT_ARGS (long long)id, dim, dim * 4, dim
-    switch (sqlite3_value_type(val)) {
-    case SQLITE_BLOB: {
-        int n = sqlite3_value_bytes(val);
-        const void *b = sqlite3_value_blob(val);
-        if ((unsigned)n != dim * 4 || !b) {
-            vt_err(v, EXPECT "a %d-byte BLOB", EXPECT_ARGS, n);
-            return SQLITE_MISMATCH;
-        }
-        memcpy(out, b, (size_t)dim * 4);
-        for (unsigned i = 0; i < dim; i++) {
-            if (!isfinite(out[i])) {
-                vt_err(v, "id %lld: vec[%u] is %s; vector elements must be finite", (long long)id, i,
-                       nonfinite_name(out[i]));
-                return SQLITE_MISMATCH;
-            }
-        }
-        return SQLITE_OK;
-    }
-    case SQLITE_TEXT: {
-        const char *s = (const char *)sqlite3_value_text(val);
-        int n = sqlite3_value_bytes(val);
-        if (!s) return SQLITE_NOMEM;
-        /* The length includes the terminating NUL: with it cJSON rejects
-         * anything after the value ('[1,2] junk'). */
-        cJSON *j = cJSON_ParseWithLengthOpts(s, (size_t)n + 1, NULL, 1);
-        int rc = SQLITE_MISMATCH;
-        if (!j) {
-            vt_err(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
-        } else if (!cJSON_IsArray(j)) {
-            vt_err(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
-        } else if ((unsigned)cJSON_GetArraySize(j) != dim) {
-            vt_err(v, EXPECT "a JSON array of %d elements", EXPECT_ARGS, cJSON_GetArraySize(j));
-        } else {
-            unsigned i = 0;
-            const cJSON *e;
-            rc = SQLITE_OK;
-            cJSON_ArrayForEach(e, j) {
-                if (!cJSON_IsNumber(e)) {
-                    vt_err(v, EXPECT "a JSON array whose element %u is not a number", EXPECT_ARGS, i);
-                    rc = SQLITE_MISMATCH;
-                    break;
-                }
-                double d = cJSON_GetNumberValue(e);
-                float f = (float)d;
-                if (!isfinite(d) || !isfinite(f)) {
-                    vt_err(v, "id %lld: vec[%u] = %g is out of float32 range", (long long)id, i, d);
-                    rc = SQLITE_MISMATCH;
-                    break;
-                }
-                out[i++] = f;
-            }
-        }
-        cJSON_Delete(j);
-        return rc;
-    }
-    case SQLITE_NULL:
-        vt_err(v, EXPECT "NULL", EXPECT_ARGS);
-        return SQLITE_MISMATCH;
-    case SQLITE_INTEGER:
-        vt_err(v, EXPECT "an INTEGER", EXPECT_ARGS);
-        return SQLITE_MISMATCH;
-    default:
-        vt_err(v, EXPECT "a REAL", EXPECT_ARGS);
-        return SQLITE_MISMATCH;
-    }
-#undef EXPECT
-#undef EXPECT_ARGS
+    if (v->store) return 0;
+    vt_err(v, "%s", v->broken);
+    return 1;
 }
 
 /* Is id present as this connection sees it (its own writes included)?
@@ -679,432 +548,6 @@ static int row_exists(ekvtab *v, int64_t id)
     const ektxn_entry *e = ektxn_find(v->txn, id);
     if (e) return e->kind == EKTXN_PUT;
     return embkv_exists(v->store, id) == 1;
-}
-
-/* Reads a row's vector as this connection sees it: 1 found, 0 absent,
- * -1 error (message set). */
-static int read_row(ekvtab *v, int64_t id, float *out)
-{
-    const ektxn_entry *e = ektxn_find(v->txn, id);
-    if (e) {
-        if (e->kind != EKTXN_PUT) return 0;
-        memcpy(out, e->vec, (size_t)v->dim * 4);
-        return 1;
-    }
-    int erc = embkv_get(v->store, id, out, NULL, NULL);
-    if (erc == EMBKV_OK) return 1;
-    if (erc == EMBKV_NOTFOUND) return 0;
-    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
-    return -1;
-}
-
-/* ------------------------------------------------------------------------
- * xBestIndex
- */
-static const char *const plan_name[4][2] = {
-    {"", ""},
-    {"point ids-only", "point"},
-    {"in-batch ids-only", "in-batch"},
-    {"fullscan ids-only", "fullscan"},
-};
-
-/* A table connected without its store (see vt_init) can only be dropped. */
-static int vt_unusable(ekvtab *v)
-{
-    if (v->store) return 0;
-    vt_err(v, "%s", v->broken);
-    return 1;
-}
-
-static int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
-{
-    ekvtab *v = (ekvtab *)pv;
-    if (vt_unusable(v)) return SQLITE_ERROR;
-    int eq = -1, in = -1;
-    for (int i = 0; i < info->nConstraint; i++) {
-        const struct sqlite3_index_constraint *k = &info->aConstraint[i];
-        if (!k->usable || k->op != SQLITE_INDEX_CONSTRAINT_EQ) continue;
-        if (k->iColumn != COL_ID && k->iColumn != -1) continue;
-        if (sqlite3_vtab_in(info, i, -1)) {
-            if (in < 0) in = i;
-        } else if (eq < 0) {
-            eq = i;
-        }
-    }
-    int want_vec = (info->colUsed & ((sqlite3_uint64)1 << COL_VEC)) != 0;
-    double rows = (double)embkv_count(v->store);
-    int plan;
-    if (eq >= 0) {
-        plan = PLAN_POINT;
-        info->aConstraintUsage[eq].argvIndex = 1;
-        info->aConstraintUsage[eq].omit = 1;
-        info->idxFlags |= SQLITE_INDEX_SCAN_UNIQUE;
-        info->estimatedRows = 1;
-        info->estimatedCost = 1;
-    } else if (in >= 0) {
-        plan = PLAN_IN;
-        sqlite3_vtab_in(info, in, 1);
-        info->aConstraintUsage[in].argvIndex = 1;
-        info->aConstraintUsage[in].omit = 1;
-        double n = rows < 32 ? rows : 32; /* the list's length is unknown here */
-        info->estimatedRows = (sqlite3_int64)(n < 1 ? 1 : n);
-        info->estimatedCost = 5 + n;
-    } else {
-        plan = PLAN_SCAN;
-        info->estimatedRows = (sqlite3_int64)(rows < 1 ? 1 : rows);
-        info->estimatedCost = 10 + 2 * rows;
-    }
-    info->idxNum = plan;
-    info->idxStr = (char *)plan_name[plan][want_vec];
-    info->needToFreeIdxStr = 0;
-    return SQLITE_OK;
-}
-
-/* ------------------------------------------------------------------------
- * Cursors
- */
-typedef struct ekcur {
-    sqlite3_vtab_cursor base;
-    int plan, want_vec, eof;
-    int64_t *ids;          /* the candidate ids, in output order */
-    size_t nids, capids;
-    size_t pos;            /* current index into ids */
-    size_t chunk;          /* rows loaded at a time */
-    size_t lo, hi;         /* ids[lo..hi) are loaded */
-    size_t capchunk;       /* allocated rows of the buffers below */
-    float *vecs;           /* chunk rows of dim floats */
-    uint8_t *st;           /* per loaded row: 0 absent, 1 committed, 2 uncommitted */
-    uint8_t *found;
-    size_t *eidx;          /* rows of the chunk read from the store */
-    int64_t *eids;
-    float *evecs;
-    int info_state;        /* 0 unknown, 1 committed info, 2 absent, 3 uncommitted */
-    embkv_rowinfo info;
-} ekcur;
-
-static int vt_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc)
-{
-    (void)pv;
-    ekcur *c = sqlite3_malloc(sizeof *c);
-    if (!c) return SQLITE_NOMEM;
-    memset(c, 0, sizeof *c);
-    c->eof = 1;
-    *pc = &c->base;
-    return SQLITE_OK;
-}
-
-static int vt_close(sqlite3_vtab_cursor *pc)
-{
-    ekcur *c = (ekcur *)pc;
-    sqlite3_free(c->ids);
-    sqlite3_free(c->vecs);
-    sqlite3_free(c->st);
-    sqlite3_free(c->found);
-    sqlite3_free(c->eidx);
-    sqlite3_free(c->eids);
-    sqlite3_free(c->evecs);
-    sqlite3_free(c);
-    return SQLITE_OK;
-}
-
-static int ids_reserve(ekcur *c, size_t n)
-{
-    if (n <= c->capids) return SQLITE_OK;
-    size_t cap = c->capids ? c->capids : 16;
-    while (cap < n) cap *= 2;
-    int64_t *p = sqlite3_realloc64(c->ids, (uint64_t)cap * sizeof *p);
-    if (!p) return SQLITE_NOMEM;
-    c->ids = p;
-    c->capids = cap;
-    return SQLITE_OK;
-}
-
-static int ids_push(ekcur *c, int64_t id)
-{
-    if (c->nids == c->capids && ids_reserve(c, c->nids + 1) != SQLITE_OK) return SQLITE_NOMEM;
-    c->ids[c->nids++] = id;
-    return SQLITE_OK;
-}
-
-static int cmp_id(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int scan_collect(void *ctx, int64_t id, const float *vec, const float *state, const embkv_rowinfo *info)
-{
-    (void)vec;
-    (void)state;
-    (void)info;
-    return ids_push(ctx, id) == SQLITE_OK ? 0 : 1;
-}
-
-/* Every id the connection sees: the store's (scan_ids), minus those its
- * transaction changed, plus the rows its transaction wrote. */
-static int collect_all(ekcur *c, ekvtab *v)
-{
-    int erc = EMBKV_BUSY;
-    for (int attempt = 0; attempt < 3 && erc == EMBKV_BUSY; attempt++) {
-        uint64_t pos = 0;
-        c->nids = 0;
-        for (;;) {
-            if (ids_reserve(c, c->nids + SCAN_IDS) != SQLITE_OK) return SQLITE_NOMEM;
-            size_t n = 0;
-            erc = embkv_scan_ids(v->store, &pos, c->ids + c->nids, SCAN_IDS, &n);
-            if (erc != EMBKV_OK || n == 0) break;
-            c->nids += n;
-        }
-    }
-    if (erc == EMBKV_BUSY) { /* the index keeps growing under us: a one-pass scan */
-        c->nids = 0;
-        erc = embkv_scan(v->store, scan_collect, c);
-        if (erc == 1) return SQLITE_NOMEM;
-    }
-    if (erc != EMBKV_OK) {
-        vt_err(v, "scan failed: %s", embkv_errmsg());
-        return sqlite_rc_of(erc);
-    }
-    if (ektxn_count(v->txn)) {
-        size_t w = 0;
-        for (size_t i = 0; i < c->nids; i++)
-            if (!ektxn_find(v->txn, c->ids[i])) c->ids[w++] = c->ids[i];
-        c->nids = w;
-        for (size_t i = 0; i < ektxn_nslots(v->txn); i++) {
-            const ektxn_entry *e = ektxn_slot(v->txn, i);
-            if (e && e->kind == EKTXN_PUT && ids_push(c, e->id) != SQLITE_OK) return SQLITE_NOMEM;
-        }
-    }
-    return SQLITE_OK;
-}
-
-static int chunk_reserve(ekcur *c, ekvtab *v, size_t rows)
-{
-    if (rows <= c->capchunk && (!c->want_vec || c->vecs)) return SQLITE_OK;
-    if (rows < c->capchunk) rows = c->capchunk;
-    sqlite3_free(c->vecs);
-    sqlite3_free(c->evecs);
-    c->vecs = c->evecs = NULL;
-    uint8_t *st = sqlite3_realloc64(c->st, rows);
-    uint8_t *found = sqlite3_realloc64(c->found, rows);
-    if (st) c->st = st;
-    if (found) c->found = found;
-    size_t *eidx = sqlite3_realloc64(c->eidx, rows * sizeof *eidx);
-    if (eidx) c->eidx = eidx;
-    int64_t *eids = sqlite3_realloc64(c->eids, rows * sizeof *eids);
-    if (eids) c->eids = eids;
-    if (!st || !found || !eidx || !eids) return SQLITE_NOMEM;
-    c->capchunk = rows;
-    if (c->want_vec) {
-        c->vecs = sqlite3_malloc64((uint64_t)rows * v->dim * sizeof(float));
-        if (!c->vecs) {
-            c->capchunk = 0;
-            return SQLITE_NOMEM;
-        }
-    }
-    return SQLITE_OK;
-}
-
-/* Loads ids[lo..lo+chunk): which rows exist and, if wanted, their vectors:
- * the transaction's own rows from its buffer, the others with one
- * embkv_get_batch. */
-static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
-{
-    size_t hi = lo + c->chunk < c->nids ? lo + c->chunk : c->nids;
-    size_t n = hi - lo, m = 0, dim = v->dim;
-    const int64_t *ids = c->ids + lo;
-    int have_txn = ektxn_count(v->txn) > 0;
-    for (size_t j = 0; j < n; j++) {
-        const ektxn_entry *e = have_txn ? ektxn_find(v->txn, ids[j]) : NULL;
-        if (e) {
-            c->st[j] = e->kind == EKTXN_PUT ? 2 : 0;
-            if (c->st[j] && c->want_vec) memcpy(c->vecs + j * dim, e->vec, dim * 4);
-        } else {
-            c->st[j] = 1;
-            c->eidx[m++] = j;
-        }
-    }
-    if (m > 0 && c->want_vec) {
-        int erc;
-        if (m == n) {
-            erc = embkv_get_batch(v->store, ids, n, c->vecs, c->found, NULL);
-            if (erc == EMBKV_OK)
-                for (size_t j = 0; j < n; j++) c->st[j] = c->found[j] ? 1 : 0;
-        } else {
-            if (!c->evecs && !(c->evecs = sqlite3_malloc64((uint64_t)c->capchunk * dim * sizeof(float))))
-                return SQLITE_NOMEM;
-            for (size_t k = 0; k < m; k++) c->eids[k] = ids[c->eidx[k]];
-            erc = embkv_get_batch(v->store, c->eids, m, c->evecs, c->found, NULL);
-            if (erc == EMBKV_OK) {
-                for (size_t k = 0; k < m; k++) {
-                    size_t j = c->eidx[k];
-                    c->st[j] = c->found[k] ? 1 : 0;
-                    if (c->found[k]) memcpy(c->vecs + j * dim, c->evecs + k * dim, dim * 4);
-                }
-            }
-        }
-        if (erc != EMBKV_OK) {
-            vt_err(v, "read failed: %s", embkv_errmsg());
-            return sqlite_rc_of(erc);
-        }
-    } else if (m > 0 && c->plan != PLAN_SCAN) {
-        /* ids-only lookups: existence, no vector read.  (A scan's ids come
-         * from the index itself.) */
-        for (size_t k = 0; k < m; k++) {
-            size_t j = c->eidx[k];
-            c->st[j] = embkv_exists(v->store, ids[j]) == 1;
-        }
-    }
-    c->lo = lo;
-    c->hi = hi;
-    return SQLITE_OK;
-}
-
-static int advance(ekcur *c, ekvtab *v)
-{
-    for (;;) {
-        c->pos++;
-        if (c->pos >= c->nids) {
-            c->eof = 1;
-            return SQLITE_OK;
-        }
-        if (c->pos >= c->hi) {
-            int rc = load_chunk(c, v, c->pos);
-            if (rc != SQLITE_OK) return rc;
-        }
-        if (c->st[c->pos - c->lo]) {
-            c->info_state = 0;
-            return SQLITE_OK;
-        }
-    }
-}
-
-static int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc, sqlite3_value **argv)
-{
-    ekcur *c = (ekcur *)pc;
-    ekvtab *v = (ekvtab *)pc->pVtab;
-    int rc = SQLITE_OK;
-    if (vt_unusable(v)) return SQLITE_ERROR;
-    c->plan = idxNum;
-    c->want_vec = !(idxStr && strstr(idxStr, "ids-only"));
-    c->nids = 0;
-    c->lo = c->hi = 0;
-    c->eof = 0;
-    int64_t id;
-    if (c->plan == PLAN_POINT && argc >= 1) {
-        if (value_to_id(argv[0], &id)) rc = ids_push(c, id);
-    } else if (c->plan == PLAN_IN && argc >= 1) {
-        sqlite3_value *val = NULL;
-        int sorted = 1;
-        for (rc = sqlite3_vtab_in_first(argv[0], &val); rc == SQLITE_OK && val;
-             rc = sqlite3_vtab_in_next(argv[0], &val)) {
-            if (!value_to_id(val, &id)) continue;
-            if (c->nids && id <= c->ids[c->nids - 1]) sorted = 0;
-            if (ids_push(c, id) != SQLITE_OK) return SQLITE_NOMEM;
-        }
-        if (rc == SQLITE_DONE) rc = SQLITE_OK;
-        if (rc == SQLITE_OK && !sorted) { /* distinct ids, each once */
-            qsort(c->ids, c->nids, sizeof *c->ids, cmp_id);
-            size_t w = 0;
-            for (size_t i = 0; i < c->nids; i++)
-                if (w == 0 || c->ids[i] != c->ids[w - 1]) c->ids[w++] = c->ids[i];
-            c->nids = w;
-        }
-    } else {
-        c->plan = PLAN_SCAN;
-        rc = collect_all(c, v);
-    }
-    if (rc != SQLITE_OK) return rc;
-    c->chunk = c->plan == PLAN_SCAN ? SCAN_CHUNK : (c->nids ? c->nids : 1);
-    rc = chunk_reserve(c, v, c->chunk);
-    if (rc != SQLITE_OK) return rc;
-    c->pos = (size_t)-1;
-    return advance(c, v);
-}
-
-static int vt_next(sqlite3_vtab_cursor *pc)
-{
-    return advance((ekcur *)pc, (ekvtab *)pc->pVtab);
-}
-
-static int vt_eof(sqlite3_vtab_cursor *pc)
-{
-    return ((ekcur *)pc)->eof;
-}
-
-static int load_info(ekcur *c, ekvtab *v)
-{
-    if (c->info_state) return SQLITE_OK;
-    int64_t id = c->ids[c->pos];
-    int erc;
-    if (c->st[c->pos - c->lo] == 2) {
-        /* Not committed yet: the clock it will have, and no tier. */
-        const ektxn_entry *e = ektxn_find(v->txn, id);
-        c->info.clock = 0;
-        if (!(e && e->fresh)) {
-            erc = embkv_get(v->store, id, NULL, NULL, &c->info);
-            if (erc == EMBKV_OK) c->info.clock++;
-            else if (erc == EMBKV_NOTFOUND) c->info.clock = 0;
-            else goto fail;
-        }
-        c->info_state = 3;
-        return SQLITE_OK;
-    }
-    erc = embkv_get(v->store, id, NULL, NULL, &c->info);
-    if (erc == EMBKV_OK || erc == EMBKV_NOTFOUND) {
-        c->info_state = erc == EMBKV_OK ? 1 : 2;
-        return SQLITE_OK;
-    }
-fail:
-    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
-    return sqlite_rc_of(erc);
-}
-
-static int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
-{
-    ekcur *c = (ekcur *)pc;
-    ekvtab *v = (ekvtab *)pc->pVtab;
-    int64_t id = c->ids[c->pos];
-    int rc;
-    switch (col) {
-    case COL_ID:
-        /* An UPDATE that keeps id: leave it unset, so xUpdate sees
-         * sqlite3_value_nochange() and takes the new rowid (argv[1]). */
-        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK;
-        sqlite3_result_int64(ctx, id);
-        return SQLITE_OK;
-    case COL_VEC:
-        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK; /* an UPDATE that keeps vec */
-        if (c->want_vec) {
-            sqlite3_result_blob(ctx, c->vecs + (c->pos - c->lo) * v->dim, (int)v->dim * 4, SQLITE_TRANSIENT);
-            return SQLITE_OK;
-        }
-        rc = read_row(v, id, v->scratch); /* not planned for: read it now */
-        if (rc < 0) return SQLITE_ERROR;
-        if (rc == 1) sqlite3_result_blob(ctx, v->scratch, (int)v->dim * 4, SQLITE_TRANSIENT);
-        return SQLITE_OK;
-    case COL_CLOCK:
-    case COL_TIER:
-        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK;
-        rc = load_info(c, v);
-        if (rc != SQLITE_OK) return rc;
-        if (col == COL_CLOCK) {
-            if (c->info_state == 1 || c->info_state == 3) sqlite3_result_int64(ctx, (sqlite3_int64)c->info.clock);
-        } else if (c->info_state == 1) {
-            static const char *const tiers[] = {"dram", "pm", "ssd"};
-            if (c->info.tier >= 0 && c->info.tier < 3) sqlite3_result_text(ctx, tiers[c->info.tier], -1, SQLITE_STATIC);
-        }
-        return SQLITE_OK;
-    default:
-        return SQLITE_OK;
-    }
-}
-
-static int vt_rowid(sqlite3_vtab_cursor *pc, sqlite3_int64 *rowid)
-{
-    ekcur *c = (ekcur *)pc;
-    *rowid = c->ids[c->pos];
-    return SQLITE_OK;
 }
 
 /* ------------------------------------------------------------------------
@@ -1146,8 +589,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     if (argc == 1) { /* DELETE */
         int64_t id = sqlite3_value_int64(argv[0]);
         if (ektxn_reserve(v->txn, 1) != SQLITE_OK) return SQLITE_NOMEM;
-        ektxn_set(v->txn, id, EKTXN_DEL, 0, NULL);
-        return SQLITE_OK;
+        return ektxn_set(v->txn, id, EKTXN_DEL, 0, NULL);
     }
     if (argc != 2 + 4) return SQLITE_ERROR;
     sqlite3_value *a_rowid = argv[1], *a_id = argv[2 + COL_ID], *a_vec = argv[2 + COL_VEC];
@@ -1183,13 +625,16 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     if (is_insert || newid != oldid) {
         int replace = 0;
         if (row_exists(v, newid) && (rc = conflict(v, newid, &replace)) != SQLITE_OK) return rc;
-        if (!is_insert) ektxn_set(v->txn, oldid, EKTXN_DEL, 0, NULL);
-        /* A new row: COMMIT replaces whatever the store has under that id. */
-        ektxn_set(v->txn, newid, EKTXN_PUT, 1, vec);
+        /* Reserved above: these cannot fail, so an id change is never half
+         * done.  A new row: COMMIT replaces whatever the store has under
+         * that id. */
+        if (!is_insert && (rc = ektxn_set(v->txn, oldid, EKTXN_DEL, 0, NULL)) != SQLITE_OK) return rc;
+        if ((rc = ektxn_set(v->txn, newid, EKTXN_PUT, 1, vec)) != SQLITE_OK) return rc;
         if (is_insert) *pRowid = newid;
     } else {
         const ektxn_entry *e = ektxn_find(v->txn, oldid);
-        ektxn_set(v->txn, oldid, EKTXN_PUT, e && e->kind == EKTXN_PUT && e->fresh, vec);
+        if ((rc = ektxn_set(v->txn, oldid, EKTXN_PUT, e && e->kind == EKTXN_PUT && e->fresh, vec)) != SQLITE_OK)
+            return rc;
     }
     return SQLITE_OK;
 }
@@ -1222,8 +667,9 @@ static int vt_sync(sqlite3_vtab *pv)
     erc = embkv_sync(v->store);
     if (erc != EMBKV_OK) {
         msg = sqlite3_mprintf("%s", embkv_errmsg());
-        ektxn_unapply(v->txn, v->store);
-        vt_err(v, "COMMIT failed to make the table durable: %s; nothing was written", msg ? msg : "?");
+        int urc = ektxn_unapply(v->txn, v->store);
+        vt_err(v, "COMMIT failed to make the table durable: %s; %s", msg ? msg : "?",
+               urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
         sqlite3_free(msg);
         return sqlite_rc_of(erc);
     }
@@ -1244,9 +690,13 @@ static int vt_rollback(sqlite3_vtab *pv)
     ekvtab *v = (ekvtab *)pv;
     if (v->synced) {
         /* xSync wrote to the store, then another part of the commit
-         * failed: put the store back and make that durable. */
-        ektxn_unapply(v->txn, v->store);
-        embkv_sync(v->store);
+         * failed: put the store back and make that durable.  SQLite ignores
+         * xRollback's result: failures go to its error log. */
+        int erc = ektxn_unapply(v->txn, v->store);
+        if (erc == EMBKV_OK) erc = embkv_sync(v->store);
+        if (erc != EMBKV_OK)
+            sqlite3_log(SQLITE_IOERR, "embkv table %s: ROLLBACK after COMMIT's first phase could not put "
+                        "the store back: %s", v->zName, embkv_errmsg());
     }
     ektxn_clear(v->txn);
     v->synced = 0;
@@ -1308,3 +758,4 @@ int embkv_vtab_register(sqlite3 *db)
     if (rc == SQLITE_OK) rc = ekfn_register(db, c);
     return rc;
 }
+

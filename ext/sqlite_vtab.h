@@ -1,8 +1,11 @@
 /*
  * sqlite_vtab.h - private declarations shared by the files of the embkv
- * virtual table: sqlite_vtab.c (the module), sqlite_txn.c (the transaction
- * write buffer) and sqlite_registry.c (per-connection and per-process state,
- * deferred directory removal, embkv_stats/embkv_checkpoint).
+ * virtual table: sqlite_vtab.c (the module: options, create/connect/drop,
+ * writes, transactions), sqlite_cursor.c (plans and cursors),
+ * sqlite_values.c (ids and vectors), sqlite_txn.c (the transaction write
+ * buffer) and sqlite_registry.c (per-connection and per-process state,
+ * deferred directory removal, embkv_table_lookup, embkv_stats and
+ * embkv_checkpoint).
  */
 #ifndef SQLITE_VTAB_H
 #define SQLITE_VTAB_H
@@ -50,8 +53,9 @@ const ektxn_entry *ektxn_find(const ektxn *t, int64_t id);
  * first, then mutate, and a statement never leaves half a change behind.
  * SQLITE_OK or SQLITE_NOMEM. */
 int ektxn_reserve(ektxn *t, size_t k);
-/* Records a change (copies vec for PUT).  Needs a prior ektxn_reserve. */
-void ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec);
+/* Records a change (copies vec for PUT).  After ektxn_reserve it cannot
+ * fail; SQLITE_NOMEM (nothing changed) otherwise. */
+int ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec);
 /* Slots of the map, for iteration: ektxn_slot() is NULL for an empty one. */
 size_t ektxn_nslots(const ektxn *t);
 const ektxn_entry *ektxn_slot(const ektxn *t, size_t i);
@@ -74,6 +78,20 @@ int ektxn_unapply(ektxn *t, embkv_store *s);
 typedef struct ekconn ekconn;
 typedef struct ekvtab ekvtab;
 
+/* A cursor's buffers (sqlite_cursor.c). */
+typedef struct ekcurbuf {
+    int64_t *ids;          /* candidate ids */
+    size_t capids;
+    size_t capchunk;       /* allocated rows of the buffers below */
+    float *vecs;           /* capchunk rows of dim floats */
+    uint8_t *st;           /* per loaded row: 0 absent, 1 committed, 2 uncommitted */
+    uint8_t *found;
+    size_t *eidx;          /* rows of the chunk read from the store */
+    int64_t *eids;
+    float *evecs;
+} ekcurbuf;
+void ekcurbuf_free(ekcurbuf *b);
+
 struct ekvtab {
     sqlite3_vtab base;
     sqlite3 *db;
@@ -91,13 +109,74 @@ struct ekvtab {
     ektxn *txn;           /* this connection's uncommitted writes */
     int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
     float *scratch;       /* dim floats */
+    embkv_session *session; /* training session, see embkv_table_ref */
+    ekcurbuf spare;       /* buffers of the last closed cursor, for the next */
+    int has_spare;
     char *broken;         /* why the store could not be opened at connect
                            * (NULL when open); see vt_init */
 };
 
+enum { COL_ID = 0, COL_VEC = 1, COL_CLOCK = 2, COL_TIER = 3 };
+enum { PLAN_POINT = 1, PLAN_IN = 2, PLAN_SCAN = 3 };
+
+static inline int ek_is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
+/* sqlite_vtab.c */
+/* Sets the table's error message: "embkv table <name>: <fmt...>". */
+void vt_err(ekvtab *v, const char *fmt, ...);
+/* The SQLite result code for an embkv_rc. */
+int sqlite_rc_of(int erc);
+/* A table connected without its store can only be dropped: sets the
+ * message and returns 1 for such a table. */
+int vt_unusable(ekvtab *v);
+
+/* sqlite_values.c */
+/* 1 if the value is an id (INTEGER, integral REAL, integer TEXT). */
+int value_to_id(sqlite3_value *val, int64_t *out);
+/* The id of a write, or an error (message set) naming what was given. */
+int write_id(ekvtab *v, sqlite3_value *val, int64_t *out);
+/* A vector (BLOB or JSON array) into out (dim floats), or an error naming
+ * the table and id. */
+int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
+
+/* sqlite_cursor.c: xBestIndex and the cursor methods. */
+int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info);
+int vt_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc);
+int vt_close(sqlite3_vtab_cursor *pc);
+int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc, sqlite3_value **argv);
+int vt_next(sqlite3_vtab_cursor *pc);
+int vt_eof(sqlite3_vtab_cursor *pc);
+int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col);
+int vt_rowid(sqlite3_vtab_cursor *pc, sqlite3_int64 *rowid);
+/* A row's vector as this connection sees it (its own writes first):
+ * 1 found, 0 absent, -1 error (message set). */
+int read_row(ekvtab *v, int64_t id, float *out);
+
 /* ------------------------------------------------------------------------
  * sqlite_registry.c
  */
+/* A directory removal waiting for the outcome of the transaction. */
+typedef struct ekpend {
+    int when;       /* EK_ON_COMMIT, EK_ON_ROLLBACK or both */
+    int consumed;   /* set by embkv_pending's xUpdate */
+    char *dir;
+    char tid[17];
+} ekpend;
+
+struct ekconn {
+    sqlite3 *db;
+    int refs;
+    ekconn *next;
+    ekvtab *tabs;
+    char (*tids)[17];     /* temporary directories this connection references */
+    int ntids, captids;
+    ekpend *pend;         /* removals waiting for the transaction's outcome */
+    int npend, cappend;
+    int *pmark;           /* savepoint marks over pend */
+    int pnsp, cappmark;
+    ekpend *staged;       /* the row our nested INSERT is writing */
+};
+
 /* Per-connection state, shared by the modules and functions registered on
  * one sqlite3 connection; reference counted (registrations, tables). */
 ekconn *ekconn_get(sqlite3 *db);   /* find or create, +1 reference */
@@ -106,6 +185,8 @@ void ekconn_unref(ekconn *c);
 void ekconn_unref_v(void *c);      /* for SQLite destructors */
 void ekconn_add(ekconn *c, ekvtab *v);
 void ekconn_remove(ekconn *c, ekvtab *v);
+ekconn *ekconn_of(sqlite3 *db);   /* the state of a connection, or NULL */
+void ekconn_pend_clear(ekconn *c);  /* sqlite_pending.c */
 int ekconn_register_pending(sqlite3 *db, ekconn *c);
 
 /* Opens a store and counts the binding's references per canonical

@@ -455,7 +455,9 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
                 prefetch_record(s, loc);
             /* The fresh record this row will most likely be written to. */
             size_t k = next_fresh + PF_RECORD < n ? next_fresh + PF_RECORD : n - 1;
-            __builtin_prefetch(rec_at(s, fresh[k]), 1, 3);
+            const char *fr = (const char *)rec_at(s, fresh[k]);
+            for (size_t off = 0; off < s->rec_size; off += 64)
+                __builtin_prefetch(fr + off, 1, 3);
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;

@@ -10,8 +10,8 @@
 # current directory (and holds nothing else): the database is test.db
 # there, $TMPDIR is its tmp/
 # (so temporary stores of :memory: tables land where `.shell ls tmp` sees
-# them), and build/ links to the project's build/ (so `.load build/embkv`
-# works after `.open`).  The extension is loaded before the script by
+# them), and build/ links to the directory of the extension (so
+# `.load build/embkv` works after `.open`).  The extension is loaded before the script by
 # -cmd, so line numbers in error messages ("near line N") are the script's.
 # Paths under the run's directory are printed as $WORK/..., and the random
 # part of store directory names as <id>.
@@ -30,7 +30,7 @@ if [[ $# -ne 1 || ! -f $1 ]]; then
 fi
 script=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 expected=${script%.sql}.expected
-ext=$root/build/embkv
+ext=${EMBKV_EXT:-$root/build/embkv}   # another build (e.g. sanitized) via $EMBKV_EXT
 if [[ ! -f $ext.so ]]; then
     echo "sql_check: $ext.so is missing: run make first" >&2
     exit 2
@@ -43,7 +43,7 @@ top=$(mktemp -d "${TMPDIR:-/tmp}/embkv-sql-XXXXXX") || exit 2
 trap 'rm -rf "$top"' EXIT
 work=$top/run
 mkdir "$work" "$work/tmp"
-ln -s "$root/build" "$work/build"
+ln -s "$(dirname "$ext")" "$work/build"
 
 nparts=$(( $(grep -c '^-- @reopen' "$script") + 1 ))
 for ((k = 0; k < nparts; k++)); do

@@ -135,3 +135,11 @@ DROP TABLE gone;
 DROP TABLE foreign_;
 SELECT 'dropped', count(*) FROM sqlite_schema WHERE name GLOB 'gone*' OR name GLOB 'foreign*';
 .shell ls -d foreign.embkv/*
+-- A table whose shadow table was dropped by hand can only be dropped too.
+CREATE VIRTUAL TABLE noconf USING embkv(dim=2, path='noconf.embkv', pool_size='16M');
+DROP TABLE noconf_config;
+.open test.db
+.load build/embkv
+SELECT * FROM noconf;
+DROP TABLE noconf;
+SELECT 'dropped-noconf', count(*) FROM sqlite_schema WHERE name GLOB 'noconf*';

@@ -1,0 +1,225 @@
+/*
+ * bench_train.c - one training step (pull a batch, push its gradients with
+ * SGD lr 0.01) through the engine's C API and through the SQL functions
+ * called from C, against the plain C baseline doing the same gather and
+ * read-modify-write; then two trainer threads at staleness 0, 4 and
+ * unlimited.
+ *
+ *   bench_train DIR [--rows N] [--batches B] [--ext PATH] [--pool-mb M]
+ *
+ * DIR must be absent or empty and is removed at the end.  Data as in
+ * bench_engine: N rows (2,000,000) of random 63-bit ids, dim 64, B batches
+ * (2,000) of 512 ids drawn Zipf(0.99).  The Python side of the comparison
+ * (numpy, the SQL functions from Python, a plain SQLite table) is
+ * bench_train.py.
+ */
+#include "embkv.h"
+#include "bench_baseline.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+
+#define DIM 64
+#define BATCH 512
+
+static void ck(int rc, const char *what)
+{
+    if (rc != EMBKV_OK) die("%s failed (rc %d): %s", what, rc, embkv_errmsg());
+}
+
+static void report(const char *label, size_t ids, double secs)
+{
+    printf("  %-46s %8.3f M ids/s  (%.2f s)\n", label, (double)ids / secs / 1e6, secs);
+}
+
+typedef struct trainer {
+    embkv_store *s;
+    const dataset *d;
+    const float *grad;
+    int tid, nthreads;
+    size_t steps;
+} trainer;
+
+static void *train_thread(void *arg)
+{
+    trainer *t = arg;
+    embkv_session *ss;
+    ck(embkv_session_open(t->s, &ss), "embkv_session_open");
+    float *out = xalloc64(BATCH * DIM * sizeof *out);
+    for (size_t b = (size_t)t->tid; b < t->d->nbatches; b += (size_t)t->nthreads) {
+        const int64_t *ids = t->d->bids + b * BATCH;
+        ck(embkv_pull(ss, ids, BATCH, out), "embkv_pull");
+        ck(embkv_push(ss, ids, BATCH, t->grad, 0, NULL), "embkv_push");
+        t->steps++;
+    }
+    embkv_session_close(ss);
+    free(out);
+    return NULL;
+}
+
+static double run_trainers(embkv_store *s, const dataset *d, const float *grad, int nthreads)
+{
+    trainer t[8];
+    pthread_t th[8];
+    double t0 = now_s();
+    for (int i = 0; i < nthreads; i++) {
+        t[i] = (trainer){.s = s, .d = d, .grad = grad, .tid = i, .nthreads = nthreads};
+        if (pthread_create(&th[i], NULL, train_thread, &t[i]) != 0)
+            die("pthread_create");
+    }
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(th[i], NULL);
+    return now_s() - t0;
+}
+
+static void configure(embkv_store *s, int64_t staleness)
+{
+    embkv_train_options o;
+    embkv_train_defaults(&o);
+    o.lr = LR;
+    o.staleness = staleness;
+    ck(embkv_train_configure(s, &o), "embkv_train_configure");
+}
+
+static void sql_ok(sqlite3 *db, int rc, const char *what)
+{
+    if (rc != SQLITE_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        die("%s: %s", what, sqlite3_errmsg(db));
+}
+
+/* The SQL functions called from C on the same store, reopened as a table. */
+static void bench_sql_functions(const char *dir, const char *store_dir, const char *ext, const dataset *d,
+                                const float *grad)
+{
+    char dbpath[1024], sql[2048];
+    snprintf(dbpath, sizeof dbpath, "%s/train.db", dir);
+    sqlite3 *db = NULL;
+    if (sqlite3_open(dbpath, &db) != SQLITE_OK)
+        die("sqlite3_open %s: %s", dbpath, db ? sqlite3_errmsg(db) : "out of memory");
+    sqlite3_enable_load_extension(db, 1);
+    char *err = NULL;
+    if (sqlite3_load_extension(db, ext, NULL, &err) != SQLITE_OK) {
+        printf("  SQL functions from C: skipped (%s)\n", err ? err : "cannot load the extension");
+        sqlite3_free(err);
+        sqlite3_close(db);
+        return;
+    }
+    snprintf(sql, sizeof sql,
+             "CREATE VIRTUAL TABLE t USING embkv(dim=%d, path='%s', optimizer='sgd', lr=%g)", DIM, store_dir,
+             (double)LR);
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+        printf("  SQL functions from C: skipped (%s)\n", err);
+        sqlite3_free(err);
+        sqlite3_close(db);
+        return;
+    }
+    sqlite3_stmt *pull, *push;
+    sql_ok(db, sqlite3_prepare_v2(db, "SELECT embkv_pull('t', ?1)", -1, &pull, NULL), "prepare pull");
+    sql_ok(db, sqlite3_prepare_v2(db, "SELECT embkv_push('t', ?1, ?2)", -1, &push, NULL), "prepare push");
+    float *out = xalloc64(BATCH * DIM * sizeof *out);
+    double t0 = now_s();
+    for (size_t b = 0; b < d->nbatches; b++) {
+        const int64_t *ids = d->bids + b * BATCH;
+        sqlite3_bind_blob(pull, 1, ids, BATCH * 8, SQLITE_STATIC);
+        sql_ok(db, sqlite3_step(pull), "embkv_pull");
+        if (sqlite3_column_bytes(pull, 0) != BATCH * DIM * 4)
+            die("embkv_pull returned %d bytes", sqlite3_column_bytes(pull, 0));
+        memcpy(out, sqlite3_column_blob(pull, 0), BATCH * DIM * 4);
+        sqlite3_reset(pull);
+        sqlite3_bind_blob(push, 1, ids, BATCH * 8, SQLITE_STATIC);
+        sqlite3_bind_blob(push, 2, grad, BATCH * DIM * 4, SQLITE_STATIC);
+        sql_ok(db, sqlite3_step(push), "embkv_push");
+        sqlite3_reset(push);
+    }
+    report("SQL functions from C (1 thread)", d->nbatches * BATCH, now_s() - t0);
+    sqlite3_finalize(pull);
+    sqlite3_finalize(push);
+    free(out);
+    sqlite3_close(db);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        die("usage: bench_train DIR [--rows N] [--batches B] [--ext PATH] [--pool-mb M]");
+    const char *dir = argv[1], *ext = "build/embkv";
+    size_t rows = 2000000, nbatches = 2000, pool_mb = 0;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--rows")) rows = parse_size("--rows", argv[i + 1]);
+        else if (!strcmp(argv[i], "--batches")) nbatches = parse_size("--batches", argv[i + 1]);
+        else if (!strcmp(argv[i], "--ext")) ext = argv[i + 1];
+        else if (!strcmp(argv[i], "--pool-mb")) pool_mb = parse_size("--pool-mb", argv[i + 1]);
+        else die("unknown argument %s", argv[i]);
+    }
+    if (!dir_absent_or_empty(dir))
+        die("%s must be absent or empty", dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        die("mkdir %s: %s", dir, strerror(errno));
+    if (!pool_mb)
+        pool_mb = (size_t)(rows * 320.0 * 2.5 / (1 << 20)) + 128;
+
+    dataset d;
+    dataset_make(&d, rows, DIM, nbatches, BATCH, 0.99, 1);
+    float *grad = xalloc64(BATCH * DIM * sizeof *grad);
+    rng r;
+    rng_seed(&r, 7);
+    for (size_t i = 0; i < BATCH * DIM; i++)
+        grad[i] = rng_float(&r) * 0.01f;
+    size_t total = nbatches * BATCH;
+    printf("== bench_train: %zu rows, dim %d, %zu batches x %d ids, step = pull + push (sgd)\n", rows, DIM,
+           nbatches, BATCH);
+
+    /* Plain C baseline: gather, then v -= lr*g in place. */
+    baseline bl;
+    bl_init(&bl, rows, DIM);
+    for (size_t i = 0; i < rows; i++)
+        bl_insert(&bl, d.ids[i], i, d.vecs + i * DIM);
+    float *out = xalloc64(BATCH * DIM * sizeof *out);
+    double t0 = now_s();
+    for (size_t b = 0; b < nbatches; b++) {
+        bl_gather_pf(&bl, d.bids + b * BATCH, BATCH, out, pf_settings[1]);
+        bl_rmw_pf(&bl, d.bids + b * BATCH, BATCH, grad, pf_settings[1]);
+    }
+    double t_bl = now_s() - t0;
+    report("plain C baseline (gather + in-place update)", total, t_bl);
+    bl_free(&bl);
+
+    /* The engine's C API. */
+    char store_dir[1024];
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    embkv_options o = {.dim = DIM, .expected_rows = rows, .pool_size = (uint64_t)pool_mb << 20};
+    embkv_store *s;
+    ck(embkv_open(store_dir, &o, EMBKV_OPEN_CREATE, &s), "embkv_open");
+    for (size_t i = 0; i < rows; i++)
+        ck(embkv_put(s, d.ids[i], d.vecs + i * DIM, NULL, EMBKV_PUT_INSERT), "embkv_put");
+    ck(embkv_sync(s), "embkv_sync");
+    configure(s, EMBKV_STALENESS_UNLIMITED);
+    double t_api = run_trainers(s, &d, grad, 1);
+    report("engine C API (1 thread)", total, t_api);
+    ck(embkv_sync(s), "embkv_sync");
+    const int64_t stal[3] = {0, 4, EMBKV_STALENESS_UNLIMITED};
+    double t_thr[3];
+    for (int k = 0; k < 3; k++) {
+        configure(s, stal[k]);
+        t_thr[k] = run_trainers(s, &d, grad, 2);
+        char label[96];
+        snprintf(label, sizeof label, "engine C API, 2 threads, staleness %s",
+                 stal[k] < 0 ? "unlimited" : stal[k] == 0 ? "0" : "4");
+        report(label, total, t_thr[k]);
+        ck(embkv_sync(s), "embkv_sync");
+    }
+    embkv_train_stats ts;
+    ck(embkv_train_stats_get(s, &ts), "embkv_train_stats_get");
+    printf("  permits: %llu pulls waited, %llu timed out\n", (unsigned long long)ts.permit_waits,
+           (unsigned long long)ts.permit_timeouts);
+    ck(embkv_close(s), "embkv_close");
+
+    bench_sql_functions(dir, store_dir, ext, &d, grad);
+
+    printf("  ratio plain C baseline / engine C API (1 thread): %.2fx  (goal <= 2x)\n", t_api / t_bl);
+    rm_rf(dir);
+    dataset_free(&d);
+    free(grad);
+    free(out);
+    return 0;
+}

@@ -1,0 +1,459 @@
+/*
+ * sqlite_cursor.c - how an embkv table is read: the plans (xBestIndex) and
+ * the cursor.
+ *
+ * Plans, shown by EXPLAIN QUERY PLAN as INDEX <n>:<name>:
+ *   1 point      id = ?: unique point lookup
+ *   2 in-batch   id IN (...), IN (SELECT ...): the whole list through
+ *                sqlite3_vtab_in, served by one embkv_get_batch
+ *   3 fullscan   anything else: every id from embkv_scan_ids, vectors
+ *                fetched 256 rows per embkv_get_batch
+ * A name ending in " ids-only" means the query does not use vec (colUsed):
+ * the cursor then never reads a vector (count(*), SELECT id, EXISTS).
+ *
+ * A cursor works on a list of candidate ids, loaded a chunk at a time (the
+ * whole list for point and IN plans): rows the connection's open transaction
+ * wrote or deleted come from its buffer (sqlite_txn.c), the others from one
+ * embkv_get_batch per chunk, copied into the cursor so that what a row
+ * returns does not change under it.  The hidden columns are read only when
+ * asked for (one embkv_get of the row's metadata).
+ */
+#include "sqlite_vtab.h"
+SQLITE_EXTENSION_INIT3
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SCAN_CHUNK 256   /* rows per embkv_get_batch in a full scan */
+#define SCAN_IDS 4096    /* ids per embkv_scan_ids call */
+
+/* Reads a row's vector as this connection sees it: 1 found, 0 absent,
+ * -1 error (message set). */
+int read_row(ekvtab *v, int64_t id, float *out)
+{
+    const ektxn_entry *e = ektxn_find(v->txn, id);
+    if (e) {
+        if (e->kind != EKTXN_PUT) return 0;
+        memcpy(out, e->vec, (size_t)v->dim * 4);
+        return 1;
+    }
+    int erc = embkv_get(v->store, id, out, NULL, NULL);
+    if (erc == EMBKV_OK) return 1;
+    if (erc == EMBKV_NOTFOUND) return 0;
+    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
+    return -1;
+}
+
+/* ------------------------------------------------------------------------
+ * xBestIndex
+ */
+static const char *const plan_name[4][2] = {
+    {"", ""},
+    {"point ids-only", "point"},
+    {"in-batch ids-only", "in-batch"},
+    {"fullscan ids-only", "fullscan"},
+};
+
+int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
+{
+    ekvtab *v = (ekvtab *)pv;
+    if (vt_unusable(v)) return SQLITE_ERROR;
+    int eq = -1, in = -1;
+    for (int i = 0; i < info->nConstraint; i++) {
+        const struct sqlite3_index_constraint *k = &info->aConstraint[i];
+        if (!k->usable || k->op != SQLITE_INDEX_CONSTRAINT_EQ) continue;
+        if (k->iColumn != COL_ID && k->iColumn != -1) continue;
+        if (sqlite3_vtab_in(info, i, -1)) {
+            if (in < 0) in = i;
+        } else if (eq < 0) {
+            eq = i;
+        }
+    }
+    int want_vec = (info->colUsed & ((sqlite3_uint64)1 << COL_VEC)) != 0;
+    double rows = (double)embkv_count(v->store);
+    int plan;
+    if (eq >= 0) {
+        plan = PLAN_POINT;
+        info->aConstraintUsage[eq].argvIndex = 1;
+        info->aConstraintUsage[eq].omit = 1;
+        info->idxFlags |= SQLITE_INDEX_SCAN_UNIQUE;
+        info->estimatedRows = 1;
+        info->estimatedCost = 1;
+    } else if (in >= 0) {
+        plan = PLAN_IN;
+        sqlite3_vtab_in(info, in, 1);
+        info->aConstraintUsage[in].argvIndex = 1;
+        info->aConstraintUsage[in].omit = 1;
+        double n = rows < 32 ? rows : 32; /* the list's length is unknown here */
+        info->estimatedRows = (sqlite3_int64)(n < 1 ? 1 : n);
+        info->estimatedCost = 5 + n;
+    } else {
+        plan = PLAN_SCAN;
+        info->estimatedRows = (sqlite3_int64)(rows < 1 ? 1 : rows);
+        info->estimatedCost = 10 + 2 * rows;
+    }
+    info->idxNum = plan;
+    info->idxStr = (char *)plan_name[plan][want_vec];
+    info->needToFreeIdxStr = 0;
+    return SQLITE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * Cursors
+ */
+typedef struct ekcur {
+    sqlite3_vtab_cursor base;
+    int plan, want_vec, eof;
+    size_t nids;           /* b.ids[0..nids): the candidate ids, in output order */
+    size_t pos;            /* current index into ids */
+    size_t chunk;          /* rows loaded at a time */
+    size_t lo, hi;         /* ids[lo..hi) are loaded */
+    ekcurbuf b;            /* buffers (reused through the table: ekvtab.spare) */
+    int info_state;        /* 0 unknown, 1 committed info, 2 absent, 3 uncommitted */
+    embkv_rowinfo info;
+} ekcur;
+
+int vt_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc)
+{
+    ekvtab *v = (ekvtab *)pv;
+    ekcur *c = sqlite3_malloc(sizeof *c);
+    if (!c) return SQLITE_NOMEM;
+    memset(c, 0, sizeof *c);
+    c->eof = 1;
+    /* A statement opens a cursor per execution: reuse the buffers of the
+     * last one, rather than allocating (and page-faulting) them anew. */
+    if (v->has_spare) {
+        c->b = v->spare;
+        v->has_spare = 0;
+    }
+    *pc = &c->base;
+    return SQLITE_OK;
+}
+
+void ekcurbuf_free(ekcurbuf *b)
+{
+    sqlite3_free(b->ids);
+    sqlite3_free(b->vecs);
+    sqlite3_free(b->st);
+    sqlite3_free(b->found);
+    sqlite3_free(b->eidx);
+    sqlite3_free(b->eids);
+    sqlite3_free(b->evecs);
+    memset(b, 0, sizeof *b);
+}
+
+int vt_close(sqlite3_vtab_cursor *pc)
+{
+    ekcur *c = (ekcur *)pc;
+    ekvtab *v = (ekvtab *)pc->pVtab;
+    uint64_t bytes = (uint64_t)c->b.capchunk * v->dim * 4 * 2 + (uint64_t)c->b.capids * 8;
+    if (!v->has_spare && bytes <= (8u << 20)) {
+        v->spare = c->b;
+        v->has_spare = 1;
+    } else {
+        ekcurbuf_free(&c->b);
+    }
+    sqlite3_free(c);
+    return SQLITE_OK;
+}
+
+static int ids_reserve(ekcur *c, size_t n)
+{
+    if (n <= c->b.capids) return SQLITE_OK;
+    size_t cap = c->b.capids ? c->b.capids : 16;
+    while (cap < n) cap *= 2;
+    int64_t *p = sqlite3_realloc64(c->b.ids, (uint64_t)cap * sizeof *p);
+    if (!p) return SQLITE_NOMEM;
+    c->b.ids = p;
+    c->b.capids = cap;
+    return SQLITE_OK;
+}
+
+static int ids_push(ekcur *c, int64_t id)
+{
+    if (c->nids == c->b.capids && ids_reserve(c, c->nids + 1) != SQLITE_OK) return SQLITE_NOMEM;
+    c->b.ids[c->nids++] = id;
+    return SQLITE_OK;
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int scan_collect(void *ctx, int64_t id, const float *vec, const float *state, const embkv_rowinfo *info)
+{
+    (void)vec;
+    (void)state;
+    (void)info;
+    return ids_push(ctx, id) == SQLITE_OK ? 0 : 1;
+}
+
+/* Every id the connection sees: the store's (scan_ids), minus those its
+ * transaction changed, plus the rows its transaction wrote. */
+static int collect_all(ekcur *c, ekvtab *v)
+{
+    int erc = EMBKV_BUSY;
+    for (int attempt = 0; attempt < 3 && erc == EMBKV_BUSY; attempt++) {
+        uint64_t pos = 0;
+        c->nids = 0;
+        for (;;) {
+            if (ids_reserve(c, c->nids + SCAN_IDS) != SQLITE_OK) return SQLITE_NOMEM;
+            size_t n = 0;
+            erc = embkv_scan_ids(v->store, &pos, c->b.ids + c->nids, SCAN_IDS, &n);
+            if (erc != EMBKV_OK || n == 0) break;
+            c->nids += n;
+        }
+    }
+    if (erc == EMBKV_BUSY) { /* the index keeps growing under us: a one-pass scan */
+        c->nids = 0;
+        erc = embkv_scan(v->store, scan_collect, c);
+        if (erc == 1) return SQLITE_NOMEM;
+    }
+    if (erc != EMBKV_OK) {
+        vt_err(v, "scan failed: %s", embkv_errmsg());
+        return sqlite_rc_of(erc);
+    }
+    if (ektxn_count(v->txn)) {
+        size_t w = 0;
+        for (size_t i = 0; i < c->nids; i++)
+            if (!ektxn_find(v->txn, c->b.ids[i])) c->b.ids[w++] = c->b.ids[i];
+        c->nids = w;
+        for (size_t i = 0; i < ektxn_nslots(v->txn); i++) {
+            const ektxn_entry *e = ektxn_slot(v->txn, i);
+            if (e && e->kind == EKTXN_PUT && ids_push(c, e->id) != SQLITE_OK) return SQLITE_NOMEM;
+        }
+    }
+    return SQLITE_OK;
+}
+
+static int chunk_reserve(ekcur *c, ekvtab *v, size_t rows)
+{
+    if (rows <= c->b.capchunk && (!c->want_vec || c->b.vecs)) return SQLITE_OK;
+    if (rows < c->b.capchunk) rows = c->b.capchunk;
+    sqlite3_free(c->b.vecs);
+    sqlite3_free(c->b.evecs);
+    c->b.vecs = c->b.evecs = NULL;
+    uint8_t *st = sqlite3_realloc64(c->b.st, rows);
+    uint8_t *found = sqlite3_realloc64(c->b.found, rows);
+    if (st) c->b.st = st;
+    if (found) c->b.found = found;
+    size_t *eidx = sqlite3_realloc64(c->b.eidx, rows * sizeof *eidx);
+    if (eidx) c->b.eidx = eidx;
+    int64_t *eids = sqlite3_realloc64(c->b.eids, rows * sizeof *eids);
+    if (eids) c->b.eids = eids;
+    if (!st || !found || !eidx || !eids) return SQLITE_NOMEM;
+    c->b.capchunk = rows;
+    if (c->want_vec) {
+        c->b.vecs = sqlite3_malloc64((uint64_t)rows * v->dim * sizeof(float));
+        if (!c->b.vecs) {
+            c->b.capchunk = 0;
+            return SQLITE_NOMEM;
+        }
+    }
+    return SQLITE_OK;
+}
+
+/* Loads ids[lo..lo+chunk): which rows exist and, if wanted, their vectors:
+ * the transaction's own rows from its buffer, the others with one
+ * embkv_get_batch. */
+static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
+{
+    size_t hi = lo + c->chunk < c->nids ? lo + c->chunk : c->nids;
+    size_t n = hi - lo, m = 0, dim = v->dim;
+    const int64_t *ids = c->b.ids + lo;
+    int have_txn = ektxn_count(v->txn) > 0;
+    for (size_t j = 0; j < n; j++) {
+        const ektxn_entry *e = have_txn ? ektxn_find(v->txn, ids[j]) : NULL;
+        if (e) {
+            c->b.st[j] = e->kind == EKTXN_PUT ? 2 : 0;
+            if (c->b.st[j] && c->want_vec) memcpy(c->b.vecs + j * dim, e->vec, dim * 4);
+        } else {
+            c->b.st[j] = 1;
+            c->b.eidx[m++] = j;
+        }
+    }
+    if (m > 0 && c->want_vec) {
+        int erc;
+        if (m == n) {
+            erc = embkv_get_batch(v->store, ids, n, c->b.vecs, c->b.found, NULL);
+            if (erc == EMBKV_OK)
+                for (size_t j = 0; j < n; j++) c->b.st[j] = c->b.found[j] ? 1 : 0;
+        } else {
+            if (!c->b.evecs && !(c->b.evecs = sqlite3_malloc64((uint64_t)c->b.capchunk * dim * sizeof(float))))
+                return SQLITE_NOMEM;
+            for (size_t k = 0; k < m; k++) c->b.eids[k] = ids[c->b.eidx[k]];
+            erc = embkv_get_batch(v->store, c->b.eids, m, c->b.evecs, c->b.found, NULL);
+            if (erc == EMBKV_OK) {
+                for (size_t k = 0; k < m; k++) {
+                    size_t j = c->b.eidx[k];
+                    c->b.st[j] = c->b.found[k] ? 1 : 0;
+                    if (c->b.found[k]) memcpy(c->b.vecs + j * dim, c->b.evecs + k * dim, dim * 4);
+                }
+            }
+        }
+        if (erc != EMBKV_OK) {
+            vt_err(v, "read failed: %s", embkv_errmsg());
+            return sqlite_rc_of(erc);
+        }
+    } else if (m > 0 && c->plan != PLAN_SCAN) {
+        /* ids-only lookups: existence, no vector read.  (A scan's ids come
+         * from the index itself.) */
+        for (size_t k = 0; k < m; k++) {
+            size_t j = c->b.eidx[k];
+            c->b.st[j] = embkv_exists(v->store, ids[j]) == 1;
+        }
+    }
+    c->lo = lo;
+    c->hi = hi;
+    return SQLITE_OK;
+}
+
+static int advance(ekcur *c, ekvtab *v)
+{
+    for (;;) {
+        c->pos++;
+        if (c->pos >= c->nids) {
+            c->eof = 1;
+            return SQLITE_OK;
+        }
+        if (c->pos >= c->hi) {
+            int rc = load_chunk(c, v, c->pos);
+            if (rc != SQLITE_OK) return rc;
+        }
+        if (c->b.st[c->pos - c->lo]) {
+            c->info_state = 0;
+            return SQLITE_OK;
+        }
+    }
+}
+
+int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc, sqlite3_value **argv)
+{
+    ekcur *c = (ekcur *)pc;
+    ekvtab *v = (ekvtab *)pc->pVtab;
+    int rc = SQLITE_OK;
+    if (vt_unusable(v)) return SQLITE_ERROR;
+    c->plan = idxNum;
+    c->want_vec = !(idxStr && strstr(idxStr, "ids-only"));
+    c->nids = 0;
+    c->lo = c->hi = 0;
+    c->eof = 0;
+    int64_t id;
+    if (c->plan == PLAN_POINT && argc >= 1) {
+        if (value_to_id(argv[0], &id)) rc = ids_push(c, id);
+    } else if (c->plan == PLAN_IN && argc >= 1) {
+        sqlite3_value *val = NULL;
+        int sorted = 1;
+        for (rc = sqlite3_vtab_in_first(argv[0], &val); rc == SQLITE_OK && val;
+             rc = sqlite3_vtab_in_next(argv[0], &val)) {
+            if (!value_to_id(val, &id)) continue;
+            if (c->nids && id <= c->b.ids[c->nids - 1]) sorted = 0;
+            if (ids_push(c, id) != SQLITE_OK) return SQLITE_NOMEM;
+        }
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+        if (rc == SQLITE_OK && !sorted) { /* distinct ids, each once */
+            qsort(c->b.ids, c->nids, sizeof *c->b.ids, cmp_id);
+            size_t w = 0;
+            for (size_t i = 0; i < c->nids; i++)
+                if (w == 0 || c->b.ids[i] != c->b.ids[w - 1]) c->b.ids[w++] = c->b.ids[i];
+            c->nids = w;
+        }
+    } else {
+        c->plan = PLAN_SCAN;
+        rc = collect_all(c, v);
+    }
+    if (rc != SQLITE_OK) return rc;
+    c->chunk = c->plan == PLAN_SCAN ? SCAN_CHUNK : (c->nids ? c->nids : 1);
+    rc = chunk_reserve(c, v, c->chunk);
+    if (rc != SQLITE_OK) return rc;
+    c->pos = (size_t)-1;
+    return advance(c, v);
+}
+
+int vt_next(sqlite3_vtab_cursor *pc)
+{
+    return advance((ekcur *)pc, (ekvtab *)pc->pVtab);
+}
+
+int vt_eof(sqlite3_vtab_cursor *pc)
+{
+    return ((ekcur *)pc)->eof;
+}
+
+static int load_info(ekcur *c, ekvtab *v)
+{
+    if (c->info_state) return SQLITE_OK;
+    int64_t id = c->b.ids[c->pos];
+    int erc;
+    if (c->b.st[c->pos - c->lo] == 2) {
+        /* Not committed yet: the clock it will have, and no tier. */
+        const ektxn_entry *e = ektxn_find(v->txn, id);
+        c->info.clock = 0;
+        if (!(e && e->fresh)) {
+            erc = embkv_get(v->store, id, NULL, NULL, &c->info);
+            if (erc == EMBKV_OK) c->info.clock++;
+            else if (erc == EMBKV_NOTFOUND) c->info.clock = 0;
+            else goto fail;
+        }
+        c->info_state = 3;
+        return SQLITE_OK;
+    }
+    erc = embkv_get(v->store, id, NULL, NULL, &c->info);
+    if (erc == EMBKV_OK || erc == EMBKV_NOTFOUND) {
+        c->info_state = erc == EMBKV_OK ? 1 : 2;
+        return SQLITE_OK;
+    }
+fail:
+    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
+    return sqlite_rc_of(erc);
+}
+
+int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
+{
+    ekcur *c = (ekcur *)pc;
+    ekvtab *v = (ekvtab *)pc->pVtab;
+    int64_t id = c->b.ids[c->pos];
+    int rc;
+    switch (col) {
+    case COL_ID:
+        /* An UPDATE that keeps id: leave it unset, so xUpdate sees
+         * sqlite3_value_nochange() and takes the new rowid (argv[1]). */
+        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK;
+        sqlite3_result_int64(ctx, id);
+        return SQLITE_OK;
+    case COL_VEC:
+        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK; /* an UPDATE that keeps vec */
+        if (c->want_vec) {
+            sqlite3_result_blob(ctx, c->b.vecs + (c->pos - c->lo) * v->dim, (int)v->dim * 4, SQLITE_TRANSIENT);
+            return SQLITE_OK;
+        }
+        rc = read_row(v, id, v->scratch); /* not planned for: read it now */
+        if (rc < 0) return SQLITE_ERROR;
+        if (rc == 1) sqlite3_result_blob(ctx, v->scratch, (int)v->dim * 4, SQLITE_TRANSIENT);
+        return SQLITE_OK;
+    case COL_CLOCK:
+    case COL_TIER:
+        if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK;
+        rc = load_info(c, v);
+        if (rc != SQLITE_OK) return rc;
+        if (col == COL_CLOCK) {
+            if (c->info_state == 1 || c->info_state == 3) sqlite3_result_int64(ctx, (sqlite3_int64)c->info.clock);
+        } else if (c->info_state == 1) {
+            static const char *const tiers[] = {"dram", "pm", "ssd"};
+            if (c->info.tier >= 0 && c->info.tier < 3) sqlite3_result_text(ctx, tiers[c->info.tier], -1, SQLITE_STATIC);
+        }
+        return SQLITE_OK;
+    default:
+        return SQLITE_OK;
+    }
+}
+
+int vt_rowid(sqlite3_vtab_cursor *pc, sqlite3_int64 *rowid)
+{
+    ekcur *c = (ekcur *)pc;
+    *rowid = c->b.ids[c->pos];
+    return SQLITE_OK;
+}
+

@@ -1,0 +1,233 @@
+/*
+ * sqlite_stats.c - SQL functions over a named embkv table:
+ *   embkv_table_lookup()  (C, sqlite_embkv.h) resolves a table name of a
+ *                         connection to its store and options;
+ *   embkv_stats(table)    statistics as JSON (cJSON);
+ *   embkv_checkpoint(table)  embkv_sync, returning the durable epoch.
+ * Both SQL functions are SQLITE_DIRECTONLY.
+ */
+#include "sqlite_vtab.h"
+SQLITE_EXTENSION_INIT3
+
+#include <cjson/cJSON.h>
+#include <string.h>
+
+static int schema_rank(const char *zDb)
+{
+    if (sqlite3_stricmp(zDb, "temp") == 0) return 0;
+    if (sqlite3_stricmp(zDb, "main") == 0) return 1;
+    return 2;
+}
+
+static ekvtab *find_connected(ekconn *c, const char *zDb, const char *zName)
+{
+    ekvtab *best = NULL;
+    for (ekvtab *v = c->tabs; v; v = v->next) {
+        if (sqlite3_stricmp(v->zName, zName) != 0) continue;
+        if (zDb) {
+            if (sqlite3_stricmp(v->zDb, zDb) == 0) return v;
+        } else if (!best || schema_rank(v->zDb) < schema_rank(best->zDb)) {
+            best = v;
+        }
+    }
+    return best;
+}
+
+/* Makes SQLite connect the table (if it exists) by preparing a query on it. */
+static int touch_table(sqlite3 *db, const char *zDb, const char *zName)
+{
+    char *sql = zDb ? sqlite3_mprintf("SELECT 1 FROM \"%w\".\"%w\" LIMIT 0", zDb, zName)
+                    : sqlite3_mprintf("SELECT 1 FROM \"%w\" LIMIT 0", zName);
+    if (!sql) return SQLITE_NOMEM;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    sqlite3_finalize(st);
+    sqlite3_free(sql);
+    return rc;
+}
+
+static ekvtab *resolve(ekconn *c, const char *table, char **err)
+{
+    ekvtab *v = find_connected(c, NULL, table);
+    if (v) return v;
+    const char *dot = strchr(table, '.');
+    char *zDb = dot ? sqlite3_mprintf("%.*s", (int)(dot - table), table) : NULL;
+    if (dot && !zDb) return NULL;
+    int qualified = zDb && sqlite3_db_filename(c->db, zDb) != NULL;
+    if (qualified && (v = find_connected(c, zDb, dot + 1)) != NULL) {
+        sqlite3_free(zDb);
+        return v;
+    }
+    int rc = touch_table(c->db, NULL, table);
+    if (rc == SQLITE_OK) {
+        v = find_connected(c, NULL, table);
+    } else if (qualified) {
+        rc = touch_table(c->db, zDb, dot + 1);
+        if (rc == SQLITE_OK) v = find_connected(c, zDb, dot + 1);
+    }
+    if (!v)
+        *err = rc == SQLITE_OK ? sqlite3_mprintf("%s is not an embkv table", table)
+                               : sqlite3_mprintf("no such table: %s", table);
+    sqlite3_free(zDb);
+    return v;
+}
+
+int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, char **pzErr)
+{
+    if (pzErr) *pzErr = NULL;
+    memset(out, 0, sizeof *out);
+    char *err = NULL;
+    ekconn *c = ekconn_of(db);
+    ekvtab *v = NULL;
+    if (!table) err = sqlite3_mprintf("the table name is NULL");
+    else if (!c) err = sqlite3_mprintf("embkv is not loaded on this connection");
+    else v = resolve(c, table, &err);
+    if (v && !v->store) {
+        err = sqlite3_mprintf("table %s: %s", v->zName, v->broken);
+        v = NULL;
+    }
+    if (!v) {
+        if (pzErr) *pzErr = err;
+        else sqlite3_free(err);
+        return SQLITE_ERROR;
+    }
+    out->store = v->store;
+    out->opts = &v->opts;
+    out->schema = v->zDb;
+    out->name = v->zName;
+    out->dir = v->dir;
+    out->pending_writes = ektxn_count(v->txn);
+    if (!v->session && embkv_session_open(v->store, &v->session) != EMBKV_OK) v->session = NULL;
+    out->session = v->session;
+    return SQLITE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * embkv_stats(table) and embkv_checkpoint(table)
+ */
+static int fn_table(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
+{
+    const char *name = sqlite3_value_type(arg) == SQLITE_TEXT ? (const char *)sqlite3_value_text(arg) : NULL;
+    if (!name) {
+        char *m = sqlite3_mprintf("%s: expected a table name (TEXT)", fname);
+        sqlite3_result_error(ctx, m ? m : fname, -1);
+        sqlite3_free(m);
+        return SQLITE_ERROR;
+    }
+    char *err = NULL;
+    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err) != SQLITE_OK) {
+        char *m = sqlite3_mprintf("%s: %s", fname, err ? err : "out of memory");
+        sqlite3_result_error(ctx, m ? m : fname, -1);
+        sqlite3_free(m);
+        sqlite3_free(err);
+        return SQLITE_ERROR;
+    }
+    return SQLITE_OK;
+}
+
+static void fn_engine_error(sqlite3_context *ctx, const char *fname, const embkv_table_ref *ref, int erc)
+{
+    char *m = sqlite3_mprintf("%s: table %s: %s", fname, ref->name, embkv_errmsg());
+    sqlite3_result_error(ctx, m ? m : fname, -1);
+    sqlite3_result_error_code(ctx, erc == EMBKV_NOMEM ? SQLITE_NOMEM : erc == EMBKV_IO ? SQLITE_IOERR : SQLITE_ERROR);
+    sqlite3_free(m);
+}
+
+static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    if (fn_table(ctx, "embkv_stats", argv[0], &ref) != SQLITE_OK) return;
+    embkv_stats st;
+    embkv_train_stats ts;
+    double pmean = 0;
+    uint32_t pmax = 0;
+    int erc = embkv_stats_get(ref.store, &st);
+    if (erc == EMBKV_OK) erc = embkv_probe_stats(ref.store, &pmean, &pmax);
+    if (erc == EMBKV_OK) erc = embkv_train_stats_get(ref.store, &ts);
+    if (erc != EMBKV_OK) {
+        fn_engine_error(ctx, "embkv_stats", &ref, erc);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tiers = NULL, *pm = NULL, *ix = NULL, *ops = NULL, *dur = NULL, *tr = NULL;
+    int ok = o != NULL;
+    ok = ok && cJSON_AddStringToObject(o, "table", ref.name);
+    ok = ok && cJSON_AddStringToObject(o, "schema", ref.schema);
+    ok = ok && cJSON_AddStringToObject(o, "path", ref.dir);
+    ok = ok && cJSON_AddNumberToObject(o, "dim", embkv_dim(ref.store));
+    ok = ok && cJSON_AddNumberToObject(o, "state_floats", embkv_state_floats(ref.store));
+    ok = ok && cJSON_AddNumberToObject(o, "rows", (double)st.rows);
+    ok = ok && cJSON_AddNumberToObject(o, "pending_writes", (double)ref.pending_writes);
+    ok = ok && cJSON_AddNumberToObject(o, "record_bytes", (double)st.record_bytes);
+    /* The engine keeps every row in the PM tier (its pool) today. */
+    ok = ok && (tiers = cJSON_AddObjectToObject(o, "tiers")) != NULL;
+    ok = ok && (pm = cJSON_AddObjectToObject(tiers, "pm")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(pm, "rows", (double)st.rows);
+    ok = ok && cJSON_AddNumberToObject(pm, "bytes", (double)st.pool_used_bytes);
+    ok = ok && cJSON_AddNumberToObject(pm, "capacity_bytes", (double)st.pool_bytes);
+    ok = ok && cJSON_AddBoolToObject(pm, "is_pmem", st.is_pmem != 0);
+    ok = ok && (ix = cJSON_AddObjectToObject(o, "index")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(ix, "buckets", (double)st.buckets);
+    ok = ok && cJSON_AddNumberToObject(ix, "slots_per_bucket", st.slots_per_bucket);
+    ok = ok && cJSON_AddNumberToObject(ix, "bucket_bytes", st.bucket_bytes);
+    ok = ok && cJSON_AddNumberToObject(ix, "load_factor", st.load_factor);
+    ok = ok && cJSON_AddNumberToObject(ix, "probes_per_lookup", pmean);
+    ok = ok && cJSON_AddNumberToObject(ix, "max_probes", pmax);
+    ok = ok && cJSON_AddNumberToObject(ix, "resizes", (double)st.resizes);
+    ok = ok && (ops = cJSON_AddObjectToObject(o, "ops")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(ops, "gets", (double)st.gets);
+    ok = ok && cJSON_AddNumberToObject(ops, "batch_gets", (double)st.batch_gets);
+    ok = ok && cJSON_AddNumberToObject(ops, "puts", (double)st.puts);
+    ok = ok && cJSON_AddNumberToObject(ops, "deletes", (double)st.deletes);
+    ok = ok && cJSON_AddNumberToObject(ops, "hot_moves", (double)st.hot_moves);
+    ok = ok && (dur = cJSON_AddObjectToObject(o, "durability")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(dur, "durable_epoch", (double)st.durable_epoch);
+    ok = ok && cJSON_AddNumberToObject(dur, "syncs", (double)st.syncs);
+    ok = ok && cJSON_AddNumberToObject(dur, "last_sync_ms", st.last_sync_ms);
+    ok = ok && cJSON_AddBoolToObject(dur, "recovered", st.recovered != 0);
+    ok = ok && (tr = cJSON_AddObjectToObject(o, "training")) != NULL;
+    ok = ok && cJSON_AddNumberToObject(tr, "pulls", (double)ts.pulls);
+    ok = ok && cJSON_AddNumberToObject(tr, "pushes", (double)ts.pushes);
+    ok = ok && cJSON_AddNumberToObject(tr, "rows_created", (double)ts.rows_created);
+    ok = ok && cJSON_AddNumberToObject(tr, "permit_waits", (double)ts.permit_waits);
+    ok = ok && cJSON_AddNumberToObject(tr, "permit_timeouts", (double)ts.permit_timeouts);
+    char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) {
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    sqlite3_result_text(ctx, text, -1, SQLITE_TRANSIENT);
+    cJSON_free(text);
+}
+
+static void fn_checkpoint(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    if (fn_table(ctx, "embkv_checkpoint", argv[0], &ref) != SQLITE_OK) return;
+    embkv_stats st;
+    int erc = embkv_sync(ref.store);
+    if (erc == EMBKV_OK) erc = embkv_stats_get(ref.store, &st);
+    if (erc != EMBKV_OK) {
+        fn_engine_error(ctx, "embkv_checkpoint", &ref, erc);
+        return;
+    }
+    sqlite3_result_int64(ctx, (sqlite3_int64)st.durable_epoch);
+}
+
+int ekfn_register(sqlite3 *db, ekconn *c)
+{
+    /* Side effects (a sync) or file-system paths in the result: only from
+     * top-level SQL, never from views, triggers or schema. */
+    const int flags = SQLITE_UTF8 | SQLITE_DIRECTONLY;
+    int rc;
+    ekconn_ref(c);
+    rc = sqlite3_create_function_v2(db, "embkv_stats", 1, flags, c, fn_stats, NULL, NULL, ekconn_unref_v);
+    if (rc != SQLITE_OK) return rc;
+    ekconn_ref(c);
+    return sqlite3_create_function_v2(db, "embkv_checkpoint", 1, flags, c, fn_checkpoint, NULL, NULL,
+                                      ekconn_unref_v);
+}
+
