@@ -23,6 +23,9 @@ typedef struct embkv_tabopts {
     const char *path;      /* path: the store directory as written, NULL when defaulted */
     uint64_t pool_size;    /* pool_size: pool file bytes (0: the engine's default) */
     uint64_t capacity;     /* capacity: expected rows (0: the engine's default) */
+    /* optimizer, lr, initial_accumulator, eps, beta1, beta2, init, seed,
+     * staleness, wait_ms: the training options (sqlite_train.c) */
+    embkv_train_options train;
 } embkv_tabopts;
 
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */
@@ -52,6 +55,19 @@ typedef struct embkv_table_ref {
  * may be NULL) naming the table when there is no such table or it is not an
  * embkv table. */
 int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, char **pzErr);
+/* sqlite_train.c: embkv_pull, embkv_push, embkv_release; and the parsers
+ * of the training options (0 when the value is valid). */
+int embkv_train_register(sqlite3 *db);
+int embkv_parse_optimizer(const char *val, void *field);
+int embkv_parse_init(const char *val, void *field);
+int embkv_parse_staleness(const char *val, void *field);
+int embkv_parse_positive(const char *val, void *field);
+int embkv_parse_nonnegative(const char *val, void *field);
+int embkv_parse_unit(const char *val, void *field);
+/* Fills the defaults the options start from / completes them after parsing. */
+void embkv_train_opts_begin(embkv_train_options *t);
+void embkv_train_opts_end(embkv_train_options *t);
+
 /* sqlite_vecfn.c: vector functions, aggregates, embkv_version/embkv_build. */
 int embkv_vecfn_register(sqlite3 *db);
 

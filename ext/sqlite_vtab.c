@@ -103,6 +103,21 @@ static const ekopt_def ek_options[] = {
      "a size in bytes such as 268435456, 256M or 4G", NULL},
     {"capacity", EKO_U64, offsetof(embkv_tabopts, capacity), 1, 1ull << 40,
      "a row count from 1 to 1099511627776", NULL},
+    {"optimizer", EKO_CUSTOM, offsetof(embkv_tabopts, train.optimizer), 0, 0, "sgd, adagrad or adam",
+     embkv_parse_optimizer},
+    {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", embkv_parse_positive},
+    {"initial_accumulator", EKO_CUSTOM, offsetof(embkv_tabopts, train.initial_accumulator), 0, 0,
+     "a number >= 0", embkv_parse_nonnegative},
+    {"eps", EKO_CUSTOM, offsetof(embkv_tabopts, train.eps), 0, 0, "a positive number", embkv_parse_positive},
+    {"beta1", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta1), 0, 0, "a number in [0, 1)", embkv_parse_unit},
+    {"beta2", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta2), 0, 0, "a number in [0, 1)", embkv_parse_unit},
+    {"init", EKO_CUSTOM, offsetof(embkv_tabopts, train), 0, 0,
+     "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", embkv_parse_init},
+    {"seed", EKO_U64, offsetof(embkv_tabopts, train.seed), 0, UINT64_MAX, "an integer >= 0", NULL},
+    {"staleness", EKO_CUSTOM, offsetof(embkv_tabopts, train.staleness), 0, 0,
+     "an integer >= 0 or unlimited", embkv_parse_staleness},
+    {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
+     NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -179,6 +194,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
 {
     uint64_t seen = 0;
+    embkv_train_opts_begin(&v->opts.train);
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
@@ -247,6 +263,7 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         *err = sqlite3_mprintf("option dim is required, e.g. USING embkv(dim=64)");
         return SQLITE_ERROR;
     }
+    embkv_train_opts_end(&v->opts.train);
     return SQLITE_OK;
 }
 
@@ -380,6 +397,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     eo.dim = v->opts.dim;
     eo.expected_rows = v->opts.capacity;
     eo.pool_size = v->opts.pool_size;
+    /* The optimizer's per-row state lives in the record from the start. */
+    eo.state_floats = embkv_train_state_floats(&v->opts.train, v->opts.dim);
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     if (erc != EMBKV_OK) {
@@ -390,6 +409,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         /* Another process holding the store, or a passing condition, is an
          * error here and now; a store that is not there is a broken table. */
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
+        goto fail;
+    }
+    if (embkv_train_configure(v->store, &v->opts.train) != EMBKV_OK) {
+        err = sqlite3_mprintf("%s", embkv_errmsg());
+        rc = SQLITE_ERROR;
         goto fail;
     }
     v->dir = sqlite3_mprintf("%s", embkv_path(v->store));

@@ -1,0 +1,402 @@
+/*
+ * sqlite_train.c - the training functions of the SQLite binding:
+ *   embkv_pull(table, ids)              -> BLOB of len(ids)*dim float32
+ *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
+ *   embkv_release(table, ids)           -> number of ids whose permit returned
+ * ids: an int64 little-endian BLOB, a JSON array of integers, or one integer.
+ * grads: a float32 BLOB of len(ids)*dim, or a JSON array of that many numbers.
+ *
+ * Each connection pulls and pushes through its own engine session (kept by
+ * the table instance of that connection), so the staleness permits it holds
+ * go back when the connection closes.  Training writes go straight to the
+ * store: they are not part of the SQL transaction (a ROLLBACK does not undo
+ * a push) and become durable at the next embkv_checkpoint or COMMIT.  To
+ * keep the two worlds apart, a connection with uncommitted SQL writes to the
+ * table cannot pull or push it until it commits.
+ */
+#include "sqlite_embkv.h"
+SQLITE_EXTENSION_INIT3
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Result error "fname: table T: message" with the engine's code mapped. */
+static void train_error(sqlite3_context *ctx, const char *fname, const char *table, int rc, const char *msg)
+{
+    char *m = table ? sqlite3_mprintf("%s: table %s: %s", fname, table, msg) : sqlite3_mprintf("%s: %s", fname, msg);
+    sqlite3_result_error(ctx, m ? m : msg, -1);
+    sqlite3_free(m);
+    switch (rc) {
+    case EMBKV_BUSY: sqlite3_result_error_code(ctx, SQLITE_BUSY); break;
+    case EMBKV_NOMEM: sqlite3_result_error_nomem(ctx); break;
+    case EMBKV_FULL: sqlite3_result_error_code(ctx, SQLITE_FULL); break;
+    case EMBKV_NOTFOUND: sqlite3_result_error_code(ctx, SQLITE_NOTFOUND); break;
+    default: break;
+    }
+}
+
+/* The ids argument as an array (sqlite3_malloc'd, *n entries); NULL with an
+ * error message in *err (sqlite3_malloc'd) when it is not one of the forms. */
+static int64_t *parse_ids(sqlite3_value *v, size_t *n, char **err)
+{
+    *n = 0;
+    *err = NULL;
+    switch (sqlite3_value_type(v)) {
+    case SQLITE_INTEGER: {
+        int64_t *ids = sqlite3_malloc64(sizeof *ids);
+        if (!ids)
+            return NULL;
+        ids[0] = sqlite3_value_int64(v);
+        *n = 1;
+        return ids;
+    }
+    case SQLITE_BLOB: {
+        int bytes = sqlite3_value_bytes(v);
+        if (bytes <= 0 || bytes % 8) {
+            *err = sqlite3_mprintf("ids BLOB must hold int64 values (a non-empty multiple of 8 bytes), got %d bytes",
+                                   bytes);
+            return NULL;
+        }
+        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)bytes);
+        if (!ids)
+            return NULL;
+        memcpy(ids, sqlite3_value_blob(v), (size_t)bytes);
+        *n = (size_t)bytes / 8;
+        return ids;
+    }
+    case SQLITE_TEXT: {
+        cJSON *j = cJSON_Parse((const char *)sqlite3_value_text(v));
+        int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
+        if (count <= 0) {
+            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers, an int64 BLOB or an integer");
+            cJSON_Delete(j);
+            return NULL;
+        }
+        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)count * sizeof *ids);
+        int k = 0;
+        for (cJSON *e = j->child; ids && e; e = e->next, k++) {
+            double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+            /* cJSON keeps numbers as double: integers beyond 2^53 are not exact. */
+            if (!(d == floor(d)) || fabs(d) > 9007199254740992.0) {
+                *err = sqlite3_mprintf("ids element %d is not an integer within +-2^53 (use an int64 BLOB for "
+                                       "larger ids)", k);
+                sqlite3_free(ids);
+                ids = NULL;
+                break;
+            }
+            ids[k] = (int64_t)d;
+        }
+        cJSON_Delete(j);
+        *n = ids ? (size_t)count : 0;
+        return ids;
+    }
+    default:
+        *err = sqlite3_mprintf("ids must be an int64 BLOB, a JSON array of integers or an integer");
+        return NULL;
+    }
+}
+
+/* Gradients: a float32 BLOB or a JSON array of n*dim numbers. */
+static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
+{
+    size_t want = n * dim;
+    *err = NULL;
+    if (sqlite3_value_type(v) == SQLITE_BLOB) {
+        size_t bytes = (size_t)sqlite3_value_bytes(v);
+        if (bytes != want * 4) {
+            *err = sqlite3_mprintf("grads must be %llu float32 (%llu ids x dim %u = %llu-byte BLOB), got a %llu-byte "
+                                   "BLOB", (unsigned long long)want, (unsigned long long)n, dim,
+                                   (unsigned long long)want * 4, (unsigned long long)bytes);
+            return NULL;
+        }
+        float *g = sqlite3_malloc64(bytes);
+        if (g)
+            memcpy(g, sqlite3_value_blob(v), bytes);
+        return g;
+    }
+    if (sqlite3_value_type(v) == SQLITE_TEXT) {
+        cJSON *j = cJSON_Parse((const char *)sqlite3_value_text(v));
+        if (!j || !cJSON_IsArray(j) || (size_t)cJSON_GetArraySize(j) != want) {
+            *err = sqlite3_mprintf("grads must be a JSON array of %llu numbers (%llu ids x dim %u)",
+                                   (unsigned long long)want, (unsigned long long)n, dim);
+            cJSON_Delete(j);
+            return NULL;
+        }
+        float *g = sqlite3_malloc64(want * sizeof *g);
+        size_t k = 0;
+        for (cJSON *e = j->child; g && e; e = e->next, k++) {
+            if (!cJSON_IsNumber(e)) {
+                *err = sqlite3_mprintf("grads element %llu is not a number", (unsigned long long)k);
+                sqlite3_free(g);
+                g = NULL;
+                break;
+            }
+            g[k] = (float)e->valuedouble;
+        }
+        cJSON_Delete(j);
+        return g;
+    }
+    *err = sqlite3_mprintf("grads must be a float32 BLOB or a JSON array of numbers");
+    return NULL;
+}
+
+/* Resolves the table argument and this connection's session on it. */
+static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
+{
+    const char *name = sqlite3_value_type(arg) == SQLITE_TEXT ? (const char *)sqlite3_value_text(arg) : NULL;
+    if (!name) {
+        train_error(ctx, fname, NULL, EMBKV_INVALID, "expected a table name (TEXT) as argument 1");
+        return SQLITE_ERROR;
+    }
+    char *err = NULL;
+    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err) != SQLITE_OK) {
+        train_error(ctx, fname, NULL, EMBKV_INVALID, err ? err : "no such embkv table");
+        sqlite3_free(err);
+        return SQLITE_ERROR;
+    }
+    if (ref->pending_writes) {
+        train_error(ctx, fname, ref->name, EMBKV_INVALID,
+                    "this connection has uncommitted writes to the table; COMMIT them first");
+        return SQLITE_ERROR;
+    }
+    if (!ref->session) {
+        train_error(ctx, fname, ref->name, EMBKV_INVALID, embkv_errmsg());
+        return SQLITE_ERROR;
+    }
+    return SQLITE_OK;
+}
+
+static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    if (train_target(ctx, "embkv_pull", argv[0], &ref) != SQLITE_OK)
+        return;
+    size_t n;
+    char *err;
+    int64_t *ids = parse_ids(argv[1], &n, &err);
+    if (!ids) {
+        if (err)
+            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, err);
+        else
+            sqlite3_result_error_nomem(ctx);
+        sqlite3_free(err);
+        return;
+    }
+    uint32_t dim = embkv_dim(ref.store);
+    float *out = sqlite3_malloc64((sqlite3_uint64)n * dim * sizeof *out);
+    if (!out) {
+        sqlite3_free(ids);
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    int rc = embkv_pull(ref.session, ids, n, out);
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK) {
+        sqlite3_free(out);
+        train_error(ctx, "embkv_pull", ref.name, rc, embkv_errmsg());
+        return;
+    }
+    sqlite3_result_blob64(ctx, out, (sqlite3_uint64)n * dim * sizeof *out, sqlite3_free);
+}
+
+static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    embkv_table_ref ref;
+    if (train_target(ctx, "embkv_push", argv[0], &ref) != SQLITE_OK)
+        return;
+    double lr = 0;
+    if (argc > 3 && sqlite3_value_type(argv[3]) != SQLITE_NULL) {
+        int t = sqlite3_value_type(argv[3]);
+        lr = sqlite3_value_double(argv[3]);
+        if ((t != SQLITE_INTEGER && t != SQLITE_FLOAT) || !(lr > 0) || !isfinite(lr)) {
+            train_error(ctx, "embkv_push", ref.name, EMBKV_INVALID, "lr (argument 4) must be a positive number");
+            return;
+        }
+    }
+    size_t n;
+    char *err;
+    int64_t *ids = parse_ids(argv[1], &n, &err);
+    float *grads = ids ? parse_grads(argv[2], n, embkv_dim(ref.store), &err) : NULL;
+    if (!ids || !grads) {
+        if (err)
+            train_error(ctx, "embkv_push", ref.name, EMBKV_INVALID, err);
+        else
+            sqlite3_result_error_nomem(ctx);
+        sqlite3_free(err);
+        sqlite3_free(ids);
+        return;
+    }
+    size_t updated = 0;
+    int rc = embkv_push(ref.session, ids, n, grads, lr, &updated);
+    sqlite3_free(ids);
+    sqlite3_free(grads);
+    if (rc != EMBKV_OK)
+        train_error(ctx, "embkv_push", ref.name, rc, embkv_errmsg());
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)updated);
+}
+
+static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    if (train_target(ctx, "embkv_release", argv[0], &ref) != SQLITE_OK)
+        return;
+    size_t n;
+    char *err;
+    int64_t *ids = parse_ids(argv[1], &n, &err);
+    if (!ids) {
+        if (err)
+            train_error(ctx, "embkv_release", ref.name, EMBKV_INVALID, err);
+        else
+            sqlite3_result_error_nomem(ctx);
+        sqlite3_free(err);
+        return;
+    }
+    int rc = embkv_release(ref.session, ids, n);
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK)
+        train_error(ctx, "embkv_release", ref.name, rc, embkv_errmsg());
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)n);
+}
+
+/* ------------------------------------------------------------ options */
+
+void embkv_train_opts_begin(embkv_train_options *t)
+{
+    embkv_train_defaults(t);
+    t->eps = 0;  /* "not given": the optimizer's default is chosen at the end */
+}
+
+void embkv_train_opts_end(embkv_train_options *t)
+{
+    /* PyTorch's defaults: Adagrad eps 1e-10, Adam eps 1e-8. */
+    if (t->eps == 0)
+        t->eps = t->optimizer == EMBKV_ADAM ? 1e-8 : 1e-10;
+}
+
+/* A whole finite number; 0 on success. */
+static int parse_double(const char *val, double *out)
+{
+    char *end;
+    double d = strtod(val, &end);
+    if (end == val || *end || !isfinite(d))
+        return -1;
+    *out = d;
+    return 0;
+}
+
+int embkv_parse_positive(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d > 0))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int embkv_parse_nonnegative(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d >= 0))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int embkv_parse_unit(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d >= 0 && d < 1))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int embkv_parse_optimizer(const char *val, void *field)
+{
+    static const char *const names[] = {"sgd", "adagrad", "adam"};
+    for (int i = 0; i < 3; i++)
+        if (sqlite3_stricmp(val, names[i]) == 0) {
+            *(int *)field = i;  /* EMBKV_SGD, EMBKV_ADAGRAD, EMBKV_ADAM */
+            return 0;
+        }
+    return -1;
+}
+
+int embkv_parse_staleness(const char *val, void *field)
+{
+    if (sqlite3_stricmp(val, "unlimited") == 0) {
+        *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
+        return 0;
+    }
+    char *end;
+    long long s = strtoll(val, &end, 10);
+    if (end == val || *end || s < 0 || s > 1000000)
+        return -1;
+    *(int64_t *)field = s;
+    return 0;
+}
+
+/* none | zeros | uniform(a,b) | normal(mean,std); field is the whole
+ * embkv_train_options. */
+int embkv_parse_init(const char *val, void *field)
+{
+    embkv_train_options *t = field;
+    if (sqlite3_stricmp(val, "none") == 0) {
+        t->init = EMBKV_INIT_NONE;
+        return 0;
+    }
+    if (sqlite3_stricmp(val, "zeros") == 0) {
+        t->init = EMBKV_INIT_ZEROS;
+        return 0;
+    }
+    int kind = sqlite3_strnicmp(val, "uniform(", 8) == 0 ? EMBKV_INIT_UNIFORM
+               : sqlite3_strnicmp(val, "normal(", 7) == 0 ? EMBKV_INIT_NORMAL
+                                                          : -1;
+    if (kind < 0)
+        return -1;
+    const char *p = strchr(val, '(') + 1;
+    char *end;
+    double a = strtod(p, &end);
+    if (end == p)
+        return -1;
+    while (*end == ' ')
+        end++;
+    if (*end++ != ',')
+        return -1;
+    p = end;
+    double b = strtod(p, &end);
+    if (end == p)
+        return -1;
+    while (*end == ' ')
+        end++;
+    if (*end++ != ')' || *end || !isfinite(a) || !isfinite(b))
+        return -1;
+    if ((kind == EMBKV_INIT_UNIFORM && !(a < b)) || (kind == EMBKV_INIT_NORMAL && !(b >= 0)))
+        return -1;
+    t->init = kind;
+    t->init_a = a;
+    t->init_b = b;
+    return 0;
+}
+
+/* ------------------------------------------------------------ registration */
+
+int embkv_train_register(sqlite3 *db)
+{
+    /* Side effects on the store and on permits: never from schema objects. */
+    const int flags = SQLITE_UTF8 | SQLITE_DIRECTONLY;
+    int rc = sqlite3_create_function_v2(db, "embkv_pull", 2, flags, NULL, fn_pull, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_push", 3, flags, NULL, fn_push, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_push", 4, flags, NULL, fn_push, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_release", 2, flags, NULL, fn_release, NULL, NULL, NULL);
+    return rc;
+}
