@@ -45,7 +45,7 @@ all: $(B)/libembkv.a $(B)/embkv.so
 $(B)/libembkv.a: $(B)/plain/libembkv.a
 	cp $< $@
 $(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
-	$(CC) -shared -Wl,-z,defs -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
+	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
 deps:
 	@bash tests/deps.sh

@@ -121,6 +121,19 @@ else
     echo; echo "bench_sql skipped: needs build/bench/bench_sql and build/embkv.so"
 fi
 
+# The training step: C API, SQL functions from C, two threads x staleness
+# (bench_train), and from Python against numpy and a plain SQLite table.
+if [[ -x $BIN/bench_train && -f build/embkv.so ]]; then
+    run "bench_train (/dev/shm)" "$BIN/bench_train" "$SHM_ROOT/train" --ext build/embkv \
+        --rows "$ROWS" --batches "$BATCHES" --pool-mb "$POOL_MB"
+    rm -rf "$SHM_ROOT/train"
+    if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+        run "bench_train.py (/dev/shm)" /usr/bin/python3 bench/bench_train.py "$SHM_ROOT/trainpy" \
+            --ext build/embkv --rows "$ROWS" --batches "$BATCHES"
+        rm -rf "$SHM_ROOT/trainpy"
+    fi
+fi
+
 echo
 echo "results written to $OUT"
 exit $status

@@ -109,6 +109,9 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
               unsigned flags);
 int embkv_delete(embkv_store *s, int64_t id);
 int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
+/* found[i] = embkv_exists(ids[i]) for a whole batch, with the buckets
+ * prefetched ahead; returns the number absent. */
+size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found);
 uint64_t embkv_count(embkv_store *s);
 
 /* Batch get: writes n vectors of dim floats to out in the order of ids

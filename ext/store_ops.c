@@ -349,6 +349,30 @@ int embkv_exists(embkv_store *s, int64_t id)
     return loc != LOC_NONE && !(loc & LOC_TOMB);
 }
 
+size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found)
+{
+    uint64_t hs[RING];
+    size_t absent = 0;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n + PF_BUCKET; i++) {
+        if (i < n) {
+            uint64_t h = embkv__hash(ids[i]);
+            hs[i % RING] = h;
+            __builtin_prefetch(&ix->buckets[h & ix->mask], 0, 3);
+        }
+        if (i >= PF_BUCKET) {
+            size_t j = i - PF_BUCKET;
+            uint32_t probes;
+            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+            found[j] = loc != LOC_NONE && !(loc & LOC_TOMB);
+            absent += !found[j];
+        }
+    }
+    ebr_leave();
+    return absent;
+}
+
 static inline void prefetch_record(embkv_store *s, uint64_t loc)
 {
     const char *p = (const char *)rec_vec(rec_at(s, loc));  /* line aligned */

@@ -652,12 +652,15 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     int rc = EMBKV_OK;
     /* Check (and with an initializer, create) every row before changing any. */
     int64_t *miss = malloc(nu * sizeof *miss);
+    uint8_t *present = malloc(nu);
     size_t nmiss = 0;
-    if (!miss)
+    if (!miss || !present)
         rc = embkv__err(EMBKV_NOMEM, "embkv_push: out of memory");
-    for (size_t i = 0; i < nu && rc == EMBKV_OK; i++)
-        if (!embkv_exists(s, uids[i]))
-            miss[nmiss++] = uids[i];
+    else if (embkv_exists_batch(s, uids, nu, present))
+        for (size_t i = 0; i < nu; i++)
+            if (!present[i])
+                miss[nmiss++] = uids[i];
+    free(present);
     if (rc == EMBKV_OK && nmiss) {
         if (o.init == EMBKV_INIT_NONE)
             rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)", (long long)miss[0]);
