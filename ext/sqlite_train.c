@@ -142,6 +142,21 @@ static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
     return NULL;
 }
 
+/* The ids argument, or NULL after reporting why as the function's error. */
+static int64_t *ids_arg(sqlite3_context *ctx, const char *fname, const char *table, sqlite3_value *v, size_t *n)
+{
+    char *err = NULL;
+    int64_t *ids = parse_ids(v, n, &err);
+    if (!ids) {
+        if (err)
+            train_error(ctx, fname, table, EMBKV_INVALID, err);
+        else
+            sqlite3_result_error_nomem(ctx);
+        sqlite3_free(err);
+    }
+    return ids;
+}
+
 /* Resolves the table argument and this connection's session on it. */
 static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
 {
@@ -175,16 +190,9 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (train_target(ctx, "embkv_pull", argv[0], &ref) != SQLITE_OK)
         return;
     size_t n;
-    char *err;
-    int64_t *ids = parse_ids(argv[1], &n, &err);
-    if (!ids) {
-        if (err)
-            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, err);
-        else
-            sqlite3_result_error_nomem(ctx);
-        sqlite3_free(err);
+    int64_t *ids = ids_arg(ctx, "embkv_pull", ref.name, argv[1], &n);
+    if (!ids)
         return;
-    }
     uint32_t dim = embkv_dim(ref.store);
     float *out = sqlite3_malloc64((sqlite3_uint64)n * dim * sizeof *out);
     if (!out) {
@@ -217,10 +225,12 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         }
     }
     size_t n;
-    char *err;
-    int64_t *ids = parse_ids(argv[1], &n, &err);
-    float *grads = ids ? parse_grads(argv[2], n, embkv_dim(ref.store), &err) : NULL;
-    if (!ids || !grads) {
+    char *err = NULL;
+    int64_t *ids = ids_arg(ctx, "embkv_push", ref.name, argv[1], &n);
+    if (!ids)
+        return;
+    float *grads = parse_grads(argv[2], n, embkv_dim(ref.store), &err);
+    if (!grads) {
         if (err)
             train_error(ctx, "embkv_push", ref.name, EMBKV_INVALID, err);
         else
@@ -246,16 +256,9 @@ static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (train_target(ctx, "embkv_release", argv[0], &ref) != SQLITE_OK)
         return;
     size_t n;
-    char *err;
-    int64_t *ids = parse_ids(argv[1], &n, &err);
-    if (!ids) {
-        if (err)
-            train_error(ctx, "embkv_release", ref.name, EMBKV_INVALID, err);
-        else
-            sqlite3_result_error_nomem(ctx);
-        sqlite3_free(err);
+    int64_t *ids = ids_arg(ctx, "embkv_release", ref.name, argv[1], &n);
+    if (!ids)
         return;
-    }
     int rc = embkv_release(ref.session, ids, n);
     sqlite3_free(ids);
     if (rc != EMBKV_OK)

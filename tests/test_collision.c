@@ -28,12 +28,6 @@
 #define DIM 4
 #define MAXKEYS 256
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static embkv_store *S;
 static uint64_t N;           /* buckets: constant for the whole test */

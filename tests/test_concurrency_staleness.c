@@ -36,34 +36,6 @@
 #include <time.h>
 
 /* check.h's counters are plain ints; threads report through these. */
-static atomic_int tfail, tpass;
-#define TCHECK(cond) do { \
-    if (cond) atomic_fetch_add_explicit(&tpass, 1, memory_order_relaxed); \
-    else { atomic_fetch_add(&tfail, 1); \
-        fprintf(stderr, "%s:%d: CHECK failed (thread): %s\n", __FILE__, __LINE__, #cond); } \
-} while (0)
-#define TCHECK_RC(expr, want) do { \
-    int trc_ = (expr); \
-    if (trc_ == (want)) atomic_fetch_add_explicit(&tpass, 1, memory_order_relaxed); \
-    else { atomic_fetch_add(&tfail, 1); \
-        fprintf(stderr, "%s:%d: %s returned %d, want %d (%s)\n", __FILE__, __LINE__, \
-                #expr, trc_, (int)(want), embkv_errmsg()); } \
-} while (0)
-
-static void fold_thread_checks(void)
-{
-    check_passed += atomic_exchange(&tpass, 0);
-    check_failed += atomic_exchange(&tfail, 0);
-}
-
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-typedef struct { uint64_t s; } rng_t;
-static uint64_t rnd(rng_t *r) { return mix64(r->s += 0x9E3779B97F4A7C15ull); }
 
 static double scale = 1.0;
 static size_t scaled(double n, size_t min)

@@ -37,16 +37,7 @@
 
 /* ---- randomness and values ---------------------------------------------- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
-typedef struct { uint64_t s; } rng_t;
-static uint64_t rnd(rng_t *r) { return mix64(r->s += 0x9E3779B97F4A7C15ull); }
-static uint64_t rnd_below(rng_t *r, uint64_t n) { return rnd(r) % n; }
 
 static void make_vec(int64_t id, uint32_t ver, float *v)
 {

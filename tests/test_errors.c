@@ -33,12 +33,6 @@
 
 #define DIM 8
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static void make_vec(int64_t id, uint32_t ver, float *v, uint32_t dim)
 {

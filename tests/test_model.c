@@ -28,16 +28,7 @@
 
 /* ---- deterministic randomness ---------------------------------------- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rng_state;
-static uint64_t rnd(void) { return mix64(rng_state += 0x9E3779B97F4A7C15ull); }
-static uint64_t rnd_below(uint64_t n) { return rnd() % n; }
+static rng_t model_rng;
 
 static double test_scale(void)
 {
@@ -60,7 +51,7 @@ static void make_vec(int64_t id, uint32_t ver, float *v)
     }
 }
 
-static float rnd_state_float(void) { return (float)((int64_t)rnd_below(2000001) - 1000000) / 8.0f; }
+static float rnd_state_float(void) { return (float)((int64_t)rnd_below(&model_rng, 2000001) - 1000000) / 8.0f; }
 
 /* ---- the model: open addressing, ids are never removed (present flag) - */
 
@@ -136,13 +127,13 @@ static int64_t warm_id(uint64_t k)
 
 static int64_t pick_id(void)
 {
-    uint64_t r = rnd_below(100);
-    if (r < 35) return hot[rnd_below(NHOT)];
-    if (r < 92) return warm_id(rnd_below(universe));
-    if (r < 97 && nrand) return rand_ids[rnd_below(nrand)];
+    uint64_t r = rnd_below(&model_rng, 100);
+    if (r < 35) return hot[rnd_below(&model_rng, NHOT)];
+    if (r < 92) return warm_id(rnd_below(&model_rng, universe));
+    if (r < 97 && nrand) return rand_ids[rnd_below(&model_rng, nrand)];
     /* a fresh random id: half full 64-bit (negative half the time), half
      * 63-bit positive */
-    int64_t id = (int64_t)(rnd_below(2) ? rnd() : rnd() >> 1);
+    int64_t id = (int64_t)(rnd_below(&model_rng, 2) ? rnd(&model_rng) : rnd(&model_rng) >> 1);
     if (nrand < MAX_RAND_IDS) rand_ids[nrand++] = id;
     return id;
 }
@@ -297,7 +288,7 @@ static void open_store(bool create)
     /* Half the reopens pass only dim: zero state_floats means "whatever the
      * store has", so it must not count as a mismatch. */
     embkv_options o = opts;
-    if (!create && rnd_below(2)) { memset(&o, 0, sizeof o); o.dim = DIM; }
+    if (!create && rnd_below(&model_rng, 2)) { memset(&o, 0, sizeof o); o.dim = DIM; }
     int rc = embkv_open(dir, &o, create ? EMBKV_OPEN_CREATE : 0, &S);
     CHECK_RC(rc, EMBKV_OK);
     if (rc != EMBKV_OK) {
@@ -315,7 +306,7 @@ static void op_put(void)
     int64_t id = pick_id();
     op_id = id;
     unsigned flags = 0;
-    uint64_t r = rnd_below(10);
+    uint64_t r = rnd_below(&model_rng, 10);
     if (r < 2) flags = EMBKV_PUT_INSERT;
     else if (r < 4) flags = EMBKV_PUT_UPDATE;
     op_name = flags == EMBKV_PUT_INSERT ? "put(INSERT)" : flags ? "put(UPDATE)" : "put";
@@ -327,7 +318,7 @@ static void op_put(void)
     if ((flags & EMBKV_PUT_UPDATE) && !present) want = EMBKV_NOTFOUND;
 
     float vec[DIM], st[SF];
-    bool with_state = rnd_below(2);
+    bool with_state = rnd_below(&model_rng, 2);
     uint32_t ver = ++vcounter;
     make_vec(id, ver, vec);
     st[0] = rnd_state_float();
@@ -377,14 +368,14 @@ static void op_get_batch(void)
     int64_t ids[64];
     float out[64 * DIM];
     uint8_t found[64];
-    size_t n = 1 + rnd_below(64), nmissing = 12345, want_missing = 0;
+    size_t n = 1 + rnd_below(&model_rng, 64), nmissing = 12345, want_missing = 0;
     op_name = "get_batch";
     for (size_t i = 0; i < n; i++)
-        ids[i] = i && rnd_below(4) == 0 ? ids[rnd_below(i)] : pick_id();  /* duplicates */
+        ids[i] = i && rnd_below(&model_rng, 4) == 0 ? ids[rnd_below(&model_rng, i)] : pick_id();  /* duplicates */
     op_id = ids[0];
     memset(out, 0x7f, sizeof out);
     memset(found, 0x55, sizeof found);
-    bool pass_found = rnd_below(4) != 0;  /* found and nmissing may be NULL */
+    bool pass_found = rnd_below(&model_rng, 4) != 0;  /* found and nmissing may be NULL */
     int rc = embkv_get_batch(S, ids, n, out, pass_found ? found : NULL,
                              pass_found ? &nmissing : NULL);
     CHECK_RC(rc, EMBKV_OK);
@@ -434,8 +425,8 @@ static int ub_fn(void *vctx, size_t i, int64_t id, float *vec, float *state)
         CHECK(state[0] == (present ? e->st[0] : 0.0f));
         CHECK(state[1] == (present ? e->st[1] : 0.0f));
     }
-    uint64_t r = rnd_below(8);
-    if (r == 0) return 1 + (int)rnd_below(3);  /* skip: nothing written */
+    uint64_t r = rnd_below(&model_rng, 8);
+    if (r == 0) return 1 + (int)rnd_below(&model_rng, 3);  /* skip: nothing written */
 
     if (!e) e = mfind(id, true);
     if (present) {
@@ -460,10 +451,10 @@ static int ub_fn(void *vctx, size_t i, int64_t id, float *vec, float *state)
 static void op_update_batch(void)
 {
     int64_t ids[16];
-    size_t n = 1 + rnd_below(16), nupdated = 999;
+    size_t n = 1 + rnd_below(&model_rng, 16), nupdated = 999;
     for (size_t i = 0; i < n; i++)
-        ids[i] = i && rnd_below(5) == 0 ? ids[rnd_below(i)] : pick_id();
-    ubctx c = { ids, n, 0, 0, rnd_below(2) != 0 };
+        ids[i] = i && rnd_below(&model_rng, 5) == 0 ? ids[rnd_below(&model_rng, i)] : pick_id();
+    ubctx c = { ids, n, 0, 0, rnd_below(&model_rng, 2) != 0 };
     op_name = c.create ? "update_batch(CREATE)" : "update_batch";
     op_id = ids[0];
     CHECK_RC(embkv_update_batch(S, ids, n, ub_fn, &c, c.create ? EMBKV_UPDATE_CREATE : 0,
@@ -476,11 +467,11 @@ static void op_update_batch(void)
 static void op_hotset(void)
 {
     int64_t ids[8];
-    size_t n = 1 + rnd_below(8), moved = 999;
+    size_t n = 1 + rnd_below(&model_rng, 8), moved = 999;
     op_name = "hotset";
     for (size_t i = 0; i < n; i++) {
         /* only present ids: what hotset does with absent ones is unspecified */
-        ids[i] = hot[rnd_below(NHOT)];
+        ids[i] = hot[rnd_below(&model_rng, NHOT)];
         for (int t = 0; t < 20 && !mpresent(ids[i]); t++) ids[i] = pick_id();
         if (!mpresent(ids[i])) { n = i; break; }
     }
@@ -529,14 +520,14 @@ int main(void)
     printf("test_model: seed=%" PRIu64 " ops=%" PRIu64 " (override with EMBKV_TEST_SEED)\n",
            seed, nops);
     fflush(stdout);
-    rng_state = seed;
+    model_rng.s = seed;
     time_t t0 = time(NULL);
 
     mgrow();
     rand_ids = malloc(MAX_RAND_IDS * sizeof *rand_ids);
     hot[0] = 0; hot[1] = INT64_MIN; hot[2] = INT64_MAX; hot[3] = -1; hot[4] = 1;
     hot[5] = INT64_MIN + 1; hot[6] = INT64_MAX - 1;
-    for (int i = 7; i < NHOT; i++) hot[i] = (int64_t)rnd();
+    for (int i = 7; i < NHOT; i++) hot[i] = (int64_t)rnd(&model_rng);
 
     dir = strdup(test_tmpdir("model"));
     memset(&opts, 0, sizeof opts);
@@ -550,16 +541,16 @@ int main(void)
     CHECK(embkv_count(S) == 0);
     full_verify();
 
-    uint64_t next_sync = 1 + rnd_below(20000);
-    uint64_t next_reopen = 100000 + rnd_below(300000);
-    uint64_t next_scan = 50000 + rnd_below(100000);
+    uint64_t next_sync = 1 + rnd_below(&model_rng, 20000);
+    uint64_t next_reopen = 100000 + rnd_below(&model_rng, 300000);
+    uint64_t next_scan = 50000 + rnd_below(&model_rng, 100000);
     int last_failed = 0, reported = 0;
 
     for (uint64_t i = 0; i < nops; i++) {
         op_index = i;
         /* the warm key space grows linearly to 40000 ids over the run */
         universe = 500 + i * 40000 / nops;
-        uint64_t r = rnd_below(1000);
+        uint64_t r = rnd_below(&model_rng, 1000);
         if (r < 380) op_put();
         else if (r < 600) { op_name = "get"; op_id = pick_id(); verify_get(op_id); }
         else if (r < 740) op_delete();
@@ -569,9 +560,9 @@ int main(void)
         else if (r < 985) op_hotset();
         else { op_name = "count"; CHECK(embkv_count(S) == mlive); }
 
-        if (i == next_sync) { do_sync(); next_sync = i + 1 + rnd_below(20000); }
-        if (i == next_reopen) { do_reopen(); next_reopen = i + 100000 + rnd_below(300000); }
-        if (i == next_scan) { op_name = "full scan"; full_verify(); next_scan = i + 50000 + rnd_below(100000); }
+        if (i == next_sync) { do_sync(); next_sync = i + 1 + rnd_below(&model_rng, 20000); }
+        if (i == next_reopen) { do_reopen(); next_reopen = i + 100000 + rnd_below(&model_rng, 300000); }
+        if (i == next_scan) { op_name = "full scan"; full_verify(); next_scan = i + 50000 + rnd_below(&model_rng, 100000); }
 
         if (check_failed != last_failed) {
             if (!reported++)

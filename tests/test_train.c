@@ -53,18 +53,13 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* splitmix64's output step of a key. */
+static uint64_t key_mix(uint64_t z) { return mix64(z + 0x9E3779B97F4A7C15ull); }
 
 /* A uniform double in [-1, 1) from a key. */
 static double unit(uint64_t key)
 {
-    return (double)(mix64(key) >> 11) * 0x1p-52 - 1.0;
+    return (double)(key_mix(key) >> 11) * 0x1p-52 - 1.0;
 }
 
 static bool errmsg_has(const char *needle)

@@ -33,9 +33,13 @@ SELECT 'adam-eps1', abs(json_extract(d, '$[0]') + 0.125) < 1e-6, abs(json_extrac
 -- (all zeros): g=1: acc = 3 + 1 = 4, w = 0 - 1*1/sqrt(4) = -0.5; g=-1: +0.5.
 SELECT 'adagrad-acc0', embkv_push('opt_ada', 7, '[1, -1]');
 SELECT 'adagrad-acc0', embkv_json(embkv_pull('opt_ada', 7));
--- opt_sgd: default lr 0.01 (0.01 in float32 arithmetic: w - 0.01*g)
+-- opt_sgd: the default lr 0.01: 0.01*100 = 1, 0.01*-50 = -0.5
 SELECT 'sgd-default-lr', embkv_push('opt_sgd', 1, '[100, -50]');
 SELECT 'sgd-default-lr', embkv_json(embkv_pull('opt_sgd', 1));
+-- opt_all's staleness 3 and wait_ms 100: it holds one pull of id 1 (the
+-- one after its push); three more pass, a fifth waits 100 ms and fails
+SELECT 'staleness3', length(embkv_pull('opt_all', 1)), length(embkv_pull('opt_all', 1)), length(embkv_pull('opt_all', 1));
+SELECT embkv_pull('opt_all', 1);
 -- Bad values: an error naming the option, and no table left behind.
 CREATE VIRTUAL TABLE bad USING embkv(dim=2, optimizer=rmsprop);
 CREATE VIRTUAL TABLE bad USING embkv(dim=2, lr=0);
@@ -74,7 +78,8 @@ SELECT embkv_pull('item', x'');
 SELECT embkv_pull('item', '[]');
 SELECT embkv_pull('item', '[1, 2.5]');
 SELECT embkv_pull('item', '[1, "2"]');
-SELECT embkv_pull('item', '[9007199254740993]');
+SELECT embkv_pull('item', '[9007199254740994]');
+SELECT embkv_pull('item', '[-1e19]');
 SELECT embkv_pull('item', '7');
 SELECT embkv_pull('item', 'not json');
 SELECT embkv_pull('item', 1.0);
@@ -106,7 +111,8 @@ CREATE TABLE pulled(tab, b);
 INSERT INTO pulled VALUES ('u1', embkv_pull('u1', '[3, 2, 1]'));
 INSERT INTO pulled VALUES ('u2-1', embkv_pull('u2', 1)), ('u2-2', embkv_pull('u2', 2)), ('u2-3', embkv_pull('u2', 3));
 INSERT INTO pulled VALUES ('u3', embkv_pull('u3', '[3, 2, 1]'));
-SELECT 'same-seed', (SELECT b FROM pulled WHERE tab = 'u1') = (SELECT b FROM pulled WHERE tab = 'u2-3') || (SELECT b FROM pulled WHERE tab = 'u2-2') || (SELECT b FROM pulled WHERE tab = 'u2-1');
+-- (|| makes TEXT of BLOBs: compare the hex)
+SELECT 'same-seed', hex((SELECT b FROM pulled WHERE tab = 'u1')) = hex((SELECT b FROM pulled WHERE tab = 'u2-3')) || hex((SELECT b FROM pulled WHERE tab = 'u2-2')) || hex((SELECT b FROM pulled WHERE tab = 'u2-1'));
 SELECT 'other-seed', (SELECT b FROM pulled WHERE tab = 'u1') = (SELECT b FROM pulled WHERE tab = 'u3');
 SELECT 'ids-differ', substr(b, 1, 16) <> substr(b, 17, 16), substr(b, 17, 16) <> substr(b, 33, 16) FROM pulled WHERE tab = 'u1';
 SELECT 'elements-differ', count(DISTINCT value) FROM json_each((SELECT embkv_json(b) FROM pulled WHERE tab = 'u1'));
