@@ -116,7 +116,7 @@ SELECT 'same-seed', hex((SELECT b FROM pulled WHERE tab = 'u1')) = hex((SELECT b
 SELECT 'other-seed', (SELECT b FROM pulled WHERE tab = 'u1') = (SELECT b FROM pulled WHERE tab = 'u3');
 SELECT 'ids-differ', substr(b, 1, 16) <> substr(b, 17, 16), substr(b, 17, 16) <> substr(b, 33, 16) FROM pulled WHERE tab = 'u1';
 SELECT 'elements-differ', count(DISTINCT value) FROM json_each((SELECT embkv_json(b) FROM pulled WHERE tab = 'u1'));
-SELECT 'in-range', min(value) >= -0.5, max(value) < 0.5 FROM json_each((SELECT embkv_json(b) FROM pulled WHERE tab IN ('u1', 'u3')));
+SELECT 'in-range', count(*), min(value) >= -0.5, max(value) < 0.5 FROM pulled, json_each(embkv_json(pulled.b)) WHERE tab IN ('u1', 'u3');
 -- a second pull returns the stored row, not a new draw
 SELECT 'stable', embkv_pull('u1', '[3, 2, 1]') = (SELECT b FROM pulled WHERE tab = 'u1');
 SELECT 'created', json_extract(embkv_stats('u1'), '$.training.rows_created'), (SELECT count(*) FROM u1);
