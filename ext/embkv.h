@@ -251,8 +251,10 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out);
  * errors that change nothing.  *nupdated (may be NULL): distinct rows. */
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr,
                size_t *nupdated);
-/* Return the session's permits on ids without an update. */
-int embkv_release(embkv_session *ss, const int64_t *ids, size_t n);
+/* Return the session's permits on ids without an update.  *nreleased (may
+ * be NULL): permits that went back; ids the session holds no permit for
+ * count nothing, and ids sharing a permit stripe count once. */
+int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased);
 
 typedef struct embkv_train_stats {
     uint64_t pulls, pushes;      /* rows pulled / distinct rows pushed */

@@ -2,7 +2,7 @@
  * sqlite_train.c - the training functions of the SQLite binding:
  *   embkv_pull(table, ids)              -> BLOB of len(ids)*dim float32
  *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
- *   embkv_release(table, ids)           -> number of ids whose permit returned
+ *   embkv_release(table, ids)           -> number of permits returned
  * ids: an int64 little-endian BLOB, a JSON array of integers, or one integer.
  * grads: a float32 BLOB of len(ids)*dim, or a JSON array of that many numbers.
  *
@@ -79,8 +79,8 @@ static int64_t *parse_ids(sqlite3_value *v, size_t *n, char **err)
         for (cJSON *e = j->child; ids && e; e = e->next, k++) {
             double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
             /* cJSON keeps numbers as double: integers beyond 2^53 are not exact. */
-            if (!(d == floor(d)) || fabs(d) > 9007199254740992.0) {
-                *err = sqlite3_mprintf("ids element %d is not an integer within +-2^53 (use an int64 BLOB for "
+            if (!(d == floor(d)) || fabs(d) >= 9007199254740992.0) {
+                *err = sqlite3_mprintf("ids element %d is not an integer of magnitude below 2^53 (use an int64 BLOB for "
                                        "larger ids)", k);
                 sqlite3_free(ids);
                 ids = NULL;
@@ -259,12 +259,13 @@ static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     int64_t *ids = ids_arg(ctx, "embkv_release", ref.name, argv[1], &n);
     if (!ids)
         return;
-    int rc = embkv_release(ref.session, ids, n);
+    size_t released = 0;
+    int rc = embkv_release(ref.session, ids, n, &released);
     sqlite3_free(ids);
     if (rc != EMBKV_OK)
         train_error(ctx, "embkv_release", ref.name, rc, embkv_errmsg());
     else
-        sqlite3_result_int64(ctx, (sqlite3_int64)n);
+        sqlite3_result_int64(ctx, (sqlite3_int64)released);
 }
 
 /* ------------------------------------------------------------ options */

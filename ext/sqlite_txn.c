@@ -39,7 +39,7 @@ SQLITE_EXTENSION_INIT3
 typedef struct ekchunk {
     struct ekchunk *next;
     size_t used, cap;
-    _Alignas(16) char data[];
+    char data[]; /* holds floats: the 8-byte alignment of sqlite3_malloc is enough */
 } ekchunk;
 
 typedef struct ekundo {

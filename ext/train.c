@@ -602,16 +602,23 @@ static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *st
     return 0;
 }
 
-static void release_stripes(embkv_session *ss, struct train_state *t, const int64_t *ids, size_t n)
+/* Returns how many permits went back, or -1 when out of memory (nothing
+ * returned then: the caller reports it and the session keeps its permits,
+ * which embkv_session_close still returns). */
+static long release_stripes(embkv_session *ss, struct train_state *t, const int64_t *ids, size_t n)
 {
     size_t nst;
     uint32_t *st = distinct_stripes(t, ids, n, &nst);
     if (!st)
-        return;
+        return -1;
+    long back = 0;
     for (size_t i = 0; i < nst; i++)
-        if (held_take(ss, st[i]))
+        if (held_take(ss, st[i])) {
             permit_return(t, st[i]);
+            back++;
+        }
     free(st);
+    return back;
 }
 
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
@@ -676,23 +683,31 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (rc == EMBKV_OK) {
         /* Updates are visible before the permits go back (BSP: the next pull
          * of an id sees this push). */
-        if (o.staleness != EMBKV_STALENESS_UNLIMITED || ss->n)
-            release_stripes(ss, t, uids, nu);
         atomic_fetch_add(&t->pushes, updated);
         if (nupdated)
             *nupdated = updated;
+        if ((o.staleness != EMBKV_STALENESS_UNLIMITED || ss->n) && release_stripes(ss, t, uids, nu) < 0)
+            rc = embkv__err(EMBKV_NOMEM, "embkv_push: %zu rows updated, but out of memory returning their permits "
+                            "(embkv_release or closing the session returns them)", updated);
     }
     free(uids);
     free(ugrad);
     return rc;
 }
 
-int embkv_release(embkv_session *ss, const int64_t *ids, size_t n)
+int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased)
 {
+    if (nreleased)
+        *nreleased = 0;
     if (!ss || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_release: NULL argument");
-    if (n && ss->n)
-        release_stripes(ss, train_of(ss->s), ids, n);
+    if (n && ss->n) {
+        long back = release_stripes(ss, train_of(ss->s), ids, n);
+        if (back < 0)
+            return embkv__err(EMBKV_NOMEM, "embkv_release: out of memory for %zu ids", n);
+        if (nreleased)
+            *nreleased = (size_t)back;
+    }
     return EMBKV_OK;
 }
 

@@ -467,7 +467,7 @@ static void *c_worker(void *arg)
         atomic_fetch_add(&C_ok, 1);
         sleep_ms(0.2);  /* hold long enough for others to time out (wait_ms 1) */
         if (rnd(&r) % 4 == 0) {
-            TCHECK_RC(embkv_release(ss, ids, 2), EMBKV_OK);
+            TCHECK_RC(embkv_release(ss, ids, 2, NULL), EMBKV_OK);
         } else {
             TCHECK_RC(embkv_push(ss, ids, 2, g, 0, NULL), EMBKV_OK);
             atomic_fetch_add(&C_pushed[ids[0] - ID0], 1);

@@ -552,6 +552,7 @@ static void test_init_none(void)
     CHECK_RC(embkv_train_stats_get(s, &st0), EMBKV_OK);
 
     float out[8];
+    size_t nrel;
     CHECK_RC(embkv_pull(a, (int64_t[]){1, 77, 2}, 3, out), EMBKV_NOTFOUND);
     CHECK(errmsg_has("77"));
     CHECK(embkv_count(s) == 2);
@@ -563,13 +564,17 @@ static void test_init_none(void)
     CHECK_RC(embkv_pull(b, (int64_t[]){2, 1}, 2, out), EMBKV_OK);
     CHECK(now_ms() - t0 < 150);
     CHECK(out[0] == 2 && out[2] == 1);
-    CHECK_RC(embkv_release(b, (int64_t[]){1, 2}, 2), EMBKV_OK);
+    CHECK_RC(embkv_release(b, (int64_t[]){1, 2}, 2, &nrel), EMBKV_OK);
+    CHECK(nrel == 2);
     /* ... and neither does the same session for its own next pull. */
     CHECK_RC(embkv_pull(a, (int64_t[]){1, 2}, 2, out), EMBKV_OK);
     CHECK_RC(embkv_push(a, (int64_t[]){1, 2}, 2, (float[]){1, 1, 1, 1}, 0, NULL), EMBKV_OK);
     CHECK_RC(embkv_pull(b, (int64_t[]){1}, 1, out), EMBKV_OK);
     CHECK(out[0] == 0 && out[1] == 0);
-    CHECK_RC(embkv_release(b, (int64_t[]){1}, 1), EMBKV_OK);
+    CHECK_RC(embkv_release(b, (int64_t[]){1}, 1, &nrel), EMBKV_OK);
+    CHECK(nrel == 1);
+    CHECK_RC(embkv_release(b, (int64_t[]){1}, 1, &nrel), EMBKV_OK); /* nothing left to return */
+    CHECK(nrel == 0);
     /* Missing id alone, twice: still NOTFOUND, still nothing created. */
     CHECK_RC(embkv_pull(a, (int64_t[]){-5}, 1, out), EMBKV_NOTFOUND);
     CHECK(errmsg_has("-5"));
@@ -970,7 +975,9 @@ static void test_bsp(void)
     t0 = now_ms();
     CHECK_RC(embkv_pull(c, many, 9, out), EMBKV_OK);
     CHECK(now_ms() - t0 < 200);
-    CHECK_RC(embkv_release(c, many, 9), EMBKV_OK);
+    size_t nrel;
+    CHECK_RC(embkv_release(c, many, 10, &nrel), EMBKV_OK);
+    CHECK(nrel == 9); /* c never took 5 */
     /* a pushes: b's pull then succeeds at once and sees the update */
     CHECK_RC(embkv_push(a, (int64_t[]){5}, 1, minus1, 0, NULL), EMBKV_OK);
     t0 = now_ms();
@@ -989,14 +996,15 @@ static void test_bsp(void)
     CHECK_RC(embkv_push(c, (int64_t[]){6}, 1, minus1, 0, NULL), EMBKV_OK);
     CHECK_RC(embkv_pull(b, (int64_t[]){6}, 1, out), EMBKV_OK);
     CHECK(out[0] == 1);
-    CHECK_RC(embkv_release(b, (int64_t[]){6}, 1), EMBKV_OK);
+    CHECK_RC(embkv_release(b, (int64_t[]){6}, 1, NULL), EMBKV_OK);
     /* A push by a session holding no permit on the id returns none: b
      * pushes 5 (applied), a's permit stays, c still waits. */
     CHECK_RC(embkv_push(b, (int64_t[]){5}, 1, minus1, 0, NULL), EMBKV_OK);
     CHECK_RC(embkv_pull(c, (int64_t[]){5}, 1, out), EMBKV_BUSY);
-    CHECK_RC(embkv_release(b, (int64_t[]){5}, 1), EMBKV_OK);  /* none held: no effect */
+    CHECK_RC(embkv_release(b, (int64_t[]){5}, 1, &nrel), EMBKV_OK);  /* none held: no effect */
+    CHECK(nrel == 0);
     CHECK_RC(embkv_pull(c, (int64_t[]){5}, 1, out), EMBKV_BUSY);
-    CHECK_RC(embkv_release(a, (int64_t[]){5}, 1), EMBKV_OK);
+    CHECK_RC(embkv_release(a, (int64_t[]){5}, 1, NULL), EMBKV_OK);
     CHECK_RC(embkv_pull(c, (int64_t[]){5}, 1, out), EMBKV_OK);
     CHECK(out[0] == 3);
     CHECK(clock_of(s, 5) == 3);
@@ -1023,7 +1031,7 @@ static void test_ssp(void)
     double el = now_ms() - t0;
     CHECK(el >= 120 && el <= 2000);
     CHECK(errmsg_has("id 7") && errmsg_has("2"));
-    CHECK_RC(embkv_release(ss[1], (int64_t[]){7}, 1), EMBKV_OK);
+    CHECK_RC(embkv_release(ss[1], (int64_t[]){7}, 1, NULL), EMBKV_OK);
     CHECK_RC(embkv_pull(ss[3], (int64_t[]){7}, 1, out), EMBKV_OK);
     CHECK_RC(embkv_pull(ss[1], (int64_t[]){7}, 1, out), EMBKV_BUSY);
     /* the same session three times */
@@ -1173,7 +1181,7 @@ static void test_stats_script(void)
     /* failures count nothing but timeouts */
     g[0] = NAN;
     CHECK_RC(embkv_push(b, (int64_t[]){1}, 1, g, 0, NULL), EMBKV_INVALID);
-    CHECK_RC(embkv_release(b, (int64_t[]){1}, 1), EMBKV_OK);
+    CHECK_RC(embkv_release(b, (int64_t[]){1}, 1, NULL), EMBKV_OK);
     CHECK_RC(embkv_train_stats_get(s, &st), EMBKV_OK);
     if (st.pulls != 8 || st.pushes != 7 || st.rows_created != 4 || st.permit_timeouts != 1)
         fprintf(stderr, "  stats: pulls %llu pushes %llu created %llu waits %llu timeouts %llu\n",

@@ -78,7 +78,7 @@ SELECT embkv_pull('item', x'');
 SELECT embkv_pull('item', '[]');
 SELECT embkv_pull('item', '[1, 2.5]');
 SELECT embkv_pull('item', '[1, "2"]');
-SELECT embkv_pull('item', '[9007199254740994]');
+SELECT embkv_pull('item', '[9007199254740993]');
 SELECT embkv_pull('item', '[-1e19]');
 SELECT embkv_pull('item', '7');
 SELECT embkv_pull('item', 'not json');
