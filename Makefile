@@ -36,7 +36,9 @@ $(B)/$(1)/ext $(B)/$(1)/tests:
 endef
 
 $(eval $(call variant,plain,))
-$(eval $(call variant,asan,-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined))
+# (the sanitizer list lives in a variable: a comma inside $(call ...) would split it)
+ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+$(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
 .PHONY: all deps test test-plain test-asan test-tsan test-sql test-python bench demo clean
@@ -47,11 +49,16 @@ $(B)/libembkv.a: $(B)/plain/libembkv.a
 $(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
 	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
+# The extension built with ASan+UBSan, for the SQL and Python tests (loaded
+# with the sanitizer runtimes preloaded: see tests/run.sh).
+$(B)/asan/embkv.so: $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a
+	$(CC) -shared -fsanitize=address,undefined -Wl,-z,defs -Wl,-z,nodelete -o $@ $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a $(LDLIBS)
+
 deps:
 	@bash tests/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests
+	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so
 	@bash tests/run.sh
 
 plain-tests: $(plain_TESTS)

@@ -26,9 +26,9 @@ if [[ -z $py ]]; then
          "install Debian's python3 (apt-get install python3 python3-numpy)" >&2
     exit 1
 fi
-if [[ ! -f $root/build/embkv.so ]]; then
-    echo "python_run: $root/build/embkv.so is missing: run make first" >&2
+export EMBKV_EXT=${EMBKV_EXT:-$root/build/embkv}   # another build via $EMBKV_EXT
+if [[ ! -f $EMBKV_EXT.so ]]; then
+    echo "python_run: $EMBKV_EXT.so is missing: run make first" >&2
     exit 2
 fi
-export EMBKV_EXT=$root/build/embkv
-exec "$py" "$@"
+exec env ${EMBKV_PRELOAD:+LD_PRELOAD="$EMBKV_PRELOAD"} "$py" "$@"

@@ -39,6 +39,21 @@ if [[ -d tests/python ]]; then
     done
 fi
 
+# The SQL and Python tests again against the extension built with
+# ASan+UBSan, its runtimes preloaded into the shell or Python that loads it
+# (Python's own allocations are not leak-checked: it frees little at exit).
+if [[ -f build/asan/embkv.so ]]; then
+    asan_rt="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+    for t in tests/sql/*.sql; do
+        run_one "asan-sql/$(basename "$t" .sql)" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
+            LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" bash tests/sql_check.sh "$t"
+    done
+    for t in tests/python/test_*.py; do
+        run_one "asan-python/$(basename "$t" .py)" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
+            ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 bash tests/python_run.sh "$t"
+    done
+fi
+
 ((failed)) && printf 'failed: %s\n' "${failures[*]}"
 echo "$passed passed, $failed failed"
 ((failed == 0))

@@ -30,7 +30,9 @@ if [[ $# -ne 1 || ! -f $1 ]]; then
 fi
 script=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 expected=${script%.sql}.expected
-ext=${EMBKV_EXT:-$root/build/embkv}   # another build (e.g. sanitized) via $EMBKV_EXT
+# Another build (the sanitized one) via $EMBKV_EXT, with the libraries it
+# needs preloaded into the shell only via $EMBKV_PRELOAD.
+ext=${EMBKV_EXT:-$root/build/embkv}
 if [[ ! -f $ext.so ]]; then
     echo "sql_check: $ext.so is missing: run make first" >&2
     exit 2
@@ -52,6 +54,7 @@ for ((k = 0; k < nparts; k++)); do
     if ((k > 0)); then echo "-- @reopen" >>"$top/out"; fi
     # Line-buffered stdout and stderr into one file keep errors in place.
     (cd "$work" && TMPDIR="$work/tmp" stdbuf -oL -eL \
+        env ${EMBKV_PRELOAD:+LD_PRELOAD="$EMBKV_PRELOAD"} \
         sqlite3 -batch -init /dev/null -cmd ".load $ext" test.db <"$top/part$k.sql" >>"$top/out" 2>&1)
 done
 
