@@ -175,12 +175,18 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < rows; i++)
         bl_insert(&bl, d.ids[i], i, d.vecs + i * DIM);
     float *out = xalloc64(BATCH * DIM * sizeof *out);
-    double t0 = now_s();
-    for (size_t b = 0; b < nbatches; b++) {
-        bl_gather_pf(&bl, d.bids + b * BATCH, BATCH, out, pf_settings[1]);
-        bl_rmw_pf(&bl, d.bids + b * BATCH, BATCH, grad, pf_settings[1]);
+    /* Two passes, the faster reported: the first may still fault pages in. */
+    double t_bl = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        double t0 = now_s();
+        for (size_t b = 0; b < nbatches; b++) {
+            bl_gather_pf(&bl, d.bids + b * BATCH, BATCH, out, pf_settings[1]);
+            bl_rmw_pf(&bl, d.bids + b * BATCH, BATCH, grad, pf_settings[1]);
+        }
+        double t = now_s() - t0;
+        if (pass == 0 || t < t_bl)
+            t_bl = t;
     }
-    double t_bl = now_s() - t0;
     report("plain C baseline (gather + in-place update)", total, t_bl);
     bl_free(&bl);
 
@@ -194,8 +200,14 @@ int main(int argc, char **argv)
         ck(embkv_put(s, d.ids[i], d.vecs + i * DIM, NULL, EMBKV_PUT_INSERT), "embkv_put");
     ck(embkv_sync(s), "embkv_sync");
     configure(s, EMBKV_STALENESS_UNLIMITED);
+    /* The first pass writes each row's first new version into pool pages
+     * never touched before (page faults, and on tmpfs page allocation); from
+     * the second on, versions reuse space reclaimed after each sync. */
+    double t_cold = run_trainers(s, &d, grad, 1);
+    report("engine C API (1 thread, first pass)", total, t_cold);
+    ck(embkv_sync(s), "embkv_sync");
     double t_api = run_trainers(s, &d, grad, 1);
-    report("engine C API (1 thread)", total, t_api);
+    report("engine C API (1 thread, second pass)", total, t_api);
     ck(embkv_sync(s), "embkv_sync");
     const int64_t stal[3] = {0, 4, EMBKV_STALENESS_UNLIMITED};
     double t_thr[3];
@@ -216,7 +228,8 @@ int main(int argc, char **argv)
 
     bench_sql_functions(dir, store_dir, ext, &d, grad);
 
-    printf("  ratio plain C baseline / engine C API (1 thread): %.2fx  (goal <= 2x)\n", t_api / t_bl);
+    printf("  ratio engine C API (1 thread, second pass) / plain C baseline time: %.2fx  (goal <= 2x)\n",
+           t_api / t_bl);
     rm_rf(dir);
     dataset_free(&d);
     free(grad);
