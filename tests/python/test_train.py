@@ -23,39 +23,20 @@ tests/run.sh through tests/python_run.sh, or by hand:
 """
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover
-    sys.exit("test_train: numpy is required (Debian package python3-numpy)")
+import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-EXT = os.path.abspath(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
+from embkv_test import EXT, TempDirTest as Base, connect
 
-if not hasattr(sqlite3.Connection, "enable_load_extension"):  # pragma: no cover
-    sys.exit("test_train: this Python's sqlite3 cannot load extensions; use /usr/bin/python3")
 
 F32_EPS = 2.0 ** -24  # half an ulp of 1.0 in float32 (relative rounding error)
-
-
-def connect(path, **kw):
-    kw.setdefault("isolation_level", None)  # autocommit
-    kw.setdefault("timeout", 30)
-    conn = sqlite3.connect(path, **kw)
-    conn.enable_load_extension(True)
-    conn.load_extension(EXT)
-    conn.enable_load_extension(False)
-    return conn
 
 
 def ids_blob(ids):
@@ -84,15 +65,6 @@ def training_stats(conn, table):
 def clocks(conn, table, ids):
     q = "SELECT id, clock FROM %s WHERE id IN (%s)" % (table, ",".join(str(int(i)) for i in ids))
     return dict(conn.execute(q).fetchall())
-
-
-class Base(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="embkv-train-")
-        self.db = os.path.join(self.dir, "test.db")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- (a) model

@@ -12,44 +12,15 @@ tests/run.sh through tests/python_run.sh, or by hand:
 """
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import unittest
 
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover
-    sys.exit("test_vtab: numpy is required (Debian package python3-numpy)")
+import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-EXT = os.path.abspath(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
-
-if not hasattr(sqlite3.Connection, "enable_load_extension"):  # pragma: no cover
-    sys.exit("test_vtab: this Python's sqlite3 cannot load extensions; use /usr/bin/python3")
-
-
-def connect(path, **kw):
-    kw.setdefault("isolation_level", None)  # autocommit; BEGIN/COMMIT by hand
-    kw.setdefault("timeout", 30)
-    conn = sqlite3.connect(path, **kw)
-    conn.enable_load_extension(True)
-    conn.load_extension(EXT)
-    conn.enable_load_extension(False)
-    return conn
-
-
-class Base(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="embkv-py-")
-        self.db = os.path.join(self.dir, "test.db")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
+from embkv_test import EXT, TempDirTest as Base, connect
 
 
 class TestLoad(Base):
