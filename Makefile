@@ -11,6 +11,7 @@ CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext
 LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
 
 B := build
+.DEFAULT_GOAL := all
 
 ENGINE_SRC := $(filter-out ext/sqlite_%.c,$(wildcard ext/*.c))
 SQLEXT_SRC := $(wildcard ext/sqlite_*.c)

@@ -5,6 +5,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "store_internal.h"
 
@@ -12,10 +13,14 @@ static _Thread_local char errbuf[512] = "no error";
 
 int embkv__err(int rc, const char *fmt, ...)
 {
+    /* Formatted apart first: an argument may be embkv_errmsg() itself (a
+     * message that wraps the one before it). */
+    char msg[sizeof errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(errbuf, msg, sizeof msg);
     return rc;
 }
 

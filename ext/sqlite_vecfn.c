@@ -712,11 +712,24 @@ static void fn_build(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 /* ---- aggregates: embkv_sum, embkv_avg (also window functions) ---------- */
 
+/* Sums are compensated (Neumaier): a window frame removes leaving rows by
+ * subtraction, and a plain double sum would lose small rows added next to a
+ * huge one that later leaves ([1e30] then [1] minus [1e30] must give [1]). */
 typedef struct vagg {
-    double *acc;         /* dim doubles, NULL until the first vector */
+    double *acc;         /* dim sums then dim compensations; NULL when empty */
     sqlite3_int64 dim;
     sqlite3_int64 count; /* vectors currently in the aggregate */
 } vagg;
+
+static void neumaier_add(double *sum, double *comp, double x)
+{
+    double t = *sum + x;
+    if (fabs(*sum) >= fabs(x))
+        *comp += (*sum - t) + x;
+    else
+        *comp += (x - t) + *sum;
+    *sum = t;
+}
 
 static const char *agg_name(sqlite3_context *ctx)
 {
@@ -734,13 +747,13 @@ static void agg_add(sqlite3_context *ctx, sqlite3_value *v, int sign)
     vecarg a;
     if (get_vec(ctx, fname, 0, v, &a) != VEC_OK) return; /* NULL: skipped */
     if (!g->acc) {
-        g->acc = sqlite3_malloc64((sqlite3_uint64)a.n * sizeof(double));
+        g->acc = sqlite3_malloc64((sqlite3_uint64)a.n * 2 * sizeof(double));
         if (!g->acc) {
             sqlite3_result_error_nomem(ctx);
             vecarg_free(&a);
             return;
         }
-        memset(g->acc, 0, (size_t)a.n * sizeof(double));
+        memset(g->acc, 0, (size_t)a.n * 2 * sizeof(double));
         g->dim = a.n;
     } else if (g->dim != a.n) {
         vec_error(ctx, fname, 0, "dimension mismatch: %lld vs %lld",
@@ -748,12 +761,16 @@ static void agg_add(sqlite3_context *ctx, sqlite3_value *v, int sign)
         vecarg_free(&a);
         return;
     }
-    if (sign > 0)
-        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] += (double)a.v[i];
-    else
-        for (sqlite3_int64 i = 0; i < a.n; i++) g->acc[i] -= (double)a.v[i];
+    for (sqlite3_int64 i = 0; i < a.n; i++)
+        neumaier_add(&g->acc[i], &g->acc[a.n + i], sign * (double)a.v[i]);
     g->count += sign;
     vecarg_free(&a);
+    if (g->count == 0) {
+        /* The frame is empty: start afresh (no residue, any dimension next). */
+        sqlite3_free(g->acc);
+        g->acc = NULL;
+        g->dim = 0;
+    }
 }
 
 static void agg_step(sqlite3_context *ctx, int argc, sqlite3_value **argv)
@@ -779,7 +796,7 @@ static void agg_result(sqlite3_context *ctx)
         sqlite3_result_error_nomem(ctx);
         return;
     }
-    for (sqlite3_int64 i = 0; i < g->dim; i++) r[i] = (float)(g->acc[i] / div);
+    for (sqlite3_int64 i = 0; i < g->dim; i++) r[i] = (float)((g->acc[i] + g->acc[g->dim + i]) / div);
     if (check_result(ctx, fname, r, g->dim) == VEC_OK)
         result_vec(ctx, r, g->dim);
     else

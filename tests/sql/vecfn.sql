@@ -102,4 +102,14 @@ SELECT embkv_sum(x) FROM (SELECT '[1,2]' AS x UNION ALL SELECT '[1]');
 SELECT embkv_avg(x) FROM (SELECT '[1]' AS x UNION ALL SELECT 'oops');
 SELECT embkv_sum(x) FROM (SELECT '[3e38]' AS x UNION ALL SELECT '[3e38]');
 SELECT embkv_dot('[1]');
+-- window frames: a huge row that leaves does not take the small ones with
+-- it (compensated sum), and a frame that empties starts over (a new dimension)
+CREATE TEMP TABLE wf(i INTEGER, x);
+INSERT INTO wf VALUES (1, '[1e30]'), (2, '[1]'), (3, '[1]'), (4, '[1]');
+SELECT 'window-huge', i, embkv_json(embkv_sum(x) OVER w), embkv_json(embkv_avg(x) OVER w)
+FROM wf WINDOW w AS (ORDER BY i ROWS 1 PRECEDING) ORDER BY i;
+CREATE TEMP TABLE wd(i INTEGER, x);
+INSERT INTO wd VALUES (1, '[1,2]'), (2, NULL), (3, '[1]'), (4, '[2]');
+SELECT 'window-redim', i, embkv_json(embkv_sum(x) OVER w), embkv_json(embkv_avg(x) OVER w)
+FROM wd WINDOW w AS (ORDER BY i ROWS 1 PRECEDING) ORDER BY i;
 SELECT 'done';
