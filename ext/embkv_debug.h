@@ -1,7 +1,7 @@
 /*
  * embkv_debug.h - introspection of the index for tests and benchmarks.
- * Not part of the stable API: these expose the PetHash layout so tests can
- * craft collisions and check overflow counters.
+ * Not part of the stable API: these expose the PetHash layout and the permit
+ * stripes so tests can craft collisions and check overflow counters.
  */
 #ifndef EMBKV_DEBUG_H
 #define EMBKV_DEBUG_H
@@ -20,5 +20,7 @@ uint32_t embkv_debug_overflow(embkv_store *s, uint64_t bucket);
 uint32_t embkv_debug_used(embkv_store *s, uint64_t bucket);
 /* Buckets a lookup of id reads (present or absent). */
 uint32_t embkv_debug_probes(embkv_store *s, int64_t id);
+/* The staleness-permit stripe of an id (ids sharing one share permits). */
+uint32_t embkv_debug_permit_stripe(embkv_store *s, int64_t id);
 
 #endif

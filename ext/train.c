@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "store_internal.h"
+#include "embkv_debug.h"
 
 #define WAITERS 0x80000000u
 #define MIN_STRIPES (1u << 16)
@@ -264,6 +265,11 @@ static bool held_take(embkv_session *ss, uint32_t stripe)
 static inline uint32_t stripe_of(const struct train_state *t, int64_t id)
 {
     return (uint32_t)((embkv__hash(id) >> 8) & t->stripe_mask);
+}
+
+uint32_t embkv_debug_permit_stripe(embkv_store *s, int64_t id)
+{
+    return stripe_of(train_of(s), id);
 }
 
 static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec *ts)
@@ -602,22 +608,20 @@ static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *st
     return 0;
 }
 
-/* Returns how many permits went back, or -1 when out of memory (nothing
- * returned then: the caller reports it and the session keeps its permits,
- * which embkv_session_close still returns). */
-static long release_stripes(embkv_session *ss, struct train_state *t, const int64_t *ids, size_t n)
+/* Return one permit per distinct id (uniq holds no duplicates) while the
+ * session holds any on its stripe.  Per id, not per stripe: ids sharing a
+ * stripe pulled in different batches hold a permit each, and pulled in one
+ * batch hold one, which the first of them returns.  Returns how many. */
+static size_t release_ids(embkv_session *ss, struct train_state *t, const int64_t *uniq, size_t n)
 {
-    size_t nst;
-    uint32_t *st = distinct_stripes(t, ids, n, &nst);
-    if (!st)
-        return -1;
-    long back = 0;
-    for (size_t i = 0; i < nst; i++)
-        if (held_take(ss, st[i])) {
-            permit_return(t, st[i]);
+    size_t back = 0;
+    for (size_t i = 0; ss->n && i < n; i++) {
+        uint32_t st = stripe_of(t, uniq[i]);
+        if (held_take(ss, st)) {
+            permit_return(t, st);
             back++;
         }
-    free(st);
+    }
     return back;
 }
 
@@ -701,9 +705,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
         atomic_fetch_add(&t->pushes, updated);
         if (nupdated)
             *nupdated = updated;
-        if ((o.staleness != EMBKV_STALENESS_UNLIMITED || ss->n) && release_stripes(ss, t, uids, nu) < 0)
-            rc = embkv__err(EMBKV_NOMEM, "embkv_push: %zu rows updated, but out of memory returning their permits "
-                            "(embkv_release or closing the session returns them)", updated);
+        release_ids(ss, t, uids, nu);
     }
     free(uids);
     free(ugrad);
@@ -717,11 +719,18 @@ int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nrele
     if (!ss || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_release: NULL argument");
     if (n && ss->n) {
-        long back = release_stripes(ss, train_of(ss->s), ids, n);
-        if (back < 0)
+        int64_t *uniq = malloc(n * sizeof *uniq);
+        size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
+        int rc = uniq && slot_of ? distinct_ids(ids, n, uniq, slot_of, &nu) : EMBKV_NOMEM;
+        if (rc == EMBKV_OK) {
+            size_t back = release_ids(ss, train_of(ss->s), uniq, nu);
+            if (nreleased)
+                *nreleased = back;
+        }
+        free(uniq);
+        free(slot_of);
+        if (rc != EMBKV_OK)
             return embkv__err(EMBKV_NOMEM, "embkv_release: out of memory for %zu ids", n);
-        if (nreleased)
-            *nreleased = (size_t)back;
     }
     return EMBKV_OK;
 }

@@ -25,6 +25,7 @@
  * Loop counts scale with EMBKV_TEST_SCALE.
  */
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 
 #include <float.h>
@@ -1056,6 +1057,37 @@ static void test_ssp(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* Two ids in one permit stripe: pulled in two batches they hold two
+ * permits, and one push of both returns both; pulled in one batch they hold
+ * one, which the push returns once. */
+static void test_shared_stripe(void)
+{
+    embkv_store *s = stale_store("stripe", 1, 100);
+    int64_t a = 5, b = 6;
+    while (embkv_debug_permit_stripe(s, b) != embkv_debug_permit_stripe(s, a))
+        b++;
+    embkv_session *ss;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    float out[8];
+    const float g[8] = {0};
+    size_t nrel;
+    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull(ss, &b, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_BUSY);  /* bound 2 reached */
+    CHECK_RC(embkv_push(ss, (int64_t[]){a, b}, 2, g, 0, NULL), EMBKV_OK);
+    CHECK_RC(embkv_release(ss, (int64_t[]){a, b}, 2, &nrel), EMBKV_OK);
+    CHECK(nrel == 0);  /* the push returned both */
+    CHECK_RC(embkv_pull(ss, (int64_t[]){a, b}, 2, out), EMBKV_OK);  /* one permit */
+    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_OK);                  /* the second */
+    CHECK_RC(embkv_pull(ss, &b, 1, out), EMBKV_BUSY);
+    CHECK_RC(embkv_release(ss, (int64_t[]){b, a, b}, 3, &nrel), EMBKV_OK);
+    CHECK(nrel == 2);
+    CHECK_RC(embkv_release(ss, &a, 1, &nrel), EMBKV_OK);
+    CHECK(nrel == 0);
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 static void test_close_frees_blocked(void)
 {
     embkv_store *s = stale_store("close-frees", 0, 3000);
@@ -1230,6 +1262,7 @@ int main(void)
     test_bad_push();
     test_bsp();
     test_ssp();
+    test_shared_stripe();
     test_close_frees_blocked();
     test_unlimited();
     test_stats_script();
