@@ -248,7 +248,9 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out);
  * gradients are summed first; every distinct row's clock advances by one.
  * lr <= 0 uses the configured rate.  Then returns the session's permits on
  * those ids.  NaN/Inf gradients or a missing id (without initializer) are
- * errors that change nothing.  *nupdated (may be NULL): distinct rows. */
+ * errors that change nothing.  A row whose update would overflow float32 is
+ * left unchanged and reported (EMBKV_INVALID naming the first such id) after
+ * the other rows are updated.  *nupdated (may be NULL): distinct rows. */
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr,
                size_t *nupdated);
 /* Return the session's permits on ids without an update.  *nreleased (may

@@ -18,6 +18,7 @@
  * seed gives the same values whatever the order of calls.
  */
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <math.h>
@@ -92,12 +93,17 @@ static int validate(embkv_store *s, const embkv_train_options *o)
         return embkv__err(EMBKV_INVALID, "store %s: options beta1 and beta2 must be in [0, 1)", s->path);
     if (o->init < EMBKV_INIT_NONE || o->init > EMBKV_INIT_NORMAL)
         return embkv__err(EMBKV_INVALID, "store %s: option init: unknown initializer %d", s->path, o->init);
+    /* Initial values must be float32 numbers: uniform's bounds within its
+     * range, and normal's mean +- 9 std (beyond the largest deviate the
+     * generator can draw, about 8.6). */
     if (!isfinite(o->init_a) || !isfinite(o->init_b) ||
-        (o->init == EMBKV_INIT_UNIFORM && !(o->init_a < o->init_b)) ||
-        (o->init == EMBKV_INIT_NORMAL && !(o->init_b >= 0)))
+        (o->init == EMBKV_INIT_UNIFORM &&
+         !(o->init_a < o->init_b && fabs(o->init_a) <= FLT_MAX && fabs(o->init_b) <= FLT_MAX)) ||
+        (o->init == EMBKV_INIT_NORMAL && !(o->init_b >= 0 && fabs(o->init_a) + 9 * o->init_b <= FLT_MAX)))
         return embkv__err(EMBKV_INVALID, "store %s: option init: %s", s->path,
-                          o->init == EMBKV_INIT_NORMAL ? "normal(mean, std) needs std >= 0"
-                                                       : "uniform(a, b) needs finite a < b");
+                          o->init == EMBKV_INIT_NORMAL
+                              ? "normal(mean, std) needs std >= 0 and |mean| + 9 std within float32 range"
+                              : "uniform(a, b) needs a < b, both within float32 range");
     if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)WAITERS - 1)
         return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
                           s->path, (long long)o->staleness);
@@ -563,11 +569,27 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
 
 /* ------------------------------------------------------------ push */
 
+/* Whether no element is NaN or infinite: the exponent bits all set.  One
+ * branch-free pass the compiler vectorizes; the slow search for the culprit
+ * runs only when there is one. */
+static bool all_finite(const float *v, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return !bad;
+}
+
 typedef struct push_ctx {
     const embkv_train_options *o;
     double lr;
     const double *grad;  /* summed gradients, one row per distinct id */
-    uint32_t dim;
+    uint32_t dim, state_floats;
+    size_t overflowed;   /* rows left unchanged: their update was not finite */
+    int64_t overflow_id; /* the first of them */
 } push_ctx;
 
 static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *state)
@@ -605,6 +627,14 @@ static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *st
         for (uint32_t j = 0; j < c->dim; j++)
             w[j] = (float)(w[j] - c->lr * g[j]);
     }
+    /* A table never holds NaN or Inf (INSERT refuses them too): an update
+     * that overflows float32 leaves the row as it was (w and state are the
+     * new version, dropped when this returns nonzero). */
+    if (!all_finite(w, c->dim) || !all_finite(state, c->state_floats)) {
+        if (c->overflowed++ == 0)
+            c->overflow_id = id;
+        return 1;
+    }
     return 0;
 }
 
@@ -623,20 +653,6 @@ static size_t release_ids(embkv_session *ss, struct train_state *t, const int64_
         }
     }
     return back;
-}
-
-/* Whether no element is NaN or infinite: the exponent bits all set.  One
- * branch-free pass the compiler vectorizes; the slow search for the culprit
- * runs only when there is one. */
-static bool all_finite(const float *v, size_t n)
-{
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], 4);
-        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-    }
-    return !bad;
 }
 
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
@@ -696,16 +712,22 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     free(miss);
     size_t updated = 0;
     if (rc == EMBKV_OK) {
-        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = ugrad, .dim = dim};
+        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = ugrad, .dim = dim,
+                      .state_floats = embkv_train_state_floats(&o, dim)};
         rc = embkv_update_batch(s, uids, nu, apply_optimizer, &c, 0, &updated);
-    }
-    if (rc == EMBKV_OK) {
-        /* Updates are visible before the permits go back (BSP: the next pull
-         * of an id sees this push). */
-        atomic_fetch_add(&t->pushes, updated);
-        if (nupdated)
-            *nupdated = updated;
-        release_ids(ss, t, uids, nu);
+        if (rc == EMBKV_OK) {
+            /* Updates are visible before the permits go back (BSP: the next
+             * pull of an id sees this push). */
+            atomic_fetch_add(&t->pushes, updated);
+            if (nupdated)
+                *nupdated = updated;
+            release_ids(ss, t, uids, nu);
+            if (c.overflowed)
+                rc = embkv__err(EMBKV_INVALID,
+                                "id %lld: the update overflows float32 (lr %g): %zu row(s) left unchanged, %zu other "
+                                "row(s) of the push updated",
+                                (long long)c.overflow_id, c.lr, c.overflowed, updated);
+        }
     }
     free(uids);
     free(ugrad);

@@ -312,3 +312,18 @@ SELECT 'reopen-ada-acc', abs(json_extract(j, '$[0]') - (-0.5 - 0.4)) < 1e-6, jso
 SELECT 'reopen-adam-push', embkv_push('adam', 1, '[2, -0.5]');
 SELECT 'reopen-adam', abs(json_extract(j, '$[0]') + 1.5) < 1e-6, abs(json_extract(j, '$[1]') - 1.5) < 1e-6, clock
   FROM (SELECT embkv_json(vec) AS j, clock FROM adam WHERE id = 1);
+-- a table never holds NaN or Inf: an update that overflows float32 leaves
+-- its row as it was (the others of the push are updated), and initializers
+-- whose values could not be float32 are refused
+CREATE VIRTUAL TABLE ovf USING embkv(dim=1, init='zeros', pool_size='16M');
+SELECT 'ovf-pull', embkv_json(embkv_pull('ovf', '[1, 2]'));
+SELECT embkv_push('ovf', '[1, 1, 2]', '[3e38, 3e38, 1]', 1);
+SELECT 'ovf-rows', id, embkv_json(vec), clock FROM ovf ORDER BY id;
+SELECT embkv_push('ovf', 1, '[1]', 1e300);
+SELECT 'ovf-rows', id, embkv_json(vec), clock FROM ovf ORDER BY id;
+SELECT 'ovf-ok', embkv_push('ovf', 1, '[1]', 2);
+SELECT 'ovf-rows', id, embkv_json(vec), clock FROM ovf WHERE id = 1;
+CREATE VIRTUAL TABLE bad_normal USING embkv(dim=1, init='normal(3e38, 1e37)', pool_size='16M');
+CREATE VIRTUAL TABLE bad_uniform USING embkv(dim=1, init='uniform(-1e39, 0)', pool_size='16M');
+CREATE VIRTUAL TABLE edge_uniform USING embkv(dim=1, init='uniform(-3e38, 3e38)', pool_size='16M');
+SELECT 'edge-uniform', embkv_dims(embkv_pull('edge_uniform', '[1, 2, 3]'));
