@@ -273,8 +273,9 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
 static int shadow_create(ekvtab *v, char **err)
 {
     char *sql = sqlite3_mprintf("CREATE TABLE \"%w\".\"%w_config\"(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
-                                "INSERT INTO \"%w\".\"%w_config\"(k, v) VALUES ('id', %Q), ('format', 1);",
-                                v->zDb, v->zName, v->zDb, v->zName, v->tid);
+                                "INSERT INTO \"%w\".\"%w_config\"(k, v) VALUES ('id', %Q), ('format', 1), "
+                                "('owns_dir', %d);",
+                                v->zDb, v->zName, v->zDb, v->zName, v->tid, v->owns_dir);
     if (!sql) return SQLITE_NOMEM;
     char *msg = NULL;
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
@@ -288,7 +289,10 @@ static int shadow_create(ekvtab *v, char **err)
 
 static int shadow_read(ekvtab *v, char **err)
 {
-    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'id'", v->zDb, v->zName);
+    /* owns_dir absent (tables made before it was recorded): they made it. */
+    char *sql = sqlite3_mprintf("SELECT v, coalesce((SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'owns_dir'), 1) "
+                                "FROM \"%w\".\"%w_config\" WHERE k = 'id'",
+                                v->zDb, v->zName, v->zDb, v->zName);
     if (!sql) return SQLITE_NOMEM;
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(v->db, sql, -1, &st, NULL);
@@ -301,7 +305,10 @@ static int shadow_read(ekvtab *v, char **err)
     rc = sqlite3_step(st);
     const unsigned char *t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
     int ok = t && strlen((const char *)t) == 16 && strspn((const char *)t, "0123456789abcdef") == 16;
-    if (ok) memcpy(v->tid, t, 17);
+    if (ok) {
+        memcpy(v->tid, t, 17);
+        v->owns_dir = sqlite3_column_int(st, 1) != 0;
+    }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         /* busy, I/O...: an error now, not a broken table */
         *err = sqlite3_mprintf("cannot read its shadow table %s_config: %s", v->zName, sqlite3_errmsg(v->db));
@@ -391,6 +398,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     if (create) {
         struct stat st;
         made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT);
+        v->owns_dir = made_dir;  /* a path naming an existing store attaches to it */
     }
     embkv_options eo;
     memset(&eo, 0, sizeof eo);
@@ -505,8 +513,9 @@ static int vt_destroy(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
     char *err = NULL;
-    /* The directory goes when the DROP commits, not now. */
-    int rc = v->store ? ekconn_defer_remove(v->conn, EK_ON_COMMIT, v->dir, v->is_tmp ? v->tid : NULL, &err)
+    /* The directory goes when the DROP commits, not now; a table that
+     * attached to an existing store leaves it to whoever made it. */
+    int rc = v->store && v->owns_dir ? ekconn_defer_remove(v->conn, EK_ON_COMMIT, v->dir, v->is_tmp ? v->tid : NULL, &err)
                       : SQLITE_OK;
     if (rc != SQLITE_OK) {
         vt_err(v, "%s", err ? err : sqlite3_errstr(rc));

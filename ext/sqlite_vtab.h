@@ -101,6 +101,7 @@ struct ekvtab {
     char *zName;          /* current table name */
     char tid[17];         /* stable id: 16 hex digits, kept in <name>_config */
     int is_tmp;           /* store in a temporary directory (:memory:/temp db) */
+    int owns_dir;         /* the CREATE made the directory: DROP removes it */
     embkv_tabopts opts;
     char *optpath;        /* storage of opts.path */
     embkv_store *store;

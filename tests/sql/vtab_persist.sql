@@ -100,3 +100,16 @@ INSERT INTO late VALUES (3, '[3,3]');
 -- @reopen
 SELECT 'late', id, embkv_json(vec) FROM late;
 SELECT 'final', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;
+-- a table whose path names an existing store attaches to it (same rows);
+-- dropping it leaves the store to the table that made it, whose DROP
+-- removes it
+CREATE VIRTUAL TABLE owner USING embkv(dim=2, path='owned.embkv', pool_size='16M');
+INSERT INTO owner VALUES (1, '[1,1]');
+CREATE VIRTUAL TABLE guest USING embkv(dim=2, path='owned.embkv');
+SELECT 'guest-sees', id, embkv_json(vec) FROM guest;
+DROP TABLE guest;
+.shell ls -d owned.embkv
+-- @reopen
+SELECT 'owner-kept', id, embkv_json(vec) FROM owner;
+DROP TABLE owner;
+.shell ls -d owned.embkv 2>/dev/null | wc -l
