@@ -8,6 +8,7 @@
  * points at it), so a crash can neither leak nor double-allocate a record.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,12 +90,14 @@ static int add_chunk(embkv_store *s)
     return EMBKV_OK;
 }
 
-int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
+/* With slab_mu held (dropped and retaken around a reclaim): make at least
+ * `want` records free, reclaiming what epochs allow first, then adding
+ * chunks while the pool has room. */
+static int ensure_free(embkv_store *s, size_t want)
 {
     int rc = EMBKV_OK;
     bool reclaimed = false;
-    pthread_mutex_lock(&s->slab_mu);
-    while (s->free_locs.n < n) {
+    while (s->free_locs.n < want) {
         if (!reclaimed) {
             /* Records retired to the epoch limbo may be free by now. */
             pthread_mutex_unlock(&s->slab_mu);
@@ -106,6 +109,14 @@ int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
         if ((rc = add_chunk(s)) != EMBKV_OK)
             break;
     }
+    return rc;
+}
+
+/* Take n free records, leaving `keep` free. */
+static int alloc_keeping(embkv_store *s, uint64_t *locs, size_t n, size_t keep)
+{
+    pthread_mutex_lock(&s->slab_mu);
+    int rc = ensure_free(s, n + keep);
     if (rc == EMBKV_OK) {
         s->free_locs.n -= n;
         memcpy(locs, s->free_locs.v + s->free_locs.n, n * sizeof *locs);
@@ -117,6 +128,33 @@ int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
         }
     }
     pthread_mutex_unlock(&s->slab_mu);
+    return rc;
+}
+
+int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
+{
+    return alloc_keeping(s, locs, n, s->delete_reserve);
+}
+
+int slab_alloc_tombstone(embkv_store *s, uint64_t *loc)
+{
+    return alloc_keeping(s, loc, 1, 0);
+}
+
+int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
+    /* Puts leave the delete reserve free; deletes may take it. */
+    uint64_t want = deletes + (puts ? puts + s->delete_reserve : 0);
+    pthread_mutex_lock(&s->slab_mu);
+    int rc = want > SIZE_MAX ? EMBKV_FULL : ensure_free(s, (size_t)want);
+    size_t have = s->free_locs.n;
+    pthread_mutex_unlock(&s->slab_mu);
+    if (rc == EMBKV_FULL)
+        return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: %zu records free and the pool is "
+                          "full (records replaced or deleted since the last sync are kept until the next one)",
+                          s->path, (unsigned long long)puts, (unsigned long long)deletes, have);
     return rc;
 }
 

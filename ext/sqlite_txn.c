@@ -18,7 +18,8 @@
  * without a statement savepoint (autocommit) ends in xRollback, which drops
  * the whole buffer.
  *
- * COMMIT: xSync calls ektxn_apply(), which writes every change to the store
+ * COMMIT: xSync calls ektxn_apply(), which checks that the store has room
+ * for all of it, then writes every change to the store
  * (insert/replace/delete), keeping the previous version of every row it
  * touches.  If a write fails (pool full, I/O), the rows already written are
  * put back from those pre-images and the COMMIT fails with nothing changed;
@@ -367,14 +368,40 @@ static int restore(ektxn *t, embkv_store *s)
     return first_rc;
 }
 
-int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg)
+/* After a failed write: put the rows back and keep the first message. */
+static void undo_failed(ektxn *t, embkv_store *s, char **msg, int *restored)
+{
+    *restored = restore(t, s) == EMBKV_OK;
+    if (!*restored) {
+        char *both = sqlite3_mprintf("%s; putting back the rows written before it failed too: %s",
+                                     *msg ? *msg : "out of memory", embkv_errmsg());
+        sqlite3_free(*msg);
+        *msg = both;
+    }
+}
+
+int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored)
 {
     *fail_id = 0;
     *msg = NULL;
+    *restored = 1;
     sqlite3_free(t->pre);
     t->npre = 0;
     t->pre = NULL;
     if (t->n == 0) return EMBKV_OK;
+    /* Room first: undoing deletes on a full pool would need room too. */
+    uint64_t puts = 0, deletes = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        const ektxn_entry *e = &t->slot[i];
+        if (!e->used) continue;
+        if (e->kind == EKTXN_DEL) deletes++;
+        else puts++, deletes += e->fresh && embkv_exists(s, e->id) == 1; /* see below */
+    }
+    int room = embkv_room_for(s, puts, deletes);
+    if (room != EMBKV_OK) {
+        *msg = sqlite3_mprintf("%s", embkv_errmsg());
+        return room;
+    }
     t->pre = sqlite3_malloc64((uint64_t)t->n * sizeof *t->pre);
     if (!t->pre) return EMBKV_NOMEM;
     size_t rowbytes = ((size_t)t->dim + t->state_floats) * sizeof(float);
@@ -393,7 +420,7 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg)
             if (!p->data) {
                 *fail_id = e->id;
                 *msg = sqlite3_mprintf("out of memory");
-                restore(t, s);
+                undo_failed(t, s, msg, restored);
                 return EMBKV_NOMEM;
             }
             memcpy(p->data, t->rowbuf, rowbytes);
@@ -416,7 +443,7 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg)
             /* Take the engine's message before restoring overwrites it. */
             *fail_id = e->id;
             *msg = sqlite3_mprintf("%s", embkv_errmsg());
-            restore(t, s);
+            undo_failed(t, s, msg, restored);
             return rc;
         }
     }

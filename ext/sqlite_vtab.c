@@ -691,9 +691,15 @@ static int vt_sync(sqlite3_vtab *pv)
     if (ektxn_count(v->txn) == 0) return SQLITE_OK;
     int64_t bad = 0;
     char *msg = NULL;
-    int erc = ektxn_apply(v->txn, v->store, &bad, &msg);
+    int restored = 1;
+    int erc = ektxn_apply(v->txn, v->store, &bad, &msg, &restored);
     if (erc != EMBKV_OK) {
-        vt_err(v, "COMMIT failed at id %lld: %s; nothing was written", (long long)bad, msg ? msg : "out of memory");
+        const char *why = msg ? msg : "out of memory";
+        if (bad)
+            vt_err(v, "COMMIT failed at id %lld: %s%s", (long long)bad, why,
+                   restored ? "; nothing was written" : "");
+        else
+            vt_err(v, "COMMIT failed: %s; nothing was written", why);
         sqlite3_free(msg);
         return sqlite_rc_of(erc);
     }

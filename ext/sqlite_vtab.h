@@ -65,10 +65,12 @@ int ektxn_savepoint(ektxn *t, int n);
 void ektxn_release(ektxn *t, int n);
 void ektxn_rollback_to(ektxn *t, int n);
 
-/* Applies the buffer to the store (embkv_rc).  On failure it undoes what it
- * had applied, sets *fail_id to the id that failed and *msg to the engine's
- * message (sqlite3_malloc'd). */
-int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg);
+/* Applies the buffer to the store (embkv_rc).  It first checks that the
+ * store has room for every write (fail_id 0 when it has not).  On failure it
+ * undoes what it had applied, sets *fail_id to the id that failed and *msg
+ * to the engine's message (sqlite3_malloc'd); *msg also says so when putting
+ * the previous rows back failed too (*restored 0). */
+int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored);
 /* Undoes a successful ektxn_apply() (xRollback after xSync). */
 int ektxn_unapply(ektxn *t, embkv_store *s);
 

@@ -371,6 +371,11 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (s->chunk_bytes < s->rec_size + 64)
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
     s->recs_per_chunk = (s->chunk_bytes - 128) / s->rec_size;
+    /* Deletes of synced rows need a tombstone record each: a pool that
+     * inserts and updates filled must still take them, or it could never be
+     * emptied.  One chunk's worth, or 1/128 of the pool if that is more. */
+    uint64_t by_pool = s->pool_size / 128 / s->rec_size;
+    s->delete_reserve = (uint32_t)(by_pool > s->recs_per_chunk ? by_pool : s->recs_per_chunk);
     s->chunks = pmemobj_direct(r->chunk_table);
     s->max_load = r->max_load;
 

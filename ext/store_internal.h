@@ -179,6 +179,7 @@ struct embkv_store {
     uint32_t rec_size;         /* bytes per record, multiple of 16 */
     uint32_t recs_per_chunk;
     uint32_t chunk_bytes;
+    uint32_t delete_reserve;   /* free records only tombstones may take */
     double max_load;
 
     /* index */
@@ -383,6 +384,8 @@ static inline bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *o
 
 /* ------------------------------------------------------------- slab.c */
 int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
+/* For tombstones: may take the delete reserve that slab_alloc leaves free. */
+int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
 int slab_rebuild(embkv_store *s);
 static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)

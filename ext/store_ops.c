@@ -296,9 +296,11 @@ int embkv_delete(embkv_store *s, int64_t id)
     uint64_t tloc = LOC_NONE, h = embkv__hash(id);
     int rc = delete_once(s, id, h, &tloc);
     if (rc == EMBKV_BUSY) {
-        if ((rc = slab_alloc(s, &tloc, 1)) != EMBKV_OK)
-            return embkv__err(rc, "id %lld: no room for the tombstone that keeps its durable version until the "
-                              "next sync: %s", (long long)id, embkv_errmsg());
+        if ((rc = slab_alloc_tombstone(s, &tloc)) != EMBKV_OK)
+            return rc != EMBKV_FULL ? rc
+                                    : embkv__err(rc, "id %lld: the pool is full and its reserve for deletes is "
+                                                 "used up: delete at most %u rows between two syncs",
+                                                 (long long)id, s->delete_reserve);
         rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
     }
     if (tloc != LOC_NONE)

@@ -686,6 +686,70 @@ static void test_full(void)
     free((void *)dir);
 }
 
+/* A full pool whose rows are all synced: each delete needs a tombstone,
+ * which the delete reserve provides; when the reserve is used up, a sync
+ * returns it, so the table can always be emptied. */
+static void test_full_synced_deletes(void)
+{
+    const char *dir = strdup(test_tmpdir("fulldel"));
+    const uint32_t dim = 1024;
+    embkv_options o = opts(dim, 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float *v = malloc(dim * sizeof *v), *w = malloc(dim * sizeof *w);
+    int64_t n = 0;
+    int rc;
+    for (;; n++) {
+        make_vec(n, 1, v, dim);
+        if ((rc = embkv_put(s, n, v, NULL, EMBKV_PUT_INSERT)) != EMBKV_OK) break;
+    }
+    CHECK_RC(rc, EMBKV_FULL);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    int64_t next = 0, rounds = 0, first_round = -1;
+    while (next < n && rounds < 1000) {
+        int64_t k = 0;
+        while (next < n && (rc = embkv_delete(s, next)) == EMBKV_OK) {
+            next++;
+            k++;
+        }
+        if (first_round < 0) first_round = k;
+        if (next < n) {
+            CHECK_RC(rc, EMBKV_FULL);
+            CHECK(strstr(embkv_errmsg(), "reserve for deletes") != NULL);
+            CHECK(k > 0);  /* every round makes progress */
+            /* the row whose delete failed is untouched */
+            make_vec(next, 1, v, dim);
+            CHECK_RC(embkv_get(s, next, w, NULL, NULL), EMBKV_OK);
+            CHECK(memcmp(v, w, dim * sizeof *v) == 0);
+        }
+        CHECK_RC(embkv_sync(s), EMBKV_OK);
+        rounds++;
+    }
+    printf("  %" PRId64 " synced rows deleted from a full pool in %" PRId64 " rounds (%" PRId64 " in the first)\n",
+           n, rounds, first_round);
+    CHECK(next == n);
+    CHECK(rounds > 1);  /* the reserve is smaller than the table */
+    CHECK(embkv_count(s) == 0);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    /* the room is reusable */
+    for (int64_t id = 0; id < n / 2; id++) {
+        make_vec(id, 2, v, dim);
+        CHECK_RC(embkv_put(s, id, v, NULL, EMBKV_PUT_INSERT), EMBKV_OK);
+    }
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == (uint64_t)(n / 2));
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free(v);
+    free(w);
+    free((void *)dir);
+}
+
 /* Two processes, one store. */
 static void test_locked(void)
 {
@@ -746,6 +810,7 @@ int main(int argc, char **argv)
     test_bad_pools();
     test_rows();
     test_full();
+    test_full_synced_deletes();
     test_locked();
     return test_summary("test_errors");
 }

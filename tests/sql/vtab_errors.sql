@@ -143,3 +143,28 @@ DROP TABLE noconf_config;
 SELECT * FROM noconf;
 DROP TABLE noconf;
 SELECT 'dropped-noconf', count(*) FROM sqlite_schema WHERE name GLOB 'noconf*';
+-- a full pool: a COMMIT that would not fit fails before writing anything
+-- (its room is checked first), and deletes of committed rows, which need a
+-- tombstone each until the next sync, still fit in small enough batches
+CREATE VIRTUAL TABLE full USING embkv(dim=512, pool_size='16M', capacity=1);
+CREATE TEMP TABLE seq(i INTEGER PRIMARY KEY);
+WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i < 499) INSERT INTO seq SELECT i FROM c;
+INSERT INTO full SELECT i, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 500, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 1000, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 1500, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 2000, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 2500, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 3000, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 3500, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 4000, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 4500, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 5000, zeroblob(2048) FROM seq;
+INSERT INTO full SELECT i + 5500, zeroblob(2048) FROM seq;
+SELECT 'full-rows', count(*), max(id) FROM full;
+DELETE FROM full;
+SELECT 'full-rows', count(*) FROM full;
+DELETE FROM full WHERE id < 100;
+DELETE FROM full WHERE id < 200;
+SELECT 'full-rows', count(*), min(id) FROM full;
+SELECT 'full-check', json_extract(embkv_stats('full'), '$.rows');
