@@ -126,9 +126,13 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         if (!s) return SQLITE_NOMEM;
         /* The length includes the terminating NUL: with it cJSON rejects
          * anything after the value ('[1,2] junk'). */
-        cJSON *j = cJSON_ParseWithLengthOpts(s, (size_t)n + 1, NULL, 1);
+        const char *nul = memchr(s, 0, (size_t)n);
+        cJSON *j = nul ? NULL : cJSON_ParseWithLengthOpts(s, (size_t)n + 1, NULL, 1);
         int rc = SQLITE_MISMATCH;
-        if (!j) {
+        if (nul) {
+            /* cJSON would skip it as white space */
+            vt_err(v, EXPECT "text with a NUL byte at offset %d, which is not JSON", EXPECT_ARGS, (int)(nul - s));
+        } else if (!j) {
             vt_err(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
         } else if (!cJSON_IsArray(j)) {
             vt_err(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
@@ -147,7 +151,7 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
                 double d = cJSON_GetNumberValue(e);
                 float f = (float)d;
                 if (!isfinite(d) || !isfinite(f)) {
-                    vt_err(v, "id %lld: vec[%u] = %g is out of float32 range", (long long)id, i, d);
+                    vt_err(v, "id %lld: vec[%u] = %.9g is out of float32 range", (long long)id, i, d);
                     rc = SQLITE_MISMATCH;
                     break;
                 }

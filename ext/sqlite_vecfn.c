@@ -252,7 +252,7 @@ static int parse_json_vec(sqlite3_context *ctx, const char *fname, int argno,
         }
         float f = (float)d;
         if (!isfinite(f)) {
-            vec_error(ctx, fname, argno, "element %lld is out of float32 range: %g",
+            vec_error(ctx, fname, argno, "element %lld is out of float32 range: %.9g",
                       (long long)i, d);
             cJSON_Delete(root);
             return VEC_ERR;

@@ -166,8 +166,9 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
     const char *p = s;
     if (*p < '0' || *p > '9') return -1;
     for (; *p >= '0' && *p <= '9'; p++) {
-        if (v > (UINT64_MAX - 9) / 10) return -1;
-        v = v * 10 + (uint64_t)(*p - '0');
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - digit) / 10) return -1;
+        v = v * 10 + digit;
     }
     if (bytes && *p) {
         int shift = 0;

@@ -168,3 +168,11 @@ DELETE FROM full WHERE id < 100;
 DELETE FROM full WHERE id < 200;
 SELECT 'full-rows', count(*), min(id) FROM full;
 SELECT 'full-check', json_extract(embkv_stats('full'), '$.rows');
+-- a NUL byte inside JSON text is refused (cJSON alone would skip it), and an
+-- out-of-range number is shown with the digits that make it so
+CREATE VIRTUAL TABLE nul USING embkv(dim=3, pool_size='16M', seed=18446744073709551615);
+INSERT INTO nul VALUES (1, '[1,2,' || char(0) || '3]');
+INSERT INTO nul VALUES (2, '[1,2,3]' || char(0));
+INSERT INTO nul VALUES (4, '[3.4028236e38,1,1]');
+SELECT 'nul-rows', count(*) FROM nul;
+CREATE VIRTUAL TABLE seedbig USING embkv(dim=3, pool_size='16M', seed=18446744073709551616);
