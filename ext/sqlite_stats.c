@@ -33,14 +33,20 @@ static ekvtab *find_connected(ekconn *c, const char *zDb, const char *zName)
     return best;
 }
 
-/* Makes SQLite connect the table (if it exists) by preparing a query on it. */
-static int touch_table(sqlite3 *db, const char *zDb, const char *zName)
+/* Makes SQLite connect the table (if it exists) by preparing a query on it;
+ * on failure *why is SQLite's reason (no such table, or why it could not
+ * connect: its store open in another process...). */
+static int touch_table(sqlite3 *db, const char *zDb, const char *zName, char **why)
 {
     char *sql = zDb ? sqlite3_mprintf("SELECT 1 FROM \"%w\".\"%w\" LIMIT 0", zDb, zName)
                     : sqlite3_mprintf("SELECT 1 FROM \"%w\" LIMIT 0", zName);
     if (!sql) return SQLITE_NOMEM;
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_free(*why);
+        *why = sqlite3_mprintf("%s", sqlite3_errmsg(db));
+    }
     sqlite3_finalize(st);
     sqlite3_free(sql);
     return rc;
@@ -58,16 +64,18 @@ static ekvtab *resolve(ekconn *c, const char *table, char **err)
         sqlite3_free(zDb);
         return v;
     }
-    int rc = touch_table(c->db, NULL, table);
+    char *why = NULL;
+    int rc = touch_table(c->db, NULL, table, &why);
     if (rc == SQLITE_OK) {
         v = find_connected(c, NULL, table);
     } else if (qualified) {
-        rc = touch_table(c->db, zDb, dot + 1);
+        rc = touch_table(c->db, zDb, dot + 1, &why);
         if (rc == SQLITE_OK) v = find_connected(c, zDb, dot + 1);
     }
     if (!v)
         *err = rc == SQLITE_OK ? sqlite3_mprintf("%s is not an embkv table", table)
-                               : sqlite3_mprintf("no such table: %s", table);
+                               : sqlite3_mprintf("%s", why ? why : "out of memory");
+    sqlite3_free(why);
     sqlite3_free(zDb);
     return v;
 }
