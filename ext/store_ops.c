@@ -16,6 +16,15 @@
 
 #define PF_BUCKET 16  /* ids ahead whose home bucket is prefetched */
 #define PF_RECORD 6   /* ids ahead whose record is prefetched */
+
+/* All of a bucket (rw: 0 to read, 1 to write; a constant): the fingerprints
+ * are in its first line, the matching slot may be in any of the four. */
+#define PREFETCH_BUCKET(b, rw)                                          \
+    do {                                                                \
+        const char *pb_ = (const char *)(b);                            \
+        for (size_t pb_off = 0; pb_off < sizeof(bucket); pb_off += 64)  \
+            __builtin_prefetch(pb_ + pb_off, (rw), 3);                  \
+    } while (0)
 #define RING 32
 #define RETIRE_BUF 64
 
@@ -361,7 +370,7 @@ size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            __builtin_prefetch(&ix->buckets[h & ix->mask], 0, 3);
+            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;
@@ -401,7 +410,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            __builtin_prefetch(&ix->buckets[h & ix->mask], 0, 3);
+            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
@@ -471,7 +480,7 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            __builtin_prefetch(&ix->buckets[h & ix->mask], 1, 3);
+            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
