@@ -25,6 +25,7 @@
 #define TYPE_INDEX 1
 #define TYPE_CHUNK_TABLE 3
 #define DEFAULT_EXPECTED_ROWS 100000
+#define DEFAULT_POOL_CAP (1ull << 30)
 #define DEFAULT_MAX_LOAD 0.9
 #define MIN_POOL_SIZE (16ull << 20)
 #define POOL_SIG "PMEMOBJ"
@@ -314,6 +315,10 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
             size = ((uint64_t)est + (1 << 20) - 1) & ~((uint64_t)(1 << 20) - 1);
             if (size < 32ull << 20)
                 size = 32ull << 20;
+            /* Without a row count from the caller, the guess does not get to
+             * claim more than 1 GiB of disk (wide rows would make it many). */
+            if (!opt->expected_rows && size > DEFAULT_POOL_CAP)
+                size = DEFAULT_POOL_CAP;
         }
         /* Created under a temporary name and renamed once complete, so a
          * crash during creation leaves nothing that looks like a store. */
