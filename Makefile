@@ -6,7 +6,7 @@
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-OPT     ?= -O2 -g
+OPT     ?= -O3 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext
 LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
 
