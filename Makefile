@@ -42,7 +42,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: all deps test test-plain test-asan test-tsan test-sql test-python bench demo clean
+.PHONY: all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -61,6 +61,14 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so
 	@bash tests/run.sh
+
+# One group of `make test` at a time (each with its sanitizer runs).
+test-c: deps
+	@$(MAKE) --no-print-directory plain-tests asan-tests tsan-tests
+	@bash tests/run.sh c
+test-sql test-python: deps
+	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
+	@bash tests/run.sh $(patsubst test-%,%,$@)
 
 plain-tests: $(plain_TESTS)
 asan-tests: $(asan_TESTS)

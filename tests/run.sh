@@ -2,8 +2,16 @@
 # Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
 # threaded ones) under TSan; the SQL tests through the sqlite3 shell against
 # expected output; the Python tests.  Ends with "N passed, N failed".
+# An argument picks one group: c, sql or python (each also run against the
+# sanitizer builds); none runs them all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+group=${1:-all}
+case $group in
+    all | c | sql | python) ;;
+    *) echo "usage: tests/run.sh [c|sql|python]" >&2; exit 2 ;;
+esac
+want() { [[ $group == all || $group == "$1" ]]; }
 passed=0 failed=0 failures=()
 
 run_one() {  # name, command...
@@ -21,19 +29,21 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-for t in build/plain/tests/test_*; do run_one "plain/$(basename "$t")" "$t"; done
-for t in build/asan/tests/test_*; do
-    run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
-done
-for t in build/tsan/tests/test_concurrency*; do
-    [[ -x $t ]] && run_one "tsan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
-done
-if [[ -d tests/sql ]]; then
+if want c; then
+    for t in build/plain/tests/test_*; do run_one "plain/$(basename "$t")" "$t"; done
+    for t in build/asan/tests/test_*; do
+        run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
+    done
+    for t in build/tsan/tests/test_concurrency*; do
+        [[ -x $t ]] && run_one "tsan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
+    done
+fi
+if want sql && [[ -d tests/sql ]]; then
     for t in tests/sql/*.sql; do
         [[ -f $t ]] && run_one "sql/$(basename "$t" .sql)" bash tests/sql_check.sh "$t"
     done
 fi
-if [[ -d tests/python ]]; then
+if want python && [[ -d tests/python ]]; then
     for t in tests/python/test_*.py; do
         [[ -f $t ]] && run_one "python/$(basename "$t" .py)" bash tests/python_run.sh "$t"
     done
@@ -44,11 +54,11 @@ fi
 # (Python's own allocations are not leak-checked: it frees little at exit).
 if [[ -f build/asan/embkv.so ]]; then
     asan_rt="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
-    for t in tests/sql/*.sql; do
+    want sql && for t in tests/sql/*.sql; do
         run_one "asan-sql/$(basename "$t" .sql)" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
             LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" bash tests/sql_check.sh "$t"
     done
-    for t in tests/python/test_*.py; do
+    want python && for t in tests/python/test_*.py; do
         run_one "asan-python/$(basename "$t" .py)" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
             ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 bash tests/python_run.sh "$t"
     done
