@@ -350,7 +350,10 @@ static void vt_free(ekvtab *v)
     if (c) ekconn_remove(c, v);
     if (v->session) embkv_session_close(v->session); /* returns its permits */
     if (v->store) ekreg_close(v->store);
-    ektxn_free(v->txn);
+    if (v->wb && --v->wb->refs == 0) {
+        ektxn_free(v->wb->txn);
+        sqlite3_free(v->wb);
+    }
     if (v->has_spare) ekcurbuf_free(&v->spare);
     sqlite3_free(v->scratch);
     sqlite3_free(v->zDb);
@@ -361,6 +364,32 @@ static void vt_free(ekvtab *v)
     sqlite3_free(v->base.zErrMsg);
     sqlite3_free(v);
     ekconn_unref(c);
+}
+
+/* The connection's write buffer for v's store: another instance's, or a
+ * new one. */
+static int share_wbuf(ekvtab *v)
+{
+    for (ekvtab *o = v->conn->tabs; o; o = o->next) {
+        if (o->wb && o->dir && strcmp(o->dir, v->dir) == 0) {
+            v->wb = o->wb;
+            v->wb->refs++;
+            v->txn = v->wb->txn;
+            return SQLITE_OK;
+        }
+    }
+    ekwbuf *wb = sqlite3_malloc(sizeof *wb);
+    if (!wb) return SQLITE_NOMEM;
+    memset(wb, 0, sizeof *wb);
+    wb->refs = 1;
+    wb->txn = ektxn_new(v->dim, v->state_floats);
+    if (!wb->txn) {
+        sqlite3_free(wb);
+        return SQLITE_NOMEM;
+    }
+    v->wb = wb;
+    v->txn = wb->txn;
+    return SQLITE_OK;
 }
 
 static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sqlite3_vtab **ppVtab,
@@ -428,9 +457,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->dir = sqlite3_mprintf("%s", embkv_path(v->store));
     v->dim = embkv_dim(v->store);
     v->state_floats = embkv_state_floats(v->store);
-    v->txn = ektxn_new(v->dim, v->state_floats);
     v->scratch = sqlite3_malloc64((uint64_t)v->dim * sizeof(float));
-    if (!v->dir || !v->txn || !v->scratch) {
+    if (!v->dir || !v->scratch || share_wbuf(v) != SQLITE_OK) {
         rc = SQLITE_NOMEM;
         goto fail;
     }
@@ -678,9 +706,12 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
  */
 static int vt_begin(sqlite3_vtab *pv)
 {
-    ekvtab *v = (ekvtab *)pv;
-    ektxn_clear(v->txn);
-    v->synced = 0;
+    ekwbuf *wb = ((ekvtab *)pv)->wb;
+    if (wb && !wb->in_txn) {
+        ektxn_clear(wb->txn);
+        wb->synced = 0;
+        wb->in_txn = 1;
+    }
     return SQLITE_OK;
 }
 
@@ -689,11 +720,12 @@ static int vt_begin(sqlite3_vtab *pv)
 static int vt_sync(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
-    if (ektxn_count(v->txn) == 0) return SQLITE_OK;
+    ekwbuf *wb = v->wb;
+    if (!wb || wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
     int64_t bad = 0;
     char *msg = NULL;
     int restored = 1;
-    int erc = ektxn_apply(v->txn, v->store, &bad, &msg, &restored);
+    int erc = ektxn_apply(wb->txn, v->store, &bad, &msg, &restored);
     if (erc != EMBKV_OK) {
         const char *why = msg ? msg : "out of memory";
         if (bad)
@@ -707,39 +739,46 @@ static int vt_sync(sqlite3_vtab *pv)
     erc = embkv_sync(v->store);
     if (erc != EMBKV_OK) {
         msg = sqlite3_mprintf("%s", embkv_errmsg());
-        int urc = ektxn_unapply(v->txn, v->store);
+        int urc = ektxn_unapply(wb->txn, v->store);
         vt_err(v, "COMMIT failed to make the table durable: %s; %s", msg ? msg : "?",
                urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
         sqlite3_free(msg);
         return sqlite_rc_of(erc);
     }
-    v->synced = 1;
+    wb->synced = 1;
     return SQLITE_OK;
+}
+
+static void wbuf_end(ekwbuf *wb)
+{
+    ektxn_clear(wb->txn);
+    wb->synced = 0;
+    wb->in_txn = 0;
 }
 
 static int vt_commit(sqlite3_vtab *pv)
 {
-    ekvtab *v = (ekvtab *)pv;
-    ektxn_clear(v->txn);
-    v->synced = 0;
+    ekwbuf *wb = ((ekvtab *)pv)->wb;
+    if (wb) wbuf_end(wb);
     return SQLITE_OK;
 }
 
 static int vt_rollback(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
-    if (v->synced) {
+    ekwbuf *wb = v->wb;
+    if (!wb) return SQLITE_OK;
+    if (wb->synced) {
         /* xSync wrote to the store, then another part of the commit
          * failed: put the store back and make that durable.  SQLite ignores
          * xRollback's result: failures go to its error log. */
-        int erc = ektxn_unapply(v->txn, v->store);
+        int erc = ektxn_unapply(wb->txn, v->store);
         if (erc == EMBKV_OK) erc = embkv_sync(v->store);
         if (erc != EMBKV_OK)
             sqlite3_log(SQLITE_IOERR, "embkv table %s: ROLLBACK after COMMIT's first phase could not put "
                         "the store back: %s", v->zName, embkv_errmsg());
     }
-    ektxn_clear(v->txn);
-    v->synced = 0;
+    wbuf_end(wb);
     return SQLITE_OK;
 }
 

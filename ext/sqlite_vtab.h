@@ -74,6 +74,20 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
 /* Undoes a successful ektxn_apply() (xRollback after xSync). */
 int ektxn_unapply(ektxn *t, embkv_store *s);
 
+/* One connection's write buffer for one store, shared by every instance
+ * of that connection whose table is on that store: two tables attached to
+ * one store, and the instance SQLite connects anew after a schema change
+ * is rolled back while the old one still takes part in the transaction.
+ * So the transaction methods may each run once per sharing instance: the
+ * first xBegin starts the transaction, the first xSync writes the buffer,
+ * and the others find nothing left to do (savepoint calls are idempotent). */
+typedef struct ekwbuf {
+    int refs;
+    ektxn *txn;
+    int in_txn;           /* an xBegin came and no xCommit/xRollback yet */
+    int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
+} ekwbuf;
+
 /* ------------------------------------------------------------------------
  * The virtual table instance: one per table per connection.
  */
@@ -109,8 +123,8 @@ struct ekvtab {
     embkv_store *store;
     char *dir;            /* the store's canonical directory */
     uint32_t dim, state_floats;
-    ektxn *txn;           /* this connection's uncommitted writes */
-    int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
+    ekwbuf *wb;           /* this connection's uncommitted writes to the store */
+    ektxn *txn;           /* wb->txn */
     float *scratch;       /* dim floats */
     embkv_session *session; /* training session, see embkv_table_ref */
     ekcurbuf spare;       /* buffers of the last closed cursor, for the next */

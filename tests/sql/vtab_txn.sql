@@ -112,3 +112,43 @@ INSERT INTO t VALUES (50, '[50,50]');
 SELECT 'checkpoint-in-txn', embkv_checkpoint('t') > 0, json_extract(embkv_stats('t'), '$.rows');
 ROLLBACK;
 SELECT 'pending', count(*) FROM embkv_pending;
+
+-- ROLLBACK TO a savepoint holding a schema change makes SQLite connect the
+-- table anew while the old instance still takes part in the transaction:
+-- both share the connection's writes, so earlier writes stay visible and
+-- COMMIT applies exactly what the transaction saw.
+CREATE VIRTUAL TABLE r USING embkv(dim=1);
+BEGIN;
+INSERT INTO r VALUES (10, '[10]'), (11, '[11]');
+SAVEPOINT z;
+CREATE TABLE plain_in_savepoint(a);
+INSERT INTO r VALUES (12, '[12]');
+ROLLBACK TO z;
+SELECT 'after-schema-rollback', group_concat(id, ' ') FROM (SELECT id FROM r ORDER BY id);
+INSERT INTO r VALUES (10, '[100]');
+DELETE FROM r WHERE id = 11;
+COMMIT;
+SELECT 'committed', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM r ORDER BY id);
+SELECT 'no-table', count(*) FROM sqlite_schema WHERE name = 'plain_in_savepoint';
+
+-- Two tables on one store: one connection's writes through either are one
+-- transaction, seen through both.
+CREATE VIRTUAL TABLE s1 USING embkv(dim=1, path='shared.embkv');
+CREATE VIRTUAL TABLE s2 USING embkv(dim=1, path='shared.embkv');
+INSERT INTO s1 VALUES (1, '[1]');
+BEGIN;
+INSERT INTO s1 VALUES (3, '[3]');
+SELECT 's2-sees', group_concat(id, ' ') FROM (SELECT id FROM s2 ORDER BY id);
+DELETE FROM s2 WHERE id = 3;
+SAVEPOINT a;
+INSERT INTO s2 VALUES (4, '[4]');
+SELECT 's1-sees', group_concat(id, ' ') FROM (SELECT id FROM s1 ORDER BY id);
+ROLLBACK TO a;
+INSERT INTO s1 VALUES (5, '[5]');
+COMMIT;
+SELECT 'shared-committed', group_concat(id, ' ') FROM (SELECT id FROM s2 ORDER BY id);
+BEGIN;
+INSERT INTO s2 VALUES (6, '[6]');
+UPDATE s1 SET vec = '[50]' WHERE id = 5;
+ROLLBACK;
+SELECT 'shared-rolled-back', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM s1 ORDER BY id);
