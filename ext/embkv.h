@@ -67,6 +67,12 @@ typedef struct embkv_options {
     double max_load;         /* index load factor that triggers doubling (default 0.9) */
 } embkv_options;
 
+/* A store directory may also hold files whose names begin with this
+ * prefix: they belong to the application using the store (the SQLite
+ * binding keeps the list of the tables using it there), and the engine
+ * neither counts them as foreign nor touches them. */
+#define EMBKV_APP_FILE_PREFIX "app-"
+
 /* Flags for embkv_open. */
 #define EMBKV_OPEN_CREATE 0x1  /* create the store if the directory is absent or empty */
 

@@ -33,11 +33,13 @@ void ekconn_pend_clear(ekconn *c)
 /* ------------------------------------------------------------------------
  * Removals tied to the transaction: the embkv_pending eponymous table
  */
-int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err)
+static int defer(ekconn *c, int when, const char *dir, const char *tid, int unlist, int owner, char **err)
 {
     ekpend p;
     memset(&p, 0, sizeof p);
     p.when = when;
+    p.unlist = unlist;
+    p.owner = owner;
     p.dir = strdup(dir);
     if (!p.dir) return SQLITE_NOMEM;
     if (tid) memcpy(p.tid, tid, 17);
@@ -60,10 +62,26 @@ int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, c
     return SQLITE_OK; /* xUpdate took ownership of p.dir */
 }
 
+int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err)
+{
+    return defer(c, when, dir, tid, 0, 0, err);
+}
+
+int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err)
+{
+    return defer(c, when, dir, tid, 1, owner, err);
+}
+
 static void pend_carry_out(ekpend *p)
 {
-    if (p->tid[0]) ekreg_tmpdir_forget(NULL, p->tid);
-    else ekreg_discard(p->dir);
+    if (p->unlist) {
+        int left = ekusers_remove(p->dir, p->tid);
+        if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);
+    } else if (p->tid[0]) {
+        ekreg_tmpdir_forget(NULL, p->tid);
+    } else {
+        ekreg_discard(p->dir);
+    }
 }
 
 typedef struct {
@@ -152,8 +170,10 @@ static int pend_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
     pendtab *t = (pendtab *)pc->pVtab;
     const ekpend *p = &t->conn->pend[((pendcur *)pc)->i];
     if (col == 0) {
-        const char *a = p->when == EK_ON_COMMIT     ? "remove on commit"
-                        : p->when == EK_ON_ROLLBACK ? "remove on rollback"
+        /* release: the table lets go of the store, which goes with the
+         * last table using it. */
+        const char *a = p->when == EK_ON_COMMIT     ? (p->unlist ? "release on commit" : "remove on commit")
+                        : p->when == EK_ON_ROLLBACK ? (p->unlist ? "release on rollback" : "remove on rollback")
                                                     : "remove at transaction end";
         sqlite3_result_text(ctx, a, -1, SQLITE_STATIC);
     } else {

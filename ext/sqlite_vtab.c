@@ -404,7 +404,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->zDb = sqlite3_mprintf("%s", argv[1]);
     v->zName = sqlite3_mprintf("%s", argv[2]);
     char *err = NULL, *dir = NULL;
-    int made_dir = 0, rc;
+    int made_dir = 0, listed = 0, rc;
     if (!v->zDb || !v->zName) {
         rc = SQLITE_NOMEM;
         goto fail;
@@ -473,10 +473,12 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     if (create) {
         rc = shadow_create(v, &err);
         if (rc != SQLITE_OK) goto fail;
-        if (made_dir) {
+        if (!v->is_tmp && (rc = ekusers_add(v->dir, v->tid, made_dir, &listed, &err)) != SQLITE_OK) goto fail;
+        if (made_dir)
             rc = ekconn_defer_remove(v->conn, EK_ON_ROLLBACK, v->dir, v->is_tmp ? v->tid : NULL, &err);
-            if (rc != SQLITE_OK) goto fail;
-        }
+        else if (listed)
+            rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, 0, &err);
+        if (rc != SQLITE_OK) goto fail;
     }
     sqlite3_free(dir);
     ekconn_add(v->conn, v);
@@ -516,6 +518,8 @@ fail:
     if (made_dir) {
         if (v->is_tmp) ekreg_tmpdir_forget(v->conn, v->tid);
         else ek_remove_tree(dir);
+    } else if (listed) {
+        ekusers_remove(v->dir, v->tid);
     }
     sqlite3_free(dir);
     vt_free(v);
@@ -542,10 +546,14 @@ static int vt_destroy(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
     char *err = NULL;
-    /* The directory goes when the DROP commits, not now; a table that
-     * attached to an existing store leaves it to whoever made it. */
-    int rc = v->store && v->owns_dir ? ekconn_defer_remove(v->conn, EK_ON_COMMIT, v->dir, v->is_tmp ? v->tid : NULL, &err)
-                      : SQLITE_OK;
+    /* The directory goes when the DROP commits, not now, and only with the
+     * last table using it (sqlite_dirusers.c); a temporary one is the
+     * table's own. */
+    int rc = SQLITE_OK;
+    if (v->store && v->is_tmp && v->owns_dir)
+        rc = ekconn_defer_remove(v->conn, EK_ON_COMMIT, v->dir, v->tid, &err);
+    else if (v->store && !v->is_tmp)
+        rc = ekconn_defer_unlist(v->conn, EK_ON_COMMIT, v->dir, v->tid, v->owns_dir, &err);
     if (rc != SQLITE_OK) {
         vt_err(v, "%s", err ? err : sqlite3_errstr(rc));
         sqlite3_free(err);

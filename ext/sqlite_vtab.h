@@ -3,9 +3,10 @@
  * virtual table: sqlite_vtab.c (the module: options, create/connect/drop,
  * writes, transactions), sqlite_cursor.c (plans and cursors),
  * sqlite_values.c (ids and vectors), sqlite_txn.c (the transaction write
- * buffer) and sqlite_registry.c (per-connection and per-process state,
- * deferred directory removal, embkv_table_lookup, embkv_stats and
- * embkv_checkpoint).
+ * buffer), sqlite_registry.c (per-connection and per-process state,
+ * directory removal), sqlite_pending.c (removals tied to the transaction's
+ * outcome), sqlite_dirusers.c (the tables using a store directory) and
+ * sqlite_stats.c (embkv_table_lookup, embkv_stats, embkv_checkpoint).
  */
 #ifndef SQLITE_VTAB_H
 #define SQLITE_VTAB_H
@@ -177,7 +178,11 @@ typedef struct ekpend {
     int when;       /* EK_ON_COMMIT, EK_ON_ROLLBACK or both */
     int consumed;   /* set by embkv_pending's xUpdate */
     char *dir;
-    char tid[17];
+    char tid[17];   /* the temporary directory's id, or with unlist the table's */
+    int unlist;     /* take tid off dir's list of tables (sqlite_dirusers.c),
+                     * and remove dir if that leaves the list empty, or if
+                     * dir has no list and `owner` (the table made it) */
+    int owner;
 } ekpend;
 
 struct ekconn {
@@ -232,6 +237,17 @@ void ekreg_tmpdir_forget(ekconn *c, const char *tid);   /* creation failed */
  * temporary directory (its registration goes too), or NULL. */
 enum { EK_ON_COMMIT = 1, EK_ON_ROLLBACK = 2 };
 int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err);
+/* The same for taking table tid off the list of dir's tables (removing dir
+ * when that leaves none; see ekpend.unlist). */
+int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err);
+
+/* sqlite_dirusers.c: the tables using a store directory, listed in it.
+ * ekusers_add: made (the CREATE made the store): start the list with tid;
+ * otherwise add tid to the list if the store has one (*listed says whether
+ * tid went in).  ekusers_remove: the number of tables left on the list, -1
+ * when dir has no list, -2 when it could not be updated. */
+int ekusers_add(const char *dir, const char *tid, int made, int *listed, char **err);
+int ekusers_remove(const char *dir, const char *tid);
 
 int ekfn_register(sqlite3 *db, ekconn *c);
 /* Keeps the extension's shared object loaded until the process exits. */

@@ -120,7 +120,8 @@ static int geometry_matches(const embkv_store *s, const embkv_options *opt)
 }
 
 /* What the directory holds: 1 = a pool file, 0 = nothing of ours and
- * nothing else (empty apart from LOCK), -1 = foreign files (name copied). */
+ * nothing else (empty apart from LOCK and app- files), -1 = foreign files
+ * (name copied). */
 static int inspect_dir(const char *dir, char *foreign, size_t len)
 {
     DIR *d = opendir(dir);
@@ -130,7 +131,8 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
-            !strcmp(e->d_name, POOL_TMP))
+            !strcmp(e->d_name, POOL_TMP) ||
+            !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
             if (state == 0)

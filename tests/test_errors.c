@@ -318,6 +318,19 @@ static void test_paths(void)
     CHECK_RC(embkv_open(foreign, &o, 0, &s), EMBKV_NOTSTORE);
     CHECK(count_entries(foreign) == 1 && dir_hash(foreign) == h0);
 
+    /* files of the application ("app-" names) are not foreign: a store is
+     * created beside them, reopens with them, and leaves them alone */
+    const char *withapp = strdup(test_tmpdir("withapp"));
+    mkdir(withapp, 0755);
+    snprintf(fp, sizeof fp, "%s/" EMBKV_APP_FILE_PREFIX "list", withapp);
+    write_file(fp, "mine\n", 5);
+    uint64_t ah = file_hash(fp, NULL);
+    CHECK_RC(embkv_open(withapp, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(withapp, &o, 0, &s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK(file_hash(fp, NULL) == ah);
+
     /* a path that is a regular file */
     const char *file = strdup(test_tmpdir("plainfile"));
     write_file(file, "not a directory", 15);
@@ -332,6 +345,7 @@ static void test_paths(void)
     free((void *)missing);
     free((void *)empty);
     free((void *)foreign);
+    free((void *)withapp);
     free((void *)file);
 }
 

@@ -101,8 +101,7 @@ INSERT INTO late VALUES (3, '[3,3]');
 SELECT 'late', id, embkv_json(vec) FROM late;
 SELECT 'final', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;
 -- a table whose path names an existing store attaches to it (same rows);
--- dropping it leaves the store to the table that made it, whose DROP
--- removes it
+-- the store directory lists the tables using it and goes with the last
 CREATE VIRTUAL TABLE owner USING embkv(dim=2, path='owned.embkv', pool_size='16M');
 INSERT INTO owner VALUES (1, '[1,1]');
 CREATE VIRTUAL TABLE guest USING embkv(dim=2, path='owned.embkv');
@@ -113,3 +112,27 @@ DROP TABLE guest;
 SELECT 'owner-kept', id, embkv_json(vec) FROM owner;
 DROP TABLE owner;
 .shell ls -d owned.embkv 2>/dev/null | wc -l
+-- dropping the table that made the store leaves it to the others, in this
+-- process or after a reopen, and the last DROP removes it
+CREATE VIRTUAL TABLE maker USING embkv(dim=2, path='kept.embkv', pool_size='16M');
+INSERT INTO maker VALUES (7, '[7,7]');
+CREATE VIRTUAL TABLE user1 USING embkv(dim=2, path='kept.embkv');
+CREATE VIRTUAL TABLE user2 USING embkv(dim=2, path='kept.embkv');
+.shell wc -l < kept.embkv/app-sqlite-tables
+DROP TABLE maker;
+SELECT 'user1-after-maker-dropped', id, embkv_json(vec) FROM user1;
+-- @reopen
+.shell wc -l < kept.embkv/app-sqlite-tables
+DROP TABLE user1;
+-- @reopen
+INSERT INTO user2 VALUES (8, '[8,8]');
+SELECT 'user2-still', group_concat(id, ' ') FROM (SELECT id FROM user2 ORDER BY id);
+-- an attach rolled back takes its table off the list again
+BEGIN;
+CREATE VIRTUAL TABLE user3 USING embkv(dim=2, path='kept.embkv');
+SELECT 'listed-in-txn', count(*) FROM embkv_pending;
+.shell wc -l < kept.embkv/app-sqlite-tables
+ROLLBACK;
+.shell wc -l < kept.embkv/app-sqlite-tables
+DROP TABLE user2;
+.shell ls -d kept.embkv 2>/dev/null | wc -l
