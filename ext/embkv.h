@@ -116,8 +116,10 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
 int embkv_delete(embkv_store *s, int64_t id);
 /* Whether a batch of `puts` puts and `deletes` deletes of existing rows
  * would find room now (free records, or pool space for more): EMBKV_OK, or
- * EMBKV_FULL with a message.  For callers that must not fail half-way (a
- * transaction commit); not a reservation: other writers may take the room. */
+ * EMBKV_FULL with a message.  It first grows the index if `puts` new rows
+ * would need it.  For callers that must not fail half-way (a transaction
+ * commit, rows created by a pull); not a reservation: other writers may
+ * take the room. */
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
 /* found[i] = embkv_exists(ids[i]) for a whole batch, with the buckets

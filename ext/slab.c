@@ -145,6 +145,14 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
+    /* New rows may need a larger index: grow it now, while nothing of the
+     * batch is written (it takes pool space the records then cannot). */
+    uint64_t need = atomic_load(&s->entries) + puts;
+    if (puts && need > store_grow_threshold(s)) {
+        int grc = store_grow_index(s, need);
+        if (grc != EMBKV_OK)
+            return grc;
+    }
     /* Puts leave the delete reserve free; deletes may take it. */
     uint64_t want = deletes + (puts ? puts + s->delete_reserve : 0);
     pthread_mutex_lock(&s->slab_mu);
@@ -152,9 +160,10 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     size_t have = s->free_locs.n;
     pthread_mutex_unlock(&s->slab_mu);
     if (rc == EMBKV_FULL)
-        return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: %zu records free and the pool is "
-                          "full (records replaced or deleted since the last sync are kept until the next one)",
-                          s->path, (unsigned long long)puts, (unsigned long long)deletes, have);
+        return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
+                          "records, %u of them kept for deletes only (records replaced or deleted since the last "
+                          "sync are kept until the next one)",
+                          s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve);
     return rc;
 }
 

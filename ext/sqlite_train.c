@@ -194,10 +194,25 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (!ids)
         return;
     uint32_t dim = embkv_dim(ref.store);
-    float *out = sqlite3_malloc64((sqlite3_uint64)n * dim * sizeof *out);
+    sqlite3_uint64 bytes = (sqlite3_uint64)n * dim * sizeof(float);
+    int limit = sqlite3_limit(sqlite3_context_db_handle(ctx), SQLITE_LIMIT_LENGTH, -1);
+    if (bytes > (sqlite3_uint64)limit) {
+        sqlite3_free(ids);
+        char *m = sqlite3_mprintf("%llu ids of dim %u make a %llu-byte result, over this connection's limit of %d "
+                                  "bytes (SQLITE_LIMIT_LENGTH): pull fewer ids at a time",
+                                  (unsigned long long)n, dim, (unsigned long long)bytes, limit);
+        train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, m ? m : "result too big");
+        sqlite3_free(m);
+        sqlite3_result_error_code(ctx, SQLITE_TOOBIG);
+        return;
+    }
+    float *out = sqlite3_malloc64(bytes);
     if (!out) {
         sqlite3_free(ids);
-        sqlite3_result_error_nomem(ctx);
+        char *m = sqlite3_mprintf("out of memory for a %llu-byte result (%llu ids of dim %u)",
+                                  (unsigned long long)bytes, (unsigned long long)n, dim);
+        train_error(ctx, "embkv_pull", ref.name, EMBKV_NOMEM, m ? m : "out of memory");
+        sqlite3_free(m);
         return;
     }
     int rc = embkv_pull(ref.session, ids, n, out);
@@ -207,7 +222,7 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         train_error(ctx, "embkv_pull", ref.name, rc, embkv_errmsg());
         return;
     }
-    sqlite3_result_blob64(ctx, out, (sqlite3_uint64)n * dim * sizeof *out, sqlite3_free);
+    sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
 }
 
 static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)

@@ -389,15 +389,19 @@ static void init_values(const embkv_train_options *o, int64_t id, float *v, uint
     }
 }
 
-/* Create each listed missing id from the initializer (insert-only: a row
- * created meanwhile by another thread is left alone). */
+/* Create each listed missing id (ids distinct) from the initializer
+ * (insert-only: a row created meanwhile by another thread is left alone). */
 static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_options *o, const int64_t *ids,
                        size_t n)
 {
+    /* All or none: a pool without room for every row fails before any. */
+    int rc = embkv_room_for(s, n, 0);
+    if (rc != EMBKV_OK)
+        return embkv__err(rc, "cannot create %zu missing row(s), the first id %lld: %s", n, (long long)ids[0],
+                          embkv_errmsg());
     float *v = malloc(4 * (size_t)s->dim);
     if (!v)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
-    int rc = EMBKV_OK;
     for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
         init_values(o, ids[i], v, s->dim);
         rc = embkv_put(s, ids[i], v, NULL, EMBKV_PUT_INSERT);
@@ -533,9 +537,10 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     else
         rc = read_batch(s, ids, n, out, found, &missing);
     if (rc == EMBKV_OK && missing) {
-        int64_t *miss = malloc(missing * sizeof *miss);
-        size_t k = 0;
-        if (!miss) {
+        int64_t *miss = malloc(missing * sizeof *miss), *umiss = malloc(missing * sizeof *umiss);
+        size_t *slot_of = malloc(missing * sizeof *slot_of);
+        size_t k = 0, nu = 0;
+        if (!miss || !umiss || !slot_of) {
             rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
         } else {
             for (size_t i = 0; i < n; i++)
@@ -544,8 +549,10 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
             if (o.init == EMBKV_INIT_NONE)
                 rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)",
                                 (long long)miss[0]);
+            else if (distinct_ids(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
+                rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
             else
-                rc = create_rows(s, t, &o, miss, k);
+                rc = create_rows(s, t, &o, umiss, nu);
             /* Read the created rows back: another thread may have created
              * (and even updated) some of them first. */
             for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
@@ -555,8 +562,10 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
                 if (rc == EMBKV_NOTFOUND)
                     rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
             }
-            free(miss);
         }
+        free(miss);
+        free(umiss);
+        free(slot_of);
     }
     free(found);
     if (rc != EMBKV_OK)

@@ -555,5 +555,25 @@ class TestDyingHolders(Base):
         conn.close()
 
 
+class TestFullPool(Base):
+    def test_pull_that_cannot_create_all_rows_creates_none(self):
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE big USING embkv(dim=8192, init='zeros', capacity=10)")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            pull(conn, "big", list(range(5000, 6000)) + [5000, 5001], 8192)
+        msg = str(cm.exception)
+        self.assertIn("embkv_pull: table big: cannot create 1000 missing row(s), the first id 5000: ", msg)
+        self.assertIn("no room for 1000 puts and 0 deletes: the pool is full", msg)
+        self.assertEqual(conn.execute("SELECT count(*) FROM big").fetchone(), (0,))
+        self.assertEqual(training_stats(conn, "big")["rows_created"], 0)
+        # a batch that fits is created whole, duplicates once each
+        vecs = pull(conn, "big", list(range(150)) + [3, 3], 8192)
+        self.assertEqual(vecs.shape, (152, 8192))
+        self.assertFalse(vecs.any())
+        self.assertEqual(conn.execute("SELECT count(*) FROM big").fetchone(), (150,))
+        self.assertEqual(training_stats(conn, "big")["rows_created"], 150)
+        conn.close()
+
+
 if __name__ == "__main__":
     unittest.main()

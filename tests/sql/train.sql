@@ -327,3 +327,7 @@ CREATE VIRTUAL TABLE bad_normal USING embkv(dim=1, init='normal(3e38, 1e37)', po
 CREATE VIRTUAL TABLE bad_uniform USING embkv(dim=1, init='uniform(-1e39, 0)', pool_size='16M');
 CREATE VIRTUAL TABLE edge_uniform USING embkv(dim=1, init='uniform(-3e38, 3e38)', pool_size='16M');
 SELECT 'edge-uniform', embkv_dims(embkv_pull('edge_uniform', '[1, 2, 3]'));
+-- a result over SQLITE_LIMIT_LENGTH is refused before anything is read or created
+CREATE VIRTUAL TABLE wide USING embkv(dim=8192, init='zeros', pool_size='16M');
+SELECT length(embkv_pull('wide', (SELECT json_group_array(1) FROM generate_series(1, 40000))));
+SELECT 'wide-rows', count(*) FROM wide;
