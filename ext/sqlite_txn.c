@@ -269,7 +269,7 @@ int ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
         t->n++;
     }
     e->kind = (uint8_t)kind;
-    e->fresh = (uint8_t)(kind == EKTXN_PUT && fresh);
+    e->fresh = (uint8_t)(kind == EKTXN_PUT ? fresh : 0);
     return SQLITE_OK;
 }
 
@@ -389,6 +389,16 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
     t->npre = 0;
     t->pre = NULL;
     if (t->n == 0) return EMBKV_OK;
+    /* An INSERT that found its id free must still find it free. */
+    for (size_t i = 0; i < t->cap; i++) {
+        const ektxn_entry *e = &t->slot[i];
+        if (e->used && e->kind == EKTXN_PUT && e->fresh == EKTXN_FRESH_NEW && embkv_exists(s, e->id) == 1) {
+            *fail_id = e->id;
+            *msg = sqlite3_mprintf("the row was created by another connection or a pull after this transaction "
+                                   "inserted it (UNIQUE constraint failed)");
+            return EMBKV_EXISTS;
+        }
+    }
     /* Room first: undoing deletes on a full pool would need room too. */
     uint64_t puts = 0, deletes = 0;
     for (size_t i = 0; i < t->cap; i++) {

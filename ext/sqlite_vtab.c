@@ -74,6 +74,7 @@ int sqlite_rc_of(int erc)
     case EMBKV_LOCKED: return SQLITE_BUSY;
     case EMBKV_BUSY: return SQLITE_BUSY;
     case EMBKV_CORRUPT: return SQLITE_CORRUPT;
+    case EMBKV_EXISTS: return SQLITE_CONSTRAINT_PRIMARYKEY;
     case EMBKV_NOTSTORE:
     case EMBKV_VERSION: return SQLITE_CANTOPEN;
     default: return SQLITE_ERROR;
@@ -695,15 +696,20 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     if (is_insert || newid != oldid) {
         int replace = 0;
         if (row_exists(v, newid) && (rc = conflict(v, newid, &replace)) != SQLITE_OK) return rc;
+        /* A new row: COMMIT replaces whatever the store has under that id
+         * (REPLACE, or a row this transaction deleted), and an id the
+         * store does not have must still be free then. */
+        int fresh = replace || sqlite3_vtab_on_conflict(v->db) == SQLITE_REPLACE || embkv_exists(v->store, newid) == 1
+                        ? EKTXN_FRESH
+                        : EKTXN_FRESH_NEW;
         /* Reserved above: these cannot fail, so an id change is never half
-         * done.  A new row: COMMIT replaces whatever the store has under
-         * that id. */
+         * done. */
         if (!is_insert && (rc = ektxn_set(v->txn, oldid, EKTXN_DEL, 0, NULL)) != SQLITE_OK) return rc;
-        if ((rc = ektxn_set(v->txn, newid, EKTXN_PUT, 1, vec)) != SQLITE_OK) return rc;
+        if ((rc = ektxn_set(v->txn, newid, EKTXN_PUT, fresh, vec)) != SQLITE_OK) return rc;
         if (is_insert) *pRowid = newid;
     } else {
         const ektxn_entry *e = ektxn_find(v->txn, oldid);
-        if ((rc = ektxn_set(v->txn, oldid, EKTXN_PUT, e && e->kind == EKTXN_PUT && e->fresh, vec)) != SQLITE_OK)
+        if ((rc = ektxn_set(v->txn, oldid, EKTXN_PUT, e && e->kind == EKTXN_PUT ? e->fresh : 0, vec)) != SQLITE_OK)
             return rc;
     }
     return SQLITE_OK;

@@ -30,6 +30,7 @@
  * rollback after a successful xSync) can put the store back as it was.
  */
 enum { EKTXN_PUT = 1, EKTXN_DEL = 2 };
+enum { EKTXN_FRESH = 1, EKTXN_FRESH_NEW = 2 };  /* ektxn_entry.fresh */
 
 typedef struct ektxn_entry {
     int64_t id;
@@ -37,7 +38,10 @@ typedef struct ektxn_entry {
     uint8_t kind;   /* EKTXN_PUT or EKTXN_DEL */
     uint8_t fresh;  /* PUT of a row (re)created in this transaction: COMMIT
                      * deletes any committed row of that id first, so the row
-                     * starts anew (clock 0, zero optimizer state) */
+                     * starts anew (clock 0, zero optimizer state).
+                     * EKTXN_FRESH_NEW: an INSERT of an id the store did not
+                     * have; COMMIT fails if it has one by then (another
+                     * connection inserted it, or a pull created it) */
     float *vec;     /* PUT: dim floats */
 } ektxn_entry;
 

@@ -221,6 +221,57 @@ class TestThreads(Base):
         conn.close()
 
 
+class TestInsertRaces(Base):
+    """An INSERT of a free id, committed after someone else took the id: a
+    pull creating it, or a table of another database on the same store."""
+
+    def setUp(self):
+        super().setUp()
+        store = os.path.join(self.dir, "shared.embkv")
+        self.a, self.b = connect(self.db), connect(os.path.join(self.dir, "other.db"))
+        for conn in (self.a, self.b):
+            conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=1, init='zeros', path=?)".replace("?", "'%s'" % store))
+
+    def tearDown(self):
+        self.a.close()
+        self.b.close()
+        super().tearDown()
+
+    def rows(self, conn):
+        return conn.execute("SELECT id, embkv_json(vec), clock FROM t ORDER BY id").fetchall()
+
+    def test_commit_fails_when_a_pull_created_the_row(self):
+        self.a.execute("BEGIN")
+        self.a.execute("INSERT INTO t VALUES (5, '[5]')")
+        self.b.execute("SELECT embkv_pull('t', 5)")
+        self.b.execute("SELECT embkv_push('t', 5, '[1]')")
+        with self.assertRaises(sqlite3.IntegrityError) as cm:
+            self.a.execute("COMMIT")
+        self.assertEqual(str(cm.exception), "embkv table t: COMMIT failed at id 5: the row was created by another "
+                         "connection or a pull after this transaction inserted it (UNIQUE constraint failed); "
+                         "nothing was written")
+        self.assertFalse(self.a.in_transaction)
+        self.assertEqual(self.rows(self.a), [(5, "[-0.01]", 1)])   # the pushed row, not overwritten
+
+    def test_commit_fails_when_another_table_on_the_store_inserted(self):
+        self.a.execute("BEGIN")
+        self.a.execute("INSERT INTO t VALUES (5, '[5]'), (6, '[6]')")
+        self.b.execute("INSERT INTO t VALUES (6, '[60]')")
+        with self.assertRaises(sqlite3.IntegrityError):
+            self.a.execute("COMMIT")
+        self.assertEqual(self.rows(self.a), [(6, "[60]", 0)])
+
+    def test_replace_and_reinsert_still_replace(self):
+        self.a.execute("INSERT INTO t VALUES (7, '[7]')")
+        self.a.execute("BEGIN")
+        self.a.execute("INSERT OR REPLACE INTO t VALUES (8, '[8]')")   # free now
+        self.a.execute("DELETE FROM t WHERE id = 7")
+        self.a.execute("INSERT INTO t VALUES (7, '[70]')")             # this transaction's delete
+        self.b.execute("INSERT INTO t VALUES (8, '[80]')")
+        self.a.execute("COMMIT")
+        self.assertEqual(self.rows(self.b), [(7, "[70]", 0), (8, "[8]", 0)])
+
+
 class TestModel(Base):
     """Random writes, transactions and savepoints on an embkv table and, in
     the same statements' transactions, on an ordinary table: after every
