@@ -177,9 +177,28 @@ typedef struct ektmp {
     char tid[17];
     char *path;
     int nconn;
+    pid_t pid;      /* the process that made it */
 } ektmp;
 
 static ektmp *ek_tmp_list;
+
+/* A process that exits without closing its connections (the shell after an
+ * error, exit() from a script) would leave its temporary stores behind.  A
+ * forked child exiting must not take its parent's. */
+static void remove_tmpdirs_at_exit(void)
+{
+    pthread_mutex_lock(&ek_mu);
+    for (ektmp *t = ek_tmp_list; t; t = t->next)
+        if (t->pid == getpid()) ek_remove_tree(t->path);
+    pthread_mutex_unlock(&ek_mu);
+}
+
+static pthread_once_t exit_hook_once = PTHREAD_ONCE_INIT;
+static void add_exit_hook(void)
+{
+    if (atexit(remove_tmpdirs_at_exit) != 0)
+        sqlite3_log(SQLITE_WARNING, "embkv: cannot register the removal of temporary stores at exit");
+}
 
 static ekconn *ek_conn_list;
 
@@ -209,6 +228,7 @@ static int conn_hold_tid(ekconn *c, const char *tid)
 int ekreg_tmpdir_create(ekconn *c, const char *tid, char **path, char **err)
 {
     *path = NULL;
+    pthread_once(&exit_hook_once, add_exit_hook);
     const char *base = getenv("TMPDIR");
     if (!base || !*base) base = "/tmp";
     char *tmpl = sqlite3_mprintf("%s/embkv-%s-XXXXXX", base, tid);
@@ -232,6 +252,7 @@ int ekreg_tmpdir_create(ekconn *c, const char *tid, char **path, char **err)
     memcpy(t->tid, tid, 17);
     t->path = p;
     t->nconn = 1;
+    t->pid = getpid();
     t->next = ek_tmp_list;
     ek_tmp_list = t;
     pthread_mutex_unlock(&ek_mu);

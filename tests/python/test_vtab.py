@@ -272,6 +272,40 @@ class TestInsertRaces(Base):
         self.assertEqual(self.rows(self.b), [(7, "[70]", 0), (8, "[8]", 0)])
 
 
+EXIT_WITHOUT_CLOSING = r"""
+import ctypes, os, sqlite3, sys
+conn = sqlite3.connect(":memory:")
+conn.enable_load_extension(True)
+conn.load_extension(sys.argv[1])
+conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2)")
+conn.execute("INSERT INTO t VALUES (1, '[1,2]')")
+if sys.argv[2] == "fork":
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).exit(0)   # the child exits through C's exit(), atexit handlers and all
+    os.waitpid(pid, 0)
+    print(sorted(os.listdir(os.environ["TMPDIR"])) != [], conn.execute("SELECT embkv_json(vec) FROM t").fetchone()[0])
+    sys.stdout.flush()
+ctypes.CDLL(None).exit(3)           # no connection closed
+"""
+
+
+class TestTemporaryStores(Base):
+    def run_child(self, mode):
+        tmp = os.path.join(self.dir, "tmp")
+        os.mkdir(tmp)
+        out = subprocess.run([sys.executable, "-c", EXIT_WITHOUT_CLOSING, EXT, mode], capture_output=True,
+                             text=True, timeout=60, env=dict(os.environ, TMPDIR=tmp))
+        self.assertEqual(out.returncode, 3, out.stderr)
+        return out.stdout, os.listdir(tmp)
+
+    def test_exit_without_closing_removes_them(self):
+        self.assertEqual(self.run_child("plain"), ("", []))
+
+    def test_a_forked_child_exiting_leaves_the_parents(self):
+        self.assertEqual(self.run_child("fork"), ("True [1,2]\n", []))
+
+
 class TestModel(Base):
     """Random writes, transactions and savepoints on an embkv table and, in
     the same statements' transactions, on an ordinary table: after every
