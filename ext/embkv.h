@@ -82,7 +82,9 @@ typedef struct embkv_options {
 int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
                embkv_store **out);
 
-/* Drop one reference; the last one syncs and closes the pool. */
+/* Drop one reference; the last one syncs and closes the pool.  In a child
+ * forked from the process that opened the store it writes nothing (the
+ * pool is shared with the parent): a store is used by one process. */
 int embkv_close(embkv_store *s);
 
 /* The per-thread message of the last failure. Never NULL. */

@@ -65,6 +65,8 @@ typedef struct ekopen {
     char *dir;   /* canonical */
     int refs;
     int discard; /* remove the directory when refs drops to 0 */
+    pid_t pid;   /* the process that opened it: a forked child closing an
+                  * inherited connection must not remove the parent's files */
 } ekopen;
 
 static ekopen *ek_open_list;
@@ -104,6 +106,7 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
         e->dir = d;
         e->refs = 1;
         e->discard = 0;
+        e->pid = getpid();
         e->next = ek_open_list;
         ek_open_list = e;
     }
@@ -124,7 +127,7 @@ void ekreg_close(embkv_store *s)
         if (e->s != s) continue;
         if (--e->refs == 0) {
             *pe = e->next;
-            if (e->discard) remove_dir = e->dir;
+            if (e->discard && e->pid == getpid()) remove_dir = e->dir;
             else free(e->dir);
             free(e);
         }
@@ -288,7 +291,8 @@ void ekreg_tmpdir_forget(ekconn *c, const char *tid)
         if (strcmp((*pt)->tid, tid) == 0) {
             ektmp *t = *pt;
             *pt = t->next;
-            path = t->path;
+            if (t->pid == getpid()) path = t->path;
+            else free(t->path);
             free(t);
             break;
         }
@@ -351,7 +355,7 @@ void ekconn_unref(ekconn *c)
             if (strcmp(t->tid, c->tids[i]) != 0) continue;
             if (--t->nconn == 0) {
                 *pt = t->next;
-                if (gone) gone[ngone++] = t->path;
+                if (gone && t->pid == getpid()) gone[ngone++] = t->path;
                 else free(t->path);
                 free(t);
             }

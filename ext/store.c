@@ -525,6 +525,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     }
     char lockpath[PATH_MAX];
     snprintf(lockpath, sizeof lockpath, "%s/%s", s->path, LOCK_FILE);
+    s->pid = getpid();
     s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (s->lockfd < 0) {
         rc = embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", s->path, LOCK_FILE, strerror(errno));
@@ -578,6 +579,16 @@ int embkv_close(embkv_store *s)
             *p = s->next;
             break;
         }
+    }
+    if (getpid() != s->pid) {
+        /* A forked child closing what it inherited (its connections are
+         * garbage collected): the pool is mapped shared, so a sync or the
+         * clean mark would write into the parent's live store.  Close the
+         * lock descriptor (the flock stays with the parent's) and leave the
+         * mapping to the child's exit. */
+        close(s->lockfd);
+        pthread_mutex_unlock(&registry_mu);
+        return EMBKV_OK;
     }
     /* Still under the registry lock: an open of this directory from another
      * thread must wait for the flock to go, not take it for another process. */

@@ -163,6 +163,7 @@ struct embkv_store {
     int refs;
     char *path;
     int lockfd;
+    pid_t pid;                 /* the opening process (see embkv_close) */
 
     /* pool */
     PMEMobjpool *pop;

@@ -279,12 +279,16 @@ conn.enable_load_extension(True)
 conn.load_extension(sys.argv[1])
 conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2)")
 conn.execute("INSERT INTO t VALUES (1, '[1,2]')")
-if sys.argv[2] == "fork":
+if sys.argv[2].startswith("fork"):
     pid = os.fork()
     if pid == 0:
-        ctypes.CDLL(None).exit(0)   # the child exits through C's exit(), atexit handlers and all
+        if sys.argv[2] == "fork-c":
+            ctypes.CDLL(None).exit(0)   # C's exit(): atexit handlers, no connection closed
+        sys.exit(0)                     # Python's: the inherited connection is closed, then exit()
     os.waitpid(pid, 0)
-    print(sorted(os.listdir(os.environ["TMPDIR"])) != [], conn.execute("SELECT embkv_json(vec) FROM t").fetchone()[0])
+    conn.execute("INSERT INTO t VALUES (2, '[3,4]')")
+    print(sorted(os.listdir(os.environ["TMPDIR"])) != [],
+          conn.execute("SELECT group_concat(embkv_json(vec), ' ') FROM (SELECT vec FROM t ORDER BY id)").fetchone()[0])
     sys.stdout.flush()
 ctypes.CDLL(None).exit(3)           # no connection closed
 """
@@ -293,7 +297,7 @@ ctypes.CDLL(None).exit(3)           # no connection closed
 class TestTemporaryStores(Base):
     def run_child(self, mode):
         tmp = os.path.join(self.dir, "tmp")
-        os.mkdir(tmp)
+        os.makedirs(tmp, exist_ok=True)
         out = subprocess.run([sys.executable, "-c", EXIT_WITHOUT_CLOSING, EXT, mode], capture_output=True,
                              text=True, timeout=60, env=dict(os.environ, TMPDIR=tmp))
         self.assertEqual(out.returncode, 3, out.stderr)
@@ -303,7 +307,9 @@ class TestTemporaryStores(Base):
         self.assertEqual(self.run_child("plain"), ("", []))
 
     def test_a_forked_child_exiting_leaves_the_parents(self):
-        self.assertEqual(self.run_child("fork"), ("True [1,2]\n", []))
+        for mode in ("fork-c", "fork-py"):
+            with self.subTest(mode=mode):
+                self.assertEqual(self.run_child(mode), ("True [1,2] [3,4]\n", []))
 
 
 class TestModel(Base):
