@@ -116,12 +116,14 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state,
 int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
               unsigned flags);
 int embkv_delete(embkv_store *s, int64_t id);
-/* Whether a batch of `puts` puts and `deletes` deletes of existing rows
- * would find room now (free records, or pool space for more): EMBKV_OK, or
- * EMBKV_FULL with a message.  It first grows the index if `puts` new rows
- * would need it.  For callers that must not fail half-way (a transaction
- * commit, rows created by a pull); not a reservation: other writers may
- * take the room. */
+/* For callers that must not fail half-way (a transaction commit, rows
+ * created by a pull), before writing anything: embkv_grow_index_for grows
+ * the index now if `new_ids` ids not yet in the store would need it (it
+ * takes pool space); embkv_room_for says whether `puts` puts and `deletes`
+ * deletes of existing rows would find records now (free ones, or pool
+ * space for more): EMBKV_OK, or EMBKV_FULL with a message.  Not a
+ * reservation: other writers may take the room. */
+int embkv_grow_index_for(embkv_store *s, uint64_t new_ids);
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
 /* found[i] = embkv_exists(ids[i]) for a whole batch, with the buckets

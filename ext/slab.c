@@ -141,18 +141,18 @@ int slab_alloc_tombstone(embkv_store *s, uint64_t *loc)
     return alloc_keeping(s, loc, 1, 0);
 }
 
+int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_grow_index_for: store is NULL");
+    uint64_t need = atomic_load(&s->entries) + new_ids;
+    return new_ids && need > store_grow_threshold(s) ? store_grow_index(s, need) : EMBKV_OK;
+}
+
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
-    /* New rows may need a larger index: grow it now, while nothing of the
-     * batch is written (it takes pool space the records then cannot). */
-    uint64_t need = atomic_load(&s->entries) + puts;
-    if (puts && need > store_grow_threshold(s)) {
-        int grc = store_grow_index(s, need);
-        if (grc != EMBKV_OK)
-            return grc;
-    }
     /* Puts leave the delete reserve free; deletes may take it. */
     uint64_t want = deletes + (puts ? puts + s->delete_reserve : 0);
     pthread_mutex_lock(&s->slab_mu);

@@ -400,14 +400,21 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
         }
     }
     /* Room first: undoing deletes on a full pool would need room too. */
-    uint64_t puts = 0, deletes = 0;
+    uint64_t puts = 0, deletes = 0, new_ids = 0;
     for (size_t i = 0; i < t->cap; i++) {
         const ektxn_entry *e = &t->slot[i];
         if (!e->used) continue;
-        if (e->kind == EKTXN_DEL) deletes++;
-        else puts++, deletes += e->fresh && embkv_exists(s, e->id) == 1; /* see below */
+        if (e->kind == EKTXN_DEL) {
+            deletes++;
+            continue;
+        }
+        int exists = embkv_exists(s, e->id) == 1;
+        puts++;
+        deletes += e->fresh && exists; /* see below */
+        new_ids += !exists;
     }
-    int room = embkv_room_for(s, puts, deletes);
+    int room = embkv_grow_index_for(s, new_ids);
+    if (room == EMBKV_OK) room = embkv_room_for(s, puts, deletes);
     if (room != EMBKV_OK) {
         *msg = sqlite3_mprintf("%s", embkv_errmsg());
         return room;

@@ -395,7 +395,9 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
                        size_t n)
 {
     /* All or none: a pool without room for every row fails before any. */
-    int rc = embkv_room_for(s, n, 0);
+    int rc = embkv_grow_index_for(s, n);
+    if (rc == EMBKV_OK)
+        rc = embkv_room_for(s, n, 0);
     if (rc != EMBKV_OK)
         return embkv__err(rc, "cannot create %zu missing row(s), the first id %lld: %s", n, (long long)ids[0],
                           embkv_errmsg());

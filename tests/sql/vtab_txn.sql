@@ -152,3 +152,12 @@ INSERT INTO s2 VALUES (6, '[6]');
 UPDATE s1 SET vec = '[50]' WHERE id = 5;
 ROLLBACK;
 SELECT 'shared-rolled-back', group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM s1 ORDER BY id);
+
+-- Updating every row adds no index entry: COMMIT grows the index only for
+-- ids new to the store.
+CREATE VIRTUAL TABLE g USING embkv(dim=2, capacity=1000);
+WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 1000)
+INSERT INTO g SELECT i, json_array(i, i) FROM c;
+SELECT 'before-update', json_extract(embkv_stats('g'), '$.index.buckets'), json_extract(embkv_stats('g'), '$.index.resizes');
+UPDATE g SET vec = '[0,0]';
+SELECT 'after-update', json_extract(embkv_stats('g'), '$.index.buckets'), json_extract(embkv_stats('g'), '$.index.resizes');
