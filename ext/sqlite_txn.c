@@ -296,7 +296,10 @@ static void remove_slot(ektxn *t, ektxn_entry *e)
 
 int ektxn_savepoint(ektxn *t, int n)
 {
-    if (n < 0) return SQLITE_OK;
+    /* Already open: another table sharing this buffer (sqlite_vtab.h,
+     * ekwbuf) joined the transaction and is told of the savepoints it
+     * missed; the mark set when the savepoint began stays. */
+    if (n < 0 || n < t->nsp) return SQLITE_OK;
     if (n >= t->capsp) {
         int cap = t->capsp ? t->capsp : 8;
         while (cap <= n) cap *= 2;

@@ -161,3 +161,16 @@ INSERT INTO g SELECT i, json_array(i, i) FROM c;
 SELECT 'before-update', json_extract(embkv_stats('g'), '$.index.buckets'), json_extract(embkv_stats('g'), '$.index.resizes');
 UPDATE g SET vec = '[0,0]';
 SELECT 'after-update', json_extract(embkv_stats('g'), '$.index.buckets'), json_extract(embkv_stats('g'), '$.index.resizes');
+
+-- A second table on the store joining inside a savepoint: ROLLBACK TO
+-- still goes back to where the savepoint began.
+CREATE VIRTUAL TABLE j1 USING embkv(dim=2, path='joined.embkv');
+CREATE VIRTUAL TABLE j2 USING embkv(dim=2, path='joined.embkv');
+BEGIN;
+INSERT INTO j1 VALUES (1, '[1,1]');
+SAVEPOINT s1;
+INSERT INTO j1 VALUES (2, '[2,2]');
+INSERT INTO j2 VALUES (3, '[3,3]');
+ROLLBACK TO s1;
+COMMIT;
+SELECT 'joined-in-savepoint', group_concat(id, ' ') FROM (SELECT id FROM j2 ORDER BY id);
