@@ -32,7 +32,8 @@ SQLITE_EXTENSION_INIT3
 static pthread_mutex_t users_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* The ids listed in dir (each TID_LEN hex digits): the count, or -1 when
- * there is no list, or -2 (errno set) when it cannot be read. */
+ * there is no list (or nothing in it is an id: damaged, it cannot say that
+ * the store is unused), or -2 (errno set) when it cannot be read. */
 static int read_users(const char *dir, char (*ids)[TID_LEN + 1], int cap)
 {
     char path[4096];
@@ -62,7 +63,7 @@ static int read_users(const char *dir, char (*ids)[TID_LEN + 1], int cap)
         errno = EIO;
         return -2;
     }
-    return n;
+    return n ? n : -1;
 }
 
 /* Replaces the list with ids[0..n).  0 or -1 (errno set). */

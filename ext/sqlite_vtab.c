@@ -475,10 +475,12 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         rc = shadow_create(v, &err);
         if (rc != SQLITE_OK) goto fail;
         if (!v->is_tmp && (rc = ekusers_add(v->dir, v->tid, made_dir, &listed, &err)) != SQLITE_OK) goto fail;
-        if (made_dir)
-            rc = ekconn_defer_remove(v->conn, EK_ON_ROLLBACK, v->dir, v->is_tmp ? v->tid : NULL, &err);
-        else if (listed)
-            rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, 0, &err);
+        /* Rolled back, the table lets go of the store; a directory it made
+         * goes with it unless other tables attached meanwhile. */
+        if (made_dir && v->is_tmp)
+            rc = ekconn_defer_remove(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, &err);
+        else if (made_dir || listed)
+            rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, made_dir, &err);
         if (rc != SQLITE_OK) goto fail;
     }
     sqlite3_free(dir);

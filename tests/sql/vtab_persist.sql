@@ -136,3 +136,26 @@ ROLLBACK;
 .shell wc -l < kept.embkv/app-sqlite-tables
 DROP TABLE user2;
 .shell ls -d kept.embkv 2>/dev/null | wc -l
+-- a CREATE rolled back (to a savepoint) after another table attached to the
+-- directory it made leaves the directory to that table
+BEGIN;
+SAVEPOINT s;
+CREATE VIRTUAL TABLE undone USING embkv(dim=2, path='made.embkv');
+ROLLBACK TO s;
+CREATE VIRTUAL TABLE keeper USING embkv(dim=2, path='made.embkv');
+INSERT INTO keeper VALUES (1, '[1,1]');
+COMMIT;
+-- @reopen
+SELECT 'keeper', id, embkv_json(vec) FROM keeper;
+.shell wc -l < made.embkv/app-sqlite-tables
+-- a damaged list says nothing: only the table that made the store removes it
+CREATE VIRTUAL TABLE dm1 USING embkv(dim=2, path='damaged.embkv');
+CREATE VIRTUAL TABLE dm2 USING embkv(dim=2, path='damaged.embkv');
+.shell echo garbage > damaged.embkv/app-sqlite-tables
+INSERT INTO dm1 VALUES (4, '[4,4]');
+DROP TABLE dm2;
+-- @reopen
+.shell ls -d damaged.embkv 2>/dev/null | wc -l
+SELECT 'dm1-after-dm2-dropped', id FROM dm1;
+DROP TABLE dm1;
+.shell ls -d damaged.embkv 2>/dev/null | wc -l
