@@ -216,15 +216,23 @@ static int pend_begin(sqlite3_vtab *pv)
     return SQLITE_OK;
 }
 
+/* The writes of a table dropped in this transaction (ekconn_sync_stranded):
+ * the DROP wrote to embkv_pending, so they commit or roll back here. */
 static int pend_sync(sqlite3_vtab *pv)
 {
-    (void)pv;
-    return SQLITE_OK;
+    char *msg = NULL;
+    int rc = ekconn_sync_stranded(((pendtab *)pv)->conn, &msg);
+    if (rc != SQLITE_OK) {
+        sqlite3_free(pv->zErrMsg);
+        pv->zErrMsg = msg;
+    }
+    return rc;
 }
 
 static int pend_commit(sqlite3_vtab *pv)
 {
     ekconn *c = ((pendtab *)pv)->conn;
+    ekconn_end_stranded(c, 1);
     for (int i = 0; i < c->npend; i++)
         if (c->pend[i].when & EK_ON_COMMIT) pend_carry_out(&c->pend[i]);
     ekconn_pend_clear(c);
@@ -234,6 +242,7 @@ static int pend_commit(sqlite3_vtab *pv)
 static int pend_rollback(sqlite3_vtab *pv)
 {
     ekconn *c = ((pendtab *)pv)->conn;
+    ekconn_end_stranded(c, 0);
     for (int i = 0; i < c->npend; i++)
         if (c->pend[i].when & EK_ON_ROLLBACK) pend_carry_out(&c->pend[i]);
     ekconn_pend_clear(c);

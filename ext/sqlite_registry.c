@@ -369,6 +369,7 @@ void ekconn_unref(ekconn *c)
     }
     free(gone);
     ekconn_pend_clear(c);
+    ekconn_free_wbufs(c);
     free(c->pend);
     free(c->pmark);
     free(c->tids);

@@ -351,10 +351,7 @@ static void vt_free(ekvtab *v)
     if (c) ekconn_remove(c, v);
     if (v->session) embkv_session_close(v->session); /* returns its permits */
     if (v->store) ekreg_close(v->store);
-    if (v->wb && --v->wb->refs == 0) {
-        ektxn_free(v->wb->txn);
-        sqlite3_free(v->wb);
-    }
+    if (v->wb) ekwbuf_release(v->wb, c);
     if (v->has_spare) ekcurbuf_free(&v->spare);
     sqlite3_free(v->scratch);
     sqlite3_free(v->zDb);
@@ -365,32 +362,6 @@ static void vt_free(ekvtab *v)
     sqlite3_free(v->base.zErrMsg);
     sqlite3_free(v);
     ekconn_unref(c);
-}
-
-/* The connection's write buffer for v's store: another instance's, or a
- * new one. */
-static int share_wbuf(ekvtab *v)
-{
-    for (ekvtab *o = v->conn->tabs; o; o = o->next) {
-        if (o->wb && o->dir && strcmp(o->dir, v->dir) == 0) {
-            v->wb = o->wb;
-            v->wb->refs++;
-            v->txn = v->wb->txn;
-            return SQLITE_OK;
-        }
-    }
-    ekwbuf *wb = sqlite3_malloc(sizeof *wb);
-    if (!wb) return SQLITE_NOMEM;
-    memset(wb, 0, sizeof *wb);
-    wb->refs = 1;
-    wb->txn = ektxn_new(v->dim, v->state_floats);
-    if (!wb->txn) {
-        sqlite3_free(wb);
-        return SQLITE_NOMEM;
-    }
-    v->wb = wb;
-    v->txn = wb->txn;
-    return SQLITE_OK;
 }
 
 static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sqlite3_vtab **ppVtab,
@@ -459,7 +430,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->dim = embkv_dim(v->store);
     v->state_floats = embkv_state_floats(v->store);
     v->scratch = sqlite3_malloc64((uint64_t)v->dim * sizeof(float));
-    if (!v->dir || !v->scratch || share_wbuf(v) != SQLITE_OK) {
+    if (!v->dir || !v->scratch || ekwbuf_acquire(v) != SQLITE_OK) {
         rc = SQLITE_NOMEM;
         goto fail;
     }
@@ -722,79 +693,35 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
  */
 static int vt_begin(sqlite3_vtab *pv)
 {
-    ekwbuf *wb = ((ekvtab *)pv)->wb;
-    if (wb && !wb->in_txn) {
-        ektxn_clear(wb->txn);
-        wb->synced = 0;
-        wb->in_txn = 1;
-    }
+    ((ekvtab *)pv)->joined = 1;
+    if (((ekvtab *)pv)->wb) ekwbuf_begin(((ekvtab *)pv)->wb);
     return SQLITE_OK;
 }
 
-/* COMMIT, phase one: write the buffer to the store and make it durable.
- * An error here fails the COMMIT and leaves the store as it was. */
 static int vt_sync(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
-    ekwbuf *wb = v->wb;
-    if (!wb || wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
-    int64_t bad = 0;
+    if (!v->wb) return SQLITE_OK;
     char *msg = NULL;
-    int restored = 1;
-    int erc = ektxn_apply(wb->txn, v->store, &bad, &msg, &restored);
-    if (erc != EMBKV_OK) {
-        const char *why = msg ? msg : "out of memory";
-        if (bad)
-            vt_err(v, "COMMIT failed at id %lld: %s%s", (long long)bad, why,
-                   restored ? "; nothing was written" : "");
-        else
-            vt_err(v, "COMMIT failed: %s; nothing was written", why);
-        sqlite3_free(msg);
-        return sqlite_rc_of(erc);
-    }
-    erc = embkv_sync(v->store);
-    if (erc != EMBKV_OK) {
-        msg = sqlite3_mprintf("%s", embkv_errmsg());
-        int urc = ektxn_unapply(wb->txn, v->store);
-        vt_err(v, "COMMIT failed to make the table durable: %s; %s", msg ? msg : "?",
-               urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
-        sqlite3_free(msg);
-        return sqlite_rc_of(erc);
-    }
-    wb->synced = 1;
-    return SQLITE_OK;
-}
-
-static void wbuf_end(ekwbuf *wb)
-{
-    ektxn_clear(wb->txn);
-    wb->synced = 0;
-    wb->in_txn = 0;
+    int rc = ekwbuf_sync(v->wb, &msg);
+    if (rc != SQLITE_OK) vt_err(v, "%s", msg ? msg : "COMMIT failed: out of memory");
+    sqlite3_free(msg);
+    return rc;
 }
 
 static int vt_commit(sqlite3_vtab *pv)
 {
+    ((ekvtab *)pv)->joined = 0;
     ekwbuf *wb = ((ekvtab *)pv)->wb;
-    if (wb) wbuf_end(wb);
+    if (wb) ekwbuf_end(wb);
     return SQLITE_OK;
 }
 
 static int vt_rollback(sqlite3_vtab *pv)
 {
     ekvtab *v = (ekvtab *)pv;
-    ekwbuf *wb = v->wb;
-    if (!wb) return SQLITE_OK;
-    if (wb->synced) {
-        /* xSync wrote to the store, then another part of the commit
-         * failed: put the store back and make that durable.  SQLite ignores
-         * xRollback's result: failures go to its error log. */
-        int erc = ektxn_unapply(wb->txn, v->store);
-        if (erc == EMBKV_OK) erc = embkv_sync(v->store);
-        if (erc != EMBKV_OK)
-            sqlite3_log(SQLITE_IOERR, "embkv table %s: ROLLBACK after COMMIT's first phase could not put "
-                        "the store back: %s", v->zName, embkv_errmsg());
-    }
-    wbuf_end(wb);
+    v->joined = 0;
+    if (v->wb) ekwbuf_rollback(v->wb);
     return SQLITE_OK;
 }
 

@@ -3,7 +3,8 @@
  * virtual table: sqlite_vtab.c (the module: options, create/connect/drop,
  * writes, transactions), sqlite_cursor.c (plans and cursors),
  * sqlite_values.c (ids and vectors), sqlite_txn.c (the transaction write
- * buffer), sqlite_registry.c (per-connection and per-process state,
+ * buffer), sqlite_wbuf.c (a connection's buffer per store and its commit),
+ * sqlite_registry.c (per-connection and per-process state,
  * directory removal), sqlite_pending.c (removals tied to the transaction's
  * outcome), sqlite_dirusers.c (the tables using a store directory) and
  * sqlite_stats.c (embkv_table_lookup, embkv_stats, embkv_checkpoint).
@@ -79,26 +80,51 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
 /* Undoes a successful ektxn_apply() (xRollback after xSync). */
 int ektxn_unapply(ektxn *t, embkv_store *s);
 
-/* One connection's write buffer for one store, shared by every instance
- * of that connection whose table is on that store: two tables attached to
- * one store, and the instance SQLite connects anew after a schema change
- * is rolled back while the old one still takes part in the transaction.
- * So the transaction methods may each run once per sharing instance: the
- * first xBegin starts the transaction, the first xSync writes the buffer,
- * and the others find nothing left to do (savepoint calls are idempotent). */
+/* One connection's write buffer for one store (sqlite_wbuf.c), shared by
+ * every instance of that connection whose table is on that store: two
+ * tables attached to one store, and the instance SQLite connects anew
+ * after a schema change is rolled back while the old one still takes part
+ * in the transaction.  So the transaction methods may each run once per
+ * sharing instance: the first xBegin starts the transaction, the first
+ * xSync writes the buffer, and the others find nothing left to do
+ * (savepoint calls are idempotent).  It belongs to the connection and
+ * holds its own reference to the store: the writes of a table dropped in
+ * the transaction outlive its instances until the transaction ends. */
 typedef struct ekwbuf {
-    int refs;
+    struct ekwbuf *next;  /* the connection's list */
+    int refs;             /* instances using it */
+    char *dir;            /* the store's canonical directory */
+    embkv_store *store;
     ektxn *txn;
-    int in_txn;           /* an xBegin came and no xCommit/xRollback yet */
+    int in_txn;           /* an xBegin came and the transaction has not ended */
     int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
 } ekwbuf;
+
+typedef struct ekconn ekconn;
+typedef struct ekvtab ekvtab;
+/* v->wb and v->txn for v's store: the connection's buffer, or a new one. */
+int ekwbuf_acquire(ekvtab *v);
+/* An instance lets go; an unused buffer goes unless it holds writes of an
+ * open transaction. */
+void ekwbuf_release(ekwbuf *wb, ekconn *c);
+void ekwbuf_begin(ekwbuf *wb);
+/* COMMIT phase one (writes and syncs; SQLite rc, *msg says why it failed),
+ * the end of the transaction, and its rollback (undoing phase one). */
+int ekwbuf_sync(ekwbuf *wb, char **msg);
+void ekwbuf_end(ekwbuf *wb);
+void ekwbuf_rollback(ekwbuf *wb);
+/* Writes that no table of the transaction will commit: those of a table
+ * dropped in it (SQLite calls no xSync/xCommit on a dropped table).  The
+ * DROP made embkv_pending part of the transaction, and its xSync, xCommit
+ * and xRollback call these. */
+int ekconn_sync_stranded(ekconn *c, char **msg);
+void ekconn_end_stranded(ekconn *c, int commit);
+/* The connection closes. */
+void ekconn_free_wbufs(ekconn *c);
 
 /* ------------------------------------------------------------------------
  * The virtual table instance: one per table per connection.
  */
-typedef struct ekconn ekconn;
-typedef struct ekvtab ekvtab;
-
 /* A cursor's buffers (sqlite_cursor.c). */
 typedef struct ekcurbuf {
     int64_t *ids;          /* candidate ids */
@@ -130,6 +156,7 @@ struct ekvtab {
     uint32_t dim, state_floats;
     ekwbuf *wb;           /* this connection's uncommitted writes to the store */
     ektxn *txn;           /* wb->txn */
+    int joined;           /* in the open transaction (xBegin came) */
     float *scratch;       /* dim floats */
     embkv_session *session; /* training session, see embkv_table_ref */
     ekcurbuf spare;       /* buffers of the last closed cursor, for the next */
@@ -201,6 +228,7 @@ struct ekconn {
     int *pmark;           /* savepoint marks over pend */
     int pnsp, cappmark;
     ekpend *staged;       /* the row our nested INSERT is writing */
+    ekwbuf *wbufs;        /* write buffers, one per store (sqlite_wbuf.c) */
 };
 
 /* Per-connection state, shared by the modules and functions registered on

@@ -174,3 +174,33 @@ INSERT INTO j2 VALUES (3, '[3,3]');
 ROLLBACK TO s1;
 COMMIT;
 SELECT 'joined-in-savepoint', group_concat(id, ' ') FROM (SELECT id FROM j2 ORDER BY id);
+
+-- A table dropped in a transaction after writing, its store shared with
+-- another table: its writes commit (or roll back) with the transaction.
+CREATE VIRTUAL TABLE d1 USING embkv(dim=2, path='dropped.embkv');
+CREATE VIRTUAL TABLE d2 USING embkv(dim=2, path='dropped.embkv');
+SELECT 'd2-empty', count(*) FROM d2;
+BEGIN;
+INSERT INTO d1 VALUES (1, '[1,1]');
+DROP TABLE d1;
+COMMIT;
+CREATE VIRTUAL TABLE d3 USING embkv(dim=2, path='dropped.embkv');
+BEGIN;
+INSERT INTO d3 VALUES (2, '[2,2]');
+DROP TABLE d3;
+ROLLBACK;
+BEGIN;
+INSERT INTO d3 VALUES (3, '[3,3]');
+SAVEPOINT s;
+DROP TABLE d3;
+ROLLBACK TO s;
+COMMIT;
+SELECT 'dropped-writes', group_concat(id, ' ') FROM (SELECT id FROM d2 ORDER BY id);
+-- @reopen
+SELECT 'dropped-writes-reopened', group_concat(id, ' ') FROM (SELECT id FROM d2 ORDER BY id);
+BEGIN;
+INSERT INTO d3 VALUES (4, '[4,4]');
+DROP TABLE d3;
+DROP TABLE d2;
+COMMIT;
+.shell ls -d dropped.embkv 2>/dev/null | wc -l

@@ -1,0 +1,177 @@
+/*
+ * sqlite_wbuf.c - a connection's uncommitted writes to one store, shared by
+ * the connection's tables on that store (see ekwbuf in sqlite_vtab.h), and
+ * the steps that commit them.
+ */
+#include "sqlite_vtab.h"
+SQLITE_EXTENSION_INIT3
+
+#include <string.h>
+
+static void wbuf_free(ekwbuf *wb)
+{
+    ektxn_free(wb->txn);
+    if (wb->store) ekreg_close(wb->store);
+    sqlite3_free(wb->dir);
+    sqlite3_free(wb);
+}
+
+static void wbuf_unlink(ekconn *c, ekwbuf *wb)
+{
+    for (ekwbuf **p = &c->wbufs; *p; p = &(*p)->next) {
+        if (*p == wb) {
+            *p = wb->next;
+            return;
+        }
+    }
+}
+
+int ekwbuf_acquire(ekvtab *v)
+{
+    ekconn *c = v->conn;
+    ekwbuf *wb;
+    for (wb = c->wbufs; wb && strcmp(wb->dir, v->dir) != 0; wb = wb->next) {}
+    if (!wb) {
+        wb = sqlite3_malloc(sizeof *wb);
+        if (!wb) return SQLITE_NOMEM;
+        memset(wb, 0, sizeof *wb);
+        wb->dir = sqlite3_mprintf("%s", v->dir);
+        wb->txn = ektxn_new(v->dim, v->state_floats);
+        /* Its own reference: it may outlive every instance (a DROP). */
+        embkv_options eo;
+        memset(&eo, 0, sizeof eo);
+        eo.dim = v->dim;
+        eo.state_floats = v->state_floats;
+        char *err = NULL;
+        if (!wb->dir || !wb->txn || ekreg_open(v->dir, &eo, 0, &wb->store, &err) != EMBKV_OK) {
+            sqlite3_free(err);
+            wbuf_free(wb);
+            return SQLITE_NOMEM;
+        }
+        wb->next = c->wbufs;
+        c->wbufs = wb;
+    }
+    wb->refs++;
+    v->wb = wb;
+    v->txn = wb->txn;
+    return SQLITE_OK;
+}
+
+void ekwbuf_release(ekwbuf *wb, ekconn *c)
+{
+    if (--wb->refs > 0 || (wb->in_txn && ektxn_count(wb->txn) > 0)) return;
+    wbuf_unlink(c, wb);
+    wbuf_free(wb);
+}
+
+void ekwbuf_begin(ekwbuf *wb)
+{
+    if (wb->in_txn) return;
+    ektxn_clear(wb->txn);
+    wb->synced = 0;
+    wb->in_txn = 1;
+}
+
+/* COMMIT, phase one: write the buffer to the store and make it durable.
+ * An error fails the COMMIT and leaves the store as it was. */
+int ekwbuf_sync(ekwbuf *wb, char **msg)
+{
+    *msg = NULL;
+    if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
+    int64_t bad = 0;
+    char *why = NULL;
+    int restored = 1;
+    int erc = ektxn_apply(wb->txn, wb->store, &bad, &why, &restored);
+    if (erc != EMBKV_OK) {
+        if (bad)
+            *msg = sqlite3_mprintf("COMMIT failed at id %lld: %s%s", (long long)bad, why ? why : "out of memory",
+                                   restored ? "; nothing was written" : "");
+        else
+            *msg = sqlite3_mprintf("COMMIT failed: %s; nothing was written", why ? why : "out of memory");
+        sqlite3_free(why);
+        return sqlite_rc_of(erc);
+    }
+    erc = embkv_sync(wb->store);
+    if (erc != EMBKV_OK) {
+        why = sqlite3_mprintf("%s", embkv_errmsg());
+        int urc = ektxn_unapply(wb->txn, wb->store);
+        *msg = sqlite3_mprintf("COMMIT failed to make the table durable: %s; %s", why ? why : "?",
+                               urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
+        sqlite3_free(why);
+        return sqlite_rc_of(erc);
+    }
+    wb->synced = 1;
+    return SQLITE_OK;
+}
+
+void ekwbuf_end(ekwbuf *wb)
+{
+    ektxn_clear(wb->txn);
+    wb->synced = 0;
+    wb->in_txn = 0;
+}
+
+void ekwbuf_rollback(ekwbuf *wb)
+{
+    if (wb->synced) {
+        /* ekwbuf_sync wrote to the store, then another part of the commit
+         * failed: put the store back and make that durable.  SQLite ignores
+         * xRollback's result: failures go to its error log. */
+        int erc = ektxn_unapply(wb->txn, wb->store);
+        if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
+        if (erc != EMBKV_OK)
+            sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
+                        "the store back: %s", wb->dir, embkv_errmsg());
+    }
+    ekwbuf_end(wb);
+}
+
+/* Writes no table of the transaction will commit. */
+static int stranded(const ekwbuf *wb, const ekconn *c)
+{
+    if (!wb->in_txn || ektxn_count(wb->txn) == 0) return 0;
+    for (const ekvtab *o = c->tabs; o; o = o->next)
+        if (o->wb == wb && o->joined) return 0;
+    return 1;
+}
+
+int ekconn_sync_stranded(ekconn *c, char **msg)
+{
+    *msg = NULL;
+    for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
+        if (!stranded(wb, c)) continue;
+        char *why = NULL;
+        int rc = ekwbuf_sync(wb, &why);
+        if (rc != SQLITE_OK) {
+            *msg = sqlite3_mprintf("embkv store %s (written through a table dropped in this transaction): %s",
+                                   wb->dir, why ? why : "out of memory");
+            sqlite3_free(why);
+            return rc;
+        }
+    }
+    return SQLITE_OK;
+}
+
+void ekconn_end_stranded(ekconn *c, int commit)
+{
+    ekwbuf *next;
+    for (ekwbuf *wb = c->wbufs; wb; wb = next) {
+        next = wb->next;
+        if (!stranded(wb, c)) continue;
+        if (commit) ekwbuf_end(wb);
+        else ekwbuf_rollback(wb);
+        if (wb->refs == 0) {
+            wbuf_unlink(c, wb);
+            wbuf_free(wb);
+        }
+    }
+}
+
+void ekconn_free_wbufs(ekconn *c)
+{
+    while (c->wbufs) {
+        ekwbuf *wb = c->wbufs;
+        c->wbufs = wb->next;
+        wbuf_free(wb);
+    }
+}
