@@ -392,17 +392,9 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
     t->npre = 0;
     t->pre = NULL;
     if (t->n == 0) return EMBKV_OK;
-    /* An INSERT that found its id free must still find it free. */
-    for (size_t i = 0; i < t->cap; i++) {
-        const ektxn_entry *e = &t->slot[i];
-        if (e->used && e->kind == EKTXN_PUT && e->fresh == EKTXN_FRESH_NEW && embkv_exists(s, e->id) == 1) {
-            *fail_id = e->id;
-            *msg = sqlite3_mprintf("the row was created by another connection or a pull after this transaction "
-                                   "inserted it (UNIQUE constraint failed)");
-            return EMBKV_EXISTS;
-        }
-    }
-    /* Room first: undoing deletes on a full pool would need room too. */
+    /* Before writing anything: an INSERT that found its id free must still
+     * find it free, and the room must be there (undoing deletes on a full
+     * pool would need room too). */
     uint64_t puts = 0, deletes = 0, new_ids = 0;
     for (size_t i = 0; i < t->cap; i++) {
         const ektxn_entry *e = &t->slot[i];
@@ -412,6 +404,12 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
             continue;
         }
         int exists = embkv_exists(s, e->id) == 1;
+        if (exists && e->fresh == EKTXN_FRESH_NEW) {
+            *fail_id = e->id;
+            *msg = sqlite3_mprintf("the row was created by another connection or a pull after this transaction "
+                                   "inserted it (UNIQUE constraint failed)");
+            return EMBKV_EXISTS;
+        }
         puts++;
         deletes += e->fresh && exists; /* see below */
         new_ids += !exists;

@@ -585,14 +585,6 @@ int vt_unusable(ekvtab *v)
     return 1;
 }
 
-/* Is id present as this connection sees it (its own writes included)?
- * 1 yes, 0 no. */
-static int row_exists(ekvtab *v, int64_t id)
-{
-    const ektxn_entry *e = ektxn_find(v->txn, id);
-    if (e) return e->kind == EKTXN_PUT;
-    return embkv_exists(v->store, id) == 1;
-}
 
 /* ------------------------------------------------------------------------
  * xUpdate: INSERT, UPDATE, DELETE into the transaction buffer
@@ -667,14 +659,16 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     }
     if (ektxn_reserve(v->txn, 2) != SQLITE_OK) return SQLITE_NOMEM;
     if (is_insert || newid != oldid) {
+        /* Present as this connection sees it: its own writes first. */
+        const ektxn_entry *e = ektxn_find(v->txn, newid);
+        int in_store = embkv_exists(v->store, newid) == 1;
         int replace = 0;
-        if (row_exists(v, newid) && (rc = conflict(v, newid, &replace)) != SQLITE_OK) return rc;
+        if ((e ? e->kind == EKTXN_PUT : in_store) && (rc = conflict(v, newid, &replace)) != SQLITE_OK) return rc;
         /* A new row: COMMIT replaces whatever the store has under that id
          * (REPLACE, or a row this transaction deleted), and an id the
          * store does not have must still be free then. */
-        int fresh = replace || sqlite3_vtab_on_conflict(v->db) == SQLITE_REPLACE || embkv_exists(v->store, newid) == 1
-                        ? EKTXN_FRESH
-                        : EKTXN_FRESH_NEW;
+        int fresh = replace || in_store || sqlite3_vtab_on_conflict(v->db) == SQLITE_REPLACE ? EKTXN_FRESH
+                                                                                          : EKTXN_FRESH_NEW;
         /* Reserved above: these cannot fail, so an id change is never half
          * done. */
         if (!is_insert && (rc = ektxn_set(v->txn, oldid, EKTXN_DEL, 0, NULL)) != SQLITE_OK) return rc;
