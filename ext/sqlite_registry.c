@@ -67,6 +67,7 @@ typedef struct ekopen {
     int discard; /* remove the directory when refs drops to 0 */
     pid_t pid;   /* the process that opened it: a forked child closing an
                   * inherited connection must not remove the parent's files */
+    pthread_mutex_t commit_mu; /* see ekreg_commit_lock */
 } ekopen;
 
 static ekopen *ek_open_list;
@@ -107,12 +108,34 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
         e->refs = 1;
         e->discard = 0;
         e->pid = getpid();
+        pthread_mutex_init(&e->commit_mu, NULL);
         e->next = ek_open_list;
         ek_open_list = e;
     }
     pthread_mutex_unlock(&ek_mu);
     *out = s;
     return EMBKV_OK;
+}
+
+static pthread_mutex_t *commit_mu_of(embkv_store *s)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *e;
+    for (e = ek_open_list; e && e->s != s; e = e->next) {}
+    pthread_mutex_unlock(&ek_mu);
+    return e ? &e->commit_mu : NULL;
+}
+
+void ekreg_commit_lock(embkv_store *s)
+{
+    pthread_mutex_t *mu = commit_mu_of(s);
+    if (mu) pthread_mutex_lock(mu);
+}
+
+void ekreg_commit_unlock(embkv_store *s)
+{
+    pthread_mutex_t *mu = commit_mu_of(s);
+    if (mu) pthread_mutex_unlock(mu);
 }
 
 void ekreg_close(embkv_store *s)
@@ -129,6 +152,7 @@ void ekreg_close(embkv_store *s)
             *pe = e->next;
             if (e->discard && e->pid == getpid()) remove_dir = e->dir;
             else free(e->dir);
+            pthread_mutex_destroy(&e->commit_mu);
             free(e);
         }
         break;

@@ -248,6 +248,12 @@ int ekconn_register_pending(sqlite3 *db, ekconn *c);
  * an embkv_rc; on failure *err (sqlite3_malloc'd) says why. */
 int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_store **s, char **err);
 void ekreg_close(embkv_store *s);
+/* Held while a COMMIT writes a buffer to the store and syncs it, and while
+ * a checkpoint syncs: a sync of another connection (of this or another
+ * database with a table on the store) must not make half of a COMMIT
+ * durable.  The caller holds a reference to s. */
+void ekreg_commit_lock(embkv_store *s);
+void ekreg_commit_unlock(embkv_store *s);
 /* Removes a store directory now, or when its last reference in this process
  * closes if it is still open. */
 void ekreg_discard(const char *dir);

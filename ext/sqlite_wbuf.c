@@ -74,10 +74,8 @@ void ekwbuf_begin(ekwbuf *wb)
 
 /* COMMIT, phase one: write the buffer to the store and make it durable.
  * An error fails the COMMIT and leaves the store as it was. */
-int ekwbuf_sync(ekwbuf *wb, char **msg)
+static int wbuf_sync_locked(ekwbuf *wb, char **msg)
 {
-    *msg = NULL;
-    if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
     int64_t bad = 0;
     char *why = NULL;
     int restored = 1;
@@ -104,6 +102,16 @@ int ekwbuf_sync(ekwbuf *wb, char **msg)
     return SQLITE_OK;
 }
 
+int ekwbuf_sync(ekwbuf *wb, char **msg)
+{
+    *msg = NULL;
+    if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
+    ekreg_commit_lock(wb->store);
+    int rc = wbuf_sync_locked(wb, msg);
+    ekreg_commit_unlock(wb->store);
+    return rc;
+}
+
 void ekwbuf_end(ekwbuf *wb)
 {
     ektxn_clear(wb->txn);
@@ -117,8 +125,10 @@ void ekwbuf_rollback(ekwbuf *wb)
         /* ekwbuf_sync wrote to the store, then another part of the commit
          * failed: put the store back and make that durable.  SQLite ignores
          * xRollback's result: failures go to its error log. */
+        ekreg_commit_lock(wb->store);
         int erc = ektxn_unapply(wb->txn, wb->store);
         if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
+        ekreg_commit_unlock(wb->store);
         if (erc != EMBKV_OK)
             sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
                         "the store back: %s", wb->dir, embkv_errmsg());
