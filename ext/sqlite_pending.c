@@ -249,10 +249,14 @@ static int pend_rollback(sqlite3_vtab *pv)
     return SQLITE_OK;
 }
 
+/* The savepoint calls also reach the connection's write buffers: those of
+ * a table dropped in the transaction have no instance left to hear them
+ * (the calls are idempotent for the others). */
 static int pend_savepoint(sqlite3_vtab *pv, int n)
 {
     ekconn *c = ((pendtab *)pv)->conn;
-    if (n < 0) return SQLITE_OK;
+    int rc = ekconn_wbufs_savepoint(c, EK_SAVEPOINT, n);
+    if (rc != SQLITE_OK || n < 0) return rc;
     if (n >= c->cappmark) {
         int cap = c->cappmark ? c->cappmark : 8;
         while (cap <= n) cap *= 2;
@@ -270,6 +274,7 @@ static int pend_savepoint(sqlite3_vtab *pv, int n)
 static int pend_release(sqlite3_vtab *pv, int n)
 {
     ekconn *c = ((pendtab *)pv)->conn;
+    ekconn_wbufs_savepoint(c, EK_RELEASE, n);
     if (n < 0) n = 0;
     if (n < c->pnsp) c->pnsp = n;
     return SQLITE_OK;
@@ -278,6 +283,7 @@ static int pend_release(sqlite3_vtab *pv, int n)
 static int pend_rollback_to(sqlite3_vtab *pv, int n)
 {
     ekconn *c = ((pendtab *)pv)->conn;
+    ekconn_wbufs_savepoint(c, EK_ROLLBACK_TO, n);
     /* n == -1: back to the start of the transaction (ROLLBACK TO the
      * savepoint that began it). */
     if (n >= c->pnsp) return SQLITE_OK;

@@ -719,20 +719,24 @@ static int vt_rollback(sqlite3_vtab *pv)
     return SQLITE_OK;
 }
 
+/* (A table connected without its store has no buffer.) */
 static int vt_savepoint(sqlite3_vtab *pv, int n)
 {
-    return ektxn_savepoint(((ekvtab *)pv)->txn, n);
+    ekvtab *v = (ekvtab *)pv;
+    return v->txn ? ektxn_savepoint(v->txn, n) : SQLITE_OK;
 }
 
 static int vt_release(sqlite3_vtab *pv, int n)
 {
-    ektxn_release(((ekvtab *)pv)->txn, n);
+    ekvtab *v = (ekvtab *)pv;
+    if (v->txn) ektxn_release(v->txn, n);
     return SQLITE_OK;
 }
 
 static int vt_rollback_to(sqlite3_vtab *pv, int n)
 {
-    ektxn_rollback_to(((ekvtab *)pv)->txn, n);
+    ekvtab *v = (ekvtab *)pv;
+    if (v->txn) ektxn_rollback_to(v->txn, n);
     return SQLITE_OK;
 }
 

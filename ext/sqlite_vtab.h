@@ -119,6 +119,10 @@ void ekwbuf_rollback(ekwbuf *wb);
  * and xRollback call these. */
 int ekconn_sync_stranded(ekconn *c, char **msg);
 void ekconn_end_stranded(ekconn *c, int commit);
+/* xSavepoint, xRelease or xRollbackTo for every buffer of the transaction,
+ * from embkv_pending (idempotent for buffers whose tables heard it too). */
+enum { EK_SAVEPOINT, EK_RELEASE, EK_ROLLBACK_TO };
+int ekconn_wbufs_savepoint(ekconn *c, int op, int n);
 /* The connection closes. */
 void ekconn_free_wbufs(ekconn *c);
 

@@ -136,10 +136,11 @@ void ekwbuf_rollback(ekwbuf *wb)
     ekwbuf_end(wb);
 }
 
-/* Writes no table of the transaction will commit. */
+/* A buffer in the transaction that no table in it will commit or end
+ * (empty or not: it must end with the transaction all the same). */
 static int stranded(const ekwbuf *wb, const ekconn *c)
 {
-    if (!wb->in_txn || ektxn_count(wb->txn) == 0) return 0;
+    if (!wb->in_txn) return 0;
     for (const ekvtab *o = c->tabs; o; o = o->next)
         if (o->wb == wb && o->joined) return 0;
     return 1;
@@ -175,6 +176,22 @@ void ekconn_end_stranded(ekconn *c, int commit)
             wbuf_free(wb);
         }
     }
+}
+
+int ekconn_wbufs_savepoint(ekconn *c, int op, int n)
+{
+    for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
+        if (!wb->in_txn) continue;
+        if (op == EK_SAVEPOINT) {
+            int rc = ektxn_savepoint(wb->txn, n);
+            if (rc != SQLITE_OK) return rc;
+        } else if (op == EK_RELEASE) {
+            ektxn_release(wb->txn, n);
+        } else {
+            ektxn_rollback_to(wb->txn, n);
+        }
+    }
+    return SQLITE_OK;
 }
 
 void ekconn_free_wbufs(ekconn *c)

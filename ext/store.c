@@ -484,7 +484,9 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     for (embkv_store *o = registry; o; o = o->next) {
-        if (o->dev == st.st_dev && o->ino == st.st_ino) {
+        /* A store inherited through fork() is the parent's: the child opens
+         * anew, and the parent's lock refuses it. */
+        if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid()) {
             rc = geometry_matches(o, opt);
             if (rc == EMBKV_OK) {
                 o->refs++;

@@ -312,6 +312,42 @@ class TestTemporaryStores(Base):
                 self.assertEqual(self.run_child(mode), ("True [1,2] [3,4]\n", []))
 
 
+FORKED_OPEN = r"""
+import os, sqlite3, sys
+def conn():
+    c = sqlite3.connect(sys.argv[2], isolation_level=None)
+    c.enable_load_extension(True)
+    c.load_extension(sys.argv[1])
+    return c
+parent = conn()
+parent.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='forked.embkv')")
+parent.execute("INSERT INTO t VALUES (1, '[1,1]')")
+pid = os.fork()
+if pid == 0:
+    try:
+        conn().execute("INSERT INTO t VALUES (100, '[5,5]')")
+        print("child wrote")
+    except sqlite3.Error as e:
+        print("child refused:", e)
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+parent.execute("INSERT INTO t VALUES (2, '[2,2]')")
+parent.close()
+print(conn().execute("SELECT group_concat(id || ':' || embkv_json(vec), ' ') FROM (SELECT * FROM t ORDER BY id)").fetchone()[0])
+"""
+
+
+class TestForkedChild(Base):
+    def test_a_new_connection_in_a_forked_child_is_refused(self):
+        out = subprocess.run([sys.executable, "-c", FORKED_OPEN, EXT, self.db], capture_output=True, text=True,
+                             timeout=60, cwd=self.dir)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        store = os.path.join(os.path.realpath(self.dir), "forked.embkv")
+        self.assertEqual(out.stdout, "child refused: embkv table t: option path: store %s is open in another "
+                         "process\n1:[1,1] 2:[2,2]\n" % store)
+
+
 class TestModel(Base):
     """Random writes, transactions and savepoints on an embkv table and, in
     the same statements' transactions, on an ordinary table: after every

@@ -129,6 +129,12 @@ INSERT INTO gone VALUES (1, '[1,2]');
 .load build/embkv
 SELECT * FROM gone;
 INSERT INTO gone VALUES (2, '[2,2]');
+BEGIN;
+SAVEPOINT a;
+INSERT INTO gone VALUES (3, '[3,3]');
+ROLLBACK TO a;
+RELEASE a;
+COMMIT;
 SELECT embkv_stats('gone');
 SELECT id FROM foreign_;
 DROP TABLE gone;

@@ -204,3 +204,24 @@ DROP TABLE d3;
 DROP TABLE d2;
 COMMIT;
 .shell ls -d dropped.embkv 2>/dev/null | wc -l
+
+-- ROLLBACK TO past a DROP undoes the writes made after the savepoint, and
+-- the buffer of the dropped table ends with the transaction (the next one
+-- starts clean).
+CREATE VIRTUAL TABLE rd USING embkv(dim=2);
+BEGIN;
+SAVEPOINT a;
+INSERT INTO rd VALUES (5, '[5,5]');
+DROP TABLE rd;
+ROLLBACK TO a;
+COMMIT;
+SELECT 'rd-after-first', count(*) FROM rd;
+BEGIN;
+INSERT INTO rd VALUES (6, '[6,6]');
+SAVEPOINT b;
+INSERT INTO rd VALUES (7, '[7,7]');
+DROP TABLE rd;
+ROLLBACK TO b;
+INSERT INTO rd VALUES (8, '[8,8]');
+COMMIT;
+SELECT 'rd-after-second', group_concat(id, ' ') FROM (SELECT id FROM rd ORDER BY id);
