@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -346,6 +347,64 @@ class TestForkedChild(Base):
         store = os.path.join(os.path.realpath(self.dir), "forked.embkv")
         self.assertEqual(out.stdout, "child refused: embkv table t: option path: store %s is open in another "
                          "process\n1:[1,1] 2:[2,2]\n" % store)
+
+
+COMMIT_UNDER_CHECKPOINTS = r"""
+import os, sqlite3, sys, threading
+def conn():
+    c = sqlite3.connect(sys.argv[2], isolation_level=None, check_same_thread=False)
+    c.enable_load_extension(True)
+    c.load_extension(sys.argv[1])
+    return c
+n = int(sys.argv[3])
+c, other = conn(), conn()
+def checkpoints():
+    while True:
+        other.execute("SELECT embkv_checkpoint('t')").fetchone()
+threading.Thread(target=checkpoints, daemon=True).start()
+c.execute("BEGIN")
+c.execute("UPDATE t SET vec = '[2,2]'")
+c.executemany("INSERT INTO t VALUES (?, '[2,2]')", ((1000 + i,) for i in range(n)))
+print("committing", flush=True)
+c.execute("COMMIT")
+print("committed", flush=True)
+threading.Event().wait()
+"""
+
+
+class TestCrashDuringCommit(Base):
+    """SIGKILL during a COMMIT while another connection checkpoints the same
+    store in a loop: the reopened table holds the old state or the new one,
+    never part of the transaction."""
+
+    def test_no_half_transaction(self):
+        n = 20000
+        for trial in range(4):
+            with self.subTest(trial=trial):
+                if os.path.exists(self.db):
+                    conn = connect(self.db)
+                    conn.execute("DROP TABLE t")
+                    conn.close()
+                conn = connect(self.db)
+                conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, capacity=1000)")
+                conn.execute("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i < 499) "
+                             "INSERT INTO t SELECT i, '[1,1]' FROM c")
+                conn.close()
+                child = subprocess.Popen([sys.executable, "-c", COMMIT_UNDER_CHECKPOINTS, EXT, self.db, str(n)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                try:
+                    self.assertEqual(child.stdout.readline(), "committing\n")
+                    time.sleep(0.01 * trial)
+                finally:
+                    child.kill()
+                    child.wait(30)
+                    child.stdout.close()
+                    child.stderr.close()
+                conn = connect(self.db)
+                state = conn.execute("SELECT count(*), sum(id >= 1000), sum(embkv_json(vec) = '[2,2]') "
+                                     "FROM t").fetchone()
+                conn.close()
+                self.assertIn(state, [(500, 0, 0), (500 + n, n, 500 + n)])
 
 
 class TestModel(Base):
