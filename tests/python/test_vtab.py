@@ -4,7 +4,10 @@ Loading the extension; float32 vectors round-tripping bit for bit as numpy
 BLOBs; batched reads with IN (SELECT value FROM json_each(?)); errors as
 Python exceptions; two connections in two threads sharing one table (the
 writes of one visible to the other after COMMIT, not before); a second
-process refused with a message naming the store directory.
+process refused with a message naming the store directory; an INSERT whose
+id is taken before its COMMIT; temporary stores at exit and across fork();
+a forked child refused; SIGKILL during a COMMIT while another connection
+checkpoints.
 
 Standard library unittest plus numpy (Debian's python3-numpy).  Run by
 tests/run.sh through tests/python_run.sh, or by hand:
