@@ -87,7 +87,8 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
     ekopen *e;
     for (e = ek_open_list; e && e->s != s; e = e->next) {}
     if (e && e->discard) {
-        *err = sqlite3_mprintf("%s belongs to a dropped table and is still open in this process", e->dir);
+        *err = sqlite3_mprintf("%s belongs to a dropped table and is still open in this process (a prepared "
+                               "statement may still hold that table: finalize it, or close the connection)", e->dir);
         embkv_close(s);
         pthread_mutex_unlock(&ek_mu);
         return EMBKV_BUSY;

@@ -434,6 +434,12 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         rc = SQLITE_NOMEM;
         goto fail;
     }
+    if (create) {
+        /* SQLite enlists a table it creates in the open transaction (it
+         * gets xSync/xCommit/xRollback) without calling its xBegin. */
+        v->joined = 1;
+        ekwbuf_begin(v->wb);
+    }
     rc = sqlite3_declare_vtab(db, EK_SCHEMA);
     if (rc == SQLITE_OK) rc = sqlite3_vtab_config(db, SQLITE_VTAB_CONSTRAINT_SUPPORT, 1);
     /* Its arguments name files: never from a view, trigger or schema. */
@@ -622,6 +628,12 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     ekvtab *v = (ekvtab *)pv;
     int rc;
     if (vt_unusable(v)) return SQLITE_ERROR;
+    if (!v->joined) {
+        /* Only a table in the transaction is written; should SQLite have
+         * enlisted it without xBegin, it is joined all the same. */
+        v->joined = 1;
+        ekwbuf_begin(v->wb);
+    }
     if (argc == 1) { /* DELETE */
         int64_t id = sqlite3_value_int64(argv[0]);
         if (ektxn_reserve(v->txn, 1) != SQLITE_OK) return SQLITE_NOMEM;

@@ -225,3 +225,40 @@ ROLLBACK TO b;
 INSERT INTO rd VALUES (8, '[8,8]');
 COMMIT;
 SELECT 'rd-after-second', group_concat(id, ' ') FROM (SELECT id FROM rd ORDER BY id);
+
+-- A table created inside a transaction takes part in it from its CREATE
+-- (SQLite enlists it without xBegin): savepoints, DROP and a second table
+-- on its store keep its writes.
+BEGIN;
+CREATE VIRTUAL TABLE c1 USING embkv(dim=2, path='c1.embkv');
+INSERT INTO c1 VALUES (1, '[1,1]');
+SAVEPOINT a;
+INSERT INTO c1 VALUES (2, '[2,2]');
+ROLLBACK TO a;
+INSERT INTO c1 VALUES (3, '[3,3]');
+COMMIT;
+SELECT 'created-in-txn', group_concat(id, ' ') FROM (SELECT id FROM c1 ORDER BY id);
+BEGIN;
+CREATE VIRTUAL TABLE c2 USING embkv(dim=2, path='c2.embkv');
+INSERT INTO c2 VALUES (1, '[1,1]');
+SAVEPOINT a;
+DROP TABLE c2;
+ROLLBACK TO a;
+COMMIT;
+SELECT 'created-dropped-rolled-back', group_concat(id, ' ') FROM c2;
+CREATE VIRTUAL TABLE c3 USING embkv(dim=2, path='c3.embkv');
+INSERT INTO c3 VALUES (17, '[17,17]');
+BEGIN;
+CREATE VIRTUAL TABLE c4 USING embkv(dim=2, path='c3.embkv');
+DELETE FROM c4 WHERE id = 17;
+UPDATE c3 SET id = 21 WHERE id = 6;
+COMMIT;
+SELECT 'attached-in-txn', count(*) FROM c3;
+BEGIN;
+SAVEPOINT a;
+CREATE VIRTUAL TABLE c5 USING embkv(dim=2, path='c5.embkv');
+INSERT INTO c5 VALUES (1, '[1,1]');
+ROLLBACK TO a;
+COMMIT;
+SELECT 'create-rolled-back', count(*) FROM sqlite_schema WHERE name = 'c5';
+.shell ls -d c5.embkv 2>/dev/null | wc -l
