@@ -118,24 +118,19 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
     return EMBKV_OK;
 }
 
-static pthread_mutex_t *commit_mu_of(embkv_store *s)
+pthread_mutex_t *ekreg_commit_lock(embkv_store *s)
 {
     pthread_mutex_lock(&ek_mu);
     ekopen *e;
     for (e = ek_open_list; e && e->s != s; e = e->next) {}
     pthread_mutex_unlock(&ek_mu);
+    /* The entry lives while the caller holds its reference to s. */
+    if (e) pthread_mutex_lock(&e->commit_mu);
     return e ? &e->commit_mu : NULL;
 }
 
-void ekreg_commit_lock(embkv_store *s)
+void ekreg_commit_unlock(pthread_mutex_t *mu)
 {
-    pthread_mutex_t *mu = commit_mu_of(s);
-    if (mu) pthread_mutex_lock(mu);
-}
-
-void ekreg_commit_unlock(embkv_store *s)
-{
-    pthread_mutex_t *mu = commit_mu_of(s);
     if (mu) pthread_mutex_unlock(mu);
 }
 

@@ -216,9 +216,9 @@ static void fn_checkpoint(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     embkv_table_ref ref;
     if (fn_table(ctx, "embkv_checkpoint", argv[0], &ref) != SQLITE_OK) return;
     embkv_stats st;
-    ekreg_commit_lock(ref.store);
+    pthread_mutex_t *held = ekreg_commit_lock(ref.store);
     int erc = embkv_sync(ref.store);
-    ekreg_commit_unlock(ref.store);
+    ekreg_commit_unlock(held);
     if (erc == EMBKV_OK) erc = embkv_stats_get(ref.store, &st);
     if (erc != EMBKV_OK) {
         fn_engine_error(ctx, "embkv_checkpoint", &ref, erc);

@@ -591,7 +591,6 @@ int vt_unusable(ekvtab *v)
     return 1;
 }
 
-
 /* ------------------------------------------------------------------------
  * xUpdate: INSERT, UPDATE, DELETE into the transaction buffer
  */

@@ -12,6 +12,7 @@
 #ifndef SQLITE_VTAB_H
 #define SQLITE_VTAB_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -256,8 +257,8 @@ void ekreg_close(embkv_store *s);
  * a checkpoint syncs: a sync of another connection (of this or another
  * database with a table on the store) must not make half of a COMMIT
  * durable.  The caller holds a reference to s. */
-void ekreg_commit_lock(embkv_store *s);
-void ekreg_commit_unlock(embkv_store *s);
+pthread_mutex_t *ekreg_commit_lock(embkv_store *s);
+void ekreg_commit_unlock(pthread_mutex_t *held);
 /* Removes a store directory now, or when its last reference in this process
  * closes if it is still open. */
 void ekreg_discard(const char *dir);

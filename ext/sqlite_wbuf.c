@@ -106,9 +106,9 @@ int ekwbuf_sync(ekwbuf *wb, char **msg)
 {
     *msg = NULL;
     if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
-    ekreg_commit_lock(wb->store);
+    pthread_mutex_t *held = ekreg_commit_lock(wb->store);
     int rc = wbuf_sync_locked(wb, msg);
-    ekreg_commit_unlock(wb->store);
+    ekreg_commit_unlock(held);
     return rc;
 }
 
@@ -125,10 +125,10 @@ void ekwbuf_rollback(ekwbuf *wb)
         /* ekwbuf_sync wrote to the store, then another part of the commit
          * failed: put the store back and make that durable.  SQLite ignores
          * xRollback's result: failures go to its error log. */
-        ekreg_commit_lock(wb->store);
+        pthread_mutex_t *held = ekreg_commit_lock(wb->store);
         int erc = ektxn_unapply(wb->txn, wb->store);
         if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
-        ekreg_commit_unlock(wb->store);
+        ekreg_commit_unlock(held);
         if (erc != EMBKV_OK)
             sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
                         "the store back: %s", wb->dir, embkv_errmsg());
