@@ -7,15 +7,16 @@ CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 OPT     ?= -O3 -g
-CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext
+CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext -Iext/engine -Iext/sqlite
 LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
 
 B := build
 .DEFAULT_GOAL := all
 
-ENGINE_SRC := $(filter-out ext/sqlite_%.c,$(wildcard ext/*.c))
-SQLEXT_SRC := $(wildcard ext/sqlite_*.c)
-HEADERS    := $(wildcard ext/*.h)
+# ext/engine is the store engine (no SQLite inside), ext/sqlite the binding.
+ENGINE_SRC := $(wildcard ext/engine/*.c)
+SQLEXT_SRC := $(wildcard ext/sqlite/*.c)
+HEADERS    := $(wildcard ext/*.h ext/engine/*.h ext/sqlite/*.h)
 TEST_SRC   := $(wildcard tests/test_*.c)
 BENCH_SRC  := $(wildcard bench/bench_*.c)
 
@@ -27,6 +28,7 @@ $(1)_SQLEXT_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(SQLEXT_SRC))
 $(1)_TESTS := $$(patsubst tests/%.c,$(B)/$(1)/tests/%,$(TEST_SRC))
 
 $(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext
+	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(1)_CFLAGS) -c $$< -o $$@
 $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
 	rm -f $$@ && ar rcs $$@ $$^

@@ -1,5 +1,5 @@
 /*
- * sqlite_txn.c - the transaction write buffer of an embkv virtual table.
+ * txn.c - the transaction write buffer of an embkv virtual table.
  *
  * Why a buffer: the engine has no transactions (every write is visible to
  * every thread at once), but SQL needs them: ROLLBACK, ROLLBACK TO and a
@@ -31,7 +31,7 @@
  * Memory: vectors live in an arena freed when the transaction ends.  With no
  * savepoint open, a second change of the same row reuses its vector.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>
@@ -296,7 +296,7 @@ static void remove_slot(ektxn *t, ektxn_entry *e)
 
 int ektxn_savepoint(ektxn *t, int n)
 {
-    /* Already open: another table sharing this buffer (sqlite_vtab.h,
+    /* Already open: another table sharing this buffer (vtab.h,
      * ekwbuf) joined the transaction and is told of the savepoints it
      * missed; the mark set when the savepoint began stays. */
     if (n < 0 || n < t->nsp) return SQLITE_OK;

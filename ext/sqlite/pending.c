@@ -1,5 +1,5 @@
 /*
- * sqlite_pending.c - directory removals tied to the outcome of the open
+ * pending.c - directory removals tied to the outcome of the open
  * transaction, through the eponymous virtual table embkv_pending.
  *
  * Why embkv_pending: DROP TABLE calls xDestroy in the middle of the
@@ -17,7 +17,7 @@
  * Only the binding can write to embkv_pending; SELECT * FROM embkv_pending
  * shows what the open transaction will remove.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>

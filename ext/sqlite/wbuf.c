@@ -1,9 +1,9 @@
 /*
- * sqlite_wbuf.c - a connection's uncommitted writes to one store, shared by
- * the connection's tables on that store (see ekwbuf in sqlite_vtab.h), and
+ * wbuf.c - a connection's uncommitted writes to one store, shared by
+ * the connection's tables on that store (see ekwbuf in vtab.h), and
  * the steps that commit them.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <string.h>

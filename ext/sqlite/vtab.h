@@ -1,13 +1,13 @@
 /*
- * sqlite_vtab.h - private declarations shared by the files of the embkv
- * virtual table: sqlite_vtab.c (the module: options, create/connect/drop,
- * writes, transactions), sqlite_cursor.c (plans and cursors),
- * sqlite_values.c (ids and vectors), sqlite_txn.c (the transaction write
- * buffer), sqlite_wbuf.c (a connection's buffer per store and its commit),
- * sqlite_registry.c (per-connection and per-process state,
- * directory removal), sqlite_pending.c (removals tied to the transaction's
- * outcome), sqlite_dirusers.c (the tables using a store directory) and
- * sqlite_stats.c (embkv_table_lookup, embkv_stats, embkv_checkpoint).
+ * vtab.h - private declarations shared by the files of the embkv
+ * virtual table: vtab.c (the module: options, create/connect/drop,
+ * writes, transactions), cursor.c (plans and cursors),
+ * values.c (ids and vectors), txn.c (the transaction write
+ * buffer), wbuf.c (a connection's buffer per store and its commit),
+ * registry.c (per-connection and per-process state,
+ * directory removal), pending.c (removals tied to the transaction's
+ * outcome), dirusers.c (the tables using a store directory) and
+ * stats.c (embkv_table_lookup, embkv_stats, embkv_checkpoint).
  */
 #ifndef SQLITE_VTAB_H
 #define SQLITE_VTAB_H
@@ -16,14 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sqlite_embkv.h"
+#include "embkv_sqlite.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "embkv stores vectors as little-endian float32 BLOBs: a little-endian host is required"
 #endif
 
 /* ------------------------------------------------------------------------
- * sqlite_txn.c: one connection's private write buffer for one table.
+ * txn.c: one connection's private write buffer for one table.
  *
  * Maps id -> pending new vector or deletion for the open transaction.  Reads
  * of the owning connection overlay it on the store; other connections never
@@ -81,7 +81,7 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
 /* Undoes a successful ektxn_apply() (xRollback after xSync). */
 int ektxn_unapply(ektxn *t, embkv_store *s);
 
-/* One connection's write buffer for one store (sqlite_wbuf.c), shared by
+/* One connection's write buffer for one store (wbuf.c), shared by
  * every instance of that connection whose table is on that store: two
  * tables attached to one store, and the instance SQLite connects anew
  * after a schema change is rolled back while the old one still takes part
@@ -130,7 +130,7 @@ void ekconn_free_wbufs(ekconn *c);
 /* ------------------------------------------------------------------------
  * The virtual table instance: one per table per connection.
  */
-/* A cursor's buffers (sqlite_cursor.c). */
+/* A cursor's buffers (cursor.c). */
 typedef struct ekcurbuf {
     int64_t *ids;          /* candidate ids */
     size_t capids;
@@ -175,7 +175,7 @@ enum { PLAN_POINT = 1, PLAN_IN = 2, PLAN_SCAN = 3 };
 
 static inline int ek_is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
 
-/* sqlite_vtab.c */
+/* vtab.c */
 /* Sets the table's error message: "embkv table <name>: <fmt...>". */
 void vt_err(ekvtab *v, const char *fmt, ...);
 /* The SQLite result code for an embkv_rc. */
@@ -184,7 +184,7 @@ int sqlite_rc_of(int erc);
  * message and returns 1 for such a table. */
 int vt_unusable(ekvtab *v);
 
-/* sqlite_values.c */
+/* values.c */
 /* 1 if the value is an id (INTEGER, integral REAL, integer TEXT). */
 int value_to_id(sqlite3_value *val, int64_t *out);
 /* The id of a write, or an error (message set) naming what was given. */
@@ -193,7 +193,7 @@ int write_id(ekvtab *v, sqlite3_value *val, int64_t *out);
  * the table and id. */
 int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
 
-/* sqlite_cursor.c: xBestIndex and the cursor methods. */
+/* cursor.c: xBestIndex and the cursor methods. */
 int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info);
 int vt_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc);
 int vt_close(sqlite3_vtab_cursor *pc);
@@ -207,7 +207,7 @@ int vt_rowid(sqlite3_vtab_cursor *pc, sqlite3_int64 *rowid);
 int read_row(ekvtab *v, int64_t id, float *out);
 
 /* ------------------------------------------------------------------------
- * sqlite_registry.c
+ * registry.c
  */
 /* A directory removal waiting for the outcome of the transaction. */
 typedef struct ekpend {
@@ -215,7 +215,7 @@ typedef struct ekpend {
     int consumed;   /* set by embkv_pending's xUpdate */
     char *dir;
     char tid[17];   /* the temporary directory's id, or with unlist the table's */
-    int unlist;     /* take tid off dir's list of tables (sqlite_dirusers.c),
+    int unlist;     /* take tid off dir's list of tables (dirusers.c),
                      * and remove dir if that leaves the list empty, or if
                      * dir has no list and `owner` (the table made it) */
     int owner;
@@ -233,7 +233,7 @@ struct ekconn {
     int *pmark;           /* savepoint marks over pend */
     int pnsp, cappmark;
     ekpend *staged;       /* the row our nested INSERT is writing */
-    ekwbuf *wbufs;        /* write buffers, one per store (sqlite_wbuf.c) */
+    ekwbuf *wbufs;        /* write buffers, one per store (wbuf.c) */
 };
 
 /* Per-connection state, shared by the modules and functions registered on
@@ -245,7 +245,7 @@ void ekconn_unref_v(void *c);      /* for SQLite destructors */
 void ekconn_add(ekconn *c, ekvtab *v);
 void ekconn_remove(ekconn *c, ekvtab *v);
 ekconn *ekconn_of(sqlite3 *db);   /* the state of a connection, or NULL */
-void ekconn_pend_clear(ekconn *c);  /* sqlite_pending.c */
+void ekconn_pend_clear(ekconn *c);  /* pending.c */
 int ekconn_register_pending(sqlite3 *db, ekconn *c);
 
 /* Opens a store and counts the binding's references per canonical
@@ -284,7 +284,7 @@ int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, c
  * when that leaves none; see ekpend.unlist). */
 int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err);
 
-/* sqlite_dirusers.c: the tables using a store directory, listed in it.
+/* dirusers.c: the tables using a store directory, listed in it.
  * ekusers_add: made (the CREATE made the store): start the list with tid;
  * otherwise add tid to the list if the store has one (*listed says whether
  * tid went in).  ekusers_remove: the number of tables left on the list, -1

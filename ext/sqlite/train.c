@@ -1,5 +1,5 @@
 /*
- * sqlite_train.c - the training functions of the SQLite binding:
+ * train.c - the training functions of the SQLite binding:
  *   embkv_pull(table, ids)              -> BLOB of len(ids)*dim float32
  *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
  *   embkv_release(table, ids)           -> number of permits returned
@@ -14,7 +14,7 @@
  * keep the two worlds apart, a connection with uncommitted SQL writes to the
  * table cannot pull or push it until it commits.
  */
-#include "sqlite_embkv.h"
+#include "embkv_sqlite.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

@@ -1,5 +1,5 @@
 /*
- * sqlite_values.c - the values an embkv table takes: ids and vectors.
+ * values.c - the values an embkv table takes: ids and vectors.
  *
  * An id is an INTEGER, or a REAL with an integral value, or TEXT that reads
  * as an integer (what INTEGER affinity would convert); anything else is an
@@ -8,7 +8,7 @@
  * numbers that fit float32; NaN and infinities are rejected either way.
  * Every message names the table and the id and says what was expected.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

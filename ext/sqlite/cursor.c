@@ -1,5 +1,5 @@
 /*
- * sqlite_cursor.c - how an embkv table is read: the plans (xBestIndex) and
+ * cursor.c - how an embkv table is read: the plans (xBestIndex) and
  * the cursor.
  *
  * Plans, shown by EXPLAIN QUERY PLAN as INDEX <n>:<name>:
@@ -13,12 +13,12 @@
  *
  * A cursor works on a list of candidate ids, loaded a chunk at a time (the
  * whole list for point and IN plans): rows the connection's open transaction
- * wrote or deleted come from its buffer (sqlite_txn.c), the others from one
+ * wrote or deleted come from its buffer (txn.c), the others from one
  * embkv_get_batch per chunk, copied into the cursor so that what a row
  * returns does not change under it.  The hidden columns are read only when
  * asked for (one embkv_get of the row's metadata).
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * sqlite_registry.c - state of the embkv binding beyond one table instance:
+ * registry.c - state of the embkv binding beyond one table instance:
  *
  *  - per process: the stores the binding has open (by canonical directory,
  *    reference counted, with a "remove when the last reference closes"
@@ -11,10 +11,10 @@
  *    the outcome of the open transaction;
  *  - the directory removals themselves (ek_remove_tree).
  * The eponymous table embkv_pending, which ties removals to the outcome of
- * transactions, is in sqlite_pending.c; embkv_table_lookup(), embkv_stats()
- * and embkv_checkpoint() in sqlite_stats.c.
+ * transactions, is in pending.c; embkv_table_lookup(), embkv_stats()
+ * and embkv_checkpoint() in stats.c.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dlfcn.h>

@@ -396,7 +396,7 @@ static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 }
 static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
 
-/* ------------------------------------------------------------- store_sync.c */
+/* ------------------------------------------------------------- sync.c */
 void persist_range(embkv_store *s, const void *addr, size_t len);
 void persist_barrier(embkv_store *s);
 uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r);

@@ -1,5 +1,5 @@
 /*
- * sqlite_vtab.c - the embkv virtual table module: options, CREATE/connect/
+ * vtab.c - the embkv virtual table module: options, CREATE/connect/
  * DROP/RENAME, writes (xUpdate) and transactions.
  *
  *   CREATE VIRTUAL TABLE item USING embkv(dim=64 [, path='dir'] [, pool_size='256M']
@@ -23,11 +23,11 @@
  * and copies of the file.  Tables of :memory: and temporary databases get
  * a temporary directory (under $TMPDIR) removed when the last connection
  * using it closes.  DROP TABLE removes the directory once the DROP commits;
- * a rolled-back CREATE removes the directory it made (sqlite_pending.c).
+ * a rolled-back CREATE removes the directory it made (pending.c).
  * CREATE on a directory that already holds a store opens it (and a
  * rolled-back CREATE leaves it alone).
  *
- * Writes go to the connection's transaction buffer (sqlite_txn.c) and reach
+ * Writes go to the connection's transaction buffer (txn.c) and reach
  * the store at COMMIT (xSync), followed by embkv_sync, so a committed
  * transaction is durable; its cost follows the pages the transaction
  * changed, not the size of the table.  Writers of one database file are
@@ -36,11 +36,11 @@
  * conflicting changes; connections of different database files whose tables
  * name the same path are not, and the last to commit a row wins.
  *
- * Reading (plans, cursors) is in sqlite_cursor.c, the parsing of ids and
- * vectors in sqlite_values.c, the per-connection and per-process state in
- * sqlite_registry.c, embkv_stats/embkv_checkpoint in sqlite_stats.c.
+ * Reading (plans, cursors) is in cursor.c, the parsing of ids and
+ * vectors in values.c, the per-connection and per-process state in
+ * registry.c, embkv_stats/embkv_checkpoint in stats.c.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <errno.h>
@@ -527,7 +527,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     ekvtab *v = (ekvtab *)pv;
     char *err = NULL;
     /* The directory goes when the DROP commits, not now, and only with the
-     * last table using it (sqlite_dirusers.c); a temporary one is the
+     * last table using it (dirusers.c); a temporary one is the
      * table's own. */
     int rc = SQLITE_OK;
     if (v->store && v->is_tmp && v->owns_dir)

@@ -1,5 +1,5 @@
 /*
- * sqlite_vecfn.c - embkv's vector SQL functions, the vector aggregates and
+ * vecfn.c - embkv's vector SQL functions, the vector aggregates and
  * embkv_version() / embkv_build().
  *
  * A vector is a float32 little-endian BLOB (4 bytes per element, as stored
@@ -45,7 +45,7 @@
  *    SQLITE_DETERMINISTIC, so they may be used in views, triggers, indexes
  *    and generated columns.
  */
-#include "sqlite_embkv.h"
+#include "embkv_sqlite.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

@@ -1,8 +1,8 @@
 /*
- * sqlite_ext.c - the SQLite extension's entry point: registers the embkv
+ * ext.c - the SQLite extension's entry point: registers the embkv
  * virtual-table module, its table-level functions and the vector functions.
  */
-#include "sqlite_embkv.h"
+#include "embkv_sqlite.h"
 SQLITE_EXTENSION_INIT1
 
 #ifdef _WIN32

@@ -1,6 +1,6 @@
 /*
- * sqlite_embkv.h - shared declarations of the SQLite binding (ext/sqlite_*.c).
- * Every file of the binding but sqlite_ext.c uses SQLITE_EXTENSION_INIT3.
+ * embkv_sqlite.h - shared declarations of the SQLite binding (ext/sqlite/).
+ * Every file of the binding but ext.c uses SQLITE_EXTENSION_INIT3.
  */
 #ifndef SQLITE_EMBKV_H
 #define SQLITE_EMBKV_H
@@ -9,14 +9,14 @@
 #include "embkv.h"
 
 /* The embkv virtual table module, the embkv_pending module, embkv_stats()
- * and embkv_checkpoint() (sqlite_vtab.c, sqlite_cursor.c, sqlite_values.c,
- * sqlite_txn.c, sqlite_registry.c, sqlite_pending.c, sqlite_stats.c; their
- * private declarations are in sqlite_vtab.h). */
+ * and embkv_checkpoint() (vtab.c, cursor.c, values.c,
+ * txn.c, registry.c, pending.c, stats.c; their
+ * private declarations are in vtab.h). */
 int embkv_vtab_register(sqlite3 *db);
 
 /* Options of an embkv virtual table, the key=value arguments of
  * CREATE VIRTUAL TABLE t USING embkv(...).  Adding an option is a field here
- * and one line in ek_options[] (sqlite_vtab.c; EKO_CUSTOM takes a parser
+ * and one line in ek_options[] (vtab.c; EKO_CUSTOM takes a parser
  * for enumerations, doubles and the like). */
 typedef struct embkv_tabopts {
     uint32_t dim;          /* dim: floats per vector (required, 1..8192) */
@@ -24,7 +24,7 @@ typedef struct embkv_tabopts {
     uint64_t pool_size;    /* pool_size: pool file bytes (0: the engine's default) */
     uint64_t capacity;     /* capacity: expected rows (0: the engine's default) */
     /* optimizer, lr, initial_accumulator, eps, beta1, beta2, init, seed,
-     * staleness, wait_ms: the training options (sqlite_train.c) */
+     * staleness, wait_ms: the training options (train.c) */
     embkv_train_options train;
 } embkv_tabopts;
 
@@ -55,7 +55,7 @@ typedef struct embkv_table_ref {
  * may be NULL) naming the table when there is no such table or it is not an
  * embkv table. */
 int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, char **pzErr);
-/* sqlite_train.c: embkv_pull, embkv_push, embkv_release; and the parsers
+/* train.c: embkv_pull, embkv_push, embkv_release; and the parsers
  * of the training options (0 when the value is valid). */
 int embkv_train_register(sqlite3 *db);
 int embkv_parse_optimizer(const char *val, void *field);
@@ -68,7 +68,7 @@ int embkv_parse_unit(const char *val, void *field);
 void embkv_train_opts_begin(embkv_train_options *t);
 void embkv_train_opts_end(embkv_train_options *t);
 
-/* sqlite_vecfn.c: vector functions, aggregates, embkv_version/embkv_build. */
+/* vecfn.c: vector functions, aggregates, embkv_version/embkv_build. */
 int embkv_vecfn_register(sqlite3 *db);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * sqlite_dirusers.c - which tables use a store directory.
+ * dirusers.c - which tables use a store directory.
  *
  * Several tables, in one database or in several, may use one store: the
  * table whose CREATE made the directory, and tables whose path named it
@@ -15,7 +15,7 @@
  * a DROP and the update of the list leaves a stale id: the store then
  * outlives its tables, which is the safe way to be wrong.
  */
-#include "sqlite_vtab.h"
+#include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
 #include <errno.h>

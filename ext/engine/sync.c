@@ -1,5 +1,5 @@
 /*
- * store_sync.c - persistence discipline, reclamation and the durable point.
+ * sync.c - persistence discipline, reclamation and the durable point.
  *
  * On real persistent memory every write is flushed as it is made and a sync
  * only drains.  On an ordinary mapped file a flush is an msync (about 100 us
