@@ -10,8 +10,13 @@
  * Threading: one store handle may be used by many threads at once.  Readers
  * take no lock; writers lock only the buckets they change.
  *
- * Durability: every operation is visible to all threads as soon as it
- * returns.  embkv_sync() makes the current state durable; after a crash the
+ * Visibility: every operation is visible to all threads as soon as it
+ * returns.  Changes are made in write groups (embkv_group_begin/end; each
+ * put, delete, batch update, pull that creates rows and push is a group of
+ * its own, and groups nest): a snapshot (embkv_snapshot_open) sees each
+ * group entirely or not at all, and a sync never falls inside one.
+ *
+ * Durability:  embkv_sync() makes the current state durable; after a crash the
  * store reopens exactly as of the last completed sync (a clean close syncs).
  *
  * Errors: functions return an embkv_rc.  On failure a message describing it
@@ -111,11 +116,14 @@ typedef struct embkv_rowinfo {
  *              EMBKV_PUT_UPDATE (fail with EMBKV_NOTFOUND when absent). */
 #define EMBKV_PUT_INSERT 0x1
 #define EMBKV_PUT_UPDATE 0x2
+#define EMBKV_PUT_RESET 0x4   /* a new row replaces any present: clock 0, state zeros unless given */
 int embkv_get(embkv_store *s, int64_t id, float *vec, float *state,
               embkv_rowinfo *info);
 int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
               unsigned flags);
 int embkv_delete(embkv_store *s, int64_t id);
+/* Put with an explicit clock (putting a row back as it was). */
+int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock);
 /* For callers that must not fail half-way (a transaction commit, rows
  * created by a pull), before writing anything: embkv_grow_index_for grows
  * the index now if `new_ids` ids not yet in the store would need it (it
@@ -137,6 +145,33 @@ uint64_t embkv_count(embkv_store *s);
  * Returns EMBKV_OK even when ids are missing. */
 int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out,
                     uint8_t *found, size_t *nmissing);
+
+/* Write groups.  Everything a thread changes between begin and end is one
+ * group: seen by snapshots entirely or not at all, and inside one epoch (a
+ * sync waits for the groups in flight).  Groups nest within a thread; keep
+ * them short (snapshot opens and syncs wait for them), and call neither
+ * embkv_sync nor embkv_snapshot_open inside one (EMBKV_BUSY). */
+int embkv_group_begin(embkv_store *s);
+void embkv_group_end(embkv_store *s);
+
+/* Snapshots.  A snapshot fixes the set of groups it sees when it opens
+ * (waiting for the groups in flight to end); reads through it return each
+ * row as of then, whatever is written meanwhile.  While it is open the
+ * versions it may read are kept: a long-lived snapshot with heavy writes
+ * beside it holds pool space.  Close it when the statement ends. */
+typedef struct embkv_snapshot embkv_snapshot;
+int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out);
+void embkv_snapshot_close(embkv_snapshot *snap);
+/* Ids of rows that existed at the snapshot and were changed or deleted
+ * since (a scan of the index misses the deleted ones).  *ids is malloc'd. */
+int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
+
+/* Batch get as of a snapshot (snap NULL: the current state), each row's
+ * columns from one version: out (may be NULL: existence only) gets dim
+ * floats per id, info (may be NULL) each row's metadata, found (may be
+ * NULL) 1/0 per id. */
+int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
+                       float *out, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
 
 /* Batch read-modify-write.  For each ids[i] in order, fn is called with a
  * private copy of the row's vector and state, which it modifies in place; the

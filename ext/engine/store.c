@@ -180,6 +180,7 @@ static void free_store(embkv_store *s)
     }
     free(s->limbo);
     train_free(s);
+    snap_free(s);
     pthread_rwlock_destroy(&s->writers);
     pthread_mutex_destroy(&s->slab_mu);
     pthread_mutex_destroy(&s->retire_mu);
@@ -205,6 +206,10 @@ static embkv_store *alloc_store(void)
     pthread_mutex_init(&s->sync_mu, NULL);
     pthread_mutex_init(&s->move_mu, NULL);
     s->lockfd = -1;
+    if (snap_init(s) != EMBKV_OK) {
+        free_store(s);
+        return NULL;
+    }
     return s;
 }
 

@@ -215,6 +215,10 @@ struct embkv_store {
     pthread_mutex_t sync_mu;
     pthread_mutex_t move_mu;   /* one backward move at a time (move_seq) */
 
+    /* write groups, snapshots and the version log (snapshot.c) */
+    struct snapstate *snap;
+    atomic_uint_fast64_t snap_floor; /* ebr epoch of the oldest open snapshot */
+
     /* training (train.c): options, permits; NULL until configured */
     struct train_state *_Atomic train;
 
@@ -412,6 +416,19 @@ bool keylock_try(embkv_store *s, uint64_t h);
 static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
 
 int store_grow_index(embkv_store *s, uint64_t need_entries);
+
+/* ------------------------------------------------------------- snapshot.c */
+int snap_init(embkv_store *s);
+void snap_free(embkv_store *s);
+/* Whether this thread is inside a write group on s. */
+bool group_held(embkv_store *s);
+/* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
+void groups_quiesce(embkv_store *s);
+void groups_resume(embkv_store *s);
+/* Before changing id's index entry from prev, inside a group. */
+int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
+/* locs[i] of ids[i] as of the snapshot, after the index lookups. */
+void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 void train_free(embkv_store *s);

@@ -123,7 +123,10 @@ typedef struct write_req {
     embkv_update_fn fn;        /* W_UPDATE */
     void *ctx;
     size_t index;
+    uint64_t clock;            /* with PUT_CLOCK */
 } write_req;
+
+#define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
 
 static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
 {
@@ -169,7 +172,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
         memcpy(nvec, w->vec, vbytes);
         if (w->state)
             memcpy(nstate, w->state, sbytes);
-        else if (live)
+        else if (live && !(w->flags & EMBKV_PUT_RESET))
             memcpy(nstate, rec_vec(old) + s->dim, sbytes);
         else
             memset(nstate, 0, sbytes);
@@ -185,8 +188,15 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
         if (w->fn(w->ctx, w->index, id, nvec, nstate) != 0)
             return EMBKV_BUSY;
     }
+    /* Readers of an older snapshot must find the version this replaces. */
+    int lrc = snap_log(s, id, h, have ? f.loc : LOC_NONE);
+    if (lrc != EMBKV_OK)
+        return lrc;
     nr->id = id;
-    nr->clock = live ? old->clock + 1 : 0;
+    if (w->kind == W_PUT && (w->flags & PUT_CLOCK))
+        nr->clock = w->clock;
+    else
+        nr->clock = live && !(w->kind == W_PUT && (w->flags & EMBKV_PUT_RESET)) ? old->clock + 1 : 0;
     nr->epoch = epoch;
     nr->prev = have ? displace(s, rb, &f, old, epoch) : LOC_NONE;
     nr->check = rec_checksum(s, nr);
@@ -214,18 +224,24 @@ static int make_room(embkv_store *s, uint64_t more)
     return store_grow_index(s, need);
 }
 
-int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags)
+static int put_row(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags,
+                   uint64_t clock)
 {
     if (!s || !vec)
         return embkv__err(EMBKV_INVALID, "embkv_put: %s is NULL", s ? "vec" : "store");
     if ((flags & EMBKV_PUT_INSERT) && (flags & EMBKV_PUT_UPDATE))
         return embkv__err(EMBKV_INVALID, "embkv_put: EMBKV_PUT_INSERT and EMBKV_PUT_UPDATE together");
-    int rc = make_room(s, 1);
-    uint64_t loc;
-    if (rc != EMBKV_OK || (rc = slab_alloc(s, &loc, 1)) != EMBKV_OK)
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK)
         return rc;
+    rc = make_room(s, 1);
+    uint64_t loc;
+    if (rc != EMBKV_OK || (rc = slab_alloc(s, &loc, 1)) != EMBKV_OK) {
+        embkv_group_end(s);
+        return rc;
+    }
     uint64_t h = embkv__hash(id);
-    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags};
+    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock};
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     bool consumed;
@@ -237,10 +253,21 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, 
     keylock_release(s, h);
     retire_flush(s, &rb);
     pthread_rwlock_unlock(&s->writers);
+    embkv_group_end(s);
     if (!consumed)
         slab_free(s, &loc, 1);
     atomic_fetch_add_explicit(&s->st_puts, 1, memory_order_relaxed);
     return rc;
+}
+
+int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags)
+{
+    return put_row(s, id, vec, state, flags & (EMBKV_PUT_INSERT | EMBKV_PUT_UPDATE | EMBKV_PUT_RESET), 0);
+}
+
+int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock)
+{
+    return put_row(s, id, vec, state, PUT_CLOCK, clock);
 }
 
 /* One attempt at a delete.  A row whose durable version must survive until
@@ -268,6 +295,8 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         rc = EMBKV_BUSY;
         goto out;
     }
+    if ((rc = snap_log(s, id, h, f.loc)) != EMBKV_OK)
+        goto out;
     uint64_t prev = displace(s, &rb, &f, old, epoch);
     if (prev == LOC_NONE) {
         /* Born in this epoch: nothing to return to after a crash. */
@@ -303,15 +332,21 @@ int embkv_delete(embkv_store *s, int64_t id)
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
     uint64_t tloc = LOC_NONE, h = embkv__hash(id);
-    int rc = delete_once(s, id, h, &tloc);
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK)
+        return rc;
+    rc = delete_once(s, id, h, &tloc);
     if (rc == EMBKV_BUSY) {
-        if ((rc = slab_alloc_tombstone(s, &tloc)) != EMBKV_OK)
+        if ((rc = slab_alloc_tombstone(s, &tloc)) != EMBKV_OK) {
+            embkv_group_end(s);
             return rc != EMBKV_FULL ? rc
                                     : embkv__err(rc, "id %lld: the pool is full and its reserve for deletes is "
                                                  "used up: delete at most %u rows between two syncs",
                                                  (long long)id, s->delete_reserve);
+        }
         rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
     }
+    embkv_group_end(s);
     if (tloc != LOC_NONE)
         slab_free(s, &tloc, 1);
     atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
@@ -442,6 +477,71 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     return EMBKV_OK;
 }
 
+#define AT_BLOCK 256
+
+/* embkv_get_batch's pipeline in three passes per block of ids: index
+ * lookups, then (under a snapshot) the version log, then the copies, so
+ * that the log is read after every index entry it may correct. */
+int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
+                       embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
+{
+    if (!s || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
+    uint64_t locs[AT_BLOCK];
+    size_t missing = 0, vbytes = 4 * (size_t)s->dim;
+    ebr_enter();
+    for (size_t lo = 0; lo < n; lo += AT_BLOCK) {
+        size_t m = n - lo < AT_BLOCK ? n - lo : AT_BLOCK;
+        const int64_t *bid = ids + lo;
+        index_desc *ix = atomic_load(&s->ix);
+        uint64_t hs[RING];
+        for (size_t i = 0; i < m + PF_BUCKET; i++) {
+            if (i < m) {
+                hs[i % RING] = embkv__hash(bid[i]);
+                PREFETCH_BUCKET(&ix->buckets[hs[i % RING] & ix->mask], 0);
+            }
+            if (i >= PF_BUCKET) {
+                size_t j = i - PF_BUCKET;
+                uint32_t probes;
+                locs[j] = ix_lookup(ix, bid[j], hs[j % RING], &probes);
+            }
+        }
+        snap_resolve(s, snap, bid, m, locs);
+        for (size_t j = 0; j < m; j++) {
+            uint64_t loc = locs[j];
+            bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
+            if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
+                !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
+                prefetch_record(s, locs[j + PF_RECORD]);
+            const rec_hdr *r = ok ? rec_at(s, loc) : NULL;
+            if (out) {
+                if (ok)
+                    memcpy(out + (lo + j) * s->dim, rec_vec((rec_hdr *)r), vbytes);
+                else
+                    memset(out + (lo + j) * s->dim, 0, vbytes);
+            }
+            if (info) {
+                if (ok)
+                    fill_info(&info[lo + j], r, loc);
+                else
+                    memset(&info[lo + j], 0, sizeof info[lo + j]);
+            }
+            if (found)
+                found[lo + j] = ok;
+            missing += !ok;
+        }
+    }
+    ebr_leave();
+    if (nmissing)
+        *nmissing = missing;
+    atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_gets, n, memory_order_relaxed);
+    return EMBKV_OK;
+}
+
+static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                                 unsigned flags, size_t *nupdated);
+
 int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                        unsigned flags, size_t *nupdated)
 {
@@ -451,6 +551,17 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
         return embkv__err(EMBKV_INVALID, "embkv_update_batch: NULL argument");
     if (n == 0)
         return EMBKV_OK;
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK)
+        return rc;
+    rc = update_batch_in_group(s, ids, n, fn, ctx, flags, nupdated);
+    embkv_group_end(s);
+    return rc;
+}
+
+static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                                 unsigned flags, size_t *nupdated)
+{
     int rc = (flags & EMBKV_UPDATE_CREATE) ? make_room(s, n) : EMBKV_OK;
     if (rc != EMBKV_OK)
         return rc;

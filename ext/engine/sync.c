@@ -91,8 +91,12 @@ void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
             cap *= 2;
         limbo_entry *p = realloc(s->limbo, cap * sizeof *p);
         if (!p) {
-            /* Cannot queue: wait out the readers and free right away. */
+            /* Cannot queue: wait out the readers and free right away, unless
+             * a snapshot may still read them (then they leak until the next
+             * open). */
             pthread_mutex_unlock(&s->retire_mu);
+            if (atomic_load(&s->snap_floor) != UINT64_MAX)
+                return;
             ebr_synchronize();
             slab_free(s, locs, n);
             return;
@@ -115,6 +119,10 @@ void reclaim(embkv_store *s, bool wait_for_readers)
         ebr_synchronize();
     pthread_mutex_lock(&s->retire_mu);
     uint64_t safe = ebr_safe_epoch();
+    /* Nothing retired since the oldest open snapshot began: it may read it. */
+    uint64_t floor = atomic_load(&s->snap_floor);
+    if (floor < safe)
+        safe = floor;
     size_t k = 0;
     while (k < s->nlimbo && s->limbo[k].ebr_epoch < safe)
         k++;
@@ -198,10 +206,15 @@ int embkv_sync(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_sync: store is NULL");
+    if (group_held(s))
+        return embkv__err(EMBKV_BUSY, "store %s: embkv_sync inside a write group of the same thread", s->path);
     pthread_mutex_lock(&s->sync_mu);
     double t0 = now_ms();
 
-    /* Close epoch E: writers in flight finish in E, later ones write E+1. */
+    /* Close epoch E between write groups (a crash returns to each group
+     * entirely or not at all): groups in flight finish in E, later ones
+     * write E+1. */
+    groups_quiesce(s);
     pthread_rwlock_wrlock(&s->writers);
     uint64_t e = atomic_load(&s->cur_epoch);
     atomic_store(&s->cur_epoch, e + 1);
@@ -214,6 +227,7 @@ int embkv_sync(embkv_store *s)
     s->ntombs[e & 1] = s->tombs_cap[e & 1] = 0;
     pthread_mutex_unlock(&s->retire_mu);
     pthread_rwlock_unlock(&s->writers);
+    groups_resume(s);
 
     int rc = EMBKV_OK;
     if (s->is_pmem)

@@ -404,6 +404,11 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
     float *v = malloc(4 * (size_t)s->dim);
     if (!v)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    /* One write group: a snapshot or a checkpoint has all of them or none. */
+    if ((rc = embkv_group_begin(s)) != EMBKV_OK) {
+        free(v);
+        return rc;
+    }
     for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
         init_values(o, ids[i], v, s->dim);
         rc = embkv_put(s, ids[i], v, NULL, EMBKV_PUT_INSERT);
@@ -412,6 +417,7 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
         else if (rc == EMBKV_EXISTS)
             rc = EMBKV_OK;
     }
+    embkv_group_end(s);
     free(v);
     return rc;
 }
@@ -702,7 +708,14 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
             dst[j] += src[j];
     }
     free(slot_of);
-    int rc = EMBKV_OK;
+    /* The rows it creates and its updates are one write group: seen by
+     * snapshots and kept by checkpoints entirely or not at all. */
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK) {
+        free(uids);
+        free(ugrad);
+        return rc;
+    }
     /* Check (and with an initializer, create) every row before changing any. */
     int64_t *miss = malloc(nu * sizeof *miss);
     uint8_t *present = malloc(nu);
@@ -726,6 +739,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
         push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = ugrad, .dim = dim,
                       .state_floats = embkv_train_state_floats(&o, dim)};
         rc = embkv_update_batch(s, uids, nu, apply_optimizer, &c, 0, &updated);
+        embkv_group_end(s);
         if (rc == EMBKV_OK) {
             /* Updates are visible before the permits go back (BSP: the next
              * pull of an id sees this push). */
@@ -739,6 +753,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
                                 "row(s) of the push updated",
                                 (long long)c.overflow_id, c.lr, c.overflowed, updated);
         }
+    } else {
+        embkv_group_end(s);
     }
     free(uids);
     free(ugrad);

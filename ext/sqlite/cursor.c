@@ -14,9 +14,15 @@
  * A cursor works on a list of candidate ids, loaded a chunk at a time (the
  * whole list for point and IN plans): rows the connection's open transaction
  * wrote or deleted come from its buffer (txn.c), the others from one
- * embkv_get_batch per chunk, copied into the cursor so that what a row
- * returns does not change under it.  The hidden columns are read only when
- * asked for (one embkv_get of the row's metadata).
+ * embkv_get_batch_at per chunk, copied into the cursor so that what a row
+ * returns does not change under it.
+ *
+ * Snapshot reads: a cursor opens an engine snapshot at its first xFilter and
+ * keeps it until xClose, so everything one statement reads through it (all
+ * the point lookups of a join included) is the store as of that moment:
+ * each COMMIT and each push entirely or not at all, and every column of a
+ * row from one version.  A full scan adds the rows deleted since the
+ * snapshot (embkv_snapshot_changed_ids) to the ids the index still has.
  */
 #include "vtab.h"
 SQLITE_EXTENSION_INIT3
@@ -27,9 +33,10 @@ SQLITE_EXTENSION_INIT3
 #define SCAN_CHUNK 256   /* rows per embkv_get_batch in a full scan */
 #define SCAN_IDS 4096    /* ids per embkv_scan_ids call */
 
-/* Reads a row's vector as this connection sees it: 1 found, 0 absent,
- * -1 error (message set). */
-int read_row(ekvtab *v, int64_t id, float *out)
+/* Reads a row's vector as this connection sees it (its own writes, then
+ * the store as of snap, or now when snap is NULL): 1 found, 0 absent, -1
+ * error (message set). */
+static int read_row_at(ekvtab *v, embkv_snapshot *snap, int64_t id, float *out)
 {
     const ektxn_entry *e = ektxn_find(v->txn, id);
     if (e) {
@@ -37,11 +44,16 @@ int read_row(ekvtab *v, int64_t id, float *out)
         memcpy(out, e->vec, (size_t)v->dim * 4);
         return 1;
     }
-    int erc = embkv_get(v->store, id, out, NULL, NULL);
-    if (erc == EMBKV_OK) return 1;
-    if (erc == EMBKV_NOTFOUND) return 0;
+    uint8_t found = 0;
+    int erc = embkv_get_batch_at(v->store, snap, &id, 1, out, NULL, &found, NULL);
+    if (erc == EMBKV_OK) return found;
     vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
     return -1;
+}
+
+int read_row(ekvtab *v, int64_t id, float *out)
+{
+    return read_row_at(v, NULL, id, out);
 }
 
 /* ------------------------------------------------------------------------
@@ -111,6 +123,7 @@ typedef struct ekcur {
     ekcurbuf b;            /* buffers (reused through the table: ekvtab.spare) */
     int info_state;        /* 0 unknown, 1 committed info, 2 absent, 3 uncommitted */
     embkv_rowinfo info;
+    embkv_snapshot *snap;  /* from the first xFilter to xClose */
 } ekcur;
 
 int vt_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc)
@@ -139,6 +152,8 @@ void ekcurbuf_free(ekcurbuf *b)
     sqlite3_free(b->eidx);
     sqlite3_free(b->eids);
     sqlite3_free(b->evecs);
+    sqlite3_free(b->infos);
+    sqlite3_free(b->einfos);
     memset(b, 0, sizeof *b);
 }
 
@@ -146,7 +161,8 @@ int vt_close(sqlite3_vtab_cursor *pc)
 {
     ekcur *c = (ekcur *)pc;
     ekvtab *v = (ekvtab *)pc->pVtab;
-    uint64_t bytes = (uint64_t)c->b.capchunk * v->dim * 4 * 2 + (uint64_t)c->b.capids * 8;
+    embkv_snapshot_close(c->snap);
+    uint64_t bytes = (uint64_t)c->b.capchunk * (v->dim * 4 + sizeof(embkv_rowinfo)) * 2 + (uint64_t)c->b.capids * 8;
     if (!v->has_spare && bytes <= (8u << 20)) {
         v->spare = c->b;
         v->has_spare = 1;
@@ -190,6 +206,32 @@ static int scan_collect(void *ctx, int64_t id, const float *vec, const float *st
     return ids_push(ctx, id) == SQLITE_OK ? 0 : 1;
 }
 
+/* The rows that existed at the snapshot and changed since, each once: the
+ * scan may have found them in the index or not (deleted). */
+static int add_changed_ids(ekcur *c, ekvtab *v)
+{
+    int64_t *ch = NULL;
+    size_t nch = 0;
+    int erc = embkv_snapshot_changed_ids(c->snap, &ch, &nch);
+    if (erc != EMBKV_OK) {
+        vt_err(v, "scan failed: %s", embkv_errmsg());
+        return sqlite_rc_of(erc);
+    }
+    if (nch == 0) return SQLITE_OK;
+    qsort(ch, nch, sizeof *ch, cmp_id);
+    size_t w = 0;
+    for (size_t i = 0; i < c->nids; i++)
+        if (!bsearch(&c->b.ids[i], ch, nch, sizeof *ch, cmp_id)) c->b.ids[w++] = c->b.ids[i];
+    c->nids = w;
+    int rc = ids_reserve(c, c->nids + nch);
+    if (rc == SQLITE_OK) {
+        memcpy(c->b.ids + c->nids, ch, nch * sizeof *ch);
+        c->nids += nch;
+    }
+    free(ch);
+    return rc;
+}
+
 /* Every id the connection sees: the store's (scan_ids), minus those its
  * transaction changed, plus the rows its transaction wrote. */
 static int collect_all(ekcur *c, ekvtab *v)
@@ -215,6 +257,8 @@ static int collect_all(ekcur *c, ekvtab *v)
         vt_err(v, "scan failed: %s", embkv_errmsg());
         return sqlite_rc_of(erc);
     }
+    int rc = add_changed_ids(c, v);
+    if (rc != SQLITE_OK) return rc;
     if (ektxn_count(v->txn)) {
         size_t w = 0;
         for (size_t i = 0; i < c->nids; i++)
@@ -243,7 +287,11 @@ static int chunk_reserve(ekcur *c, ekvtab *v, size_t rows)
     if (eidx) c->b.eidx = eidx;
     int64_t *eids = sqlite3_realloc64(c->b.eids, rows * sizeof *eids);
     if (eids) c->b.eids = eids;
-    if (!st || !found || !eidx || !eids) return SQLITE_NOMEM;
+    embkv_rowinfo *infos = sqlite3_realloc64(c->b.infos, rows * sizeof *infos);
+    if (infos) c->b.infos = infos;
+    embkv_rowinfo *einfos = sqlite3_realloc64(c->b.einfos, rows * sizeof *einfos);
+    if (einfos) c->b.einfos = einfos;
+    if (!st || !found || !eidx || !eids || !infos || !einfos) return SQLITE_NOMEM;
     c->b.capchunk = rows;
     if (c->want_vec) {
         c->b.vecs = sqlite3_malloc64((uint64_t)rows * v->dim * sizeof(float));
@@ -274,35 +322,34 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
             c->b.eidx[m++] = j;
         }
     }
-    if (m > 0 && c->want_vec) {
+    if (m > 0) {
+        /* Committed rows as of the cursor's snapshot: vectors (when the
+         * plan uses them) and metadata from one version of each row. */
         int erc;
+        float *vecs = c->want_vec ? c->b.vecs : NULL;
         if (m == n) {
-            erc = embkv_get_batch(v->store, ids, n, c->b.vecs, c->b.found, NULL);
+            erc = embkv_get_batch_at(v->store, c->snap, ids, n, vecs, c->b.infos, c->b.found, NULL);
             if (erc == EMBKV_OK)
                 for (size_t j = 0; j < n; j++) c->b.st[j] = c->b.found[j] ? 1 : 0;
         } else {
-            if (!c->b.evecs && !(c->b.evecs = sqlite3_malloc64((uint64_t)c->b.capchunk * dim * sizeof(float))))
+            if (c->want_vec && !c->b.evecs &&
+                !(c->b.evecs = sqlite3_malloc64((uint64_t)c->b.capchunk * dim * sizeof(float))))
                 return SQLITE_NOMEM;
             for (size_t k = 0; k < m; k++) c->b.eids[k] = ids[c->b.eidx[k]];
-            erc = embkv_get_batch(v->store, c->b.eids, m, c->b.evecs, c->b.found, NULL);
+            erc = embkv_get_batch_at(v->store, c->snap, c->b.eids, m, c->want_vec ? c->b.evecs : NULL,
+                                     c->b.einfos, c->b.found, NULL);
             if (erc == EMBKV_OK) {
                 for (size_t k = 0; k < m; k++) {
                     size_t j = c->b.eidx[k];
                     c->b.st[j] = c->b.found[k] ? 1 : 0;
-                    if (c->b.found[k]) memcpy(c->b.vecs + j * dim, c->b.evecs + k * dim, dim * 4);
+                    c->b.infos[j] = c->b.einfos[k];
+                    if (c->b.found[k] && c->want_vec) memcpy(c->b.vecs + j * dim, c->b.evecs + k * dim, dim * 4);
                 }
             }
         }
         if (erc != EMBKV_OK) {
             vt_err(v, "read failed: %s", embkv_errmsg());
             return sqlite_rc_of(erc);
-        }
-    } else if (m > 0 && c->plan != PLAN_SCAN) {
-        /* ids-only lookups: existence, no vector read.  (A scan's ids come
-         * from the index itself.) */
-        for (size_t k = 0; k < m; k++) {
-            size_t j = c->b.eidx[k];
-            c->b.st[j] = embkv_exists(v->store, ids[j]) == 1;
         }
     }
     c->lo = lo;
@@ -335,6 +382,13 @@ int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc,
     ekvtab *v = (ekvtab *)pc->pVtab;
     int rc = SQLITE_OK;
     if (vt_unusable(v)) return SQLITE_ERROR;
+    if (!c->snap) {
+        int erc = embkv_snapshot_open(v->store, &c->snap);
+        if (erc != EMBKV_OK) {
+            vt_err(v, "cannot open a snapshot: %s", embkv_errmsg());
+            return sqlite_rc_of(erc);
+        }
+    }
     c->plan = idxNum;
     c->want_vec = !(idxStr && strstr(idxStr, "ids-only"));
     c->nids = 0;
@@ -400,11 +454,10 @@ static int load_info(ekcur *c, ekvtab *v)
         c->info_state = 3;
         return SQLITE_OK;
     }
-    erc = embkv_get(v->store, id, NULL, NULL, &c->info);
-    if (erc == EMBKV_OK || erc == EMBKV_NOTFOUND) {
-        c->info_state = erc == EMBKV_OK ? 1 : 2;
-        return SQLITE_OK;
-    }
+    /* Committed: read with the row's vector, from the same version. */
+    c->info = c->b.infos[c->pos - c->lo];
+    c->info_state = 1;
+    return SQLITE_OK;
 fail:
     vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
     return sqlite_rc_of(erc);
@@ -429,7 +482,7 @@ int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
             sqlite3_result_blob(ctx, c->b.vecs + (c->pos - c->lo) * v->dim, (int)v->dim * 4, SQLITE_TRANSIENT);
             return SQLITE_OK;
         }
-        rc = read_row(v, id, v->scratch); /* not planned for: read it now */
+        rc = read_row_at(v, c->snap, id, v->scratch); /* not planned for: read it now */
         if (rc < 0) return SQLITE_ERROR;
         if (rc == 1) sqlite3_result_blob(ctx, v->scratch, (int)v->dim * 4, SQLITE_TRANSIENT);
         return SQLITE_OK;

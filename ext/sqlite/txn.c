@@ -52,6 +52,7 @@ typedef struct ekundo {
 typedef struct ekpre {
     int64_t id;
     int existed;
+    uint64_t clock; /* when existed */
     float *data; /* dim + state_floats floats when existed */
 } ekpre;
 
@@ -353,7 +354,8 @@ void ektxn_rollback_to(ektxn *t, int n)
     t->nsp = n + 1;
 }
 
-/* Puts the store back from the pre-images, newest first. */
+/* Puts the store back from the pre-images (clock and optimizer state
+ * included), newest first, inside the caller's write group. */
 static int restore(ektxn *t, embkv_store *s)
 {
     int first_rc = EMBKV_OK;
@@ -361,7 +363,7 @@ static int restore(ektxn *t, embkv_store *s)
         ekpre *p = &t->pre[--t->npre];
         int rc;
         if (p->existed) {
-            rc = embkv_put(s, p->id, p->data, t->state_floats ? p->data + t->dim : NULL, 0);
+            rc = embkv_put_clock(s, p->id, p->data, t->state_floats ? p->data + t->dim : NULL, p->clock);
         } else {
             rc = embkv_delete(s, p->id);
             if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
@@ -383,7 +385,30 @@ static void undo_failed(ektxn *t, embkv_store *s, char **msg, int *restored)
     }
 }
 
+static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored);
+
+/* One engine write group: snapshot readers (other statements, other
+ * connections) see the whole COMMIT or none of it, and no checkpoint falls
+ * inside it. */
 int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored)
+{
+    *fail_id = 0;
+    *msg = NULL;
+    *restored = 1;
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK) {
+        *msg = sqlite3_mprintf("%s", embkv_errmsg());
+        return rc;
+    }
+    rc = apply_in_group(t, s, fail_id, msg, restored);
+    embkv_group_end(s);
+    return rc;
+}
+
+static const char unique_msg[] = "the row was created by another connection or a pull after this transaction "
+                                 "inserted it (UNIQUE constraint failed)";
+
+static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored)
 {
     *fail_id = 0;
     *msg = NULL;
@@ -406,12 +431,10 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
         int exists = embkv_exists(s, e->id) == 1;
         if (exists && e->fresh == EKTXN_FRESH_NEW) {
             *fail_id = e->id;
-            *msg = sqlite3_mprintf("the row was created by another connection or a pull after this transaction "
-                                   "inserted it (UNIQUE constraint failed)");
+            *msg = sqlite3_mprintf("%s", unique_msg);
             return EMBKV_EXISTS;
         }
         puts++;
-        deletes += e->fresh && exists; /* see below */
         new_ids += !exists;
     }
     int room = embkv_grow_index_for(s, new_ids);
@@ -432,8 +455,10 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
         p->id = e->id;
         p->existed = 0;
         p->data = NULL;
-        int rc = embkv_get(s, e->id, t->rowbuf, state, NULL);
+        embkv_rowinfo info;
+        int rc = embkv_get(s, e->id, t->rowbuf, state, &info);
         if (rc == EMBKV_OK) {
+            p->clock = info.clock;
             p->data = arena_take(t, rowbytes);
             if (!p->data) {
                 *fail_id = e->id;
@@ -448,19 +473,26 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
             rc = EMBKV_OK;
         }
         if (rc == EMBKV_OK) {
-            t->npre++;
             if (e->kind == EKTXN_DEL) {
                 if (p->existed) rc = embkv_delete(s, e->id);
+                if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
             } else {
-                if (e->fresh && p->existed) rc = embkv_delete(s, e->id);
-                if (rc == EMBKV_OK || rc == EMBKV_NOTFOUND) rc = embkv_put(s, e->id, e->vec, NULL, 0);
+                /* An INSERT must still find its id free (a pull may have
+                 * created it since the check above: the engine decides under
+                 * the id's lock); a REPLACE starts the row anew (clock 0) in
+                 * one switch, never leaving it absent. */
+                unsigned flags = e->fresh == EKTXN_FRESH_NEW ? EMBKV_PUT_INSERT
+                                 : e->fresh                  ? EMBKV_PUT_RESET
+                                                             : 0;
+                rc = embkv_put(s, e->id, e->vec, NULL, flags);
             }
-            if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
+            /* Only a row written is put back (a failed write wrote nothing). */
+            if (rc == EMBKV_OK) t->npre++;
         }
         if (rc != EMBKV_OK) {
             /* Take the engine's message before restoring overwrites it. */
             *fail_id = e->id;
-            *msg = sqlite3_mprintf("%s", embkv_errmsg());
+            *msg = sqlite3_mprintf("%s", rc == EMBKV_EXISTS ? unique_msg : embkv_errmsg());
             undo_failed(t, s, msg, restored);
             return rc;
         }
@@ -470,5 +502,9 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
 
 int ektxn_unapply(ektxn *t, embkv_store *s)
 {
-    return restore(t, s);
+    int rc = embkv_group_begin(s);
+    if (rc != EMBKV_OK) return rc;
+    rc = restore(t, s);
+    embkv_group_end(s);
+    return rc;
 }

@@ -141,6 +141,8 @@ typedef struct ekcurbuf {
     size_t *eidx;          /* rows of the chunk read from the store */
     int64_t *eids;
     float *evecs;
+    embkv_rowinfo *infos;  /* per loaded row: its clock and tier (st 1) */
+    embkv_rowinfo *einfos;
 } ekcurbuf;
 void ekcurbuf_free(ekcurbuf *b);
 

@@ -1,0 +1,445 @@
+/*
+ * snapshot.c - write groups and snapshot reads.
+ *
+ * The visibility rule.  Every change to rows is made inside a write group:
+ * a COMMIT, a push (with the rows it creates), a pull's row creation, or a
+ * single put/delete of the C API.  A snapshot sees each group entirely or
+ * not at all, and sees no group that began after it was opened.  A sync
+ * (checkpoint) never falls inside a group, so a crash returns to a state
+ * with each group entirely or not at all, too.
+ *
+ * How.  Groups hold the store's `groups` lock shared; opening a snapshot
+ * takes it exclusively for an instant, so every group is wholly before or
+ * wholly after the snapshot's sequence number S.  Groups that begin while
+ * any snapshot is open log, before switching a row's index entry, the
+ * location the row had (the version log: id -> newest-first list of
+ * (group sequence, previous location)).  A snapshot reader looks a row up in
+ * the index as usual and then, if the log holds an entry of a group at or
+ * after S for that id, uses the oldest such entry's location instead: that
+ * is the version as of S (LOC_NONE or a tombstone: absent then).
+ *
+ * Why this and not copying: readers pay nothing while no writer runs beside
+ * them (one load sees an empty log); writers pay nothing while no snapshot
+ * is open (one load at the start of a group).  Old versions stay readable
+ * because reclamation never frees a record retired after the oldest open
+ * snapshot began (reclaim() takes snap_floor into account): an open
+ * statement holds the old versions of rows changed meanwhile, as in any
+ * multi-version store.  The log is trimmed when snapshots close.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+#define VLOG_STRIPES 64
+#define TL_GROUPS 8
+
+typedef struct vnode {
+    uint64_t w;        /* group sequence of the change */
+    uint64_t loc;      /* location before it (as stored, may carry LOC_TOMB) */
+    uint32_t older;    /* index + 1 of the previous change of the id, 0 none */
+    int64_t id;
+} vnode;
+
+typedef struct vslot {
+    int64_t id;
+    uint32_t head;     /* index + 1 of the newest change, 0 = empty slot */
+} vslot;
+
+typedef struct vstripe {
+    pthread_mutex_t mu;
+    vnode *nodes;
+    size_t nnodes, capnodes;
+    vslot *tab;        /* open addressing, power-of-two size */
+    size_t captab, ntab;
+} vstripe;
+
+struct embkv_snapshot {
+    embkv_store *s;
+    uint64_t seq;          /* groups with w >= seq are not visible */
+    uint64_t floor;        /* ebr epoch when opened */
+    struct embkv_snapshot *next;
+};
+
+struct snapstate {
+    pthread_rwlock_t groups;
+    atomic_uint_fast64_t next_seq;
+    atomic_uint nsnap;
+    pthread_mutex_t mu;            /* the list of open snapshots */
+    embkv_snapshot *open;
+    atomic_uint_fast64_t logged;   /* nodes in the log */
+    vstripe stripes[VLOG_STRIPES];
+};
+
+/* The groups a thread is inside, per store (nested begins count). */
+static _Thread_local struct tl_group {
+    embkv_store *s;
+    unsigned depth;
+    uint64_t seq;
+    bool logging;
+} tl_groups[TL_GROUPS];
+
+static struct tl_group *tl_find(embkv_store *s)
+{
+    for (int i = 0; i < TL_GROUPS; i++)
+        if (tl_groups[i].s == s && tl_groups[i].depth)
+            return &tl_groups[i];
+    return NULL;
+}
+
+int snap_init(embkv_store *s)
+{
+    struct snapstate *st = calloc(1, sizeof *st);
+    if (!st)
+        return EMBKV_NOMEM;
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* Snapshots and syncs must not starve behind a stream of pushes. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&st->groups, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&st->mu, NULL);
+    for (int i = 0; i < VLOG_STRIPES; i++)
+        pthread_mutex_init(&st->stripes[i].mu, NULL);
+    atomic_store(&st->next_seq, 1);
+    s->snap = st;
+    atomic_store(&s->snap_floor, UINT64_MAX);
+    return EMBKV_OK;
+}
+
+void snap_free(embkv_store *s)
+{
+    struct snapstate *st = s->snap;
+    if (!st)
+        return;
+    for (int i = 0; i < VLOG_STRIPES; i++) {
+        free(st->stripes[i].nodes);
+        free(st->stripes[i].tab);
+        pthread_mutex_destroy(&st->stripes[i].mu);
+    }
+    pthread_rwlock_destroy(&st->groups);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+    s->snap = NULL;
+}
+
+/* ------------------------------------------------------------ groups */
+
+int embkv_group_begin(embkv_store *s)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_group_begin: store is NULL");
+    struct tl_group *g = tl_find(s);
+    if (g) {
+        g->depth++;
+        return EMBKV_OK;
+    }
+    for (int i = 0; i < TL_GROUPS && !g; i++)
+        if (!tl_groups[i].depth)
+            g = &tl_groups[i];
+    if (!g)
+        return embkv__err(EMBKV_BUSY, "store %s: write groups open on more than %d stores in this thread",
+                          s->path, TL_GROUPS);
+    struct snapstate *st = s->snap;
+    pthread_rwlock_rdlock(&st->groups);
+    g->s = s;
+    g->depth = 1;
+    g->seq = atomic_fetch_add(&st->next_seq, 1);
+    g->logging = atomic_load(&st->nsnap) > 0;
+    return EMBKV_OK;
+}
+
+void embkv_group_end(embkv_store *s)
+{
+    struct tl_group *g = s ? tl_find(s) : NULL;
+    if (!g || --g->depth)
+        return;
+    g->s = NULL;
+    pthread_rwlock_unlock(&s->snap->groups);
+}
+
+bool group_held(embkv_store *s)
+{
+    return tl_find(s) != NULL;
+}
+
+void groups_quiesce(embkv_store *s)
+{
+    pthread_rwlock_wrlock(&s->snap->groups);
+}
+
+void groups_resume(embkv_store *s)
+{
+    pthread_rwlock_unlock(&s->snap->groups);
+}
+
+/* ------------------------------------------------------------ the log */
+
+static inline vstripe *stripe_for(struct snapstate *st, uint64_t h)
+{
+    return &st->stripes[(h >> 8) & (VLOG_STRIPES - 1)];
+}
+
+static vslot *tab_slot(vstripe *vs, int64_t id, uint64_t h)
+{
+    size_t mask = vs->captab - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask)
+        if (!vs->tab[i].head || vs->tab[i].id == id)
+            return &vs->tab[i];
+}
+
+static int tab_grow(vstripe *vs)
+{
+    size_t cap = vs->captab ? vs->captab * 2 : 64;
+    vslot *old = vs->tab;
+    size_t oldcap = vs->captab;
+    vs->tab = calloc(cap, sizeof *vs->tab);
+    if (!vs->tab) {
+        vs->tab = old;
+        return EMBKV_NOMEM;
+    }
+    vs->captab = cap;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i].head)
+            *tab_slot(vs, old[i].id, embkv__hash(old[i].id)) = old[i];
+    free(old);
+    return EMBKV_OK;
+}
+
+/* Called by writers in a logging group, before the index entry of id
+ * changes; prev is the location it has now (LOC_NONE when absent). */
+int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev)
+{
+    struct tl_group *g = tl_find(s);
+    if (!g || !g->logging)
+        return EMBKV_OK;
+    struct snapstate *st = s->snap;
+    vstripe *vs = stripe_for(st, h);
+    int rc = EMBKV_OK;
+    pthread_mutex_lock(&vs->mu);
+    if ((vs->ntab + 1) * 2 > vs->captab && tab_grow(vs) != EMBKV_OK)
+        rc = EMBKV_NOMEM;
+    if (rc == EMBKV_OK && vs->nnodes == vs->capnodes) {
+        size_t cap = vs->capnodes ? vs->capnodes * 2 : 256;
+        vnode *p = realloc(vs->nodes, cap * sizeof *p);
+        if (p) {
+            vs->nodes = p;
+            vs->capnodes = cap;
+        } else {
+            rc = EMBKV_NOMEM;
+        }
+    }
+    if (rc == EMBKV_OK) {
+        vslot *sl = tab_slot(vs, id, h);
+        if (!sl->head) {
+            sl->id = id;
+            vs->ntab++;
+        }
+        vs->nodes[vs->nnodes] = (vnode){.w = g->seq, .loc = prev, .older = sl->head, .id = id};
+        sl->head = (uint32_t)++vs->nnodes;
+        atomic_fetch_add(&st->logged, 1);
+    }
+    pthread_mutex_unlock(&vs->mu);
+    return rc == EMBKV_OK ? EMBKV_OK
+                          : embkv__err(rc, "store %s: id %lld: out of memory keeping its version for a reader",
+                                       s->path, (long long)id);
+}
+
+/* The location of id as of seq, when the log knows it (true). */
+static bool log_lookup(vstripe *vs, int64_t id, uint64_t h, uint64_t seq, uint64_t *loc)
+{
+    if (!vs->captab)
+        return false;
+    vslot *sl = tab_slot(vs, id, h);
+    bool found = false;
+    for (uint32_t k = sl->head; k; k = vs->nodes[k - 1].older) {
+        const vnode *nd = &vs->nodes[k - 1];
+        if (nd->w < seq)
+            break;  /* older changes were all visible to the snapshot */
+        *loc = nd->loc;
+        found = true;
+    }
+    return found;
+}
+
+/* Drop the changes no open snapshot can need (all of them when none is
+ * open): a snapshot S needs only changes of groups w >= S. */
+static void log_trim(struct snapstate *st, uint64_t min_seq)
+{
+    for (int i = 0; i < VLOG_STRIPES; i++) {
+        vstripe *vs = &st->stripes[i];
+        pthread_mutex_lock(&vs->mu);
+        size_t keep = 0;
+        if (min_seq != UINT64_MAX)
+            for (size_t k = 0; k < vs->nnodes; k++)
+                keep += vs->nodes[k].w >= min_seq;
+        if (keep == vs->nnodes) {
+            pthread_mutex_unlock(&vs->mu);
+            continue;
+        }
+        /* Rebuild the stripe from the nodes kept, oldest first (out of
+         * memory: keep everything until the next trim). */
+        vnode *kept = keep ? malloc(keep * sizeof *kept) : NULL;
+        if (keep && !kept) {
+            pthread_mutex_unlock(&vs->mu);
+            continue;
+        }
+        vnode *old = vs->nodes;
+        size_t nold = vs->nnodes;
+        atomic_fetch_sub(&st->logged, nold - keep);
+        memset(vs->tab, 0, vs->captab * sizeof *vs->tab);
+        vs->ntab = 0;
+        vs->nodes = kept;
+        vs->nnodes = 0;
+        vs->capnodes = keep;
+        for (size_t k = 0; k < nold; k++) {
+            if (old[k].w < min_seq)
+                continue;
+            uint64_t h = embkv__hash(old[k].id);
+            vslot *sl = tab_slot(vs, old[k].id, h);
+            if (!sl->head) {
+                sl->id = old[k].id;
+                vs->ntab++;
+            }
+            vs->nodes[vs->nnodes] = old[k];
+            vs->nodes[vs->nnodes].older = sl->head;
+            sl->head = (uint32_t)++vs->nnodes;
+        }
+        free(old);
+        pthread_mutex_unlock(&vs->mu);
+    }
+}
+
+/* ------------------------------------------------------------ snapshots */
+
+static void recompute_floor(embkv_store *s, uint64_t *min_seq)
+{
+    struct snapstate *st = s->snap;
+    uint64_t floor = UINT64_MAX, mseq = UINT64_MAX;
+    for (embkv_snapshot *p = st->open; p; p = p->next) {
+        if (p->floor < floor)
+            floor = p->floor;
+        if (p->seq < mseq)
+            mseq = p->seq;
+    }
+    atomic_store(&s->snap_floor, floor);
+    if (min_seq)
+        *min_seq = mseq;
+}
+
+int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
+{
+    if (!s || !out)
+        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
+    *out = NULL;
+    if (group_held(s))
+        return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
+                          "thread", s->path);
+    embkv_snapshot *snap = calloc(1, sizeof *snap);
+    if (!snap)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a snapshot", s->path);
+    struct snapstate *st = s->snap;
+    snap->s = s;
+    snap->seq = 0;  /* until known: a trim meanwhile keeps every change */
+    pthread_mutex_lock(&st->mu);
+    snap->floor = ebr_now();
+    snap->next = st->open;
+    st->open = snap;
+    recompute_floor(s, NULL);
+    atomic_fetch_add(&st->nsnap, 1);
+    pthread_mutex_unlock(&st->mu);
+    /* Groups running now end before this returns; later ones log. */
+    pthread_rwlock_wrlock(&st->groups);
+    uint64_t seq = atomic_load(&st->next_seq);
+    pthread_rwlock_unlock(&st->groups);
+    pthread_mutex_lock(&st->mu);
+    snap->seq = seq;
+    pthread_mutex_unlock(&st->mu);
+    *out = snap;
+    return EMBKV_OK;
+}
+
+void embkv_snapshot_close(embkv_snapshot *snap)
+{
+    if (!snap)
+        return;
+    embkv_store *s = snap->s;
+    struct snapstate *st = s->snap;
+    uint64_t min_seq;
+    pthread_mutex_lock(&st->mu);
+    for (embkv_snapshot **pp = &st->open; *pp; pp = &(*pp)->next)
+        if (*pp == snap) {
+            *pp = snap->next;
+            break;
+        }
+    recompute_floor(s, &min_seq);
+    atomic_fetch_sub(&st->nsnap, 1);
+    /* Trimming under the list lock: a snapshot opening meanwhile must not
+     * lose changes it needs (its seq is 0 until known). */
+    if (atomic_load(&st->logged))
+        log_trim(st, min_seq);
+    pthread_mutex_unlock(&st->mu);
+    free(snap);
+}
+
+uint64_t embkv_snapshot_seq(const embkv_snapshot *snap)
+{
+    return snap ? snap->seq : 0;
+}
+
+/* Replaces locs[i] by the location each id had as of the snapshot where the
+ * log knows better.  Must run after the index lookups that produced locs. */
+void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs)
+{
+    struct snapstate *st = s->snap;
+    if (!snap || atomic_load(&st->logged) == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        vstripe *vs = stripe_for(st, h);
+        pthread_mutex_lock(&vs->mu);
+        log_lookup(vs, ids[i], h, snap->seq, &locs[i]);
+        pthread_mutex_unlock(&vs->mu);
+    }
+}
+
+int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n)
+{
+    if (!snap || !ids || !n)
+        return embkv__err(EMBKV_INVALID, "embkv_snapshot_changed_ids: NULL argument");
+    *ids = NULL;
+    *n = 0;
+    struct snapstate *st = snap->s->snap;
+    size_t cap = 0, cnt = 0;
+    int64_t *out = NULL;
+    for (int i = 0; i < VLOG_STRIPES; i++) {
+        vstripe *vs = &st->stripes[i];
+        pthread_mutex_lock(&vs->mu);
+        for (size_t k = 0; k < vs->captab; k++) {
+            if (!vs->tab[k].head)
+                continue;
+            int64_t id = vs->tab[k].id;
+            uint64_t loc = LOC_NONE;
+            if (!log_lookup(vs, id, embkv__hash(id), snap->seq, &loc) || loc == LOC_NONE || (loc & LOC_TOMB))
+                continue;
+            if (cnt == cap) {
+                size_t nc = cap ? cap * 2 : 256;
+                int64_t *p = realloc(out, nc * sizeof *p);
+                if (!p) {
+                    pthread_mutex_unlock(&vs->mu);
+                    free(out);
+                    return embkv__err(EMBKV_NOMEM, "store %s: out of memory listing changed rows",
+                                      snap->s->path);
+                }
+                out = p;
+                cap = nc;
+            }
+            out[cnt++] = id;
+        }
+        pthread_mutex_unlock(&vs->mu);
+    }
+    *ids = out;
+    *n = cnt;
+    return EMBKV_OK;
+}
