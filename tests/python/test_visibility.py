@@ -1,0 +1,246 @@
+"""Snapshot reads under concurrent writers, checked against a model.
+
+The visibility rule (README, "Visibility"): a statement reads the table as of
+one moment, so what it returns is the state after some prefix of the
+committed COMMITs and pushes, and a later statement never sees a shorter
+prefix.  The model here keeps the states the writer committed, in order; each
+read must equal one of them, at or after the one the previous read matched.
+Also: a replaced row is never missing, a row's vec and clock come from one
+version, and a COMMIT never overwrites a row a concurrent pull created."""
+import json
+import threading
+import unittest
+
+import numpy as np
+
+from embkv_test import TempDirTest, connect
+
+N = 100
+
+
+def vec_blob(x, dim=2):
+    return np.full(dim, x, dtype=np.float32).tobytes()
+
+
+class TestSnapshotReads(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        self.a = connect(self.db, check_same_thread=False)
+        self.a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, capacity=1000)")
+        self.b = connect(self.db, check_same_thread=False)
+
+    def tearDown(self):
+        self.a.close()
+        self.b.close()
+        super().tearDown()
+
+    def run_pair(self, writer, reader):
+        stop = threading.Event()
+        errors = []
+
+        def wrap(fn):
+            def go():
+                try:
+                    fn(stop)
+                except Exception as e:  # reported by the test thread
+                    errors.append(e)
+                    stop.set()
+            return go
+
+        tw = threading.Thread(target=wrap(writer))
+        tr = threading.Thread(target=wrap(reader))
+        tr.start()
+        tw.start()
+        tw.join()
+        stop.set()
+        tr.join()
+        if errors:
+            raise errors[0]
+
+    def test_in_reads_see_whole_commits(self):
+        with self.a:
+            self.a.execute("BEGIN")
+            self.a.executemany("INSERT INTO t(id, vec) VALUES (?, ?)", [(i, vec_blob(0)) for i in range(N)])
+            self.a.execute("COMMIT")
+        committed = [0]  # the model: value of every row after each COMMIT
+        reads = []
+        rounds = 300
+
+        def writer(stop):
+            for k in range(1, rounds + 1):
+                self.a.execute("BEGIN")
+                for i in range(N):
+                    self.a.execute("UPDATE t SET vec = ? WHERE id = ?", (vec_blob(k), i))
+                self.a.execute("COMMIT")
+                committed.append(k)
+
+        ids = json.dumps(list(range(N - 1, -1, -1)))
+
+        def reader(stop):
+            while not stop.is_set():
+                rows = self.b.execute("SELECT id, vec FROM t WHERE id IN (SELECT value FROM json_each(?))",
+                                      (ids,)).fetchall()
+                reads.append(sorted({np.frombuffer(v, np.float32)[0] for _, v in rows}) + [len(rows)])
+
+        self.run_pair(writer, reader)
+        self.assertGreater(len(reads), 1000)
+        last = 0
+        for r in reads:
+            *vals, n = r
+            self.assertEqual(n, N)
+            self.assertEqual(len(vals), 1, f"a read mixed transactions: values {vals}")
+            self.assertIn(vals[0], committed)
+            self.assertGreaterEqual(vals[0], last)  # never an older state
+            last = vals[0]
+
+    def test_scan_sees_whole_commits(self):
+        with self.a:
+            self.a.execute("BEGIN")
+            self.a.executemany("INSERT INTO t(id, vec) VALUES (?, ?)", [(i, vec_blob(0)) for i in range(N)])
+            self.a.execute("COMMIT")
+        reads = []
+
+        def writer(stop):
+            # Each transaction deletes the even rows or puts them back: a scan
+            # must see 50 or 100 rows, all with one value.
+            for k in range(1, 301):
+                self.a.execute("BEGIN")
+                if k % 2:
+                    self.a.execute("DELETE FROM t WHERE id % 2 = 0")
+                    self.a.execute("UPDATE t SET vec = ?", (vec_blob(k),))
+                else:
+                    self.a.executemany("INSERT INTO t(id, vec) VALUES (?, ?)",
+                                       [(i, vec_blob(k)) for i in range(0, N, 2)])
+                    self.a.execute("UPDATE t SET vec = ?", (vec_blob(k),))
+                self.a.execute("COMMIT")
+
+        def reader(stop):
+            while not stop.is_set():
+                rows = self.b.execute("SELECT id, vec FROM t").fetchall()
+                reads.append((len(rows), {np.frombuffer(v, np.float32)[0] for _, v in rows}))
+
+        self.run_pair(writer, reader)
+        self.assertGreater(len(reads), 200)
+        for n, vals in reads:
+            self.assertIn(n, (N // 2, N))
+            self.assertEqual(len(vals), 1, f"a scan mixed transactions: {n} rows, values {sorted(vals)[:5]}")
+            k = int(next(iter(vals)))
+            self.assertEqual(n, N // 2 if k % 2 else N)
+
+    def test_point_reads_never_miss_a_replaced_row(self):
+        self.a.execute("INSERT INTO t(id, vec) VALUES (1, ?)", (vec_blob(0),))
+        misses = [0, 0]
+
+        def writer(stop):
+            for k in range(2000):
+                self.a.execute("INSERT OR REPLACE INTO t(id, vec) VALUES (1, ?)", (vec_blob(k),))
+
+        def reader(stop):
+            while not stop.is_set():
+                row = self.b.execute("SELECT vec FROM t WHERE id = 1").fetchone()
+                misses[0] += 1
+                misses[1] += row is None
+
+        self.run_pair(writer, reader)
+        self.assertGreater(misses[0], 1000)
+        self.assertEqual(misses[1], 0)
+        self.assertEqual(self.b.execute("SELECT clock FROM t WHERE id = 1").fetchone()[0], 0)
+
+
+class TestPushVisibility(TempDirTest):
+    def test_vec_and_clock_from_one_version_and_whole_pushes(self):
+        a = connect(self.db, check_same_thread=False)
+        b = connect(self.db, check_same_thread=False)
+        try:
+            a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, optimizer='sgd', lr=1, init='zeros')")
+            ids = np.arange(N, dtype=np.int64)
+            a.execute("SELECT embkv_pull('t', ?)", (ids.tobytes(),))
+            grads = np.full((N, 4), -1, dtype=np.float32).tobytes()
+            stop = threading.Event()
+            reads = []
+
+            def push():
+                for _ in range(1500):
+                    a.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads))
+                stop.set()
+
+            t = threading.Thread(target=push)
+            t.start()
+            q = ["SELECT id, vec, clock FROM t",
+                 "SELECT id, vec, clock FROM t WHERE id IN (SELECT value FROM json_each(?))"]
+            jids = json.dumps(list(range(N)))
+            i = 0
+            while not stop.is_set():
+                sql = q[i % 2]
+                rows = b.execute(sql, (jids,) if i % 2 else ()).fetchall()
+                reads.append([(np.frombuffer(v, np.float32)[0], c) for _, v, c in rows])
+                i += 1
+            t.join()
+            self.assertGreater(len(reads), 100)
+            torn = sum(1 for r in reads for v, c in r if v != c)
+            self.assertEqual(torn, 0, "vec and clock from different versions")
+            mixed = sum(1 for r in reads if len({c for _, c in r}) != 1)
+            self.assertEqual(mixed, 0, "a statement saw half a push")
+        finally:
+            a.close()
+            b.close()
+
+
+class TestCommitVersusPull(TempDirTest):
+    def test_commit_never_overwrites_a_pulled_row(self):
+        """B inserts a block of new ids and commits while A pulls the same
+        ids (creating them from the initializer): each pulled row must stay
+        as the pull made it (the COMMIT then fails with UNIQUE), or the pull
+        must see B's row."""
+        a = connect(self.db, check_same_thread=False)
+        b = connect(self.db, check_same_thread=False)
+        try:
+            a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, init='uniform(0,1)', seed=3, capacity=100000)")
+            pulled = {}
+            outcomes = {"ok": 0, "unique": 0}
+            block = 1000
+            for k in range(40):
+                ids = list(range(k * block, (k + 1) * block))
+                b.execute("BEGIN")
+                b.executemany("INSERT INTO t(id, vec) VALUES (?, ?)", [(i, vec_blob(7)) for i in ids])
+                go = threading.Event()
+
+                def pull(ids=ids, k=k):
+                    order = np.random.default_rng(k).permutation(np.array(ids, dtype=np.int64))
+                    go.set()
+                    for c in range(0, len(order), 50):
+                        chunk = order[c:c + 50]
+                        out = np.frombuffer(a.execute("SELECT embkv_pull('t', ?)", (chunk.tobytes(),)).fetchone()[0],
+                                            np.float32).reshape(-1, 2)
+                        for i, v in zip(chunk.tolist(), out[:, 0].tolist()):
+                            if v < 1:
+                                pulled.setdefault(i, v)
+
+                t = threading.Thread(target=pull)
+                t.start()
+                go.wait()
+                try:
+                    b.execute("COMMIT")
+                    outcomes["ok"] += 1
+                except Exception as e:
+                    self.assertIn("UNIQUE constraint failed", str(e))
+                    outcomes["unique"] += 1
+                    if b.in_transaction:
+                        b.execute("ROLLBACK")
+                t.join()
+            self.assertGreater(outcomes["ok"] + outcomes["unique"], 0)
+            ids = np.array(sorted(pulled), dtype=np.int64)
+            self.assertGreater(len(ids), 100)
+            now = np.frombuffer(b.execute("SELECT embkv_pull('t', ?)", (ids.tobytes(),)).fetchone()[0],
+                                np.float32).reshape(-1, 2)[:, 0]
+            want = np.array([pulled[i] for i in ids.tolist()], dtype=np.float32)
+            overwritten = int(np.sum(now != want))
+            self.assertEqual(overwritten, 0, f"{overwritten} pulled rows were overwritten by a COMMIT "
+                                             f"({outcomes['ok']} COMMITs succeeded, {outcomes['unique']} failed)")
+        finally:
+            a.close()
+            b.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
