@@ -1,0 +1,112 @@
+"""embkv from Python: load the extension, and numpy helpers for training.
+
+    import sys; sys.path.insert(0, "pysample")      # or PYTHONPATH=pysample
+    import embkv
+    conn = embkv.connect("model.db")                # sqlite3 connection, embkv loaded
+    vecs = embkv.pull(conn, "item", ids)            # (len(ids), dim) float32
+    embkv.push(conn, "item", ids, grads)            # the table's optimizer applies them
+
+The extension is looked for in $EMBKV_EXT, then in build/ of the repository
+this package sits in (run `make` first).  A Python whose sqlite3 module cannot
+load extensions (many self-built ones) gets an error naming one that can
+(Debian's /usr/bin/python3).
+
+The helpers exchange ids and vectors as raw int64 / float32 bytes: numpy
+arrays that are already C-contiguous with the right dtype are passed
+without a copy, and pulled vectors come back as a read-only view of the
+result BLOB (no copy either).  embkv.torch has nn.Module wrappers.
+"""
+import json
+import os
+import sqlite3
+
+import numpy as np
+
+__all__ = ["EmbkvError", "find_extension", "load", "connect", "dim", "pull", "push", "release", "checkpoint"]
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class EmbkvError(RuntimeError):
+    """The extension cannot be found or loaded."""
+
+
+def find_extension():
+    """Path of the extension without its .so suffix (what load_extension takes)."""
+    cand = os.environ.get("EMBKV_EXT") or os.path.join(_REPO, "build", "embkv")
+    base = cand[:-3] if cand.endswith(".so") else cand
+    if not os.path.exists(base + ".so"):
+        raise EmbkvError("embkv: the extension %s.so does not exist: run `make` in %s, or set EMBKV_EXT"
+                         % (base, _REPO))
+    return base
+
+
+def load(conn, path=None):
+    """Load embkv into an open sqlite3 connection."""
+    if not hasattr(conn, "enable_load_extension"):
+        raise EmbkvError("embkv: this Python's sqlite3 module cannot load extensions (it was built without "
+                         "them); use Debian's /usr/bin/python3")
+    conn.enable_load_extension(True)
+    try:
+        conn.load_extension(path or find_extension())
+    finally:
+        conn.enable_load_extension(False)
+    return conn
+
+
+def connect(database, **kw):
+    """sqlite3.connect with embkv loaded.  Autocommit by default
+    (isolation_level=None): BEGIN/COMMIT are written by hand, and training
+    calls never open a transaction behind the caller's back."""
+    kw.setdefault("isolation_level", None)
+    conn = sqlite3.connect(database, **kw)
+    try:
+        load(conn)
+    except Exception:
+        conn.close()
+        raise
+    return conn
+
+
+def _ids_bytes(ids):
+    a = np.ascontiguousarray(ids, dtype=np.int64)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    return a, memoryview(a).cast("B")
+
+
+def dim(conn, table):
+    """The vector length of a table."""
+    return json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])["dim"]
+
+
+def pull(conn, table, ids, dim_=None):
+    """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32,
+    read-only (a view of the result).  Takes the staleness permits of the
+    table; push or release returns them."""
+    a, buf = _ids_bytes(ids)
+    blob = conn.execute("SELECT embkv_pull(?, ?)", (table, buf)).fetchone()[0]
+    d = dim_ or (len(blob) // (4 * len(a)) if len(a) else dim(conn, table))
+    return np.frombuffer(blob, dtype=np.float32).reshape(len(a), d)
+
+
+def push(conn, table, ids, grads, lr=None):
+    """Apply gradients (len(ids) x dim float32) with the table's optimizer;
+    returns the number of rows updated."""
+    a, buf = _ids_bytes(ids)
+    g = np.ascontiguousarray(grads, dtype=np.float32)
+    gbuf = memoryview(g).cast("B")
+    if lr is None:
+        return conn.execute("SELECT embkv_push(?, ?, ?)", (table, buf, gbuf)).fetchone()[0]
+    return conn.execute("SELECT embkv_push(?, ?, ?, ?)", (table, buf, gbuf, float(lr))).fetchone()[0]
+
+
+def release(conn, table, ids):
+    """Return the permits of ids without an update; returns how many went back."""
+    a, buf = _ids_bytes(ids)
+    return conn.execute("SELECT embkv_release(?, ?)", (table, buf)).fetchone()[0]
+
+
+def checkpoint(conn, table):
+    """Make the table durable as of now (embkv_checkpoint)."""
+    return conn.execute("SELECT embkv_checkpoint(?)", (table,)).fetchone()[0]
