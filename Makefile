@@ -44,7 +44,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo clean
+.PHONY: all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo demo-train clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -86,6 +86,11 @@ bench: deps $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 
 demo: deps all
 	@bash sql/demo.sh
+
+# The CTR model of pysample/train_ctr.py, about a minute on 2 cores; the
+# database and the curves go to build/ctr-demo.db(.png).
+demo-train: deps all
+	@bash pysample/run.sh pysample/train_ctr.py --db $(B)/ctr-demo.db --fresh --workers 2 --staleness 4
 
 clean:
 	rm -rf $(B)
