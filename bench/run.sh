@@ -134,6 +134,13 @@ if [[ -x $BIN/bench_train && -f build/embkv.so ]]; then
     fi
 fi
 
+# The PyTorch CTR model: embkv against torch in memory, and workers x
+# staleness (HET's table).
+if [[ -f build/embkv.so ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    run "bench_ctr.py (/dev/shm)" /usr/bin/python3 bench/bench_ctr.py --out "$SHM_ROOT/ctr"
+    rm -rf "$SHM_ROOT/ctr"
+fi
+
 echo
 echo "results written to $OUT"
 exit $status

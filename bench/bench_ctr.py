@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The CTR model of pysample/train_ctr.py, same data and seed in every run:
+embkv-backed embeddings against torch.nn.Embedding in memory (sparse
+Adagrad, the same initial rows), then HET's table: 2 and 4 worker threads at
+staleness 0, 1, 4, 16 and unlimited, examples/s and held-out AUC.
+
+    /usr/bin/python3 bench/bench_ctr.py [--train-rows N] [--out DIR]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "pysample", "train_ctr.py")
+
+
+def run(db, *extra):
+    out = subprocess.run([sys.executable, SCRIPT, "--db", db, "--quiet", "--json", "--eval-every", "0"] + list(extra),
+                         capture_output=True, text=True)
+    if out.returncode:
+        sys.exit("bench_ctr: train_ctr.py failed: %s" % out.stderr[-2000:])
+    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train-rows", default="400000")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    d = args.out or tempfile.mkdtemp(prefix="embkv-bench-ctr-")
+    os.makedirs(d, exist_ok=True)
+    size = ["--train-rows", args.train_rows]
+    db = os.path.join(d, "data.db")
+    mem = run(db, "--fresh", "--memory", *size)
+    print("CTR model, %s training rows, batch 512, 1 epoch; best achievable AUC %.4f" % (args.train_rows,
+                                                                                       mem["best_auc"]))
+    print("%-34s %12s %9s" % ("", "examples/s", "AUC"))
+    print("%-34s %12.0f %9.4f" % ("torch in memory, 1 worker", mem["examples_per_s"], mem["auc"]))
+
+    def fresh_embkv(workers, staleness):
+        # Same data: drop the table and the checkpoints, keep the samples.
+        import sqlite3
+        c = sqlite3.connect(db)
+        c.enable_load_extension(True)
+        c.load_extension(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
+        c.execute("DROP TABLE IF EXISTS emb")
+        c.close()
+        for f in os.listdir(d):
+            if ".dense-" in f:
+                os.remove(os.path.join(d, f))
+        return run(db, "--workers", str(workers), "--staleness", str(staleness), *size)
+
+    one = fresh_embkv(1, 0)
+    print("%-34s %12.0f %9.4f" % ("embkv, 1 worker, staleness 0", one["examples_per_s"], one["auc"]))
+    print("embkv/memory: examples/s %.2fx, AUC difference %+.4f" % (one["examples_per_s"] / mem["examples_per_s"],
+                                                                     one["auc"] - mem["auc"]))
+    print()
+    print("%-10s %-10s %12s %9s" % ("workers", "staleness", "examples/s", "AUC"))
+    for w in (2, 4):
+        for s in ("0", "1", "4", "16", "unlimited"):
+            r = fresh_embkv(w, s)
+            print("%-10d %-10s %12.0f %9.4f" % (w, s, r["examples_per_s"], r["auc"]))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
