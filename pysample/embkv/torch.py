@@ -90,6 +90,19 @@ class _TableModule(torch.nn.Module):
                 pass
         embkv.release(self.conn, self.table, batch.ids)
 
+    def lookahead(self, ids):
+        """Announce the ids of coming batches (embkv_lookahead), so that rows
+        on the SSD tier are read ahead; returns the rows queued.  Tables
+        without an SSD tier (all of them until that tier exists) have every
+        row in memory already: nothing to queue, 0."""
+        a = np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64)
+        try:
+            return self.conn.execute("SELECT embkv_lookahead(?, ?)", (self.table, a.tobytes())).fetchone()[0]
+        except Exception as e:
+            if "no such function" in str(e):
+                return 0
+            raise
+
     def release(self):
         """Return the permits of every forward not followed by a backward."""
         with self._lock:

@@ -217,6 +217,10 @@ class TestErrors(Base):
         with self.assertRaisesRegex(ValueError, "its options are the table's own"):
             ekt.Embedding(self.conn, "t", lr=0.5)
 
+    def test_lookahead_without_an_ssd_tier_queues_nothing(self):
+        emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
+        self.assertEqual(emb.lookahead(torch.tensor([1, 2, 3])), 0)
+
     def test_bad_mode(self):
         with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'mean'"):
             ekt.EmbeddingBag(self.conn, "t", dim=3, mode="max")
