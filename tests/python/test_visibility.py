@@ -7,8 +7,10 @@ prefix.  The model here keeps the states the writer committed, in order; each
 read must equal one of them, at or after the one the previous read matched.
 Also: a replaced row is never missing, a row's vec and clock come from one
 version, and a COMMIT never overwrites a row a concurrent pull created."""
+import itertools
 import json
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -16,6 +18,16 @@ import numpy as np
 from embkv_test import TempDirTest, connect
 
 N = 100
+
+
+def rounds(min_rounds, done, target, limit_s=90):
+    """1, 2, ... while fewer than min_rounds, or while done() < target
+    (a loaded machine reads slowly), for at most limit_s seconds."""
+    deadline = time.time() + limit_s
+    for k in itertools.count(1):
+        if k > min_rounds and (done() >= target or time.time() > deadline):
+            return
+        yield k
 
 
 def vec_blob(x, dim=2):
@@ -64,10 +76,8 @@ class TestSnapshotReads(TempDirTest):
             self.a.execute("COMMIT")
         committed = [0]  # the model: value of every row after each COMMIT
         reads = []
-        rounds = 300
-
         def writer(stop):
-            for k in range(1, rounds + 1):
+            for k in rounds(300, lambda: len(reads), 1000):
                 self.a.execute("BEGIN")
                 for i in range(N):
                     self.a.execute("UPDATE t SET vec = ? WHERE id = ?", (vec_blob(k), i))
@@ -103,7 +113,7 @@ class TestSnapshotReads(TempDirTest):
         def writer(stop):
             # Each transaction deletes the even rows or puts them back: a scan
             # must see 50 or 100 rows, all with one value.
-            for k in range(1, 301):
+            for k in rounds(300, lambda: len(reads), 200):
                 self.a.execute("BEGIN")
                 if k % 2:
                     self.a.execute("DELETE FROM t WHERE id % 2 = 0")
@@ -132,7 +142,7 @@ class TestSnapshotReads(TempDirTest):
         misses = [0, 0]
 
         def writer(stop):
-            for k in range(2000):
+            for k in rounds(2000, lambda: misses[0], 1000):
                 self.a.execute("INSERT OR REPLACE INTO t(id, vec) VALUES (1, ?)", (vec_blob(k),))
 
         def reader(stop):
@@ -160,7 +170,7 @@ class TestPushVisibility(TempDirTest):
             reads = []
 
             def push():
-                for _ in range(1500):
+                for _ in rounds(1500, lambda: len(reads), 100):
                     a.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads))
                 stop.set()
 
