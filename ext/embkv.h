@@ -307,7 +307,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
                size_t *nupdated);
 /* Return the session's permits on ids without an update.  *nreleased (may
  * be NULL): permits that went back; ids the session holds no permit for
- * count nothing, and ids sharing a permit stripe count once. */
+ * count nothing; each distinct id returns at most one. */
 int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased);
 
 typedef struct embkv_train_stats {

@@ -20,7 +20,7 @@ uint32_t embkv_debug_overflow(embkv_store *s, uint64_t bucket);
 uint32_t embkv_debug_used(embkv_store *s, uint64_t bucket);
 /* Buckets a lookup of id reads (present or absent). */
 uint32_t embkv_debug_probes(embkv_store *s, int64_t id);
-/* The staleness-permit stripe of an id (ids sharing one share permits). */
-uint32_t embkv_debug_permit_stripe(embkv_store *s, int64_t id);
+/* Staleness permits out on an id now (all sessions). */
+unsigned embkv_debug_permits(embkv_store *s, int64_t id);
 
 #endif

@@ -1057,34 +1057,74 @@ static void test_ssp(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
-/* Two ids in one permit stripe: pulled in two batches they hold two
- * permits, and one push of both returns both; pulled in one batch they hold
- * one, which the push returns once. */
-static void test_shared_stripe(void)
+/* Permits are per id: at staleness 0, a session holding 5,000 ids does not
+ * slow down another pulling 5,000 other ids (whatever their hashes); counts
+ * are exact; release counts each distinct id once. */
+static void test_permits_per_id(void)
 {
-    embkv_store *s = stale_store("stripe", 1, 100);
-    int64_t a = 5, b = 6;
-    while (embkv_debug_permit_stripe(s, b) != embkv_debug_permit_stripe(s, a))
-        b++;
-    embkv_session *ss;
-    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    embkv_store *s = stale_store("per-id", 0, 200);
+    embkv_session *a, *b;
+    CHECK_RC(embkv_session_open(s, &a), EMBKV_OK);
+    CHECK_RC(embkv_session_open(s, &b), EMBKV_OK);
+    enum { N = 5000 };
+    static int64_t held[N], other[N];
+    static float out[N * 4];
+    for (int i = 0; i < N; i++) {
+        held[i] = i;
+        other[i] = 1000000 + i;
+    }
+    CHECK_RC(embkv_pull(a, held, N, out), EMBKV_OK);
+    double t0 = now_ms();
+    CHECK_RC(embkv_pull(b, other, N, out), EMBKV_OK);  /* before: "id 1000058: staleness bound 0 reached" */
+    CHECK(now_ms() - t0 < 150);                          /* no wait at all */
+    embkv_train_stats st;
+    CHECK_RC(embkv_train_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.permit_waits == 0 && st.permit_timeouts == 0);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += embkv_debug_permits(s, held[i]) != 1 || embkv_debug_permits(s, other[i]) != 1;
+    CHECK(bad == 0);
+    CHECK(embkv_debug_permits(s, 2000000) == 0);
+    CHECK_RC(embkv_pull(b, (int64_t[]){17}, 1, out), EMBKV_BUSY);  /* held by a */
+    CHECK(errmsg_has("id 17: staleness bound 0"));
+    /* A pull that times out holds nothing it took in that call. */
+    CHECK_RC(embkv_pull(b, (int64_t[]){3000000, 3000001, 42}, 3, out), EMBKV_BUSY);
+    CHECK(embkv_debug_permits(s, 3000000) == 0 && embkv_debug_permits(s, 3000001) == 0);
+    CHECK(embkv_debug_permits(s, 42) == 1);
+    size_t nrel = 0;
+    CHECK_RC(embkv_release(a, (int64_t[]){42, 42, 43, 1000001}, 4, &nrel), EMBKV_OK);
+    CHECK(nrel == 2);  /* 42 and 43 once each; 1000001 is b's */
+    CHECK(embkv_debug_permits(s, 42) == 0 && embkv_debug_permits(s, 1000001) == 1);
+    embkv_session_close(a);
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += embkv_debug_permits(s, held[i]) != 0;
+    CHECK(bad == 0);
+    embkv_session_close(b);
+    CHECK(embkv_debug_permits(s, 1000000) == 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* Staleness 1: each id takes exactly two pulls, of any sessions. */
+static void test_permit_counts_exact(void)
+{
+    embkv_store *s = stale_store("exact", 1, 100);
+    embkv_session *ss[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_RC(embkv_session_open(s, &ss[i]), EMBKV_OK);
     float out[8];
-    const float g[8] = {0};
-    size_t nrel;
-    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_OK);
-    CHECK_RC(embkv_pull(ss, &b, 1, out), EMBKV_OK);
-    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_BUSY);  /* bound 2 reached */
-    CHECK_RC(embkv_push(ss, (int64_t[]){a, b}, 2, g, 0, NULL), EMBKV_OK);
-    CHECK_RC(embkv_release(ss, (int64_t[]){a, b}, 2, &nrel), EMBKV_OK);
-    CHECK(nrel == 0);  /* the push returned both */
-    CHECK_RC(embkv_pull(ss, (int64_t[]){a, b}, 2, out), EMBKV_OK);  /* one permit */
-    CHECK_RC(embkv_pull(ss, &a, 1, out), EMBKV_OK);                  /* the second */
-    CHECK_RC(embkv_pull(ss, &b, 1, out), EMBKV_BUSY);
-    CHECK_RC(embkv_release(ss, (int64_t[]){b, a, b}, 3, &nrel), EMBKV_OK);
-    CHECK(nrel == 2);
-    CHECK_RC(embkv_release(ss, &a, 1, &nrel), EMBKV_OK);
-    CHECK(nrel == 0);
-    embkv_session_close(ss);
+    int64_t a = 5, b = 6;
+    CHECK_RC(embkv_pull(ss[0], &a, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull(ss[1], &a, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull(ss[2], &b, 1, out), EMBKV_OK);  /* another id: its own count */
+    CHECK_RC(embkv_pull(ss[2], &a, 1, out), EMBKV_BUSY);
+    CHECK(embkv_debug_permits(s, a) == 2 && embkv_debug_permits(s, b) == 1);
+    CHECK_RC(embkv_push(ss[1], &a, 1, (float[]){0, 0, 0, 0}, 0, NULL), EMBKV_OK);
+    CHECK_RC(embkv_pull(ss[2], (int64_t[]){a, b, a}, 3, out), EMBKV_OK);  /* one permit each */
+    CHECK(embkv_debug_permits(s, a) == 2 && embkv_debug_permits(s, b) == 2);
+    for (int i = 0; i < 3; i++)
+        embkv_session_close(ss[i]);
+    CHECK(embkv_debug_permits(s, a) == 0 && embkv_debug_permits(s, b) == 0);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
@@ -1262,7 +1302,8 @@ int main(void)
     test_bad_push();
     test_bsp();
     test_ssp();
-    test_shared_stripe();
+    test_permits_per_id();
+    test_permit_counts_exact();
     test_close_frees_blocked();
     test_unlimited();
     test_stats_script();

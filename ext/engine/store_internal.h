@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/types.h>
+#include <time.h>
 #include <libpmemobj.h>
 
 #include "embkv.h"
@@ -416,6 +417,16 @@ bool keylock_try(embkv_store *s, uint64_t h);
 static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
 
 int store_grow_index(embkv_store *s, uint64_t need_entries);
+
+/* ------------------------------------------------------------- permits.c */
+typedef struct permit_table permit_table;
+permit_table *permits_new(void);
+void permits_free(permit_table *pt);
+/* One permit on id while fewer than bound are out, waiting until deadline
+ * (CLOCK_MONOTONIC): EMBKV_OK, EMBKV_BUSY (timed out) or EMBKV_NOMEM. */
+int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited);
+void permit_return(permit_table *pt, int64_t id);
+unsigned permit_count(permit_table *pt, int64_t id);
 
 /* ------------------------------------------------------------- snapshot.c */
 int snap_init(embkv_store *s);

@@ -2,15 +2,13 @@
  * train.c - pull/push training on a store: optimizers applied in the store,
  * deferred initialization of missing rows, per-embedding bounded staleness.
  *
- * Staleness permits (MLKV): a pull takes a permit on each id, a push returns
- * it, and a pull waits while its id already has staleness+1 permits out.
- * Counters live in DRAM in a table indexed by the id's hash (a permit
- * stripe).  The table is sized to several times the rows so that two ids in
- * flight rarely share a stripe; when they do, both are bounded together,
- * which can only make a pull wait more, never see more staleness than the
- * bound.  Taking a permit is one compare-and-swap on the uncontended path; a
- * waiter sleeps on the counter with a futex and the high bit of the counter
- * tells a returning push that someone sleeps.
+ * Staleness permits (MLKV): a pull takes a permit on each distinct id of
+ * its batch, a push returns it, and a pull waits while its id already has
+ * staleness+1 permits out; the counts are exact per id (permits.c).  A pull
+ * takes its ids in ascending order, one at a time, so two pulls never hold
+ * part of what the other waits for in opposite orders; a pull that times
+ * out returns what it took in that call.  Each session remembers the permits
+ * it holds, per id, and returns them when it closes.
  *
  * Initialization (MTrainS deferred init): a missing id's values are a pure
  * function of (seed, id, element) through a counter-based generator, so
@@ -20,33 +18,29 @@
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "store_internal.h"
 #include "embkv_debug.h"
 
-#define WAITERS 0x80000000u
-#define MIN_STRIPES (1u << 16)
-#define MAX_STRIPES (1u << 24)
+/* Permit counts are 32-bit: a bound below 2^31 leaves them room. */
+#define STALENESS_LIMIT (0x80000000u - 1)
 
 struct train_state {
     embkv_train_options opt;          /* current options (guarded by mu for writes) */
     pthread_mutex_t mu;
-    atomic_uint *permits;
-    uint64_t stripe_mask;
+    permit_table *permits;
     atomic_uint_fast64_t pulls, pushes, created, waits, timeouts;
 };
 
 struct embkv_session {
     embkv_store *s;
-    /* Permits held: stripe+1 -> count, linear probing. */
-    uint32_t *keys, *counts;
+    /* Permits held: id -> count (0: empty slot), linear probing. */
+    int64_t *keys;
+    uint32_t *counts;
     size_t cap, n;
 };
 
@@ -104,7 +98,7 @@ static int validate(embkv_store *s, const embkv_train_options *o)
                           o->init == EMBKV_INIT_NORMAL
                               ? "normal(mean, std) needs std >= 0 and |mean| + 9 std within float32 range"
                               : "uniform(a, b) needs a < b, both within float32 range");
-    if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)WAITERS - 1)
+    if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)STALENESS_LIMIT)
         return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
                           s->path, (long long)o->staleness);
     return EMBKV_OK;
@@ -126,17 +120,13 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
     struct train_state *t = train_of(s);
     if (!t) {
         t = calloc(1, sizeof *t);
-        uint64_t want = 4 * (atomic_load(&s->rows) + s->root->created_rows_hint), n = MIN_STRIPES;
-        while (n < want && n < MAX_STRIPES)
-            n <<= 1;
         if (t)
-            t->permits = calloc(n, sizeof *t->permits);
+            t->permits = permits_new();
         if (!t || !t->permits) {
             free(t);
             pthread_mutex_unlock(&s->slab_mu);
             return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the permit table", s->path);
         }
-        t->stripe_mask = n - 1;
         pthread_mutex_init(&t->mu, NULL);
         t->opt = *o;
         atomic_store_explicit(&s->train, t, memory_order_release);
@@ -162,7 +152,7 @@ void train_free(embkv_store *s)
     struct train_state *t = train_of(s);
     if (!t)
         return;
-    free((void *)t->permits);
+    permits_free(t->permits);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -199,19 +189,20 @@ int embkv_session_open(embkv_store *s, embkv_session **out)
     return EMBKV_OK;
 }
 
-static size_t held_slot(const embkv_session *ss, uint32_t key)
+static size_t held_slot(const embkv_session *ss, int64_t id)
 {
-    size_t m = ss->cap - 1, i = (key * 0x9e3779b1u) & m;
-    while (ss->keys[i] && ss->keys[i] != key)
+    size_t m = ss->cap - 1, i = embkv__hash(id) & m;
+    while (ss->counts[i] && ss->keys[i] != id)
         i = (i + 1) & m;
     return i;
 }
 
-static int held_add(embkv_session *ss, uint32_t stripe)
+static int held_add(embkv_session *ss, int64_t id)
 {
     if ((ss->n + 1) * 2 > ss->cap) {
         size_t cap = ss->cap ? ss->cap * 2 : 1024;
-        uint32_t *k = calloc(cap, sizeof *k), *c = calloc(cap, sizeof *c);
+        int64_t *k = calloc(cap, sizeof *k);
+        uint32_t *c = calloc(cap, sizeof *c);
         if (!k || !c) {
             free(k);
             free(c);
@@ -222,7 +213,7 @@ static int held_add(embkv_session *ss, uint32_t stripe)
         ss->counts = c;
         ss->cap = cap;
         for (size_t i = 0; i < old.cap; i++) {
-            if (old.keys[i]) {
+            if (old.counts[i]) {
                 size_t j = held_slot(ss, old.keys[i]);
                 ss->keys[j] = old.keys[i];
                 ss->counts[j] = old.counts[i];
@@ -231,35 +222,33 @@ static int held_add(embkv_session *ss, uint32_t stripe)
         free(old.keys);
         free(old.counts);
     }
-    size_t i = held_slot(ss, stripe + 1);
-    if (!ss->keys[i]) {
-        ss->keys[i] = stripe + 1;
-        ss->counts[i] = 0;
+    size_t i = held_slot(ss, id);
+    if (!ss->counts[i]) {
+        ss->keys[i] = id;
         ss->n++;
     }
     ss->counts[i]++;
     return EMBKV_OK;
 }
 
-/* Takes one held permit on stripe off the books; false if none held. */
-static bool held_take(embkv_session *ss, uint32_t stripe)
+/* Takes one held permit on id off the books; false if none held. */
+static bool held_take(embkv_session *ss, int64_t id)
 {
     if (!ss->cap)
         return false;
-    size_t i = held_slot(ss, stripe + 1), m = ss->cap - 1;
-    if (!ss->keys[i])
+    size_t i = held_slot(ss, id), m = ss->cap - 1;
+    if (!ss->counts[i])
         return false;
     if (--ss->counts[i] > 0)
         return true;
     /* Backward-shift deletion keeps probe runs unbroken. */
-    ss->keys[i] = 0;
     ss->n--;
-    for (size_t j = (i + 1) & m; ss->keys[j]; j = (j + 1) & m) {
-        size_t home = (ss->keys[j] * 0x9e3779b1u) & m;
+    for (size_t j = (i + 1) & m; ss->counts[j]; j = (j + 1) & m) {
+        size_t home = embkv__hash(ss->keys[j]) & m;
         if (((j - home) & m) >= ((j - i) & m)) {
             ss->keys[i] = ss->keys[j];
             ss->counts[i] = ss->counts[j];
-            ss->keys[j] = 0;
+            ss->counts[j] = 0;
             i = j;
         }
     }
@@ -268,91 +257,32 @@ static bool held_take(embkv_session *ss, uint32_t stripe)
 
 /* ------------------------------------------------------------ permits */
 
-static inline uint32_t stripe_of(const struct train_state *t, int64_t id)
+unsigned embkv_debug_permits(embkv_store *s, int64_t id)
 {
-    return (uint32_t)((embkv__hash(id) >> 8) & t->stripe_mask);
+    struct train_state *t = train_of(s);
+    return t ? permit_count(t->permits, id) : 0;
 }
 
-uint32_t embkv_debug_permit_stripe(embkv_store *s, int64_t id)
+static int cmp_i64(const void *a, const void *b)
 {
-    return stripe_of(train_of(s), id);
-}
-
-static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec *ts)
-{
-    return syscall(SYS_futex, (unsigned *)addr, op, val, ts, NULL, 0);
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void permit_return(struct train_state *t, uint32_t stripe)
-{
-    atomic_uint *c = &t->permits[stripe];
-    unsigned old = atomic_fetch_sub(c, 1);
-    if (old & WAITERS) {
-        atomic_fetch_and(c, ~WAITERS);
-        futex(c, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
-    }
-}
-
-/* 0 taken, 1 timed out. *waited set when it had to sleep. */
-static int permit_take(struct train_state *t, uint32_t stripe, unsigned bound, double deadline, bool *waited)
-{
-    atomic_uint *c = &t->permits[stripe];
-    unsigned v = atomic_load(c);
-    for (;;) {
-        if ((v & ~WAITERS) < bound) {
-            if (atomic_compare_exchange_weak(c, &v, v + 1))
-                return 0;
-            continue;
-        }
-        *waited = true;
-        double left = deadline - now_ms();
-        if (left <= 0)
-            return 1;
-        if (!(v & WAITERS) && !atomic_compare_exchange_weak(c, &v, v | WAITERS))
-            continue;
-        struct timespec ts = {(time_t)(left / 1000), (long)(fmod(left, 1000.0) * 1e6)};
-        futex(c, FUTEX_WAIT_PRIVATE, v | WAITERS, &ts);
-        v = atomic_load(c);
-    }
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
 }
 
-/* Distinct stripes of ids, ascending (a global order, so that two pulls
- * waiting on each other's permits cannot deadlock). */
-static uint32_t *distinct_stripes(struct train_state *t, const int64_t *ids, size_t n, size_t *nd)
+/* Distinct ids ascending (a global order: see the top of the file). */
+static int64_t *sorted_distinct(const int64_t *ids, size_t n, size_t *nd)
 {
-    uint32_t *st = malloc((n ? n : 1) * sizeof *st);
-    if (!st)
+    int64_t *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v)
         return NULL;
-    for (size_t i = 0; i < n; i++)
-        st[i] = stripe_of(t, ids[i]);
-    qsort(st, n, sizeof *st, cmp_u32);
+    memcpy(v, ids, n * sizeof *v);
+    qsort(v, n, sizeof *v, cmp_i64);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (k == 0 || st[k - 1] != st[i])
-            st[k++] = st[i];
+        if (k == 0 || v[k - 1] != v[i])
+            v[k++] = v[i];
     *nd = k;
-    return st;
-}
-
-static int64_t id_of_stripe(struct train_state *t, const int64_t *ids, size_t n, uint32_t stripe)
-{
-    for (size_t i = 0; i < n; i++)
-        if (stripe_of(t, ids[i]) == stripe)
-            return ids[i];
-    return 0;
+    return v;
 }
 
 /* ------------------------------------------------------------ init */
@@ -486,11 +416,11 @@ static int read_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, 
     return rc;
 }
 
-static void return_taken(embkv_session *ss, struct train_state *t, const uint32_t *st, size_t k)
+static void return_taken(embkv_session *ss, struct train_state *t, const int64_t *st, size_t k)
 {
     for (size_t i = 0; i < k; i++) {
         held_take(ss, st[i]);
-        permit_return(t, st[i]);
+        permit_return(t->permits, st[i]);
     }
 }
 
@@ -503,24 +433,35 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     embkv_store *s = ss->s;
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
-    uint32_t *st = NULL;
+    int64_t *st = NULL;
     size_t nst = 0, taken = 0;
     int rc = EMBKV_OK;
 
     if (o.staleness != EMBKV_STALENESS_UNLIMITED) {
-        st = distinct_stripes(t, ids, n, &nst);
+        st = sorted_distinct(ids, n, &nst);
         if (!st)
             return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-        double deadline = now_ms() + o.wait_ms;
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += o.wait_ms / 1000;
+        deadline.tv_nsec += (long)(o.wait_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
         bool waited_any = false;
         for (; taken < nst; taken++) {
             bool waited = false;
-            if (permit_take(t, st[taken], (unsigned)o.staleness + 1, deadline, &waited)) {
-                atomic_fetch_add(&t->waits, 1);
-                atomic_fetch_add(&t->timeouts, 1);
-                int64_t id = id_of_stripe(t, ids, n, st[taken]);
+            int prc = permit_take(t->permits, st[taken], (unsigned)o.staleness + 1, &deadline, &waited);
+            if (prc != EMBKV_OK) {
+                int64_t id = st[taken];
                 return_taken(ss, t, st, taken);
                 free(st);
+                if (prc == EMBKV_NOMEM)
+                    return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for the permit of id %lld",
+                                      (long long)id);
+                atomic_fetch_add(&t->waits, 1);
+                atomic_fetch_add(&t->timeouts, 1);
                 return embkv__err(EMBKV_BUSY,
                                   "id %lld: staleness bound %lld reached: still %lld pulls without a push "
                                   "after %u ms",
@@ -528,7 +469,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
             }
             waited_any |= waited;
             if (held_add(ss, st[taken]) != EMBKV_OK) {
-                permit_return(t, st[taken]);
+                permit_return(t->permits, st[taken]);
                 return_taken(ss, t, st, taken);
                 free(st);
                 return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
@@ -655,17 +596,14 @@ static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *st
     return 0;
 }
 
-/* Return one permit per distinct id (uniq holds no duplicates) while the
- * session holds any on its stripe.  Per id, not per stripe: ids sharing a
- * stripe pulled in different batches hold a permit each, and pulled in one
- * batch hold one, which the first of them returns.  Returns how many. */
+/* Return one permit per distinct id (uniq holds no duplicates) the session
+ * holds one on.  Returns how many. */
 static size_t release_ids(embkv_session *ss, struct train_state *t, const int64_t *uniq, size_t n)
 {
     size_t back = 0;
     for (size_t i = 0; ss->n && i < n; i++) {
-        uint32_t st = stripe_of(t, uniq[i]);
-        if (held_take(ss, st)) {
-            permit_return(t, st);
+        if (held_take(ss, uniq[i])) {
+            permit_return(t->permits, uniq[i]);
             back++;
         }
     }
@@ -790,8 +728,8 @@ void embkv_session_close(embkv_session *ss)
         return;
     struct train_state *t = train_of(ss->s);
     for (size_t i = 0; i < ss->cap; i++)
-        while (ss->keys[i] && ss->counts[i]--)
-            permit_return(t, ss->keys[i] - 1);
+        for (; ss->counts[i]; ss->counts[i]--)
+            permit_return(t->permits, ss->keys[i]);
     free(ss->keys);
     free(ss->counts);
     free(ss);

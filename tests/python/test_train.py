@@ -575,5 +575,29 @@ class TestFullPool(Base):
         conn.close()
 
 
+class TestPermitsPerId(Base):
+    def test_other_ids_never_wait(self):
+        """Staleness counts only the ids pulled: A holds 0..4999 at
+        staleness 0, B pulls 1000000..1000099 (and thousands more) at once."""
+        a = connect(self.db)
+        b = connect(self.db)
+        try:
+            a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, init='zeros', staleness=0, wait_ms=200)")
+            a.execute("SELECT embkv_pull('t', ?)", (np.arange(5000, dtype=np.int64).tobytes(),))
+            t0 = time.monotonic()
+            b.execute("SELECT embkv_pull('t', ?)", (np.arange(1000000, 1000100, dtype=np.int64).tobytes(),))
+            b.execute("SELECT embkv_pull('t', ?)", (np.arange(2000000, 2005000, dtype=np.int64).tobytes(),))
+            self.assertLess(time.monotonic() - t0, 0.15)
+            with self.assertRaisesRegex(sqlite3.OperationalError, "id 4999: staleness bound 0 reached"):
+                b.execute("SELECT embkv_pull('t', '[4999]')")
+            stats = json.loads(b.execute("SELECT embkv_stats('t')").fetchone()[0])["training"]
+            self.assertEqual(stats["permit_timeouts"], 1)
+            self.assertEqual(b.execute("SELECT embkv_release('t', ?)",
+                                       (np.arange(1000000, 1000100, dtype=np.int64).tobytes(),)).fetchone()[0], 100)
+        finally:
+            a.close()
+            b.close()
+
+
 if __name__ == "__main__":
     unittest.main()
