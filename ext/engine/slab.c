@@ -176,6 +176,23 @@ void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
     pthread_mutex_unlock(&s->slab_mu);
 }
 
+/* A used slot as the index's writers leave it: the fingerprint of its id,
+ * and reachable by a lookup: on the id's probe path, every bucket before it
+ * counting an overflow (a lookup stops at the first that counts none). */
+static bool slot_placed(const index_desc *ix, const bucket *bk, unsigned i, uint64_t b)
+{
+    uint64_t h = embkv__hash(bk->slots[i].key), x = h & ix->mask, step = hash_step(h);
+    if (bk->fp[i] != hash_fp(h))
+        return false;
+    for (uint64_t k = 0; k <= ix->mask; k++, x = (x + step) & ix->mask) {
+        if (x == b)
+            return true;
+        if (ix->buckets[x].overflow == 0)
+            return false;
+    }
+    return false;
+}
+
 int slab_rebuild(embkv_store *s)
 {
     s->nchunks = 0;
@@ -194,6 +211,12 @@ int slab_rebuild(embkv_store *s)
             if (!(bk->used & (1u << i)))
                 continue;
             uint64_t loc = bk->slots[i].loc;
+            if (!slot_placed(ix, bk, i, b)) {
+                free(inuse);
+                return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld: its "
+                                  "fingerprint or its place does not match)", s->path, (unsigned long long)b,
+                                  (long long)bk->slots[i].key);
+            }
             if (loc & LOC_SSD)
                 continue;
             uint32_t c = loc_chunk(loc), r = loc_index(loc);

@@ -24,6 +24,7 @@
 
 #define TYPE_INDEX 1
 #define TYPE_CHUNK_TABLE 3
+#define TYPE_CHUNK 2   /* slab.c's record chunks */
 #define DEFAULT_EXPECTED_ROWS 100000
 #define DEFAULT_POOL_CAP (1ull << 30)
 #define DEFAULT_MAX_LOAD 0.9
@@ -270,6 +271,8 @@ static int recover(embkv_store *s, index_desc *ix)
                 loc = r->prev;
                 r = NULL;
             }
+            if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id))
+                return rec_damaged(s, id);  /* the version to return to is damaged */
             if (loc == LOC_NONE || !r || (r->epoch & REC_TOMB)) {
                 /* Inserted after the durable point, or its deletion is durable. */
                 bk->used &= (uint16_t)~(1u << i);
@@ -352,6 +355,92 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
     return EMBKV_OK;
 }
 
+/* An object id read from the pool names an object of this pool of the given
+ * type with room for `bytes` bytes, all inside the file.  Checked before any
+ * pointer is made from it: a damaged root must give an error, not a fault.
+ * libpmemobj's own queries are no help (on a damaged offset they read
+ * garbage chunk headers and fault), so this reads the 16-byte header that
+ * libpmemobj 1.x writes before every object embkv allocates (a compact
+ * header: the allocation's size in the low 48 bits, then the type number),
+ * after checking that it lies inside the file. */
+static bool oid_sane(const embkv_store *s, PMEMoid oid, uint64_t bytes, uint64_t type)
+{
+    if (OID_IS_NULL(oid) || oid.pool_uuid_lo != pmemobj_oid(s->root).pool_uuid_lo || (oid.off & 15))
+        return false;
+    if (oid.off < 4096 || oid.off >= s->pool_size || bytes > s->pool_size - oid.off)
+        return false;
+    const uint64_t *hdr = (const uint64_t *)(s->pool_base + oid.off - 16);
+    return hdr[1] == type && (hdr[0] & ((1ull << 48) - 1)) >= bytes + 16;
+}
+
+typedef struct span {
+    uint64_t off, len;
+} span;
+
+static int cmp_span(const void *a, const void *b)
+{
+    uint64_t x = ((const span *)a)->off, y = ((const span *)b)->off;
+    return (x > y) - (x < y);
+}
+
+static int corrupt_root(const embkv_store *s, const char *what)
+{
+    return embkv__err(EMBKV_CORRUPT, "store %s: the pool's root object is damaged: %s", s->path, what);
+}
+
+/* Every value of the root that sizes a loop or makes a pointer. */
+static int check_root(embkv_store *s)
+{
+    store_root *r = s->root;
+    if (!(r->max_load >= 0.1 && r->max_load <= 0.98))
+        return corrupt_root(s, "max_load out of range");
+    if (r->nbuckets > s->pool_size / BUCKET_BYTES)
+        return corrupt_root(s, "more index buckets than the pool can hold");
+    if (!oid_sane(s, r->index, r->nbuckets * BUCKET_BYTES + BUCKET_BYTES, TYPE_INDEX))
+        return corrupt_root(s, "the index object does not fit its bucket count");
+    if (!oid_sane(s, r->chunk_table, MAX_CHUNKS * sizeof(PMEMoid), TYPE_CHUNK_TABLE))
+        return corrupt_root(s, "bad chunk table");
+    if (r->chunk_bytes > s->pool_size)
+        return corrupt_root(s, "record chunks larger than the pool");
+    /* The index, the chunk table and the chunks: inside the pool, and no
+     * two of them overlapping. */
+    const PMEMoid *chunks = pmemobj_direct(r->chunk_table);
+    span *sp = malloc((MAX_CHUNKS + 2) * sizeof *sp);
+    if (!sp)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    size_t n = 0;
+    sp[n++] = (span){r->index.off, r->nbuckets * BUCKET_BYTES + BUCKET_BYTES};
+    sp[n++] = (span){r->chunk_table.off, MAX_CHUNKS * sizeof(PMEMoid)};
+    for (size_t i = 0; i < MAX_CHUNKS && !OID_IS_NULL(chunks[i]); i++) {
+        if (!oid_sane(s, chunks[i], r->chunk_bytes, TYPE_CHUNK)) {
+            free(sp);
+            return corrupt_root(s, "a record chunk lies outside the pool");
+        }
+        sp[n++] = (span){chunks[i].off, r->chunk_bytes};
+    }
+    qsort(sp, n, sizeof *sp, cmp_span);
+    for (size_t i = 1; i < n; i++)
+        if (sp[i - 1].off + sp[i - 1].len > sp[i].off) {
+            free(sp);
+            return corrupt_root(s, "the index, the chunk table and the record chunks overlap");
+        }
+    free(sp);
+    /* Leftovers of a resize are freed at open: they must be objects of
+     * their own, never the live index or tables. */
+    const PMEMoid *left[2] = {&r->index_next, &r->index_old};
+    for (int k = 0; k < 2; k++) {
+        if (OID_IS_NULL(*left[k]))
+            continue;
+        if (!oid_sane(s, *left[k], BUCKET_BYTES, TYPE_INDEX) || left[k]->off == r->index.off ||
+            left[k]->off == r->chunk_table.off || (k == 1 && left[k]->off == r->index_next.off))
+            return corrupt_root(s, "a leftover index of an interrupted resize is not a separate object");
+        for (size_t i = 0; i < MAX_CHUNKS && !OID_IS_NULL(chunks[i]); i++)
+            if (chunks[i].off == left[k]->off)
+                return corrupt_root(s, "a leftover index of an interrupted resize is a record chunk");
+    }
+    return EMBKV_OK;
+}
+
 static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
 {
     store_root *r = s->root;
@@ -372,10 +461,13 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     s->dim = r->dim;
     s->state_floats = r->state_floats;
     s->rec_size = r->record_size;
-    if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->rec_size != record_size(s->dim, s->state_floats) ||
-        r->nbuckets == 0 || (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) ||
-        OID_IS_NULL(r->chunk_table))
+    if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
+        s->rec_size != record_size(s->dim, s->state_floats) || r->nbuckets == 0 ||
+        (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) || OID_IS_NULL(r->chunk_table))
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
+    int rrc = check_root(s);
+    if (rrc != EMBKV_OK)
+        return rrc;
     int rc = geometry_matches(s, opt);
     if (rc != EMBKV_OK)
         return rc;
@@ -640,8 +732,14 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
         atomic_fetch_sub(&s->grow_pending, 1);
         return rc;
     }
-    while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries)
+    while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries) {
         nb <<= 1;
+        if (nb > s->pool_size / BUCKET_BYTES) {  /* bounded whatever need_entries says */
+            pthread_rwlock_unlock(&s->writers);
+            return embkv__err(EMBKV_FULL, "store %s: an index for %llu entries does not fit the pool", s->path,
+                              (unsigned long long)need_entries);
+        }
+    }
     if (nb == old->nbuckets) {
         pthread_rwlock_unlock(&s->writers);
         return EMBKV_OK;  /* another thread grew it meanwhile */

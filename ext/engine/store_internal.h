@@ -400,11 +400,19 @@ static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
     return (rec_hdr *)(base + (size_t)loc_index(loc) * s->rec_size);
 }
 static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
+uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r);
+/* Where a record enters from the medium (every read that copies one out):
+ * it must be id's and match its checksum, else the read fails naming the
+ * id (rec_damaged, in sync.c) instead of returning damaged data. */
+static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
+{
+    return r->id == id && r->check == rec_checksum(s, r);
+}
 
 /* ------------------------------------------------------------- sync.c */
 void persist_range(embkv_store *s, const void *addr, size_t len);
+int rec_damaged(const embkv_store *s, int64_t id);
 void persist_barrier(embkv_store *s);
-uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r);
 /* Retire a location: freed once no reader can see it. */
 void retire_now(embkv_store *s, const uint64_t *locs, size_t n);
 void reclaim(embkv_store *s, bool wait_for_readers);

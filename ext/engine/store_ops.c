@@ -159,6 +159,8 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     bool have = ix_find(ix, id, h, &f);
     bool live = have && !(f.loc & LOC_TOMB);
     rec_hdr *old = have ? rec_at(s, f.loc) : NULL;
+    if (old && !(f.loc & LOC_TOMB) && !rec_ok(s, old, id))
+        return rec_damaged(s, id);
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     size_t vbytes = 4 * (size_t)s->dim, sbytes = 4 * (size_t)s->state_floats;
     rec_hdr *nr = rec_at(s, newloc);
@@ -373,6 +375,10 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
     } else {
         rec_hdr *r = rec_at(s, loc);
+        if (!rec_ok(s, r, id)) {
+            ebr_leave();
+            return rec_damaged(s, id);
+        }
         if (vec)
             memcpy(vec, rec_vec(r), 4 * (size_t)s->dim);
         if (state)
@@ -439,6 +445,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
         return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
     uint64_t hs[RING], locs[RING];
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
+    int64_t bad = 0;
+    bool damaged = false;
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -459,9 +467,17 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
-            if (ok)
-                memcpy(out + j * s->dim, rec_vec(rec_at(s, loc)), vbytes);
-            else {
+            if (ok) {
+                rec_hdr *r = rec_at(s, loc);
+                /* The pull path checks the record's id only (its checksum
+                 * would halve the throughput): the update that follows a
+                 * pull verifies it whole. */
+                if (r->id != ids[j] && !damaged) {
+                    damaged = true;
+                    bad = ids[j];
+                }
+                memcpy(out + j * s->dim, rec_vec(r), vbytes);
+            } else {
                 memset(out + j * s->dim, 0, vbytes);
                 missing++;
             }
@@ -474,7 +490,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
         *nmissing = missing;
     atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->st_gets, n, memory_order_relaxed);
-    return EMBKV_OK;
+    return damaged ? rec_damaged(s, bad) : EMBKV_OK;
 }
 
 #define AT_BLOCK 256
@@ -514,6 +530,10 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
             const rec_hdr *r = ok ? rec_at(s, loc) : NULL;
+            if (r && !rec_ok(s, r, bid[j])) {
+                ebr_leave();
+                return rec_damaged(s, bid[j]);
+            }
             if (out) {
                 if (ok)
                     memcpy(out + (lo + j) * s->dim, rec_vec((rec_hdr *)r), vbytes);
@@ -719,8 +739,10 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         }
         unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
         /* Copy out so the callback runs outside the epoch and may write. */
-        for (unsigned i = 0; i < n; i++) {
+        for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
             rec_hdr *r = rec_at(s, locs[i]);
+            if (!rec_ok(s, r, ids[i]))
+                rc = rec_damaged(s, ids[i]);
             memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
             fill_info(&info[i], r, locs[i]);
         }

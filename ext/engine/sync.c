@@ -79,6 +79,12 @@ uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r)
     return (uint32_t)(h ^ (h >> 32));
 }
 
+int rec_damaged(const embkv_store *s, int64_t id)
+{
+    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: the record is damaged (checksum mismatch)", s->path,
+                      (long long)id);
+}
+
 void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
 {
     if (n == 0)

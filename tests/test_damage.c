@@ -1,0 +1,348 @@
+/*
+ * test_damage.c - damaged store files give clean errors, never a crash, a
+ * hang or wrong data.
+ *
+ *  A. each damaged root field (max_load 0 or 1e300, nbuckets not a power of
+ *     two or too large, index_next == index, a chunk outside the pool, a
+ *     chunk table elsewhere) is refused at open with EMBKV_CORRUPT;
+ *  B. a flipped byte in a record's vector is EMBKV_CORRUPT naming the id on
+ *     embkv_get, embkv_get_batch_at, embkv_scan and embkv_check, and on the
+ *     update that reads it; a flipped id byte on embkv_get_batch too;
+ *  C. random single-byte flips in the pool's embkv objects (root, index,
+ *     records), each opened in a forked child under alarm(): no signal, no
+ *     hang; with a record or root flip, every read either fails cleanly or
+ *     returns exactly the data written.  Seed printed.
+ * Every child runs under alarm() so that a hang fails the test.
+ */
+#include "embkv.h"
+#include "check.h"
+#include "store_internal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define DIM 8
+#define ROWS 400
+
+static double scale = 1.0;
+static char pool_path[700], dir[600];
+
+static float value(int64_t id, int j) { return (float)id * 0.5f + (float)j; }
+
+static void build_store(void)
+{
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("store"));
+    snprintf(pool_path, sizeof pool_path, "%s/store.pool", dir);
+    embkv_options o = {.dim = DIM, .expected_rows = 1000, .pool_size = 16u << 20};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    float v[DIM];
+    for (int64_t id = 0; id < ROWS; id++) {
+        for (int j = 0; j < DIM; j++) v[j] = value(id, j);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+static void *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(*len);
+    if (p && fread(p, 1, *len, f) != *len) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    return p;
+}
+
+static void write_file(const char *path, const void *p, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, len, f) != len) {
+        perror(path);
+        exit(2);
+    }
+    fclose(f);
+}
+
+/* Runs fn in a child under alarm(10): its exit status, or 128 + signal. */
+static int in_child(int (*fn)(void *), void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        _exit(fn(arg));
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+/* ------------------------------------------------------------ A */
+
+typedef struct root_edit {
+    const char *name;
+    void (*edit)(store_root *r, PMEMobjpool *pop);
+    const char *want;  /* in the message */
+} root_edit;
+
+static void e_load0(store_root *r, PMEMobjpool *pop) { (void)pop; r->max_load = 0; }
+static void e_loadhuge(store_root *r, PMEMobjpool *pop) { (void)pop; r->max_load = 1e300; }
+static void e_nb3(store_root *r, PMEMobjpool *pop) { (void)pop; r->nbuckets = 3; }
+static void e_nbbig(store_root *r, PMEMobjpool *pop) { (void)pop; r->nbuckets = 1ull << 40; }
+static void e_nbmore(store_root *r, PMEMobjpool *pop) { (void)pop; r->nbuckets *= 4; }
+static void e_next(store_root *r, PMEMobjpool *pop) { (void)pop; r->index_next = r->index; }
+static void e_old(store_root *r, PMEMobjpool *pop) { (void)pop; r->index_old = r->chunk_table; }
+static void e_chunk(store_root *r, PMEMobjpool *pop)
+{
+    PMEMoid *c = pmemobj_direct(r->chunk_table);
+    c[0].off = (16u << 20) - 100;
+    pmemobj_persist(pop, c, sizeof *c);
+}
+static void e_table(store_root *r, PMEMobjpool *pop) { (void)pop; r->chunk_table.off += 1u << 30; }
+static void e_index(store_root *r, PMEMobjpool *pop) { (void)pop; r->index.off = 8; }
+
+static const root_edit edits[] = {
+    {"max_load 0", e_load0, "max_load out of range"},
+    {"max_load 1e300", e_loadhuge, "max_load out of range"},
+    {"nbuckets 3", e_nb3, "root object is inconsistent"},
+    {"nbuckets 2^40", e_nbbig, "more index buckets than the pool"},
+    {"nbuckets x4", e_nbmore, "index bucket"},
+    {"index_next == index", e_next, "interrupted resize"},
+    {"index_old == chunk table", e_old, "interrupted resize"},
+    {"chunk outside the pool", e_chunk, "record chunk lies outside"},
+    {"chunk table outside the pool", e_table, "bad chunk table"},
+    {"index offset 8", e_index, "index object"},
+};
+
+static int open_expect_corrupt(void *arg)
+{
+    const root_edit *e = arg;
+    embkv_store *s = NULL;
+    int rc = embkv_open(dir, NULL, 0, &s);
+    if (rc == EMBKV_OK) {
+        /* It must not have opened; if it did, make it work: no hang. */
+        float v[DIM] = {0};
+        embkv_put(s, 100000, v, NULL, 0);
+        embkv_close(s);
+        return 3;
+    }
+    if (rc != EMBKV_CORRUPT || !strstr(embkv_errmsg(), e->want)) {
+        fprintf(stderr, "  %s: rc %d: %s\n", e->name, rc, embkv_errmsg());
+        return 4;
+    }
+    return 0;
+}
+
+static void test_root_fields(void)
+{
+    size_t len;
+    void *orig = read_file(pool_path, &len);
+    CHECK(orig != NULL);
+    for (size_t k = 0; k < sizeof edits / sizeof edits[0]; k++) {
+        PMEMobjpool *pop = pmemobj_open(pool_path, EMBKV_LAYOUT);
+        CHECK(pop != NULL);
+        if (!pop) continue;
+        store_root *r = pmemobj_direct(pmemobj_root(pop, 0));
+        edits[k].edit(r, pop);
+        pmemobj_persist(pop, r, sizeof *r);
+        pmemobj_close(pop);
+        int st = in_child(open_expect_corrupt, (void *)&edits[k]);
+        if (st) fprintf(stderr, "  root edit '%s': child status %d\n", edits[k].name, st);
+        CHECK(st == 0);
+        write_file(pool_path, orig, len);
+    }
+    free(orig);
+}
+
+/* ------------------------------------------------------------ B */
+
+static int find_row_bytes(const unsigned char *p, size_t len, int64_t id)
+{
+    float v[DIM];
+    for (int j = 0; j < DIM; j++) v[j] = value(id, j);
+    for (size_t off = 0; off + sizeof v <= len; off += 4)
+        if (!memcmp(p + off, v, sizeof v)) return (int)off;
+    return -1;
+}
+
+static void test_record_flip(void)
+{
+    size_t len;
+    unsigned char *orig = read_file(pool_path, &len);
+    CHECK(orig != NULL);
+    if (!orig) return;
+    int off = find_row_bytes(orig, len, 77);
+    CHECK(off > 0);
+    unsigned char *bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[off + 9] ^= 0x10;  /* one bit of vec[2] */
+    write_file(pool_path, bad, len);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    float v[DIM];
+    CHECK_RC(embkv_get(s, 77, v, NULL, NULL), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 77: the record is damaged") != NULL);
+    CHECK_RC(embkv_get(s, 78, v, NULL, NULL), EMBKV_OK);
+    CHECK(v[3] == value(78, 3));
+    int64_t ids[3] = {1, 77, 2};
+    float out[3 * DIM];
+    CHECK_RC(embkv_get_batch_at(s, NULL, ids, 3, out, NULL, NULL, NULL), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 77") != NULL);
+    CHECK_RC(embkv_check(s), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "77") != NULL);
+    CHECK_RC(embkv_put(s, 77, v, NULL, EMBKV_PUT_UPDATE), EMBKV_CORRUPT);  /* reads the old row */
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    /* An id byte of the header: even the pull path (id check) refuses it. */
+    memcpy(bad, orig, len);
+    off = find_row_bytes(orig, len, 91);
+    bad[off - 32] ^= 0x01;  /* the header's id, 32 bytes before the vector */
+    write_file(pool_path, bad, len);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    int64_t one = 91;
+    CHECK_RC(embkv_get_batch(s, &one, 1, out, NULL, NULL), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 91") != NULL);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    write_file(pool_path, orig, len);
+    free(bad);
+    free(orig);
+}
+
+static int scan_cb(void *ctx, int64_t id, const float *vec, const float *state, const embkv_rowinfo *info)
+{
+    (void)state, (void)info;
+    int *bad = ctx;
+    if (id < 0 || id >= ROWS) (*bad)++;
+    else
+        for (int j = 0; j < DIM; j++) *bad += vec[j] != value(id, j);
+    return 0;
+}
+
+static void test_scan_flip(void)
+{
+    size_t len;
+    unsigned char *orig = read_file(pool_path, &len);
+    int off = find_row_bytes(orig, len, 150);
+    orig[off + 4] ^= 0x40;
+    write_file(pool_path, orig, len);
+    orig[off + 4] ^= 0x40;
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    int bad = 0;
+    CHECK_RC(embkv_scan(s, scan_cb, &bad), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 150") != NULL);
+    CHECK(bad == 0);  /* nothing damaged reached the callback */
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    write_file(pool_path, orig, len);
+    free(orig);
+}
+
+/* ------------------------------------------------------------ C */
+
+typedef struct region {
+    uint64_t off, len;
+    int data;  /* records or root: reads must be exact or fail */
+} region;
+
+static region regions[4 + MAX_CHUNKS];
+static size_t nregions;
+
+static void find_regions(void)
+{
+    PMEMobjpool *pop = pmemobj_open(pool_path, EMBKV_LAYOUT);
+    CHECK(pop != NULL);
+    if (!pop) exit(test_summary("test_damage"));
+    PMEMoid root = pmemobj_root(pop, 0);
+    store_root *r = pmemobj_direct(root);
+    regions[nregions++] = (region){root.off, sizeof *r, 1};
+    regions[nregions++] = (region){r->index.off, r->nbuckets * BUCKET_BYTES, 0};
+    const PMEMoid *c = pmemobj_direct(r->chunk_table);
+    for (size_t i = 0; i < MAX_CHUNKS && !OID_IS_NULL(c[i]); i++)
+        regions[nregions++] = (region){c[i].off, r->chunk_bytes, 1};
+    pmemobj_close(pop);
+}
+
+typedef struct flip_job {
+    int data;
+} flip_job;
+
+static int read_all(void *arg)
+{
+    flip_job *j = arg;
+    embkv_store *s = NULL;
+    int rc = embkv_open(dir, NULL, 0, &s);
+    if (rc != EMBKV_OK) return rc == EMBKV_CORRUPT || rc == EMBKV_NOTSTORE || rc == EMBKV_VERSION ? 0 : 5;
+    int wrong = 0;
+    float v[DIM];
+    embkv_rowinfo info;
+    for (int64_t id = 0; id < ROWS; id++) {
+        rc = embkv_get(s, id, v, NULL, &info);
+        if (rc == EMBKV_OK)
+            for (int k = 0; k < DIM; k++) wrong += v[k] != value(id, k);
+        else if (rc != EMBKV_CORRUPT && !(rc == EMBKV_NOTFOUND && !j->data))
+            wrong++;
+    }
+    int bad = 0;
+    rc = embkv_scan(s, scan_cb, &bad);
+    if (rc == EMBKV_OK) wrong += bad;
+    embkv_check(s);
+    embkv_close(s);
+    return j->data && wrong ? 3 : 0;
+}
+
+static void test_random_flips(void)
+{
+    size_t len;
+    unsigned char *pristine = read_file(pool_path, &len), *work = malloc(len);
+    unsigned seed = (unsigned)time(NULL);
+    printf("C: seed %u\n", seed);
+    srand(seed);
+    int rounds = (int)(300 * scale), crashes = 0, wrong = 0, hangs = 0, data_rounds = 0;
+    if (rounds < 40) rounds = 40;
+    for (int r = 0; r < rounds; r++) {
+        const region *g = &regions[(size_t)rand() % nregions];
+        uint64_t at = g->off + (uint64_t)rand() % g->len;
+        if (at >= len) continue;
+        memcpy(work, pristine, len);
+        work[at] ^= (unsigned char)(1 + rand() % 255);
+        write_file(pool_path, work, len);
+        flip_job j = {g->data};
+        data_rounds += g->data;
+        int st = in_child(read_all, &j);
+        if (st == 128 + SIGALRM) hangs++;
+        else if (st > 128) crashes++;
+        else if (st != 0) wrong++;
+        if (st) fprintf(stderr, "  flip at %llu (%s): child status %d\n", (unsigned long long)at,
+                        g->data ? "root/records" : "index", st);
+    }
+    write_file(pool_path, pristine, len);
+    printf("C: %d flips (%d in the root or records, the rest in the index): %d crashed, %d hung, "
+           "%d returned wrong data\n", rounds, data_rounds, crashes, hangs, wrong);
+    CHECK(crashes == 0);
+    CHECK(hangs == 0);
+    CHECK(wrong == 0);
+    free(work);
+    free(pristine);
+}
+
+int main(void)
+{
+    const char *sc = getenv("EMBKV_TEST_SCALE");
+    if (sc) scale = atof(sc);
+    build_store();
+    test_record_flip();
+    test_scan_flip();
+    test_root_fields();
+    find_regions();
+    test_random_flips();
+    return test_summary("test_damage");
+}
