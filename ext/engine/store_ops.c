@@ -530,7 +530,10 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
             const rec_hdr *r = ok ? rec_at(s, loc) : NULL;
-            if (r && !rec_ok(s, r, bid[j])) {
+            /* With the vector read, the whole record is verified; an
+             * existence read (count, ids, a DELETE finding its rows) checks
+             * the id, so that a damaged row can still be deleted. */
+            if (r && (out ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
                 ebr_leave();
                 return rec_damaged(s, bid[j]);
             }

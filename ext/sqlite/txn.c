@@ -51,7 +51,7 @@ typedef struct ekundo {
 
 typedef struct ekpre {
     int64_t id;
-    int existed;
+    int existed;    /* 1, or 2: existed but damaged (no pre-image) */
     uint64_t clock; /* when existed */
     float *data; /* dim + state_floats floats when existed */
 } ekpre;
@@ -362,7 +362,9 @@ static int restore(ektxn *t, embkv_store *s)
     while (t->npre > 0) {
         ekpre *p = &t->pre[--t->npre];
         int rc;
-        if (p->existed) {
+        if (p->existed == 2) {
+            rc = EMBKV_OK;  /* a damaged row that was deleted: nothing to put back */
+        } else if (p->existed) {
             rc = embkv_put_clock(s, p->id, p->data, t->state_floats ? p->data + t->dim : NULL, p->clock);
         } else {
             rc = embkv_delete(s, p->id);
@@ -470,6 +472,11 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
             p->existed = 1;
             rc = EMBKV_OK;
         } else if (rc == EMBKV_NOTFOUND) {
+            rc = EMBKV_OK;
+        } else if (rc == EMBKV_CORRUPT && e->kind == EKTXN_DEL) {
+            /* A damaged row can be deleted (its pre-image cannot be kept:
+             * a failed COMMIT leaves it deleted). */
+            p->existed = 2;
             rc = EMBKV_OK;
         }
         if (rc == EMBKV_OK) {

@@ -1,0 +1,50 @@
+"""A damaged record reaches SQL as an error naming the table and the id,
+never as data; the other rows stay readable and the damaged one can be
+deleted (existence reads check the record's id only)."""
+import os
+import sqlite3
+import unittest
+
+import numpy as np
+
+from embkv_test import TempDirTest, connect
+
+
+class TestDamagedRecord(TempDirTest):
+    def test_corrupt_row_is_an_error_naming_table_and_id(self):
+        store = os.path.join(self.dir, "t.embkv")
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, path='%s', optimizer='sgd', lr=0.5)" % store)
+        c.execute("BEGIN")
+        for i in range(50):
+            c.execute("INSERT INTO t(id, vec) VALUES (?, ?)", (i, (np.arange(4, dtype=np.float32) + 100 * i).tobytes()))
+        c.execute("COMMIT")
+        c.close()
+        pool = os.path.join(store, "store.pool")
+        data = bytearray(open(pool, "rb").read())
+        at = data.find((np.arange(4, dtype=np.float32) + 100 * 7).tobytes())
+        self.assertGreater(at, 0)
+        data[at + 5] ^= 0x20
+        open(pool, "wb").write(data)
+        c = connect(self.db)
+        try:
+            for sql in ("SELECT vec FROM t WHERE id = 7", "SELECT id, vec FROM t WHERE id IN (3, 7, 9)",
+                        "SELECT sum(embkv_norm(vec)) FROM t", "SELECT id, vec, clock FROM t WHERE id = 7"):
+                with self.assertRaises(sqlite3.DatabaseError) as cm:
+                    c.execute(sql).fetchall()
+                msg = str(cm.exception)
+                self.assertIn("embkv table t", msg)
+                self.assertIn("id 7: the record is damaged", msg)
+            with self.assertRaisesRegex(sqlite3.DatabaseError, "id 7: the record is damaged"):
+                c.execute("SELECT embkv_push('t', 7, ?)", (np.ones(4, np.float32).tobytes(),)).fetchall()
+            self.assertEqual(np.frombuffer(c.execute("SELECT vec FROM t WHERE id = 8").fetchone()[0],
+                                           np.float32).tolist(), [800, 801, 802, 803])
+            c.execute("DELETE FROM t WHERE id = 7")  # a damaged row can still be removed
+            self.assertEqual(c.execute("SELECT count(*) FROM t").fetchone()[0], 49)
+            self.assertIsNone(c.execute("SELECT vec FROM t WHERE id = 7").fetchone())
+        finally:
+            c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
