@@ -7,6 +7,7 @@
 
 #include <sqlite3ext.h>
 #include "embkv.h"
+#include <cjson/cJSON.h>
 
 /* The embkv virtual table module, the embkv_pending module, embkv_stats()
  * and embkv_checkpoint() (vtab.c, cursor.c, values.c,
@@ -70,5 +71,14 @@ void embkv_train_opts_end(embkv_train_options *t);
 
 /* vecfn.c: vector functions, aggregates, embkv_version/embkv_build. */
 int embkv_vecfn_register(sqlite3 *db);
+
+/* values.c: the one JSON and number reader of the binding (vectors, ids,
+ * gradients, options).  ek_json_number: the length of the JSON number at p
+ * (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), 0 when there is none.
+ * ek_json_parse: n bytes of text holding one JSON value and nothing else but
+ * white space, no NUL byte, every number as JSON writes it ('01', '1.',
+ * '+1', '0x10' are not); NULL otherwise. */
+size_t ek_json_number(const char *p);
+cJSON *ek_json_parse(const char *s, size_t n);
 
 #endif

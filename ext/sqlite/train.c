@@ -32,7 +32,8 @@ static void train_error(sqlite3_context *ctx, const char *fname, const char *tab
     case EMBKV_BUSY: sqlite3_result_error_code(ctx, SQLITE_BUSY); break;
     case EMBKV_NOMEM: sqlite3_result_error_nomem(ctx); break;
     case EMBKV_FULL: sqlite3_result_error_code(ctx, SQLITE_FULL); break;
-    case EMBKV_NOTFOUND: sqlite3_result_error_code(ctx, SQLITE_NOTFOUND); break;
+    /* A missing id is the caller's error (SQLITE_ERROR): SQLITE_NOTFOUND
+     * is SQLite's internal code, which Python raises as InternalError. */
     default: break;
     }
 }
@@ -67,7 +68,7 @@ static int64_t *parse_ids(sqlite3_value *v, size_t *n, char **err)
         return ids;
     }
     case SQLITE_TEXT: {
-        cJSON *j = cJSON_Parse((const char *)sqlite3_value_text(v));
+        cJSON *j = ek_json_parse((const char *)sqlite3_value_text(v), (size_t)sqlite3_value_bytes(v));
         int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
         if (count <= 0) {
             *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers, an int64 BLOB or an integer");
@@ -117,7 +118,7 @@ static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
         return g;
     }
     if (sqlite3_value_type(v) == SQLITE_TEXT) {
-        cJSON *j = cJSON_Parse((const char *)sqlite3_value_text(v));
+        cJSON *j = ek_json_parse((const char *)sqlite3_value_text(v), (size_t)sqlite3_value_bytes(v));
         if (!j || !cJSON_IsArray(j) || (size_t)cJSON_GetArraySize(j) != want) {
             *err = sqlite3_mprintf("grads must be a JSON array of %llu numbers (%llu ids x dim %u)",
                                    (unsigned long long)want, (unsigned long long)n, dim);
@@ -298,14 +299,35 @@ void embkv_train_opts_end(embkv_train_options *t)
         t->eps = t->optimizer == EMBKV_ADAM ? 1e-8 : 1e-10;
 }
 
+static const char *skip_blanks(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* A decimal number as JSON writes it (no hex, no '1.', no leading zeros),
+ * white space around allowed; *end after it and the blanks that follow. */
+static int read_number(const char *p, double *out, const char **end)
+{
+    p = skip_blanks(p);
+    size_t k = ek_json_number(p);
+    if (!k)
+        return -1;
+    double d = strtod(p, NULL);
+    if (!isfinite(d))
+        return -1;
+    *out = d;
+    *end = skip_blanks(p + k);
+    return 0;
+}
+
 /* A whole finite number; 0 on success. */
 static int parse_double(const char *val, double *out)
 {
-    char *end;
-    double d = strtod(val, &end);
-    if (end == val || *end || !isfinite(d))
+    const char *end;
+    if (read_number(val, out, &end) || *end)
         return -1;
-    *out = d;
     return 0;
 }
 
@@ -366,11 +388,15 @@ int embkv_parse_staleness(const char *val, void *field)
 int embkv_parse_init(const char *val, void *field)
 {
     embkv_train_options *t = field;
-    if (sqlite3_stricmp(val, "none") == 0) {
+    val = skip_blanks(val);
+    size_t len = strlen(val);
+    while (len && (val[len - 1] == ' ' || val[len - 1] == '\t' || val[len - 1] == '\n' || val[len - 1] == '\r'))
+        len--;
+    if (len == 4 && sqlite3_strnicmp(val, "none", 4) == 0) {
         t->init = EMBKV_INIT_NONE;
         return 0;
     }
-    if (sqlite3_stricmp(val, "zeros") == 0) {
+    if (len == 5 && sqlite3_strnicmp(val, "zeros", 5) == 0) {
         t->init = EMBKV_INIT_ZEROS;
         return 0;
     }
@@ -379,22 +405,10 @@ int embkv_parse_init(const char *val, void *field)
                                                           : -1;
     if (kind < 0)
         return -1;
-    const char *p = strchr(val, '(') + 1;
-    char *end;
-    double a = strtod(p, &end);
-    if (end == p)
-        return -1;
-    while (*end == ' ')
-        end++;
-    if (*end++ != ',')
-        return -1;
-    p = end;
-    double b = strtod(p, &end);
-    if (end == p)
-        return -1;
-    while (*end == ' ')
-        end++;
-    if (*end++ != ')' || *end || !isfinite(a) || !isfinite(b))
+    const char *p = strchr(val, '(') + 1, *end;
+    double a, b;
+    if (read_number(p, &a, &end) || *end != ',' || read_number(end + 1, &b, &end) || *end != ')' ||
+        *skip_blanks(end + 1))
         return -1;
     if ((kind == EMBKV_INIT_UNIFORM && !(a < b)) || (kind == EMBKV_INIT_NORMAL && !(b >= 0)))
         return -1;

@@ -17,6 +17,57 @@ SQLITE_EXTENSION_INIT3
 #include <stdlib.h>
 #include <string.h>
 
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+size_t ek_json_number(const char *p)
+{
+    const char *q = p;
+    if (*q == '-') q++;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9') while (is_digit(*q)) q++;
+    else return 0;
+    if (*q == '.') {
+        if (!is_digit(*++q)) return 0;
+        while (is_digit(*q)) q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        if (!is_digit(*q)) return 0;
+        while (is_digit(*q)) q++;
+    }
+    return (size_t)(q - p);
+}
+
+cJSON *ek_json_parse(const char *s, size_t n)
+{
+    if (!s || memchr(s, 0, n)) return NULL;  /* cJSON would take a NUL for white space */
+    /* cJSON is lenient with numbers ('01', '1.', hex through strtod):
+     * check every number token first.  Strings are skipped whole. */
+    for (size_t i = 0; i < n;) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < n && s[i] != '"'; i++)
+                if (s[i] == '\\') i++;
+            i++;
+        } else if (c == '-' || is_digit(c)) {
+            size_t k = ek_json_number(s + i);
+            if (!k) return NULL;
+            i += k;
+            if (i < n && (is_digit(s[i]) || s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+' ||
+                          s[i] == '-' || s[i] == 'x' || s[i] == 'X'))
+                return NULL;
+        } else if (c == '+' || c == '.') {
+            return NULL;
+        } else {
+            i++;
+        }
+    }
+    /* n + 1: the terminating NUL is part of the buffer, so cJSON refuses
+     * anything after the value. */
+    return cJSON_ParseWithLengthOpts(s, n + 1, NULL, 1);
+}
+
 /* An id from a value: INTEGER, a REAL with an integral value, or TEXT that
  * reads as one (as INTEGER affinity would convert it).  1 if it is one. */
 int value_to_id(sqlite3_value *val, int64_t *out)
@@ -124,10 +175,8 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         const char *s = (const char *)sqlite3_value_text(val);
         int n = sqlite3_value_bytes(val);
         if (!s) return SQLITE_NOMEM;
-        /* The length includes the terminating NUL: with it cJSON rejects
-         * anything after the value ('[1,2] junk'). */
         const char *nul = memchr(s, 0, (size_t)n);
-        cJSON *j = nul ? NULL : cJSON_ParseWithLengthOpts(s, (size_t)n + 1, NULL, 1);
+        cJSON *j = nul ? NULL : ek_json_parse(s, (size_t)n);
         int rc = SQLITE_MISMATCH;
         if (nul) {
             /* cJSON would skip it as white space */

@@ -412,7 +412,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     if (erc != EMBKV_OK) {
-        err = sqlite3_mprintf("%s%s", v->opts.path ? "option path: " : "cannot open its store: ",
+        /* The option is at fault when the path names something that is not
+         * a store of this version; a damaged or busy store is not an option
+         * error. */
+        int path_fault = v->opts.path && (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
+        err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : "cannot open its store: ",
                               emsg ? emsg : "out of memory");
         sqlite3_free(emsg);
         rc = sqlite_rc_of(erc);

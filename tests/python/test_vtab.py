@@ -348,7 +348,7 @@ class TestForkedChild(Base):
                              timeout=60, cwd=self.dir)
         self.assertEqual(out.returncode, 0, out.stderr)
         store = os.path.join(os.path.realpath(self.dir), "forked.embkv")
-        self.assertEqual(out.stdout, "child refused: embkv table t: option path: store %s is open in another "
+        self.assertEqual(out.stdout, "child refused: embkv table t: cannot open its store: store %s is open in another "
                          "process\n1:[1,1] 2:[2,2]\n" % store)
 
 

@@ -182,3 +182,15 @@ INSERT INTO nul VALUES (2, '[1,2,3]' || char(0));
 INSERT INTO nul VALUES (4, '[3.4028236e38,1,1]');
 SELECT 'nul-rows', count(*) FROM nul;
 CREATE VIRTUAL TABLE seedbig USING embkv(dim=3, pool_size='16M', seed=18446744073709551616);
+-- One parser, one rule: trailing text, numbers not written as JSON,
+-- hexadecimal options are refused; white space around an init is not.
+CREATE VIRTUAL TABLE strict USING embkv(dim=2, init='normal(0, 1) ');
+SELECT 'init-blank', embkv_dims(embkv_pull('strict', 1));
+SELECT embkv_pull('strict', '[0] junk');
+SELECT embkv_pull('strict', '[01]');
+INSERT INTO strict(id, vec) VALUES (7, '[1.,0]');
+INSERT INTO strict(id, vec) VALUES (7, '[01,0]');
+INSERT INTO strict(id, vec) VALUES (7, '[-0.5e1, 2]');
+SELECT 'json-ok', embkv_json(vec) FROM strict WHERE id = 7;
+CREATE VIRTUAL TABLE hex USING embkv(dim=2, lr=0x10);
+CREATE VIRTUAL TABLE strict2 USING embkv(dim=2, init='uniform(0x1, 2)');
