@@ -27,7 +27,7 @@ $(1)_ENGINE_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(ENGINE_SRC))
 $(1)_SQLEXT_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(SQLEXT_SRC))
 $(1)_TESTS := $$(patsubst tests/%.c,$(B)/$(1)/tests/%,$(TEST_SRC))
 
-$(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext
+$(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext check-headers
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(1)_CFLAGS) -c $$< -o $$@
 $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
@@ -44,7 +44,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo demo-train clean
+.PHONY: check-headers all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo demo-train clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -59,6 +59,14 @@ $(B)/asan/embkv.so: $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a
 
 deps:
 	@bash tests/deps.sh
+
+# On a machine without the Debian packages, say so (instead of a compiler's
+# "libpmemobj.h: No such file or directory").
+check-headers:
+	@missing=; for h in libpmemobj.h libpmem.h liburing.h cjson/cJSON.h sqlite3ext.h; do \
+	    [ -f /usr/include/$$h ] || missing="$$missing $$h"; done; \
+	if [ -n "$$missing" ]; then \
+	    echo "embkv: missing headers:$$missing; run 'make deps' (installs the Debian packages) first" >&2; exit 1; fi
 
 test: deps
 	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so
