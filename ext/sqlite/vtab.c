@@ -445,9 +445,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         ekwbuf_begin(v->wb);
     }
     rc = sqlite3_declare_vtab(db, EK_SCHEMA);
+    /* Neither DIRECTONLY nor INNOCUOUS: views and triggers may read and
+     * write the table while the schema is trusted (PRAGMA trusted_schema,
+     * on by default), and not in a database opened with it off, whose
+     * schema could otherwise make an application touch a store it names.
+     * The functions with side effects (pull, push, checkpoint) stay
+     * DIRECTONLY whatever the setting. */
     if (rc == SQLITE_OK) rc = sqlite3_vtab_config(db, SQLITE_VTAB_CONSTRAINT_SUPPORT, 1);
-    /* Its arguments name files: never from a view, trigger or schema. */
-    if (rc == SQLITE_OK) rc = sqlite3_vtab_config(db, SQLITE_VTAB_DIRECTONLY);
     if (rc != SQLITE_OK) {
         err = sqlite3_mprintf("cannot declare its schema: %s", sqlite3_errmsg(db));
         goto fail;
@@ -486,7 +490,6 @@ broken:
     }
     rc = sqlite3_declare_vtab(db, EK_SCHEMA);
     if (rc == SQLITE_OK) rc = sqlite3_vtab_config(db, SQLITE_VTAB_CONSTRAINT_SUPPORT, 1);
-    if (rc == SQLITE_OK) rc = sqlite3_vtab_config(db, SQLITE_VTAB_DIRECTONLY);
     if (rc != SQLITE_OK) goto fail;
     ekconn_add(v->conn, v);
     *ppVtab = &v->base;

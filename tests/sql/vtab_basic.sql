@@ -119,7 +119,9 @@ SELECT 'stats-qualified', json_extract(embkv_stats('main.item'), '$.table'), jso
 SELECT 'checkpoint', typeof(embkv_checkpoint('item')),
        embkv_checkpoint('item') <= json_extract(embkv_stats('item'), '$.durability.durable_epoch');
 
--- Registration and safety flags.
+-- Registration and safety flags: the table works from views and triggers
+-- (trusted schema, SQLite's default; tests/sql/views.sql), functions with
+-- side effects never do.
 SELECT 'module', name FROM pragma_module_list WHERE name LIKE 'embkv%' ORDER BY name;
 SELECT 'function', name, narg, (flags & 0x80000) != 0 AS directonly, (flags & 0x800) != 0 AS deterministic
   FROM pragma_function_list WHERE name IN ('embkv_stats', 'embkv_checkpoint') ORDER BY name;
