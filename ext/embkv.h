@@ -45,7 +45,7 @@ typedef enum embkv_rc {
     EMBKV_NOTSTORE,  /* the directory is not an embkv store */
     EMBKV_VERSION,   /* store written by an incompatible format version */
     EMBKV_LOCKED,    /* the store is open in another process */
-    EMBKV_FULL,      /* the pool has no room left; reopen with a larger pool_size */
+    EMBKV_FULL,      /* the pool has no room left (it does not grow: copy into a larger one) */
     EMBKV_NOMEM,     /* out of DRAM */
     EMBKV_IO,        /* an operating-system call failed */
     EMBKV_CORRUPT,   /* an integrity check failed */

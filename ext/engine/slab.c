@@ -74,7 +74,8 @@ static int add_chunk(embkv_store *s)
         int e = errno;
         return embkv__err(EMBKV_FULL,
                           "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
-                          "last sync are kept until the next one; reopen with a larger pool_size",
+                          "last sync are kept until the next one: checkpoint, or copy the rows into a store "
+                          "with a larger pool_size (a pool does not grow)",
                           s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
                           e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg());
     }

@@ -748,7 +748,8 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
     if (pmemobj_zalloc(s->pop, &r->index_next, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0) {
         pthread_rwlock_unlock(&s->writers);
         return embkv__err(EMBKV_FULL, "store %s: pool full: no room to grow the index to %llu buckets; "
-                          "reopen with a larger pool_size", s->path, (unsigned long long)nb);
+                          "copy the rows into a store with a larger pool_size (a pool does not grow)", s->path,
+                          (unsigned long long)nb);
     }
     index_desc *nix = make_desc(s, r->index_next, nb, old->generation + 1);
     if (!nix) {
