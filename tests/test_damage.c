@@ -334,6 +334,52 @@ static void test_random_flips(void)
     free(pristine);
 }
 
+/* ------------------------------------------------------------ D */
+
+/* A pool being created when its process was killed (store.pool.new) is
+ * removed by the next open that takes the directory's lock. */
+static void test_unfinished_pool(void)
+{
+    char d[600], tmp[700];
+    snprintf(d, sizeof d, "%s", test_tmpdir("unfinished"));
+    snprintf(tmp, sizeof tmp, "%s/store.pool.new", d);
+    int killed_mid = 0;
+    for (int round = 0; round < 6 && !killed_mid; round++) {
+        char cmd[800];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+        if (system(cmd) != 0) break;
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            embkv_options o = {.dim = 64, .pool_size = 1ull << 30};
+            embkv_store *s = NULL;
+            embkv_open(d, &o, EMBKV_OPEN_CREATE, &s);
+            _exit(0);
+        }
+        usleep(20000 + 20000 * round);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        killed_mid = access(tmp, F_OK) == 0;
+    }
+    if (!killed_mid) {  /* creation always won the race: leave one by hand */
+        mkdir(d, 0755);
+        FILE *f = fopen(tmp, "wb");
+        CHECK(f && fputs("partial", f) >= 0);
+        if (f) fclose(f);
+    }
+    printf("D: unfinished pool left by %s\n", killed_mid ? "a killed creation" : "hand");
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_NOTSTORE);  /* nothing finished there */
+    embkv_options o = {.dim = 4, .pool_size = 16u << 20};
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    CHECK(access(tmp, F_OK) != 0);  /* the creation removed it */
+    struct stat st;
+    char pool[700];
+    snprintf(pool, sizeof pool, "%s/store.pool", d);
+    CHECK(stat(pool, &st) == 0 && st.st_size == 16 << 20);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     const char *sc = getenv("EMBKV_TEST_SCALE");
@@ -344,5 +390,6 @@ int main(void)
     test_root_fields();
     find_regions();
     test_random_flips();
+    test_unfinished_pool();
     return test_summary("test_damage");
 }

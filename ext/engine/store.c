@@ -639,6 +639,20 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         free_store(s);
         goto unlock;
     }
+    {
+        /* Only the lock holder creates a pool: one under the temporary name
+         * now is what a process killed while creating left (possibly
+         * pool_size bytes). */
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s/%s", s->path, POOL_TMP);
+        if (unlink(tmp) != 0 && errno != ENOENT) {
+            rc = embkv__err(EMBKV_IO, "store %s: cannot remove the unfinished %s: %s", s->path, POOL_TMP,
+                            strerror(errno));
+            close(s->lockfd);
+            free_store(s);
+            goto unlock;
+        }
+    }
     rc = open_pool(s, opt, state == 1);
     if (rc == EMBKV_OK)
         rc = load_store(s, opt, flags);
