@@ -49,6 +49,7 @@ SQLITE_EXTENSION_INIT3
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #define EK_SCHEMA "CREATE TABLE x(id INTEGER PRIMARY KEY, vec BLOB, clock INTEGER HIDDEN, tier TEXT HIDDEN)"
@@ -266,6 +267,154 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         return SQLITE_ERROR;
     }
     embkv_train_opts_end(&v->opts.train);
+    v->given = seen;
+    return SQLITE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * Options belong to the store.  The CREATE that makes a store writes its
+ * options (all but dim and path, which the store itself records) to the
+ * file app-sqlite-options in the store directory; every table on the store,
+ * in any database, takes them from there, so two tables on one store can
+ * never train it differently.  An option a table's CREATE writes with a
+ * value other than the store's is an error naming both; one it leaves out
+ * takes the store's.
+ */
+#define OPTS_FILE "app-sqlite-options"
+
+/* The shortest of %.15g / %.17g that reads back as d. */
+static void fmt_double(char *buf, size_t n, double d)
+{
+    snprintf(buf, n, "%.15g", d);
+    if (strtod(buf, NULL) != d) snprintf(buf, n, "%.17g", d);
+}
+
+/* Option j of o as text that parse_options reads back. */
+static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, char *buf, size_t n)
+{
+    static const char *const optim[] = {"sgd", "adagrad", "adam"};
+    const embkv_train_options *t = &o->train;
+    const char *name = ek_options[j].name;
+    buf[0] = 0;
+    if (!strcmp(name, "pool_size")) snprintf(buf, n, "%llu", (unsigned long long)pool_bytes);
+    else if (!strcmp(name, "capacity")) snprintf(buf, n, "%llu", (unsigned long long)(o->capacity ? o->capacity : 100000));
+    else if (!strcmp(name, "optimizer")) snprintf(buf, n, "%s", optim[t->optimizer % 3]);
+    else if (!strcmp(name, "lr")) fmt_double(buf, n, t->lr);
+    else if (!strcmp(name, "initial_accumulator")) fmt_double(buf, n, t->initial_accumulator);
+    else if (!strcmp(name, "eps")) fmt_double(buf, n, t->eps);
+    else if (!strcmp(name, "beta1")) fmt_double(buf, n, t->beta1);
+    else if (!strcmp(name, "beta2")) fmt_double(buf, n, t->beta2);
+    else if (!strcmp(name, "init")) {
+        if (t->init == EMBKV_INIT_UNIFORM || t->init == EMBKV_INIT_NORMAL) {
+            char a[32], b[32];
+            fmt_double(a, sizeof a, t->init_a);
+            fmt_double(b, sizeof b, t->init_b);
+            snprintf(buf, n, "%s(%s,%s)", t->init == EMBKV_INIT_UNIFORM ? "uniform" : "normal", a, b);
+        }
+        else snprintf(buf, n, "%s", t->init == EMBKV_INIT_ZEROS ? "zeros" : "none");
+    } else if (!strcmp(name, "seed")) snprintf(buf, n, "%llu", (unsigned long long)t->seed);
+    else if (!strcmp(name, "staleness")) {
+        if (t->staleness == EMBKV_STALENESS_UNLIMITED) snprintf(buf, n, "unlimited");
+        else snprintf(buf, n, "%lld", (long long)t->staleness);
+    } else if (!strcmp(name, "wait_ms")) snprintf(buf, n, "%u", t->wait_ms);
+}
+
+static int opt_is_stored(unsigned j)
+{
+    return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path");
+}
+
+/* After the store is open: take its options, or record the table's. */
+static int store_options(ekvtab *v, const char *dir, char **err)
+{
+    embkv_stats st;
+    if (embkv_stats_get(v->store, &st) != EMBKV_OK) {
+        *err = sqlite3_mprintf("%s", embkv_errmsg());
+        return SQLITE_ERROR;
+    }
+    char *path = sqlite3_mprintf("%s/%s", dir, OPTS_FILE);
+    if (!path) return SQLITE_NOMEM;
+    char buf[160];
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        /* A new store (or one made outside SQL): record this table's. */
+        cJSON *o = cJSON_CreateObject();
+        for (unsigned j = 0; o && j < N_OPTIONS; j++) {
+            if (!opt_is_stored(j)) continue;
+            opt_canon(&v->opts, st.pool_bytes, j, buf, sizeof buf);
+            cJSON_AddStringToObject(o, ek_options[j].name, buf);
+        }
+        char *text = o ? cJSON_Print(o) : NULL;
+        cJSON_Delete(o);
+        char *tmp = sqlite3_mprintf("%s.tmp", path);
+        int ok = text && tmp;
+        FILE *w = ok ? fopen(tmp, "wb") : NULL;
+        ok = w && fputs(text, w) >= 0;
+        if (w && fclose(w) != 0) ok = 0;
+        if (ok && rename(tmp, path) != 0) ok = 0;
+        if (!ok && tmp) unlink(tmp);
+        free(text);
+        sqlite3_free(tmp);
+        int rc = SQLITE_OK;
+        if (!ok) {
+            *err = sqlite3_mprintf("cannot record its options in %s: %s", path, strerror(errno));
+            rc = SQLITE_ERROR;
+        }
+        sqlite3_free(path);
+        return rc;
+    }
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cJSON *o = cJSON_Parse(text);
+    /* The store's options, read through the same parser as a CREATE's. */
+    const char *args[3 + 1 + 16];
+    char kv[16][200];
+    int argc = 0;
+    args[argc++] = "embkv";
+    args[argc++] = v->zDb;
+    args[argc++] = v->zName;
+    char dimarg[32];
+    snprintf(dimarg, sizeof dimarg, "dim=%u", embkv_dim(v->store));
+    args[argc++] = dimarg;
+    int bad = !cJSON_IsObject(o);
+    for (unsigned j = 0, k = 0; !bad && j < N_OPTIONS && k < 16; j++) {
+        if (!opt_is_stored(j)) continue;
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, ek_options[j].name);
+        if (!cJSON_IsString(e)) continue;
+        snprintf(kv[k], sizeof kv[k], "%s='%s'", ek_options[j].name, e->valuestring);
+        args[argc++] = kv[k++];
+    }
+    cJSON_Delete(o);
+    ekvtab w;
+    memset(&w, 0, sizeof w);
+    char *perr = NULL;
+    if (bad || parse_options(&w, argc, args, &perr) != SQLITE_OK) {
+        *err = sqlite3_mprintf("the store's options in %s are damaged%s%s", path, perr ? ": " : "",
+                               perr ? perr : "");
+        sqlite3_free(perr);
+        sqlite3_free(w.optpath);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
+    sqlite3_free(w.optpath);
+    char mine[160];
+    for (unsigned j = 0; j < N_OPTIONS; j++) {
+        if (!opt_is_stored(j) || !(v->given & (1ull << j))) continue;
+        opt_canon(&v->opts, v->opts.pool_size, j, mine, sizeof mine);
+        opt_canon(&w.opts, st.pool_bytes, j, buf, sizeof buf);
+        if (strcmp(mine, buf)) {
+            *err = sqlite3_mprintf("option %s: the store %s has %s=%s, not %s (the tables of a store share "
+                                   "its options: leave it out to take the store's)",
+                                   ek_options[j].name, dir, ek_options[j].name, buf, mine);
+            sqlite3_free(path);
+            return SQLITE_ERROR;
+        }
+    }
+    v->opts.capacity = w.opts.capacity;
+    v->opts.train = w.opts.train;
+    sqlite3_free(path);
     return SQLITE_OK;
 }
 
@@ -423,6 +572,10 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         /* Another process holding the store, or a passing condition, is an
          * error here and now; a store that is not there is a broken table. */
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
+        goto fail;
+    }
+    if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
+        if (!create) goto broken;
         goto fail;
     }
     if (embkv_train_configure(v->store, &v->opts.train) != EMBKV_OK) {

@@ -157,6 +157,7 @@ struct ekvtab {
     int is_tmp;           /* store in a temporary directory (:memory:/temp db) */
     int owns_dir;         /* the CREATE made the directory: DROP removes it */
     embkv_tabopts opts;
+    uint64_t given;       /* options written in its CREATE (bit j: ek_options[j]) */
     char *optpath;        /* storage of opts.path */
     embkv_store *store;
     char *dir;            /* the store's canonical directory */
