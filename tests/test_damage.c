@@ -73,12 +73,23 @@ static void write_file(const char *path, const void *p, size_t len)
     fclose(f);
 }
 
+/* Under the sanitizers a hung child says where it hung. */
+void __sanitizer_print_stack_trace(void) __attribute__((weak));
+
+static void on_alarm(int sig)
+{
+    if (__sanitizer_print_stack_trace) __sanitizer_print_stack_trace();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 /* Runs fn in a child under alarm(10): its exit status, or 128 + signal. */
 static int in_child(int (*fn)(void *), void *arg)
 {
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
+        signal(SIGALRM, on_alarm);
         alarm(10);
         _exit(fn(arg));
     }
@@ -110,6 +121,13 @@ static void e_chunk(store_root *r, PMEMobjpool *pop)
 }
 static void e_table(store_root *r, PMEMobjpool *pop) { (void)pop; r->chunk_table.off += 1u << 30; }
 static void e_index(store_root *r, PMEMobjpool *pop) { (void)pop; r->index.off = 8; }
+static void e_locked(store_root *r, PMEMobjpool *pop)
+{
+    uintptr_t p = (uintptr_t)pmemobj_direct(r->index);  /* buckets start aligned */
+    bucket *b = (bucket *)((p + BUCKET_BYTES - 1) & ~(uintptr_t)(BUCKET_BYTES - 1));
+    b[r->nbuckets / 2].version |= 1;  /* a writer's mark, left in a clean store */
+    pmemobj_persist(pop, &b[r->nbuckets / 2].version, sizeof b->version);
+}
 
 static const root_edit edits[] = {
     {"max_load 0", e_load0, "max_load out of range"},
@@ -122,6 +140,7 @@ static const root_edit edits[] = {
     {"chunk outside the pool", e_chunk, "record chunk lies outside"},
     {"chunk table outside the pool", e_table, "bad chunk table"},
     {"index offset 8", e_index, "index object"},
+    {"bucket left locked", e_locked, "locked by no writer"},
 };
 
 static int open_expect_corrupt(void *arg)
@@ -303,7 +322,8 @@ static void test_random_flips(void)
 {
     size_t len;
     unsigned char *pristine = read_file(pool_path, &len), *work = malloc(len);
-    unsigned seed = (unsigned)time(NULL);
+    const char *fixed = getenv("EMBKV_DAMAGE_SEED");  /* to replay a failure */
+    unsigned seed = fixed ? (unsigned)strtoul(fixed, NULL, 10) : (unsigned)time(NULL);
     printf("C: seed %u\n", seed);
     srand(seed);
     int rounds = (int)(300 * scale), crashes = 0, wrong = 0, hangs = 0, data_rounds = 0;

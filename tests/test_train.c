@@ -1112,7 +1112,7 @@ static void test_permit_counts_exact(void)
     embkv_session *ss[3];
     for (int i = 0; i < 3; i++)
         CHECK_RC(embkv_session_open(s, &ss[i]), EMBKV_OK);
-    float out[8];
+    float out[16];
     int64_t a = 5, b = 6;
     CHECK_RC(embkv_pull(ss[0], &a, 1, out), EMBKV_OK);
     CHECK_RC(embkv_pull(ss[1], &a, 1, out), EMBKV_OK);

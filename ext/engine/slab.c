@@ -208,6 +208,13 @@ int slab_rebuild(embkv_store *s)
     index_desc *ix = atomic_load(&s->ix);
     for (uint64_t b = 0; b < ix->nbuckets; b++) {
         bucket *bk = &ix->buckets[b];
+        /* No writer survives a close or a crash; recovery clears these, so
+         * a cleanly closed store with one is damaged (readers would spin). */
+        if (bk->version & 1) {
+            free(inuse);
+            return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (locked by no writer)",
+                              s->path, (unsigned long long)b);
+        }
         for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
             if (!(bk->used & (1u << i)))
                 continue;
