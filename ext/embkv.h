@@ -92,6 +92,13 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
  * pool is shared with the parent): a store is used by one process. */
 int embkv_close(embkv_store *s);
 
+/* Remove the store directory `dir` (its store's files, its "app-" files
+ * and the directory) if no process has it open: its lock is taken and held
+ * while the files go, so an open racing with it fails or waits for nothing.
+ * EMBKV_LOCKED if it is open (in this process or another), EMBKV_NOTSTORE
+ * if it holds files that are not a store's (then nothing is removed). */
+int embkv_destroy(const char *dir);
+
 /* The per-thread message of the last failure. Never NULL. */
 const char *embkv_errmsg(void);
 

@@ -267,14 +267,21 @@ static void test_scan_flip(void)
 
 /* ------------------------------------------------------------ C */
 
+enum { R_ROOT, R_INDEX, R_RECORDS, R_META, R_ANY, R_TRUNCATE, R_KINDS };
+static const char *const kind_name[R_KINDS] = {"root", "index", "records", "libpmemobj metadata",
+                                               "anywhere", "truncation"};
+
 typedef struct region {
     uint64_t off, len;
-    int data;  /* records or root: reads must be exact or fail */
+    int kind;
 } region;
 
-static region regions[4 + MAX_CHUNKS];
+static region regions[8 + MAX_CHUNKS];
 static size_t nregions;
 
+/* The pool's parts: embkv's root, index and record chunks; libpmemobj's
+ * headers, lanes and heap metadata (everything before the first object);
+ * the whole file; and truncations. */
 static void find_regions(void)
 {
     PMEMobjpool *pop = pmemobj_open(pool_path, EMBKV_LAYOUT);
@@ -282,24 +289,36 @@ static void find_regions(void)
     if (!pop) exit(test_summary("test_damage"));
     PMEMoid root = pmemobj_root(pop, 0);
     store_root *r = pmemobj_direct(root);
-    regions[nregions++] = (region){root.off, sizeof *r, 1};
-    regions[nregions++] = (region){r->index.off, r->nbuckets * BUCKET_BYTES, 0};
+    uint64_t first = root.off;
+    regions[nregions++] = (region){root.off, sizeof *r, R_ROOT};
+    regions[nregions++] = (region){r->index.off, r->nbuckets * BUCKET_BYTES, R_INDEX};
+    if (r->index.off < first) first = r->index.off;
     const PMEMoid *c = pmemobj_direct(r->chunk_table);
-    for (size_t i = 0; i < MAX_CHUNKS && !OID_IS_NULL(c[i]); i++)
-        regions[nregions++] = (region){c[i].off, r->chunk_bytes, 1};
+    for (size_t i = 0; i < MAX_CHUNKS && !OID_IS_NULL(c[i]); i++) {
+        regions[nregions++] = (region){c[i].off, r->chunk_bytes, R_RECORDS};
+        if (c[i].off < first) first = c[i].off;
+    }
+    if (r->chunk_table.off < first) first = r->chunk_table.off;
+    size_t len;
+    free(read_file(pool_path, &len));
+    regions[nregions++] = (region){0, first, R_META};
+    regions[nregions++] = (region){0, len, R_ANY};
+    regions[nregions++] = (region){0, len, R_TRUNCATE};
     pmemobj_close(pop);
 }
 
 typedef struct flip_job {
-    int data;
+    int kind;
 } flip_job;
 
+/* Every read is exact or fails; a damaged index may also lose rows. */
 static int read_all(void *arg)
 {
     flip_job *j = arg;
     embkv_store *s = NULL;
     int rc = embkv_open(dir, NULL, 0, &s);
-    if (rc != EMBKV_OK) return rc == EMBKV_CORRUPT || rc == EMBKV_NOTSTORE || rc == EMBKV_VERSION ? 0 : 5;
+    if (rc != EMBKV_OK)
+        return rc == EMBKV_CORRUPT || rc == EMBKV_NOTSTORE || rc == EMBKV_VERSION || rc == EMBKV_IO ? 0 : 5;
     int wrong = 0;
     float v[DIM];
     embkv_rowinfo info;
@@ -307,49 +326,71 @@ static int read_all(void *arg)
         rc = embkv_get(s, id, v, NULL, &info);
         if (rc == EMBKV_OK)
             for (int k = 0; k < DIM; k++) wrong += v[k] != value(id, k);
-        else if (rc != EMBKV_CORRUPT && !(rc == EMBKV_NOTFOUND && !j->data))
+        else if (rc != EMBKV_CORRUPT && !(rc == EMBKV_NOTFOUND && j->kind == R_INDEX))
             wrong++;
     }
     int bad = 0;
     rc = embkv_scan(s, scan_cb, &bad);
     if (rc == EMBKV_OK) wrong += bad;
     embkv_check(s);
+    /* Writes allocate: libpmemobj loads its heap metadata then. */
+    for (int64_t id = ROWS; id < ROWS + 2000 && rc != EMBKV_CORRUPT; id++) {
+        for (int k = 0; k < DIM; k++) v[k] = value(id, k);
+        rc = embkv_put(s, id, v, NULL, 0);
+    }
     embkv_close(s);
-    return j->data && wrong ? 3 : 0;
+    return j->kind != R_INDEX && wrong ? 3 : 0;
 }
 
+/* EMBKV_DAMAGE_FLIPS=N runs N rounds (the crash-rate figure of the README
+ * comes from N=1000), EMBKV_DAMAGE_KIND picks one kind of region, and
+ * EMBKV_DAMAGE_SEED replays a failure. */
 static void test_random_flips(void)
 {
     size_t len;
     unsigned char *pristine = read_file(pool_path, &len), *work = malloc(len);
-    const char *fixed = getenv("EMBKV_DAMAGE_SEED");  /* to replay a failure */
+    const char *fixed = getenv("EMBKV_DAMAGE_SEED"), *nflips = getenv("EMBKV_DAMAGE_FLIPS");
     unsigned seed = fixed ? (unsigned)strtoul(fixed, NULL, 10) : (unsigned)time(NULL);
     printf("C: seed %u\n", seed);
     srand(seed);
-    int rounds = (int)(300 * scale), crashes = 0, wrong = 0, hangs = 0, data_rounds = 0;
+    int rounds = nflips ? atoi(nflips) : (int)(300 * scale);
     if (rounds < 40) rounds = 40;
+    int tried[R_KINDS] = {0}, crashes[R_KINDS] = {0}, hangs[R_KINDS] = {0}, wrong[R_KINDS] = {0};
+    const char *only = getenv("EMBKV_DAMAGE_KIND");  /* e.g. "libpmemobj metadata" */
     for (int r = 0; r < rounds; r++) {
         const region *g = &regions[(size_t)rand() % nregions];
+        if (only && strcmp(kind_name[g->kind], only) != 0) {
+            r--;
+            continue;
+        }
         uint64_t at = g->off + (uint64_t)rand() % g->len;
         if (at >= len) continue;
         memcpy(work, pristine, len);
-        work[at] ^= (unsigned char)(1 + rand() % 255);
-        write_file(pool_path, work, len);
-        flip_job j = {g->data};
-        data_rounds += g->data;
+        if (g->kind == R_TRUNCATE) {
+            write_file(pool_path, work, at);
+        } else {
+            work[at] ^= (unsigned char)(1 + rand() % 255);
+            write_file(pool_path, work, len);
+        }
+        flip_job j = {g->kind};
+        tried[g->kind]++;
         int st = in_child(read_all, &j);
-        if (st == 128 + SIGALRM) hangs++;
-        else if (st > 128) crashes++;
-        else if (st != 0) wrong++;
-        if (st) fprintf(stderr, "  flip at %llu (%s): child status %d\n", (unsigned long long)at,
-                        g->data ? "root/records" : "index", st);
+        if (st == 128 + SIGALRM) hangs[g->kind]++;
+        else if (st > 128) crashes[g->kind]++;
+        else if (st != 0) wrong[g->kind]++;
+        if (st) fprintf(stderr, "  %s at %llu: child status %d\n", kind_name[g->kind],
+                        (unsigned long long)at, st);
     }
     write_file(pool_path, pristine, len);
-    printf("C: %d flips (%d in the root or records, the rest in the index): %d crashed, %d hung, "
-           "%d returned wrong data\n", rounds, data_rounds, crashes, hangs, wrong);
-    CHECK(crashes == 0);
-    CHECK(hangs == 0);
-    CHECK(wrong == 0);
+    int all_crashes = 0, all_hangs = 0, all_wrong = 0;
+    for (int k = 0; k < R_KINDS; k++) {
+        printf("C: %-20s %4d rounds: %d crashed, %d hung, %d returned wrong data\n", kind_name[k], tried[k],
+               crashes[k], hangs[k], wrong[k]);
+        all_crashes += crashes[k], all_hangs += hangs[k], all_wrong += wrong[k];
+    }
+    CHECK(all_crashes == 0);
+    CHECK(all_hangs == 0);
+    CHECK(all_wrong == 0);
     free(work);
     free(pristine);
 }

@@ -18,6 +18,10 @@
 #include <sys/file.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -168,6 +172,56 @@ static int check_pool_header(const char *pool, const char *dir)
     return EMBKV_OK;
 }
 
+/* libpmemobj trusts its own metadata (pool descriptor, lanes, heap, zone
+ * and chunk headers, run bitmaps): a damaged byte there can crash
+ * pmemobj_open or the first allocation, and pmemobj_check crashes on the
+ * same files.  Rather than re-implement its on-media format, a child
+ * process opens the pool first and walks every object (which reads the
+ * heap metadata the allocator would); if the child dies of a signal or
+ * does not finish, the pool is refused as damaged and this process never
+ * maps it.  The child only reads, apart from what pmemobj_open itself
+ * writes (lane recovery, which the real open would do the same way).
+ * Callers hold registry_mu, so no other open or close of this library is
+ * inside libpmemobj's global state when we fork.  If fork fails, the open
+ * goes on without the probe. */
+#define PROBE_TIMEOUT_S 120
+
+static int probe_pool(const char *pool, const char *dir)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return EMBKV_OK;
+    if (pid == 0) {
+        /* Dies with its parent, and by itself if libpmemobj loops. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        sigset_t all;
+        sigfillset(&all);
+        sigprocmask(SIG_UNBLOCK, &all, NULL);
+        signal(SIGALRM, SIG_DFL);
+        alarm(PROBE_TIMEOUT_S);
+        PMEMobjpool *pop = pmemobj_open(pool, EMBKV_LAYOUT);
+        if (!pop)
+            _exit(2);  /* the real open reports why */
+        size_t n = 0, limit = 1u << 30;
+        for (PMEMoid o = pmemobj_first(pop); !OID_IS_NULL(o) && n < limit; o = pmemobj_next(o))
+            n++;
+        _exit(0);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR)
+            return EMBKV_OK;  /* reaped elsewhere (a SIGCHLD handler): cannot tell */
+    }
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj did not finish opening it in %d s",
+                          dir, POOL_FILE, PROBE_TIMEOUT_S);
+    if (WIFSIGNALED(st))
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj's metadata in it crashes the "
+                          "library (signal %d when a probe process opened it)", dir, POOL_FILE, WTERMSIG(st));
+    return EMBKV_OK;
+}
+
 static void free_store(embkv_store *s)
 {
     if (!s)
@@ -308,6 +362,8 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
     snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_FILE);
     if (exists) {
         int rc = check_pool_header(pool, s->path);
+        if (rc == EMBKV_OK)
+            rc = probe_pool(pool, s->path);
         if (rc != EMBKV_OK)
             return rc;
         s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
@@ -329,6 +385,19 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
              * claim more than 1 GiB of disk (wide rows would make it many). */
             if (!opt->expected_rows && size > DEFAULT_POOL_CAP)
                 size = DEFAULT_POOL_CAP;
+        }
+        /* libpmemobj allocates the whole file up front: refuse a size the
+         * filesystem cannot hold with a message saying what sized it,
+         * rather than its "File too large" or "No space left". */
+        struct statvfs fs;
+        if (statvfs(s->path, &fs) == 0 && (double)size > (double)fs.f_bavail * (double)fs.f_frsize) {
+            unsigned long long avail = (unsigned long long)fs.f_bavail * fs.f_frsize;
+            if (opt->pool_size)
+                return embkv__err(EMBKV_FULL, "store %s: a pool of %llu bytes does not fit: its filesystem has "
+                                  "%llu bytes free", s->path, (unsigned long long)size, avail);
+            return embkv__err(EMBKV_FULL, "store %s: %llu rows of %u-byte records need a pool of %llu bytes, and "
+                              "its filesystem has %llu bytes free", s->path, (unsigned long long)expected, rs,
+                              (unsigned long long)size, avail);
         }
         /* Created under a temporary name and renamed once complete, so a
          * crash during creation leaves nothing that looks like a store. */
@@ -547,6 +616,78 @@ static int publish_pool(embkv_store *s)
     close(dfd);
     s->creating = 0;
     return EMBKV_OK;
+}
+
+/* Unlinks the files inspect_dir() accepts (LOCK last: it is held). */
+static int remove_store_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int bad = 0;
+    struct dirent *e;
+    char path[PATH_MAX];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        bad |= unlink(path) != 0 && errno != ENOENT;
+    }
+    closedir(d);
+    snprintf(path, sizeof path, "%s/%s", dir, LOCK_FILE);
+    bad |= unlink(path) != 0 && errno != ENOENT;
+    return bad ? -1 : rmdir(dir);
+}
+
+int embkv_destroy(const char *dir)
+{
+    if (!dir || !*dir)
+        return embkv__err(EMBKV_INVALID, "embkv_destroy: directory is NULL or empty");
+    pthread_mutex_lock(&registry_mu);
+    int rc = EMBKV_OK, fd = -1;
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        rc = embkv__err(EMBKV_NOTSTORE, "no embkv store at %s: %s", dir,
+                        errno == ENOENT ? "the directory does not exist" : "not a directory");
+        goto out;
+    }
+    for (embkv_store *o = registry; o; o = o->next) {
+        if (o->dev == st.st_dev && o->ino == st.st_ino) {
+            rc = embkv__err(EMBKV_LOCKED, "store %s is open in this process", dir);
+            goto out;
+        }
+    }
+    char foreign[256] = "", lockpath[PATH_MAX];
+    int state = inspect_dir(dir, foreign, sizeof foreign);
+    if (state < 0) {
+        rc = state == -2 ? embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno))
+                         : embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir,
+                                      foreign);
+        goto out;
+    }
+    snprintf(lockpath, sizeof lockpath, "%s/%s", dir, LOCK_FILE);
+    fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", dir, LOCK_FILE, strerror(errno));
+        goto out;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        rc = errno == EWOULDBLOCK ? embkv__err(EMBKV_LOCKED, "store %s is open in another process", dir)
+                                  : embkv__err(EMBKV_IO, "store %s: flock: %s", dir, strerror(errno));
+        goto out;
+    }
+    /* Under the lock, again: nothing foreign arrived meanwhile. */
+    if (inspect_dir(dir, foreign, sizeof foreign) < 0) {
+        rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
+        goto out;
+    }
+    if (remove_store_files(dir) != 0)
+        rc = embkv__err(EMBKV_IO, "store %s: cannot remove it: %s", dir, strerror(errno));
+out:
+    if (fd >= 0)
+        close(fd);
+    pthread_mutex_unlock(&registry_mu);
+    return rc;
 }
 
 int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_store **out)

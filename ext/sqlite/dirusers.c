@@ -149,3 +149,19 @@ int ekusers_remove(const char *dir, const char *tid)
     free(ids);
     return n;
 }
+
+int ekusers_none_but(const char *dir, const char *tid)
+{
+    char(*ids)[TID_LEN + 1] = malloc(sizeof *ids * MAX_USERS);
+    if (!ids) return 0;
+    pthread_mutex_lock(&users_mu);
+    int n = read_users(dir, ids, MAX_USERS);
+    pthread_mutex_unlock(&users_mu);
+    int only = n == -1;
+    if (n > 0) {
+        only = 1;
+        for (int i = 0; i < n; i++) only &= strcmp(ids[i], tid) == 0;
+    }
+    free(ids);
+    return only;
+}

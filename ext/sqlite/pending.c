@@ -72,8 +72,12 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, i
     return defer(c, when, dir, tid, 1, owner, err);
 }
 
-static void pend_carry_out(ekpend *p)
+static void pend_carry_out(ekconn *c, ekpend *p, int committed)
 {
+    /* A committed DROP: instances of the table that SQLite still keeps
+     * (cached statements) let go of it.  A rolled-back CREATE's instance
+     * goes with the rollback itself. */
+    if (committed && p->tid[0]) vt_detach_table(c, p->tid);
     if (p->unlist) {
         int left = ekusers_remove(p->dir, p->tid);
         if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);
@@ -234,7 +238,7 @@ static int pend_commit(sqlite3_vtab *pv)
     ekconn *c = ((pendtab *)pv)->conn;
     ekconn_end_stranded(c, 1);
     for (int i = 0; i < c->npend; i++)
-        if (c->pend[i].when & EK_ON_COMMIT) pend_carry_out(&c->pend[i]);
+        if (c->pend[i].when & EK_ON_COMMIT) pend_carry_out(c, &c->pend[i], 1);
     ekconn_pend_clear(c);
     return SQLITE_OK;
 }
@@ -244,7 +248,7 @@ static int pend_rollback(sqlite3_vtab *pv)
     ekconn *c = ((pendtab *)pv)->conn;
     ekconn_end_stranded(c, 0);
     for (int i = 0; i < c->npend; i++)
-        if (c->pend[i].when & EK_ON_ROLLBACK) pend_carry_out(&c->pend[i]);
+        if (c->pend[i].when & EK_ON_ROLLBACK) pend_carry_out(c, &c->pend[i], 0);
     ekconn_pend_clear(c);
     return SQLITE_OK;
 }

@@ -201,7 +201,14 @@ typedef struct ektmp {
     char *path;
     int nconn;
     pid_t pid;      /* the process that made it */
+    int ownerfd;    /* its flock'ed owner mark (leftovers.c), or -1 */
 } ektmp;
+
+static void tmp_free(ektmp *t)
+{
+    if (t->ownerfd >= 0) close(t->ownerfd);
+    free(t);
+}
 
 static ektmp *ek_tmp_list;
 
@@ -254,6 +261,7 @@ int ekreg_tmpdir_create(ekconn *c, const char *tid, char **path, char **err)
     pthread_once(&exit_hook_once, add_exit_hook);
     const char *base = getenv("TMPDIR");
     if (!base || !*base) base = "/tmp";
+    ekleft_sweep_tmp(base);
     char *tmpl = sqlite3_mprintf("%s/embkv-%s-XXXXXX", base, tid);
     if (!tmpl) return SQLITE_NOMEM;
     if (!mkdtemp(tmpl)) {
@@ -276,6 +284,7 @@ int ekreg_tmpdir_create(ekconn *c, const char *tid, char **path, char **err)
     t->path = p;
     t->nconn = 1;
     t->pid = getpid();
+    t->ownerfd = ekleft_tmp_claim(tmpl);
     t->next = ek_tmp_list;
     ek_tmp_list = t;
     pthread_mutex_unlock(&ek_mu);
@@ -313,7 +322,7 @@ void ekreg_tmpdir_forget(ekconn *c, const char *tid)
             *pt = t->next;
             if (t->pid == getpid()) path = t->path;
             else free(t->path);
-            free(t);
+            tmp_free(t);
             break;
         }
     }
@@ -377,7 +386,7 @@ void ekconn_unref(ekconn *c)
                 *pt = t->next;
                 if (gone && t->pid == getpid()) gone[ngone++] = t->path;
                 else free(t->path);
-                free(t);
+                tmp_free(t);
             }
             break;
         }

@@ -43,6 +43,7 @@
 #include "vtab.h"
 SQLITE_EXTENSION_INIT3
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -491,6 +492,24 @@ static char *dir_for(ekvtab *v, int create, char **err)
     return sqlite3_mprintf("%s-%s.embkv", dbfile, v->tid);
 }
 
+/* An existing directory that holds no store, nor anything else: empty, or
+ * with what a creation killed before it finished leaves (the engine's LOCK
+ * and store.pool.new, the binding's app- files).  A CREATE into it makes
+ * the store there as into a new directory, and owns it. */
+static int holds_no_store(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int empty = 1;
+    struct dirent *e;
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "LOCK") ||
+                !strcmp(e->d_name, "store.pool.new") ||
+                !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX));
+    closedir(d);
+    return empty;
+}
+
 /* ------------------------------------------------------------------------
  * xCreate, xConnect, xDisconnect, xDestroy, xRename
  */
@@ -548,8 +567,10 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     }
     if (create) {
         struct stat st;
-        made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT);
+        made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT) || holds_no_store(dir);
         v->owns_dir = made_dir;  /* a path naming an existing store attaches to it */
+        const char *dbfile = sqlite3_db_filename(v->db, v->zDb);
+        if (!v->opts.path && !v->is_tmp && dbfile && *dbfile) ekleft_sweep_db(v->conn, v->zDb, v->zName, dbfile);
     }
     embkv_options eo;
     memset(&eo, 0, sizeof eo);
@@ -565,7 +586,12 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
          * a store of this version; a damaged or busy store is not an option
          * error. */
         int path_fault = v->opts.path && (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
-        err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : "cannot open its store: ",
+        /* A pool too large for its filesystem: pool_size sized it, or
+         * capacity did (bits 2 and 3 of given, in ek_options' order). */
+        const char *sized_by = !(create && erc == EMBKV_FULL) ? NULL
+                               : (v->given & (1u << 2)) ? "option pool_size: "
+                               : (v->given & (1u << 3)) ? "option capacity: " : NULL;
+        err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
                               emsg ? emsg : "out of memory");
         sqlite3_free(emsg);
         rc = sqlite_rc_of(erc);
@@ -749,6 +775,24 @@ int vt_unusable(ekvtab *v)
     if (v->store) return 0;
     vt_err(v, "%s", v->broken);
     return 1;
+}
+
+void vt_detach_table(ekconn *c, const char *tid)
+{
+    for (ekvtab *v = c->tabs; v; v = v->next) {
+        if (!v->store || strcmp(v->tid, tid) != 0) continue;
+        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
+        if (!why) continue;  /* keeps the store: the directory goes with the connection */
+        if (v->session) embkv_session_close(v->session);
+        v->session = NULL;
+        if (v->wb) ekwbuf_release(v->wb, c);
+        v->wb = NULL;
+        v->txn = NULL;
+        ekreg_close(v->store);
+        v->store = NULL;
+        sqlite3_free(v->broken);
+        v->broken = why;
+    }
 }
 
 /* ------------------------------------------------------------------------

@@ -185,6 +185,11 @@ void vt_err(ekvtab *v, const char *fmt, ...);
 int sqlite_rc_of(int erc);
 /* A table connected without its store can only be dropped: sets the
  * message and returns 1 for such a table. */
+/* A DROP of the table with stable id tid has committed: the connection's
+ * other instances of it (an instance under the
+ * table's old name after ALTER TABLE RENAME, kept by a cached statement)
+ * let go of the store, so that its directory can go now. */
+void vt_detach_table(ekconn *c, const char *tid);
 int vt_unusable(ekvtab *v);
 
 /* values.c */
@@ -294,6 +299,23 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, i
  * when dir has no list, -2 when it could not be updated. */
 int ekusers_add(const char *dir, const char *tid, int made, int *listed, char **err);
 int ekusers_remove(const char *dir, const char *tid);
+
+/* 1 if dir's list names no table but tid (or dir has no list); 0 if it
+ * names others or cannot be read. */
+int ekusers_none_but(const char *dir, const char *tid);
+
+/* leftovers.c: what killed processes left behind.  ekleft_sweep_db: the
+ * default directories (<database file>-<id>.embkv) beside dbfile that no
+ * table of schema zDb uses and no process has open: CREATEs that never
+ * committed.  Called by the CREATE of table `creating`, which holds the
+ * database's write lock.
+ * ekleft_tmp_claim: marks a new temporary directory as this process's (an
+ * flock held until the process ends: -1 or the descriptor to close after
+ * removing it); ekleft_sweep_tmp: removes the temporary directories under
+ * base whose process is gone (once per process). */
+void ekleft_sweep_db(ekconn *c, const char *zDb, const char *creating, const char *dbfile);
+int ekleft_tmp_claim(const char *dir);
+void ekleft_sweep_tmp(const char *base);
 
 int ekfn_register(sqlite3 *db, ekconn *c);
 /* Keeps the extension's shared object loaded until the process exits. */

@@ -1,0 +1,220 @@
+"""What a killed or careless process leaves on disk goes away:
+
+- the default directory of a CREATE VIRTUAL TABLE killed before it
+  committed is removed by the next CREATE in that database, while the
+  directories of committed tables, of stores open in another process and of
+  stores other tables use stay;
+- a CREATE into an existing empty directory (or one holding only what a
+  killed creation left) owns it: DROP removes it;
+- the temporary store of a :memory: table whose process was SIGKILLed is
+  removed by the next process that makes a temporary table;
+- a table renamed and then dropped loses its directory at the DROP's
+  commit, not when the connection closes (Python caches statements that
+  keep the table's old instance).
+"""
+import glob
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from embkv_test import EXT, TempDirTest, connect
+
+CHILD = r"""
+import sqlite3, sys, os
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.enable_load_extension(True)
+c.load_extension(sys.argv[2])
+print("ready", flush=True)
+c.executescript(sys.argv[3])
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def child(db, sql, env=None):
+    """A process that runs sql, says "ready" before and "done" after, and
+    then waits for its stdin to close."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, db, EXT, sql], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+def finish(p, kill=False):
+    if kill:
+        p.send_signal(signal.SIGKILL)
+    p.stdin.close()
+    p.wait()
+    p.stdout.close()
+
+
+class TestKilledCreate(TempDirTest):
+    def leftovers(self):
+        return sorted(glob.glob(self.db + "-*.embkv"))
+
+    def test_next_create_removes_uncommitted_directories(self):
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE kept USING embkv(dim=2)")
+        c.execute("INSERT INTO kept VALUES (1, '[1,2]')")
+        kept = self.leftovers()
+        self.assertEqual(len(kept), 1)
+        c.close()
+        # Kill CREATEs of a large pool while they make it, until one leaves
+        # its directory behind (and always one inside an open transaction).
+        left = []
+        for delay in (0.05, 0.1, 0.2, 0.4, 0.8):
+            p = child(self.db, "BEGIN; CREATE VIRTUAL TABLE big USING embkv(dim=64, pool_size='512M')")
+            p.stdout.readline()
+            time.sleep(delay)
+            finish(p, kill=True)
+            left = [d for d in self.leftovers() if d not in kept]
+            if left:
+                break
+        if not left:  # every CREATE finished inside its transaction: kill one after it
+            p = child(self.db, "BEGIN; CREATE VIRTUAL TABLE big USING embkv(dim=4)")
+            self.assertEqual(p.stdout.readline().strip(), "ready")
+            self.assertEqual(p.stdout.readline().strip(), "done")
+            finish(p, kill=True)
+            left = [d for d in self.leftovers() if d not in kept]
+        self.assertTrue(left, "no directory was left to test with")
+        # A store open in another process and a store another table uses
+        # look like leftovers by name, and must stay.
+        busy = self.db + "-00000000000000aa.embkv"
+        held = child(os.path.join(self.dir, "other.db"),
+                     "CREATE VIRTUAL TABLE h USING embkv(dim=2, path='%s')" % busy)
+        self.assertEqual(held.stdout.readline().strip(), "ready")
+        self.assertEqual(held.stdout.readline().strip(), "done")
+        shared = self.db + "-00000000000000bb.embkv"
+        o = connect(os.path.join(self.dir, "other2.db"))
+        o.execute("CREATE VIRTUAL TABLE s USING embkv(dim=2, path='%s')" % shared)
+        o.close()
+        c = connect(self.db)
+        try:
+            c.execute("CREATE VIRTUAL TABLE fresh USING embkv(dim=2)")
+            now = self.leftovers()
+            for d in left:
+                self.assertNotIn(d, now)
+            self.assertIn(kept[0], now)
+            self.assertIn(busy, now)
+            self.assertIn(shared, now)
+            self.assertEqual(c.execute("SELECT vec FROM kept WHERE id = 1").fetchone()[0],
+                             b"\x00\x00\x80\x3f\x00\x00\x00\x40")
+        finally:
+            c.close()
+            finish(held)
+
+    def test_uncommitted_drop_keeps_its_directory(self):
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=2)")
+        c.execute("INSERT INTO a VALUES (5, '[5,6]')")
+        (d,) = self.leftovers()
+        c.execute("BEGIN")
+        c.execute("DROP TABLE a")
+        c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=2)")  # sweeps: a's directory is pending
+        self.assertIn(d, self.leftovers())
+        c.execute("ROLLBACK")
+        self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 1)
+        c.close()
+
+
+class TestEmptyDirectory(TempDirTest):
+    def test_create_into_empty_directory_owns_it(self):
+        for leftovers in ((), ("LOCK", "store.pool.new")):
+            d = os.path.join(self.dir, "store")
+            os.mkdir(d)
+            for f in leftovers:
+                with open(os.path.join(d, f), "wb") as fh:
+                    fh.write(b"x" * 100)
+            c = connect(self.db)
+            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='store')")
+            c.execute("INSERT INTO t VALUES (1, '[1,2]')")
+            self.assertFalse(os.path.exists(os.path.join(d, "store.pool.new")))
+            c.execute("DROP TABLE t")
+            self.assertFalse(os.path.exists(d), "DROP left the directory (leftovers %r)" % (leftovers,))
+            c.close()
+
+    def test_directory_with_other_files_is_refused_and_kept(self):
+        d = os.path.join(self.dir, "store")
+        os.mkdir(d)
+        with open(os.path.join(d, "notes.txt"), "w") as fh:
+            fh.write("mine")
+        c = connect(self.db)
+        with self.assertRaisesRegex(Exception, "option path: .*holds other files \\(notes.txt\\)"):
+            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='store')")
+        self.assertEqual(os.listdir(d), ["notes.txt"])
+        c.close()
+
+
+class TestTemporaryStores(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="embkv-py-tmp-")
+        self.env = dict(os.environ, TMPDIR=self.tmp)
+
+    def tearDown(self):
+        subprocess.run(["rm", "-rf", self.tmp])
+
+    def stores(self):
+        return sorted(glob.glob(os.path.join(self.tmp, "embkv-*")))
+
+    def test_killed_process_temporary_store_is_removed(self):
+        p = child(":memory:", "CREATE VIRTUAL TABLE m USING embkv(dim=2)", env=self.env)
+        self.assertEqual(p.stdout.readline().strip(), "ready")
+        self.assertEqual(p.stdout.readline().strip(), "done")
+        dead = self.stores()
+        self.assertEqual(len(dead), 1)
+        # A live process's store stays, whoever sweeps.
+        live = child(":memory:", "CREATE VIRTUAL TABLE m USING embkv(dim=2)", env=self.env)
+        self.assertEqual(live.stdout.readline().strip(), "ready")
+        self.assertEqual(live.stdout.readline().strip(), "done")
+        finish(p, kill=True)
+        both = self.stores()
+        self.assertEqual(len(both), 2)
+        mine = child(":memory:", "CREATE VIRTUAL TABLE m USING embkv(dim=2)", env=self.env)
+        self.assertEqual(mine.stdout.readline().strip(), "ready")
+        self.assertEqual(mine.stdout.readline().strip(), "done")
+        now = self.stores()
+        self.assertNotIn(dead[0], now)
+        self.assertEqual(len(now), 2)  # the live one and the new one
+        for q in (live, mine):
+            finish(q)
+        self.assertEqual(self.stores(), [])  # both removed their own at exit
+
+
+class TestTooLarge(TempDirTest):
+    """A pool the filesystem cannot hold is refused before anything is
+    allocated, naming the option that sized it, and leaves nothing."""
+
+    def test_capacity_and_pool_size_beyond_the_filesystem(self):
+        c = connect(self.db)
+        for opt, name in (("capacity=1099511627776", "capacity"), ("pool_size='1024T'", "pool_size"),
+                          ("capacity=1000, pool_size='1024T'", "pool_size")):
+            with self.assertRaisesRegex(sqlite3.DatabaseError, "embkv table t: option %s: store .*(need a pool of "
+                                        "\\d+ bytes|a pool of \\d+ bytes does not fit).* bytes free" % name):
+                c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=64, %s)" % opt)
+            self.assertEqual(glob.glob(self.db + "-*"), [])
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=64, capacity=1000)")
+        c.close()
+
+
+class TestRenameThenDrop(TempDirTest):
+    def test_directory_goes_at_the_drop(self):
+        c = connect(self.db, isolation_level="DEFERRED")  # Python's default: cached statements
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=2)")
+        c.execute("INSERT INTO a VALUES (1, '[1,2]')")
+        c.commit()
+        self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 1)
+        (d,) = glob.glob(self.db + "-*.embkv")
+        c.execute("ALTER TABLE a RENAME TO b")
+        c.commit()
+        self.assertEqual(c.execute("SELECT count(*) FROM b").fetchone()[0], 1)
+        c.execute("DROP TABLE b")
+        c.commit()
+        self.assertFalse(os.path.exists(d))
+        c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
