@@ -815,6 +815,36 @@ static void test_locked(void)
     free((void *)dir);
 }
 
+/* embkv_destroy removes a closed store, and only that. */
+static void test_destroy(void)
+{
+    const char *dir = strdup(test_tmpdir("destroy"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK_RC(embkv_destroy(dir), EMBKV_LOCKED);  /* open in this process */
+    CHECK(access(dir, F_OK) == 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    holder h = start_holder(dir);
+    CHECK_RC(embkv_destroy(dir), EMBKV_LOCKED);  /* open in another */
+    CHECK(strstr(embkv_errmsg(), "open in another process") != NULL);
+    CHECK(stop_holder(h) == 0);
+    char other[700];
+    snprintf(other, sizeof other, "%s/notes.txt", dir);
+    FILE *f = fopen(other, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);  /* not all ours: nothing removed */
+    CHECK(strstr(embkv_errmsg(), "notes.txt") != NULL);
+    CHECK(access(dir, F_OK) == 0);
+    unlink(other);
+    CHECK_RC(embkv_destroy(dir), EMBKV_OK);
+    CHECK(access(dir, F_OK) != 0);
+    CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);
+    free((void *)dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -826,5 +856,6 @@ int main(int argc, char **argv)
     test_full();
     test_full_synced_deletes();
     test_locked();
+    test_destroy();
     return test_summary("test_errors");
 }

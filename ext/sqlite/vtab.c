@@ -326,6 +326,15 @@ static int opt_is_stored(unsigned j)
 }
 
 /* After the store is open: take its options, or record the table's. */
+/* The check of the stored options: FNV-1a over "name=value;" in order. */
+#define OPTS_SUM_SEED 0xcbf29ce484222325ull
+static uint64_t opts_sum(uint64_t h, const char *name, const char *value)
+{
+    for (const char *parts[] = {name, "=", value, ";"}, **p = parts; p < parts + 4; p++)
+        for (const unsigned char *c = (const unsigned char *)*p; *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
+
 static int store_options(ekvtab *v, const char *dir, char **err)
 {
     embkv_stats st;
@@ -340,11 +349,16 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     if (!f) {
         /* A new store (or one made outside SQL): record this table's. */
         cJSON *o = cJSON_CreateObject();
+        uint64_t sum = OPTS_SUM_SEED;
         for (unsigned j = 0; o && j < N_OPTIONS; j++) {
             if (!opt_is_stored(j)) continue;
             opt_canon(&v->opts, st.pool_bytes, j, buf, sizeof buf);
             cJSON_AddStringToObject(o, ek_options[j].name, buf);
+            sum = opts_sum(sum, ek_options[j].name, buf);
         }
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+        if (o) cJSON_AddStringToObject(o, "check", hex);
         char *text = o ? cJSON_Print(o) : NULL;
         cJSON_Delete(o);
         char *tmp = sqlite3_mprintf("%s.tmp", path);
@@ -379,14 +393,24 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     char dimarg[32];
     snprintf(dimarg, sizeof dimarg, "dim=%u", embkv_dim(v->store));
     args[argc++] = dimarg;
-    int bad = !cJSON_IsObject(o);
-    for (unsigned j = 0, k = 0; !bad && j < N_OPTIONS && k < 16; j++) {
+    /* Every option present, nothing else but the check, and the check
+     * matching: a changed byte is an error, never another option value. */
+    int bad = !cJSON_IsObject(o), k = 0;
+    uint64_t sum = OPTS_SUM_SEED;
+    for (unsigned j = 0; !bad && j < N_OPTIONS; j++) {
         if (!opt_is_stored(j)) continue;
         const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, ek_options[j].name);
-        if (!cJSON_IsString(e)) continue;
+        bad = k == 16 || !cJSON_IsString(e) || strchr(e->valuestring, '\'') ||
+              strlen(e->valuestring) > 150;
+        if (bad) break;
+        sum = opts_sum(sum, ek_options[j].name, e->valuestring);
         snprintf(kv[k], sizeof kv[k], "%s='%s'", ek_options[j].name, e->valuestring);
         args[argc++] = kv[k++];
     }
+    const cJSON *chk = bad ? NULL : cJSON_GetObjectItemCaseSensitive(o, "check");
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+    if (!bad) bad = !cJSON_IsString(chk) || strcmp(chk->valuestring, hex) != 0 || cJSON_GetArraySize(o) != k + 1;
     cJSON_Delete(o);
     ekvtab w;
     memset(&w, 0, sizeof w);
@@ -660,6 +684,10 @@ broken:
      * alone: it was never seen to be an embkv store. */
     v->broken = err ? err : sqlite3_mprintf("%s", sqlite3_errstr(rc));
     err = NULL;
+    if (v->store) {  /* opened, then refused (its options are damaged) */
+        ekreg_close(v->store);
+        v->store = NULL;
+    }
     sqlite3_free(dir);
     dir = NULL;
     v->dim = v->opts.dim;
