@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -136,7 +137,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
-            !strcmp(e->d_name, POOL_TMP) ||
+            !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
@@ -185,6 +186,68 @@ static int check_pool_header(const char *pool, const char *dir)
  * inside libpmemobj's global state when we fork.  If fork fails, the open
  * goes on without the probe. */
 #define PROBE_TIMEOUT_S 120
+
+/* The probe costs a process and a second pmemobj_open (tens of ms), so it
+ * is skipped for a pool exactly as this library's last clean close left
+ * it: that close records the pool file's identity, size and times in
+ * POOL_SEAL, and any write to the file since (or a crash, which leaves no
+ * seal) changes the ctime, which nobody can set back.  The seal is removed
+ * before the pool is opened again. */
+static void seal_text(const struct stat *st, char *buf, size_t len)
+{
+    snprintf(buf, len, "%llu %llu %llu %lld.%09ld %lld.%09ld\n", (unsigned long long)st->st_dev,
+             (unsigned long long)st->st_ino, (unsigned long long)st->st_size, (long long)st->st_mtim.tv_sec,
+             st->st_mtim.tv_nsec, (long long)st->st_ctim.tv_sec, st->st_ctim.tv_nsec);
+}
+
+static void seal_pool(const char *dir)
+{
+    char pool[PATH_MAX], seal[PATH_MAX], text[160];
+    struct stat st;
+    snprintf(pool, sizeof pool, "%s/%s", dir, POOL_FILE);
+    snprintf(seal, sizeof seal, "%s/%s", dir, POOL_SEAL);
+    if (stat(pool, &st) != 0)
+        return;
+    /* File times come from the kernel's coarse clock: a write in the same
+     * tick as our last one would leave the ctime as it is.  Seal only once
+     * that tick is over, so any later write shows. */
+    for (int i = 0; i < 100; i++) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        if (now.tv_sec > st.st_ctim.tv_sec || (now.tv_sec == st.st_ctim.tv_sec && now.tv_nsec > st.st_ctim.tv_nsec))
+            break;
+        if (i == 99)
+            return;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    seal_text(&st, text, sizeof text);
+    FILE *f = fopen(seal, "w");
+    if (!f)
+        return;  /* no seal: the next open probes */
+    int ok = fputs(text, f) >= 0;
+    if (fclose(f) != 0 || !ok)
+        unlink(seal);
+}
+
+/* Whether the pool is as sealed; the seal goes either way. */
+static bool take_seal(const char *dir)
+{
+    char pool[PATH_MAX], seal[PATH_MAX], want[160], got[160] = "";
+    struct stat st;
+    snprintf(pool, sizeof pool, "%s/%s", dir, POOL_FILE);
+    snprintf(seal, sizeof seal, "%s/%s", dir, POOL_SEAL);
+    FILE *f = fopen(seal, "r");
+    if (!f)
+        return false;
+    bool read_ok = fgets(got, sizeof got, f) != NULL;
+    fclose(f);
+    unlink(seal);
+    if (!read_ok || stat(pool, &st) != 0)
+        return false;
+    seal_text(&st, want, sizeof want);
+    return strcmp(want, got) == 0;
+}
 
 static int probe_pool(const char *pool, const char *dir)
 {
@@ -362,7 +425,7 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
     snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_FILE);
     if (exists) {
         int rc = check_pool_header(pool, s->path);
-        if (rc == EMBKV_OK)
+        if (rc == EMBKV_OK && !take_seal(s->path))
             rc = probe_pool(pool, s->path);
         if (rc != EMBKV_OK)
             return rc;
@@ -852,6 +915,8 @@ int embkv_close(embkv_store *s)
         pmemobj_persist(s->pop, &s->root->clean, sizeof s->root->clean);
     }
     pmemobj_close(s->pop);
+    if (rc == EMBKV_OK)
+        seal_pool(s->path);
     close(s->lockfd);
     free_store(s);
     pthread_mutex_unlock(&registry_mu);

@@ -32,6 +32,7 @@
 #define POOL_FILE "store.pool"
 #define POOL_TMP "store.pool.new"  /* a pool being created; renamed when complete */
 #define LOCK_FILE "LOCK"
+#define POOL_SEAL "store.sealed" /* the pool as a clean close left it (store.c: probe_pool) */
 
 /* Seqlock fences.  ThreadSanitizer does not model fences; every field a
  * seqlock guards is accessed atomically, so its build can drop them. */

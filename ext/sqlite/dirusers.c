@@ -101,13 +101,15 @@ static int write_users(const char *dir, char (*ids)[TID_LEN + 1], int n)
  * and the limit is reported, not silently exceeded. */
 #define MAX_USERS 4096
 
-int ekusers_add(const char *dir, const char *tid, int made, int *listed, char **err)
+int ekusers_add(const char *dir, const char *tid, int *made, int *listed, char **err)
 {
     *listed = 0;
     char(*ids)[TID_LEN + 1] = malloc(sizeof *ids * MAX_USERS);
     if (!ids) return SQLITE_NOMEM;
     pthread_mutex_lock(&users_mu);
-    int n = made ? 0 : read_users(dir, ids, MAX_USERS - 1);
+    int n = read_users(dir, ids, MAX_USERS - 1);
+    if (*made && n > 0) *made = 0;  /* another CREATE got there first: join its list */
+    else if (*made) n = 0;
     int rc = SQLITE_OK;
     if (n == -1) {
         /* Attaching to a store no CREATE made: it stays the maker's. */

@@ -250,6 +250,10 @@ int ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
         dst = (e->used && e->vec && t->nsp == 0) ? e->vec : arena_take(t, t->vbytes);
         if (!dst) return SQLITE_NOMEM; /* not after ektxn_reserve */
     }
+    /* A DELETE of a row this transaction INSERTed where the store had none
+     * leaves the store as it found it: COMMIT skips it (a row a pull made
+     * meanwhile is not this transaction's to delete). */
+    int undo_insert = kind == EKTXN_DEL && e->used && e->kind == EKTXN_PUT && e->fresh == EKTXN_FRESH_NEW;
     if (t->nsp > 0) {
         ekundo *u = &t->undo[t->nundo++];
         u->id = id;
@@ -270,7 +274,7 @@ int ektxn_set(ektxn *t, int64_t id, int kind, int fresh, const float *vec)
         t->n++;
     }
     e->kind = (uint8_t)kind;
-    e->fresh = (uint8_t)(kind == EKTXN_PUT ? fresh : 0);
+    e->fresh = (uint8_t)(kind == EKTXN_PUT ? fresh : undo_insert ? EKTXN_FRESH_NEW : 0);
     return SQLITE_OK;
 }
 
@@ -427,7 +431,7 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
         const ektxn_entry *e = &t->slot[i];
         if (!e->used) continue;
         if (e->kind == EKTXN_DEL) {
-            deletes++;
+            deletes += e->fresh != EKTXN_FRESH_NEW;
             continue;
         }
         int exists = embkv_exists(s, e->id) == 1;
@@ -451,7 +455,7 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
     float *state = t->state_floats ? t->rowbuf + t->dim : NULL;
     for (size_t i = 0; i < t->cap; i++) {
         const ektxn_entry *e = &t->slot[i];
-        if (!e->used) continue;
+        if (!e->used || (e->kind == EKTXN_DEL && e->fresh == EKTXN_FRESH_NEW)) continue;
         /* Pre-image first, then the write. */
         ekpre *p = &t->pre[t->npre];
         p->id = e->id;

@@ -346,7 +346,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     if (!path) return SQLITE_NOMEM;
     char buf[160];
     FILE *f = fopen(path, "rb");
-    if (!f) {
+    if (!f && errno == ENOENT) {
         /* A new store (or one made outside SQL): record this table's. */
         cJSON *o = cJSON_CreateObject();
         uint64_t sum = OPTS_SUM_SEED;
@@ -361,15 +361,26 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         if (o) cJSON_AddStringToObject(o, "check", hex);
         char *text = o ? cJSON_Print(o) : NULL;
         cJSON_Delete(o);
-        char *tmp = sqlite3_mprintf("%s.tmp", path);
+        /* Written aside, then linked into place: link() never replaces, so
+         * of two tables racing onto a new store exactly one records its
+         * options and the other compares with them. */
+        char *tmp = sqlite3_mprintf("%s.%s.tmp", path, v->tid);
         int ok = text && tmp;
         FILE *w = ok ? fopen(tmp, "wb") : NULL;
         ok = w && fputs(text, w) >= 0;
         if (w && fclose(w) != 0) ok = 0;
-        if (ok && rename(tmp, path) != 0) ok = 0;
-        if (!ok && tmp) unlink(tmp);
+        int lost = 0;
+        if (ok && link(tmp, path) != 0) {
+            lost = errno == EEXIST;
+            ok = 0;
+        }
+        if (tmp) unlink(tmp);
         free(text);
         sqlite3_free(tmp);
+        if (lost) {
+            sqlite3_free(path);
+            return store_options(v, dir, err);
+        }
         int rc = SQLITE_OK;
         if (!ok) {
             *err = sqlite3_mprintf("cannot record its options in %s: %s", path, strerror(errno));
@@ -377,6 +388,11 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         }
         sqlite3_free(path);
         return rc;
+    }
+    if (!f) {
+        *err = sqlite3_mprintf("cannot read the store's options in %s: %s", path, strerror(errno));
+        sqlite3_free(path);
+        return SQLITE_IOERR;
     }
     char text[4096];
     size_t n = fread(text, 1, sizeof text - 1, f);
@@ -660,9 +676,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         goto fail;
     }
     if (create) {
+        /* Listed first: a CREATE that raced another onto the same new
+         * directory (threads of one process; another process is kept out
+         * by the store's lock) finds that one's list and only joins it. */
+        if (!v->is_tmp && (rc = ekusers_add(v->dir, v->tid, &made_dir, &listed, &err)) != SQLITE_OK) goto fail;
+        v->owns_dir = made_dir;
         rc = shadow_create(v, &err);
         if (rc != SQLITE_OK) goto fail;
-        if (!v->is_tmp && (rc = ekusers_add(v->dir, v->tid, made_dir, &listed, &err)) != SQLITE_OK) goto fail;
         /* Rolled back, the table lets go of the store; a directory it made
          * goes with it unless other tables attached meanwhile. */
         if (made_dir && v->is_tmp)
@@ -709,11 +729,16 @@ fail:
         ekreg_close(v->store);
         v->store = NULL;
     }
+    if (v->wb) {  /* its reference to the store too, before removing it */
+        ekwbuf_release(v->wb, v->conn);
+        v->wb = NULL;
+        v->txn = NULL;
+    }
+    if (listed) ekusers_remove(v->dir, v->tid);
     if (made_dir) {
+        /* Only if nobody else opened it meanwhile (a racing CREATE). */
         if (v->is_tmp) ekreg_tmpdir_forget(v->conn, v->tid);
-        else ek_remove_tree(dir);
-    } else if (listed) {
-        ekusers_remove(v->dir, v->tid);
+        else if (ekusers_none_but(dir, v->tid)) embkv_destroy(dir);
     }
     sqlite3_free(dir);
     vt_free(v);
@@ -912,6 +937,9 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
          * store does not have must still be free then. */
         int fresh = replace || in_store || sqlite3_vtab_on_conflict(v->db) == SQLITE_REPLACE ? EKTXN_FRESH
                                                                                           : EKTXN_FRESH_NEW;
+        /* Deleted here after this transaction inserted it: still an INSERT
+         * of an id the store must not have (whatever a pull did since). */
+        if (!replace && e && e->kind == EKTXN_DEL && e->fresh == EKTXN_FRESH_NEW) fresh = EKTXN_FRESH_NEW;
         /* Reserved above: these cannot fail, so an id change is never half
          * done. */
         if (!is_insert && (rc = ektxn_set(v->txn, oldid, EKTXN_DEL, 0, NULL)) != SQLITE_OK) return rc;

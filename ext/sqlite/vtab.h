@@ -43,7 +43,9 @@ typedef struct ektxn_entry {
                      * starts anew (clock 0, zero optimizer state).
                      * EKTXN_FRESH_NEW: an INSERT of an id the store did not
                      * have; COMMIT fails if it has one by then (another
-                     * connection inserted it, or a pull created it) */
+                     * connection inserted it, or a pull created it).
+                     * On a DEL, EKTXN_FRESH_NEW: the row was such an INSERT
+                     * of this transaction, and COMMIT writes nothing */
     float *vec;     /* PUT: dim floats */
 } ektxn_entry;
 
@@ -293,11 +295,12 @@ int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, c
 int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err);
 
 /* dirusers.c: the tables using a store directory, listed in it.
- * ekusers_add: made (the CREATE made the store): start the list with tid;
- * otherwise add tid to the list if the store has one (*listed says whether
- * tid went in).  ekusers_remove: the number of tables left on the list, -1
+ * ekusers_add: *made (the CREATE made the store): start the list with tid,
+ * unless a racing CREATE already started one (then *made becomes 0 and tid
+ * joins it); otherwise add tid to the list if the store has one (*listed
+ * says whether tid went in).  ekusers_remove: the number of tables left on the list, -1
  * when dir has no list, -2 when it could not be updated. */
-int ekusers_add(const char *dir, const char *tid, int made, int *listed, char **err);
+int ekusers_add(const char *dir, const char *tid, int *made, int *listed, char **err);
 int ekusers_remove(const char *dir, const char *tid);
 
 /* 1 if dir's list names no table but tid (or dir has no list); 0 if it

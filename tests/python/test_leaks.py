@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -181,6 +182,58 @@ class TestTemporaryStores(unittest.TestCase):
         for q in (live, mine):
             finish(q)
         self.assertEqual(self.stores(), [])  # both removed their own at exit
+
+
+class TestCreateRace(TempDirTest):
+    """Two CREATEs racing onto one new path (threads, separate databases):
+    with different options exactly one wins and its store survives the
+    loser's cleanup; with the same options both attach, and the store goes
+    only with the second DROP."""
+
+    def race(self, k, lrs):
+        path = os.path.join(self.dir, "race%d" % k)
+        won = {}
+
+        def make(n, lr):
+            c = connect(os.path.join(self.dir, "r%d_%d.db" % (n, k)), check_same_thread=False)
+            try:
+                c.execute("CREATE VIRTUAL TABLE x USING embkv(dim=2, path='%s', lr=%s)" % (path, lr))
+                won[n] = c
+            except sqlite3.DatabaseError as e:
+                self.assertIn("option lr", str(e))
+                c.close()
+
+        ts = [threading.Thread(target=make, args=(n, lr)) for n, lr in enumerate(lrs)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return path, won
+
+    def test_different_options(self):
+        for k in range(12):
+            path, won = self.race(k, ("0.1", "0.2"))
+            self.assertEqual(len(won), 1, "race %d" % k)
+            (n, c), = won.items()
+            c.execute("INSERT INTO x VALUES (1, '[1,2]')")
+            c.close()
+            c = connect(os.path.join(self.dir, "r%d_%d.db" % (n, k)))
+            self.assertEqual(c.execute("SELECT count(*) FROM x").fetchone()[0], 1, "race %d" % k)
+            c.close()
+
+    def test_same_options(self):
+        for k in range(6):
+            path, won = self.race(k, ("0.1", "0.1"))
+            self.assertEqual(len(won), 2, "race %d" % k)
+            first, second = won[0], won[1]
+            first.execute("INSERT INTO x VALUES (1, '[1,2]')")
+            first.execute("DROP TABLE x")
+            first.close()
+            self.assertTrue(os.path.isdir(path))
+            self.assertEqual(second.execute("SELECT count(*) FROM x").fetchone()[0], 1)
+            second.execute("DROP TABLE x")
+            second.close()
+            self.assertFalse(os.path.exists(path))
 
 
 class TestTooLarge(TempDirTest):

@@ -252,5 +252,44 @@ class TestCommitVersusPull(TempDirTest):
             b.close()
 
 
+class TestInsertThenDelete(TempDirTest):
+    """A transaction that INSERTs an id and DELETEs it again changes
+    nothing at COMMIT: a row a pull created meanwhile (and its pushes)
+    stays; inserting it a third time is an INSERT of an id the store must
+    not have, so that COMMIT fails with the UNIQUE error."""
+
+    def test_pulled_row_survives(self):
+        a, b = connect(self.db), connect(self.db)
+        a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, init='uniform(5,6)', seed=3, lr=1)")
+        for k, stmts in enumerate((["DELETE FROM t WHERE id = {i}"],
+                                   ["INSERT INTO t VALUES ({i}, '[0,0]')", "DELETE FROM t WHERE id = {i}"],
+                                   ["INSERT INTO t VALUES ({i}, '[0,0]')", "UPDATE t SET vec = '[1,1]' WHERE id = {i}",
+                                    "DELETE FROM t WHERE id = {i}"])):
+            i = 50 + k
+            a.execute("BEGIN")
+            for sql in stmts:
+                a.execute(sql.format(i=i))
+            pulled = b.execute("SELECT embkv_json(embkv_pull('t', %d))" % i).fetchone()[0]
+            b.execute("SELECT embkv_push('t', %d, '[1,1]')" % i).fetchall()
+            a.execute("COMMIT")
+            got = a.execute("SELECT clock, embkv_json(vec) FROM t WHERE id = ?", (i,)).fetchone()
+            self.assertIsNotNone(got, stmts)
+            want = [x - 1 for x in json.loads(pulled)]
+            self.assertEqual(got[0], 1)
+            np.testing.assert_allclose(json.loads(got[1]), want, rtol=1e-6)
+        a.execute("BEGIN")
+        a.execute("INSERT INTO t VALUES (60, '[0,0]')")
+        a.execute("DELETE FROM t WHERE id = 60")
+        b.execute("SELECT embkv_pull('t', 60)").fetchall()
+        a.execute("INSERT INTO t VALUES (60, '[2,2]')")
+        with self.assertRaisesRegex(Exception, "id 60 already exists|UNIQUE"):
+            a.execute("COMMIT")
+        if a.in_transaction:
+            a.execute("ROLLBACK")
+        self.assertEqual(a.execute("SELECT clock FROM t WHERE id = 60").fetchone()[0], 0)
+        a.close()
+        b.close()
+
+
 if __name__ == "__main__":
     unittest.main()
