@@ -42,7 +42,8 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError as e:  # pragma: no cover
-    sys.exit("train_ctr.py: %s (Debian packages python3-numpy python3-torch; `make deps` installs them)" % e)
+    sys.exit("train_ctr.py: %s: run it with Debian's /usr/bin/python3 (this is %s), with the packages "
+             "python3-numpy and python3-torch (`make deps` installs them)" % (e, sys.executable))
 
 import embkv  # noqa: E402
 import embkv.torch as ekt  # noqa: E402
@@ -209,6 +210,12 @@ class Trainer:
                                                                             time.time() - t0))
         self.meta = meta(conn)
         self.n_train, self.n_test = int(self.meta["n_train"]), int(self.meta["n_test"])
+        made = {"--train-rows": self.n_train, "--test-rows": self.n_test, "--seed": int(self.meta["seed"])}
+        asked = {"--train-rows": args.train_rows, "--test-rows": args.test_rows, "--seed": args.seed}
+        for k in made:
+            if made[k] != asked[k]:
+                sys.exit("train_ctr.py: the data in %s was generated with %s %s, not %s: give the same, or --fresh "
+                         "to start over" % (self.db, k, made[k], asked[k]))
         self.sizes = json.loads(self.meta["vocab"])
         torch.manual_seed(args.seed)
         self.dense = Dense(args.dim)
@@ -241,11 +248,33 @@ class Trainer:
         if not row:
             return 0, 0
         gen, done = (int(x) for x in np.frombuffer(row[0], np.float32)[:2])
-        state = torch.load(self.dense_file(gen))
-        self.dense.load_state_dict(state["dense"])
-        self.dense_opt.load_state_dict(state["opt"])
+        path = self.dense_file(gen)
+        try:
+            # A checkpoint is as trusted as the database beside it (torch 1.13's
+            # weights_only loader cannot read an optimizer's state).
+            state = torch.load(path)
+            saved = state["args"]
+        except Exception as e:
+            sys.exit("train_ctr.py: cannot resume: the dense checkpoint %s of checkpoint %d is missing or damaged "
+                     "(%s); --fresh starts over" % (path, gen, e))
+        for k, v in self.run_args().items():
+            if saved.get(k) != v:
+                sys.exit("train_ctr.py: the checkpoint in %s was made with --%s %s, not %s: give the same to resume, "
+                         "or --fresh to start over" % (self.db, k.replace("_", "-"), saved.get(k), v))
+        try:
+            self.dense.load_state_dict(state["dense"])
+            self.dense_opt.load_state_dict(state["opt"])
+        except Exception as e:
+            sys.exit("train_ctr.py: cannot resume: the dense checkpoint %s of checkpoint %d is damaged (%s); "
+                     "--fresh starts over" % (path, gen, e))
         print("resuming at batch %d of %d (checkpoint %d)" % (done, self.total, gen))
         return gen, done
+
+    def run_args(self):
+        """What a resumed run must share with the checkpoint it resumes."""
+        a = self.args
+        return {"dim": a.dim, "batch": a.batch, "lr": float(a.lr), "dense_lr": float(a.dense_lr),
+                "staleness": str(a.staleness), "seed": a.seed}
 
     def dense_file(self, gen):
         return "%s.dense-%d.pt" % (self.db, gen)
@@ -257,7 +286,8 @@ class Trainer:
             return
         gen = self.generation + 1
         tmp = self.dense_file(gen) + ".tmp"
-        torch.save({"dense": self.dense.state_dict(), "opt": self.dense_opt.state_dict()}, tmp)
+        torch.save({"dense": self.dense.state_dict(), "opt": self.dense_opt.state_dict(), "args": self.run_args()},
+                   tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.dense_file(gen))
@@ -468,10 +498,24 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.staleness != "unlimited" and not args.staleness.isdigit():
         ap.error("--staleness: a number or 'unlimited'")
-    if args.workers < 1 or args.batch < 1 or args.checkpoint_every < 1:
-        ap.error("--workers, --batch and --checkpoint-every must be positive")
+    if min(args.workers, args.batch, args.checkpoint_every, args.epochs, args.dim) < 1:
+        ap.error("--workers, --batch, --checkpoint-every, --epochs and --dim must be positive")
+    if args.train_rows < args.batch or args.test_rows < 2:
+        ap.error("--train-rows must hold at least one --batch, and --test-rows at least 2")
+    if not args.vocab_scale > 0 or args.eval_every < 0 or (args.max_batches is not None and args.max_batches < 0):
+        ap.error("--vocab-scale must be positive, --eval-every and --max-batches >= 0")
     tr = Trainer(args)
-    res = tr.run()
+    try:
+        res = tr.run()
+    except BaseException as e:
+        # Stop as a crash would: closing would make the embeddings trained
+        # since the last checkpoint durable without the position that goes
+        # with them; without the close the store reopens at the checkpoint.
+        import traceback
+        traceback.print_exc()
+        print("train_ctr.py: stopped (%s); the run resumes from its last checkpoint" % type(e).__name__,
+              file=sys.stderr, flush=True)
+        os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)
     if args.json:
         print(json.dumps(res))
     else:

@@ -69,9 +69,14 @@ def connect(database, **kw):
 
 
 def _ids_bytes(ids):
-    a = np.ascontiguousarray(ids, dtype=np.int64)
-    if a.ndim != 1:
-        a = a.reshape(-1)
+    """Ids as int64 bytes; integers only (a float or bool id is an error,
+    not a truncation), and unsigned ones must fit in int64."""
+    a = np.asarray(ids)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError("embkv: ids must be integers, not %s" % a.dtype)
+    if a.size and a.dtype == np.uint64 and int(a.max()) > np.iinfo(np.int64).max:
+        raise ValueError("embkv: id %d does not fit in int64" % int(a.max()))
+    a = np.ascontiguousarray(a.reshape(-1), dtype=np.int64)
     return a, memoryview(a).cast("B")
 
 
@@ -85,8 +90,10 @@ def pull(conn, table, ids, dim_=None):
     read-only (a view of the result).  Takes the staleness permits of the
     table; push or release returns them."""
     a, buf = _ids_bytes(ids)
+    if len(a) == 0:
+        return np.zeros((0, dim_ or dim(conn, table)), np.float32)
     blob = conn.execute("SELECT embkv_pull(?, ?)", (table, buf)).fetchone()[0]
-    d = dim_ or (len(blob) // (4 * len(a)) if len(a) else dim(conn, table))
+    d = dim_ or len(blob) // (4 * len(a))
     return np.frombuffer(blob, dtype=np.float32).reshape(len(a), d)
 
 
@@ -95,6 +102,10 @@ def push(conn, table, ids, grads, lr=None):
     returns the number of rows updated."""
     a, buf = _ids_bytes(ids)
     g = np.ascontiguousarray(grads, dtype=np.float32)
+    if g.ndim != 2 or g.shape[0] != len(a):
+        raise ValueError("embkv.push: grads must have shape (%d, dim), not %s" % (len(a), g.shape))
+    if len(a) == 0:
+        return 0
     gbuf = memoryview(g).cast("B")
     if lr is None:
         return conn.execute("SELECT embkv_push(?, ?, ?)", (table, buf, gbuf)).fetchone()[0]
@@ -104,6 +115,8 @@ def push(conn, table, ids, grads, lr=None):
 def release(conn, table, ids):
     """Return the permits of ids without an update; returns how many went back."""
     a, buf = _ids_bytes(ids)
+    if len(a) == 0:
+        return 0
     return conn.execute("SELECT embkv_release(?, ?)", (table, buf)).fetchone()[0]
 
 

@@ -18,18 +18,26 @@ store, as FBGEMM's fused backward does.  No torch optimizer touches them, and
 the module has no parameters.
 
 Permits: each forward is one pull.  Its permits are returned by its
-backward's push, and otherwise (inference with gradients on, a graph dropped
-without backward, an exception inside the step) as soon as the batch's leaf
-tensor is freed, or by release() (a backward after release() pushes nothing).
-A forward under torch.no_grad() or in eval mode returns them at once.  At
-staleness 0 an id can be pulled once before its push: two forwards of one
+backward's push (also when the push fails: a NaN gradient, say), and
+otherwise (inference with gradients on, a graph dropped without backward,
+an exception inside the step) as soon as the batch's leaf tensor is freed,
+or by release() (a backward after release() pushes nothing).  The module
+need not outlive its outputs.  A forward under torch.no_grad() returns them
+at once (eval mode alone does not: as in torch, it does not stop gradients).
+At staleness 0 an id can be pulled once before its push: two forwards of one
 table in one step that share ids wait for each other (and fail after the
-table's wait_ms).
+table's wait_ms), and a loss, output or traceback kept alive holds its
+step's permits.  A second backward through one forward (retain_graph) is an
+error: its rows were updated by the first.  Threads that train at once need
+a connection each: a pull waiting for a permit holds its connection, so a
+push on the same connection could not run.
 
 padding_idx: that id is never read nor stored; its output rows are zeros (as
 torch's, whose padding row starts at zero and gets no gradient) and bags skip
 it.
 """
+import json
+import sqlite3
 import threading
 import weakref
 
@@ -42,14 +50,68 @@ import embkv
 __all__ = ["Embedding", "EmbeddingBag"]
 
 
-class _Batch:
-    """The distinct ids of one forward and whether their permits are back."""
+class _Lease:
+    """The permits of one forward: the distinct ids it pulled, on what
+    table, and where they are.  It does not depend on the module (a module
+    dropped while its output lives still pushes or releases), and the hook
+    and the finalizer hold it.  state: "out", "pushed" or "released"."""
 
-    __slots__ = ("ids", "done", "__weakref__")
+    __slots__ = ("conn", "table", "ids", "state", "lock", "__weakref__")
 
-    def __init__(self, ids):
-        self.ids = ids
-        self.done = False
+    def __init__(self, conn, table, ids):
+        self.conn, self.table, self.ids = conn, table, ids
+        self.state = "out"
+        self.lock = threading.Lock()
+
+    def push(self, grad):
+        with self.lock:
+            if self.state == "pushed":
+                raise RuntimeError("embkv.torch: a second backward through one forward of table %r (retain_graph): "
+                                   "the first one updated its rows already; run a forward per backward" % self.table)
+            if self.state == "released":
+                return  # release() came first: the update is dropped, as documented
+            try:
+                embkv.push(self.conn, self.table, self.ids, grad)
+            except BaseException:
+                # The update failed (a NaN gradient, a transaction open on the
+                # connection): the permits go back all the same, now or later.
+                self._release_locked()
+                raise
+            self.state = "pushed"
+
+    def release(self):
+        with self.lock:
+            if self.state == "out":
+                self._release_locked()
+
+    def _release_locked(self):
+        try:
+            embkv.release(self.conn, self.table, self.ids)
+            self.state = "released"
+        except sqlite3.ProgrammingError:
+            # Another thread than the connection's (a finalizer run by the
+            # garbage collector): the connection's next forward, backward
+            # or release() returns them.
+            with _deferred_lock:
+                _deferred.setdefault(id(self.conn), []).append(self)
+        except sqlite3.Error:
+            pass  # the connection is closed: its permits went with it
+
+
+_deferred = {}                 # id(conn) -> leases whose release must run on the connection's thread
+_deferred_lock = threading.Lock()
+
+
+def _flush_deferred(conn):
+    with _deferred_lock:
+        todo = _deferred.pop(id(conn), [])
+    for lease in todo:
+        lease.release()
+
+
+def _finalize(lease):
+    if lease.state == "out":
+        lease.release()
 
 
 class _TableModule(torch.nn.Module):
@@ -57,21 +119,30 @@ class _TableModule(torch.nn.Module):
         super().__init__()
         self.conn = conn
         self.table = table
-        exists = conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)).fetchone()
+        exists = conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                              (table,)).fetchone()
+        quoted = '"%s"' % table.replace('"', '""')
+        opts = ["%s=%s" % (k, _sql_option(v)) for k, v in options.items()]
         if not exists:
             if dim is None:
                 raise ValueError("embkv.torch: table %r does not exist: give dim (and options) to create it" % table)
-            opts = ["dim=%d" % int(dim)] + ["%s=%s" % (k, _sql_option(v)) for k, v in options.items()]
-            conn.execute('CREATE VIRTUAL TABLE "%s" USING embkv(%s)' % (table.replace('"', '""'), ", ".join(opts)))
-        elif options:
-            raise ValueError("embkv.torch: table %r exists: its options are the table's own, not %s"
-                             % (table, ", ".join(sorted(options))))
+            conn.execute("CREATE VIRTUAL TABLE %s USING embkv(%s)" % (quoted, ", ".join(["dim=%d" % int(dim)] + opts)))
+        elif opts:
+            # The store's rule decides: a table attached to the same store
+            # with these options is refused when one differs (naming it).
+            st = json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])
+            probe = '"_embkv_torch_check_%d"' % threading.get_ident()
+            try:
+                conn.execute("CREATE VIRTUAL TABLE temp.%s USING embkv(dim=%d, path=%s, %s)"
+                             % (probe, st["dim"], _sql_option(st["path"]), ", ".join(opts)))
+            except sqlite3.Error as e:
+                raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, e)) from None
+            conn.execute("DROP TABLE temp.%s" % probe)
         self.embedding_dim = embkv.dim(conn, table)
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
         self.padding_idx = padding_idx
-        self._pending = []          # _Batch of forwards whose permits are out
-        self._lock = threading.Lock()
+        self._leases = weakref.WeakSet()  # forwards whose permits may be out
 
     def extra_repr(self):
         return "table=%r, dim=%d%s" % (self.table, self.embedding_dim,
@@ -79,16 +150,12 @@ class _TableModule(torch.nn.Module):
 
     # -- permits
 
-    def _give_back(self, batch):
-        with self._lock:
-            if batch.done:
-                return
-            batch.done = True
-            try:
-                self._pending.remove(batch)
-            except ValueError:
-                pass
-        embkv.release(self.conn, self.table, batch.ids)
+    def release(self):
+        """Return the permits of every forward not followed by a backward
+        (a backward after release() pushes nothing)."""
+        _flush_deferred(self.conn)
+        for lease in list(self._leases):
+            lease.release()
 
     def lookahead(self, ids):
         """Announce the ids of coming batches (embkv_lookahead), so that rows
@@ -103,19 +170,16 @@ class _TableModule(torch.nn.Module):
                 return 0
             raise
 
-    def release(self):
-        """Return the permits of every forward not followed by a backward."""
-        with self._lock:
-            pending = list(self._pending)
-        for b in pending:
-            self._give_back(b)
-
     # -- the batch's rows
 
     def _gather(self, ids):
         """Pull the distinct ids of ids (a LongTensor); returns the leaf
         weight tensor (one row per distinct id, plus a zero row for padding
         when there is padding) and ids mapped to its rows."""
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("embkv.torch: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
+                            % ids.dtype)
+        _flush_deferred(self.conn)
         flat = ids.reshape(-1).to(torch.int64)
         pad_local = None
         if self.padding_idx is not None:
@@ -128,7 +192,6 @@ class _TableModule(torch.nn.Module):
         rows = embkv.pull(self.conn, self.table, u, self.embedding_dim) if len(u) else \
             np.zeros((0, self.embedding_dim), np.float32)
         w = torch.from_numpy(np.array(rows, dtype=np.float32, copy=True))
-        batch = _Batch(u)
         local = torch.empty_like(flat)
         if is_pad is not None:
             pad_local = len(u)
@@ -137,42 +200,26 @@ class _TableModule(torch.nn.Module):
             local[~is_pad] = inv
         else:
             local = inv
-        training = torch.is_grad_enabled() and self.training
+        # As torch's: eval mode changes nothing here, only torch.no_grad() does.
+        training = torch.is_grad_enabled()
         if not training or len(u) == 0:
             if len(u):
                 embkv.release(self.conn, self.table, u)
             return w, local.reshape(ids.shape), pad_local
         w.requires_grad_(True)
-        with self._lock:
-            self._pending.append(batch)
-        ref = weakref.ref(self)
+        lease = _Lease(self.conn, self.table, u)
+        self._leases.add(lease)
+        n = len(u)
 
-        def push(grad, batch=batch, n=len(u)):
-            mod = ref()
-            if mod is None:
-                return grad
-            with mod._lock:
-                if batch.done:
-                    return grad  # released already: the update is dropped, never applied twice
-                batch.done = True
-                mod._pending.remove(batch)
-            embkv.push(mod.conn, mod.table, batch.ids, grad[:n].contiguous().numpy())
+        def push(grad):
+            lease.push(grad[:n].contiguous().numpy())
             return grad
 
         w.register_hook(push)
         # Freed without a backward (inference under grad, an exception):
         # the permits go back.
-        weakref.finalize(w, _finalize_release, ref, batch)
+        weakref.finalize(w, _finalize, lease)
         return w, local.reshape(ids.shape), pad_local
-
-
-def _finalize_release(ref, batch):
-    mod = ref()
-    if mod is not None and not batch.done:
-        try:
-            mod._give_back(batch)
-        except Exception:  # the connection is gone: its permits went with it
-            pass
 
 
 def _sql_option(v):

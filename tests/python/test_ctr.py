@@ -49,6 +49,18 @@ class TestCtr(TempDirTest):
         self.assertLessEqual(res["auc"], res["best_auc"] + 0.01)
         self.assertAlmostEqual(res["auc"], res["sql_auc"], places=9)
 
+    def test_resume_refuses_other_settings(self):
+        run(self.db, "--max-batches", "10", "--checkpoint-every", "5")
+        for extra, want in ((["--lr", "0.5"], "made with --lr 0.05, not 0.5"),
+                            (["--batch", "128"], "made with --batch 256, not 128"),
+                            (["--seed", "8"], "generated with --seed 7, not 8")):
+            out = run(self.db, "--max-batches", "1", *extra, check=False)
+            self.assertNotEqual(out.returncode, 0)
+            self.assertIn(want, out.stderr)
+        out = run(self.db, "--max-batches", "1", "--test-rows", "1", check=False)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--test-rows at least 2", out.stderr)
+
     def test_resume_after_sigkill_matches_an_uninterrupted_run(self):
         target = 60
         ref_db = os.path.join(self.dir, "ref.db")

@@ -6,8 +6,10 @@ embkv table (the table's optimizer) must hold the same rows after N steps as
 torch.nn.Embedding / EmbeddingBag (sparse) trained with torch.optim.SGD /
 Adagrad, within float32 tolerance: every mode, duplicates, per_sample_weights,
 padding_idx, empty bags."""
+import gc
 import os
 import sys
+import threading
 import unittest
 
 import numpy as np
@@ -201,6 +203,40 @@ class TestPermits(Base):
         out.sum().backward()  # after release(): pushes nothing
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
 
+    def test_failed_push_returns_them(self):
+        out = self.emb(self.ids, self.offsets)
+        with self.assertRaisesRegex(Exception, "NaN"):
+            (out * float("nan")).sum().backward()
+        del out
+        self.pull_again()
+        self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
+
+    def test_module_dropped_before_backward(self):
+        emb = ekt.Embedding(self.conn, "s")
+        out = emb(torch.tensor([6]))
+        del emb
+        gc.collect()
+        out.sum().backward()  # still pushes, and returns the permit
+        self.pull_again()
+        self.assertEqual(self.conn.execute("SELECT clock FROM s WHERE id = 6").fetchone()[0], 1)
+
+    def test_second_backward_is_an_error(self):
+        out = self.emb(self.ids, self.offsets)
+        out.sum().backward(retain_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "second backward through one forward of table 's'"):
+            (2 * out).sum().backward()
+        self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 1)
+
+    def test_freed_on_another_thread(self):
+        box = [self.emb(self.ids, self.offsets)]
+        t = threading.Thread(target=box.clear)
+        t.start()
+        t.join()
+        gc.collect()
+        out = self.emb(self.ids, self.offsets)  # returns the deferred ones first
+        out.sum().backward()
+        self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 1)
+
 
 class TestErrors(Base):
     def test_missing_table_needs_dim(self):
@@ -213,9 +249,25 @@ class TestErrors(Base):
             ekt.Embedding(self.conn, "t", dim=4)
 
     def test_options_of_an_existing_table(self):
-        self.conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=3)")
-        with self.assertRaisesRegex(ValueError, "its options are the table's own"):
+        self.conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=3, lr=0.25)")
+        ekt.Embedding(self.conn, "t", dim=3, lr=0.25)  # the same: a second run of a script
+        ekt.Embedding(self.conn, "T", lr=0.25)
+        with self.assertRaisesRegex(ValueError, "table 't' exists with other options: .*option lr: .*lr=0.25, not 0.5"):
             ekt.Embedding(self.conn, "t", lr=0.5)
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM temp.sqlite_schema").fetchone()[0], 0)
+
+    def test_ids_must_be_integers(self):
+        emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
+        for bad in (torch.tensor([1.7]), torch.tensor([True])):
+            with self.assertRaisesRegex(TypeError, "LongTensor or IntTensor"):
+                emb(bad)
+        with self.assertRaisesRegex(TypeError, "ids must be integers"):
+            embkv.pull(self.conn, "t", np.array([1.9]))
+        with self.assertRaisesRegex(ValueError, "does not fit in int64"):
+            embkv.pull(self.conn, "t", np.array([2**64 - 1], dtype=np.uint64))
+        self.assertEqual(embkv.pull(self.conn, "t", []).shape, (0, 3))
+        with self.assertRaisesRegex(ValueError, "grads must have shape"):
+            embkv.push(self.conn, "t", [1, 2], np.zeros((1, 3), np.float32))
 
     def test_lookahead_without_an_ssd_tier_queues_nothing(self):
         emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
