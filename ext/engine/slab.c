@@ -160,6 +160,13 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     int rc = want > SIZE_MAX ? EMBKV_FULL : ensure_free(s, (size_t)want);
     size_t have = s->free_locs.n;
     pthread_mutex_unlock(&s->slab_mu);
+    if (rc == EMBKV_FULL && !puts)
+        /* A delete of a synced row takes a record (its tombstone) until the
+         * next sync frees both: say how to get through in rounds. */
+        return embkv__err(rc, "store %s: no room for %llu deletes: the pool is full and has %zu free records (a "
+                          "delete takes one until the next sync); delete at most %zu rows at a time, syncing in "
+                          "between (in SQL: one COMMIT each)",
+                          s->path, (unsigned long long)deletes, have, have);
     if (rc == EMBKV_FULL)
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
                           "records, %u of them kept for deletes only (records replaced or deleted since the last "
