@@ -232,8 +232,12 @@ int slab_rebuild(embkv_store *s)
                                   "fingerprint or its place does not match)", s->path, (unsigned long long)b,
                                   (long long)bk->slots[i].key);
             }
-            if (loc & LOC_SSD)
-                continue;
+            if (loc & LOC_SSD) {  /* no SSD tier in this build: damage */
+                free(inuse);
+                return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld points to an "
+                                  "SSD tier this store does not have)", s->path, (unsigned long long)b,
+                                  (long long)bk->slots[i].key);
+            }
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
             if (c >= s->nchunks || r >= s->recs_per_chunk) {
                 free(inuse);

@@ -185,7 +185,7 @@ static int check_pool_header(const char *pool, const char *dir)
  * Callers hold registry_mu, so no other open or close of this library is
  * inside libpmemobj's global state when we fork.  If fork fails, the open
  * goes on without the probe. */
-#define PROBE_TIMEOUT_S 120
+#define PROBE_TIMEOUT_S 30  /* EMBKV_PROBE_TIMEOUT (seconds) overrides it */
 
 /* The probe costs a process and a second pmemobj_open (tens of ms), so it
  * is skipped for a pool exactly as this library's last clean close left
@@ -251,6 +251,8 @@ static bool take_seal(const char *dir)
 
 static int probe_pool(const char *pool, const char *dir)
 {
+    const char *env = getenv("EMBKV_PROBE_TIMEOUT");
+    unsigned timeout = env && atoi(env) > 0 ? (unsigned)atoi(env) : PROBE_TIMEOUT_S;
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0)
@@ -262,7 +264,7 @@ static int probe_pool(const char *pool, const char *dir)
         sigfillset(&all);
         sigprocmask(SIG_UNBLOCK, &all, NULL);
         signal(SIGALRM, SIG_DFL);
-        alarm(PROBE_TIMEOUT_S);
+        alarm(timeout);
         PMEMobjpool *pop = pmemobj_open(pool, EMBKV_LAYOUT);
         if (!pop)
             _exit(2);  /* the real open reports why */
@@ -277,8 +279,8 @@ static int probe_pool(const char *pool, const char *dir)
             return EMBKV_OK;  /* reaped elsewhere (a SIGCHLD handler): cannot tell */
     }
     if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
-        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj did not finish opening it in %d s",
-                          dir, POOL_FILE, PROBE_TIMEOUT_S);
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj did not finish opening it in %u s",
+                          dir, POOL_FILE, timeout);
     if (WIFSIGNALED(st))
         return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj's metadata in it crashes the "
                           "library (signal %d when a probe process opened it)", dir, POOL_FILE, WTERMSIG(st));
@@ -642,6 +644,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     rc = slab_rebuild(s);
     if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
         return rc;
+    bool was_clean = r->clean != 0;
     if (!r->clean) {
         rc = recover(s, ix);
         if (rc != EMBKV_OK)
@@ -655,7 +658,13 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         return rc;
     }
     count_entries(s, ix);
+    uint64_t rows = atomic_load(&s->rows);
+    if (was_clean && r->closed_rows_check == (r->closed_rows ^ ROWS_CHECK_KEY) && rows != r->closed_rows)
+        return embkv__err(EMBKV_CORRUPT, "store %s: its index holds %llu rows, %llu when it was closed: the index "
+                          "is damaged", s->path, (unsigned long long)rows, (unsigned long long)r->closed_rows);
     atomic_store(&s->cur_epoch, r->durable_epoch + 1);
+    r->closed_rows_check = 0;  /* the count is only known again at a clean close */
+    pmemobj_persist(s->pop, &r->closed_rows_check, sizeof r->closed_rows_check);
     r->clean = 0;
     pmemobj_persist(s->pop, &r->clean, sizeof r->clean);
     return EMBKV_OK;
@@ -911,6 +920,10 @@ int embkv_close(embkv_store *s)
      * thread must wait for the flock to go, not take it for another process. */
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
+        uint64_t rows = atomic_load(&s->rows);
+        s->root->closed_rows = rows;
+        s->root->closed_rows_check = rows ^ ROWS_CHECK_KEY;
+        pmemobj_persist(s->pop, &s->root->closed_rows, 2 * sizeof(uint64_t));
         s->root->clean = 1;
         pmemobj_persist(s->pop, &s->root->clean, sizeof s->root->clean);
     }

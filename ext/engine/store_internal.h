@@ -136,7 +136,13 @@ typedef struct store_root {
     PMEMoid index_next;        /* being built by a resize */
     PMEMoid index_old;         /* replaced, not yet freed */
     PMEMoid chunk_table;       /* PMEMoid[MAX_CHUNKS] of record chunks */
+    /* Rows at the last clean close, and that count ^ ROWS_CHECK_KEY (zero
+     * in a root from before these fields: no count known).  A clean open
+     * whose index holds another number of rows has lost some to damage. */
+    uint64_t closed_rows;
+    uint64_t closed_rows_check;
 } store_root;
+#define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 
 /* -------------------------------------------------------- the store handle */
 
