@@ -346,6 +346,11 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     if (!path) return SQLITE_NOMEM;
     char buf[160];
     FILE *f = fopen(path, "rb");
+    if (!f && errno == ENOENT && v->opts_recorded[0]) {
+        *err = sqlite3_mprintf("the store's options file %s is missing (its CREATE recorded options there)", path);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
     if (!f && errno == ENOENT) {
         /* A new store (or one made outside SQL): record this table's. */
         cJSON *o = cJSON_CreateObject();
@@ -358,6 +363,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         }
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+        memcpy(v->opts_check, hex, sizeof hex);
         if (o) cJSON_AddStringToObject(o, "check", hex);
         char *text = o ? cJSON_Print(o) : NULL;
         cJSON_Delete(o);
@@ -428,6 +434,13 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
     if (!bad) bad = !cJSON_IsString(chk) || strcmp(chk->valuestring, hex) != 0 || cJSON_GetArraySize(o) != k + 1;
     cJSON_Delete(o);
+    memcpy(v->opts_check, hex, sizeof hex);
+    if (!bad && v->opts_recorded[0] && strcmp(v->opts_recorded, hex) != 0) {
+        /* A whole valid file, but not this store's (copied from another). */
+        *err = sqlite3_mprintf("the store's options in %s are not the ones its CREATE recorded", path);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
     ekvtab w;
     memset(&w, 0, sizeof w);
     char *perr = NULL;
@@ -466,8 +479,8 @@ static int shadow_create(ekvtab *v, char **err)
 {
     char *sql = sqlite3_mprintf("CREATE TABLE \"%w\".\"%w_config\"(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
                                 "INSERT INTO \"%w\".\"%w_config\"(k, v) VALUES ('id', %Q), ('format', 1), "
-                                "('owns_dir', %d);",
-                                v->zDb, v->zName, v->zDb, v->zName, v->tid, v->owns_dir);
+                                "('owns_dir', %d), ('options', %Q);",
+                                v->zDb, v->zName, v->zDb, v->zName, v->tid, v->owns_dir, v->opts_check);
     if (!sql) return SQLITE_NOMEM;
     char *msg = NULL;
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
@@ -482,9 +495,10 @@ static int shadow_create(ekvtab *v, char **err)
 static int shadow_read(ekvtab *v, char **err)
 {
     /* owns_dir absent (tables made before it was recorded): they made it. */
-    char *sql = sqlite3_mprintf("SELECT v, coalesce((SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'owns_dir'), 1) "
+    char *sql = sqlite3_mprintf("SELECT v, coalesce((SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'owns_dir'), 1), "
+                                "(SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'options') "
                                 "FROM \"%w\".\"%w_config\" WHERE k = 'id'",
-                                v->zDb, v->zName, v->zDb, v->zName);
+                                v->zDb, v->zName, v->zDb, v->zName, v->zDb, v->zName);
     if (!sql) return SQLITE_NOMEM;
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(v->db, sql, -1, &st, NULL);
@@ -500,6 +514,9 @@ static int shadow_read(ekvtab *v, char **err)
     if (ok) {
         memcpy(v->tid, t, 17);
         v->owns_dir = sqlite3_column_int(st, 1) != 0;
+        /* Tables made before the options were recorded have none. */
+        const unsigned char *oc = sqlite3_column_text(st, 2);
+        if (oc && strlen((const char *)oc) == 16) memcpy(v->opts_recorded, oc, 17);
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         /* busy, I/O...: an error now, not a broken table */

@@ -158,6 +158,9 @@ struct ekvtab {
     char tid[17];         /* stable id: 16 hex digits, kept in <name>_config */
     int is_tmp;           /* store in a temporary directory (:memory:/temp db) */
     int owns_dir;         /* the CREATE made the directory: DROP removes it */
+    char opts_check[17];  /* the store's options check: as read or written (store_options), and as
+                           * its CREATE recorded it in <name>_config ("" when not recorded) */
+    char opts_recorded[17];
     embkv_tabopts opts;
     uint64_t given;       /* options written in its CREATE (bit j: ek_options[j]) */
     char *optpath;        /* storage of opts.path */

@@ -46,6 +46,11 @@ class TestDamagedRecord(TempDirTest):
             c.close()
 
 
+def read(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 class TestDamagedStoreFiles(TempDirTest):
     """Bytes of the binding's files in a store flipped, and each file
     truncated or emptied: a clean error naming the options file, or the
@@ -58,8 +63,7 @@ class TestDamagedStoreFiles(TempDirTest):
         c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='s', optimizer='sgd', lr=0.5)")
         c.execute("INSERT INTO t VALUES (1, '[1,2]')")
         c.close()
-        files = {f: open(os.path.join(store, f), "rb").read()
-                 for f in ("app-sqlite-options", "app-sqlite-tables", "LOCK")}
+        files = {f: read(os.path.join(store, f)) for f in ("app-sqlite-options", "app-sqlite-tables", "LOCK")}
 
         def attempt():
             c = connect(self.db)
@@ -86,7 +90,8 @@ class TestDamagedStoreFiles(TempDirTest):
             got, vec = attempt()
             if vec is None:
                 self.assertIn("embkv table t", got)
-                self.assertIn("app-sqlite-options are damaged", got, (name, bad))
+                self.assertRegex(got, "app-sqlite-options are (damaged|not the ones its CREATE recorded)",
+                                 (name, bad))
             else:
                 pushes += 1  # sgd with lr 0.5 and gradient 1, as created: nothing else
                 self.assertEqual(got[0], 1)
@@ -97,6 +102,23 @@ class TestDamagedStoreFiles(TempDirTest):
         c = connect(self.db)
         self.assertEqual(c.execute("SELECT count(*) FROM t").fetchone()[0], 1)
         c.close()
+        # Deleted, or replaced by another store's (valid, other lr): errors,
+        # never the wrong options.
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE u USING embkv(dim=2, path='u', lr=0.7)")
+        c.close()
+        opts = os.path.join(store, "app-sqlite-options")
+        os.rename(opts, opts + ".away")
+        got, vec = attempt()
+        self.assertIsNone(vec)
+        self.assertIn("app-sqlite-options is missing", got)
+        with open(opts, "wb") as fh:
+            fh.write(read(os.path.join(self.dir, "u", "app-sqlite-options")))
+        got, vec = attempt()
+        self.assertIsNone(vec)
+        self.assertIn("are not the ones its CREATE recorded", got)
+        os.replace(opts + ".away", opts)
+        self.assertIsNotNone(attempt()[1])
 
 
 if __name__ == "__main__":
