@@ -244,6 +244,7 @@ typedef struct embkv_stats {
     double last_sync_ms;
     uint64_t gets, puts, deletes, batch_gets, hot_moves;
     int is_pmem;               /* pool on real persistent memory */
+    int pool_advice_random;    /* mapping advised MADV_RANDOM: a pool larger than half the memory */
     int recovered;             /* open had to roll back an unclean shutdown */
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -421,6 +422,63 @@ static void count_entries(embkv_store *s, index_desc *ix)
     atomic_store(&s->entries, entries);
 }
 
+/* Memory this process may fill with page cache: the machine's, or less
+ * under a memory cgroup (v1 or v2), which charges page cache too. */
+static uint64_t memory_budget(void)
+{
+    uint64_t mem = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return mem;
+    char line[PATH_MAX + 64], file[PATH_MAX + 128];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = 0;
+        if (strcmp(c1 + 1, "memory") == 0)
+            snprintf(file, sizeof file, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", c2 + 1);
+        else if (c1[1] == 0 && strncmp(line, "0", 2) == 0)
+            snprintf(file, sizeof file, "/sys/fs/cgroup%s/memory.max", c2 + 1);
+        else
+            continue;
+        FILE *l = fopen(file, "r");
+        unsigned long long lim;
+        if (l && fscanf(l, "%llu", &lim) == 1 && lim < mem)
+            mem = lim;
+        if (l)
+            fclose(l);
+    }
+    fclose(f);
+    return mem;
+}
+
+/* The kernel reads ahead around every page fault of a file mapping (128
+ * KiB by default).  While the pool fits in memory that is harmless, but a
+ * pool larger than memory is read at random: each 544-byte record read
+ * brought 32 pages, which evicted the pages the next reads needed, and the
+ * disk ran at full bandwidth for a few hundred rows/s.  So a pool larger
+ * than half the memory this process may use is advised MADV_RANDOM (one
+ * page per fault).  EMBKV_POOL_ADVICE=random|normal overrides the rule
+ * (bench/ltm.sh measures both). */
+static void advise_pool(embkv_store *s)
+{
+    if (s->is_pmem)
+        return;
+    const char *env = getenv("EMBKV_POOL_ADVICE");
+    bool rnd;
+    if (env && strcmp(env, "random") == 0)
+        rnd = true;
+    else if (env && strcmp(env, "normal") == 0)
+        rnd = false;
+    else
+        rnd = s->pool_size > memory_budget() / 2;
+    s->pool_advice_random = rnd;
+    if (rnd && madvise(s->pool_base, s->pool_size & ~(size_t)(sysconf(_SC_PAGESIZE) - 1), MADV_RANDOM) != 0)
+        s->pool_advice_random = false; /* only advice: the pool works either way */
+}
+
 static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
 {
     char pool[PATH_MAX];
@@ -636,6 +694,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
             return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
     }
     s->is_pmem = pmem_is_pmem(s->pool_base, s->pool_size);
+    advise_pool(s);
 
     /* Chunks must be known before recovery reads records. */
     s->nchunks = 0;

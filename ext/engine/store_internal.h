@@ -179,6 +179,7 @@ struct embkv_store {
     char *pool_base;
     size_t pool_size;
     int is_pmem;
+    bool pool_advice_random;   /* the mapping is advised MADV_RANDOM (store.c) */
     int recovered;
     int creating;              /* pool still under its temporary name */
 

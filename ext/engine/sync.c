@@ -374,6 +374,7 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->batch_gets = atomic_load(&s->st_batch_gets);
     st->hot_moves = atomic_load(&s->st_hot_moves);
     st->is_pmem = s->is_pmem;
+    st->pool_advice_random = s->pool_advice_random;
     st->recovered = s->recovered;
     return EMBKV_OK;
 }

@@ -175,6 +175,7 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(pm, "bytes", (double)st.pool_used_bytes);
     ok = ok && cJSON_AddNumberToObject(pm, "capacity_bytes", (double)st.pool_bytes);
     ok = ok && cJSON_AddBoolToObject(pm, "is_pmem", st.is_pmem != 0);
+    ok = ok && cJSON_AddStringToObject(pm, "pool_advice", st.pool_advice_random ? "random" : "normal");
     ok = ok && (ix = cJSON_AddObjectToObject(o, "index")) != NULL;
     ok = ok && cJSON_AddNumberToObject(ix, "buckets", (double)st.buckets);
     ok = ok && cJSON_AddNumberToObject(ix, "slots_per_bucket", st.slots_per_bucket);
