@@ -18,7 +18,8 @@ ENGINE_SRC := $(wildcard ext/engine/*.c)
 SQLEXT_SRC := $(wildcard ext/sqlite/*.c)
 HEADERS    := $(wildcard ext/*.h ext/engine/*.h ext/sqlite/*.h)
 TEST_SRC   := $(wildcard tests/test_*.c)
-BENCH_SRC  := $(wildcard bench/bench_*.c)
+# bench_ltm links RocksDB and LMDB: built by `make bench-ltm` only.
+BENCH_SRC  := $(filter-out bench/bench_ltm.c,$(wildcard bench/bench_*.c))
 
 # Variants: plain, ASan+UBSan, TSan.  Each has its own object directory.
 define variant
@@ -44,7 +45,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench demo demo-train clean
+.PHONY: check-headers all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -91,6 +92,16 @@ $(B)/bench:
 
 bench: deps $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 	@bash bench/run.sh
+
+# The larger-than-memory benchmark: embkv against RocksDB and LMDB, each run
+# in a memory cgroup (needs root).  bench/ltm.sh installs librocksdb-dev and
+# liblmdb-dev when missing, then builds $(B)/bench/bench_ltm through this
+# rule; LTM_ROWS, LTM_MEM, LTM_BATCHES, LTM_KEEP: see bench/ltm.sh.
+$(B)/bench/bench_ltm: bench/bench_ltm.c bench/bench_common.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
+	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a -lrocksdb -llmdb $(LDLIBS)
+
+bench-ltm: deps
+	@bash bench/ltm.sh
 
 demo: deps all
 	@bash sql/demo.sh
