@@ -104,7 +104,7 @@ fi
 
 # 2. the data
 mkdir -p "$DATA" || exit 1
-DEV=$(findmnt -no MAJ:MIN -T "$DATA" | head -1)
+DEV=$(findmnt -no MAJ:MIN -T "$DATA" | head -1 | tr -d ' ')
 echo "data: $DATA on $(findmnt -no SOURCE,FSTYPE -T "$DATA" | head -1) ($DEV)"
 need_mb() {  # rough disk need of one engine's data, MiB
     case $1 in
@@ -185,9 +185,9 @@ function f(line, k,   i, n, a) { n = split(line, a, " "); for (i = 2; i <= n; i+
     e = f($0, "engine"); adv = f($0, "advice"); m = f($0, "mode")
     name = (e == "embkv") ? "embkv(" adv ")" : e
     rate[name "/" m] = f($0, "rows_per_s")
-    printf "%-15s %-5s %10s rows/s  %7s reads/row (%s)  %6s B read/row  dev qdepth %6s  proc iowait %5s  peak %s MiB\n",
+    printf "%-15s %-5s %8s rows/s  %7s reads/row (%s)  %8s B read/row  dev qdepth %6s  proc iowait %5s  peak %s MiB  open %s s\n",
            name, m, f($0, "rows_per_s"), f($0, "reads_per_row"), f($0, "reads_src"), f($0, "read_bytes_per_row"),
-           f($0, "qdepth"), f($0, "proc_iowait"), f($0, "peak_mib")
+           f($0, "qdepth"), f($0, "proc_iowait"), f($0, "peak_mib"), f($0, "open_s")
 }
 END {
     print ""
