@@ -1,0 +1,68 @@
+/*
+ * heat.h - access statistics for tier placement (heat.c).
+ *
+ * An approximate, aging frequency count per id, kept in DRAM: a count-min
+ * sketch of 4-bit counters in the spirit of TinyLFU.  The tiering code asks
+ * it two things: which of a few sampled PM-resident rows is the coldest
+ * (heat_estimate; demote the minimum) and whether a row read from the SSD
+ * log should take the place of such a victim in PM (heat_admit).
+ *
+ * Ids are given by their 64-bit hash (embkv__hash(id)), which the read path
+ * has computed anyway.  Every function may be called from any number of
+ * threads at once.  What holds:
+ *   - counts saturate at HEAT_MAX_COUNT;
+ *   - from one thread, and from several threads touching disjoint ids, an
+ *     estimate is never below min(true count, HEAT_MAX_COUNT) as long as no
+ *     aging happened since the id's first touch; two threads touching the
+ *     same id at the same moment may count it once (the counts are
+ *     statistics, not a ledger);
+ *   - every counter is halved (rounding down) once per aging window W:
+ *     10 x expected_ids (at least 1280) counted touches, touches that
+ *     raised a counter (those of ids already at HEAT_MAX_COUNT do not move
+ *     the window, so a stable hot set does not age itself away).  The
+ *     halving is spread over the touches (a sweep over the table, one
+ *     window behind: nothing is halved before W counted touches, the k-th
+ *     sweep completes at (k + 1) x W), not a pause; heat_age halves
+ *     everything at once, on top of the sweep.
+ */
+#ifndef EMBKV_HEAT_H
+#define EMBKV_HEAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HEAT_MAX_COUNT 15u
+/* Larger expected_ids are refused (a 512 GiB sketch). */
+#define HEAT_MAX_IDS (1ull << 36)
+
+typedef struct heat heat;
+
+/* A sketch sized for about expected_ids distinct ids (the ones worth
+ * ranking: the PM tier's capacity in rows), 8 to 16 bytes each, 1 KiB at
+ * least.  NULL with errno EINVAL above HEAT_MAX_IDS, ENOMEM when the
+ * memory is not there.  The memory is zero pages until touched. */
+heat *heat_new(uint64_t expected_ids);
+void heat_free(heat *h);
+
+/* One access of the id with this hash. */
+void heat_touch(heat *h, uint64_t hash);
+/* n accesses; the same counts as n heat_touch calls, faster (the table
+ * lines are prefetched ahead and the shared counters updated once). */
+void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n);
+
+/* The approximate recent access count, 0..HEAT_MAX_COUNT. */
+unsigned heat_estimate(const heat *h, uint64_t hash);
+/* TinyLFU admission: true when the candidate is estimated strictly more
+ * frequent than the victim (a tie keeps the victim: moving a row costs a
+ * write in each tier). */
+bool heat_admit(const heat *h, uint64_t cand_hash, uint64_t victim_hash);
+
+/* Halves every counter now (tests; a caller that knows popularity moved). */
+void heat_age(heat *h);
+
+uint64_t heat_touches(const heat *h);   /* touches so far */
+uint64_t heat_agings(const heat *h);    /* complete halvings: sweeps + heat_age calls */
+size_t heat_bytes(const heat *h);       /* memory held */
+
+#endif
