@@ -22,8 +22,10 @@
  * log_release) so that empty segments can be deleted and nearly empty ones
  * compacted.
  *
- * io_uring rings are not thread-safe, so the log keeps a few, each behind a
- * mutex; a reader takes a free one, or waits for its own.  A kernel that
+ * io_uring rings are not thread-safe, so the log keeps a few and lends each
+ * to one thread at a time; threads that find none free wait in line, first
+ * come first served (a mutex per ring let busy readers starve the appender
+ * for minutes: glibc's mutexes are not fair).  A kernel that
  * refuses io_uring (seccomp in containers, old kernels) gets pread/pwrite,
  * and a file system that refuses O_DIRECT (tmpfs) buffered I/O: the log
  * works either way and its stats say which.
@@ -73,8 +75,8 @@ typedef struct segment {
 } segment;
 
 typedef struct ring_slot {
-    pthread_mutex_t mu;
     struct io_uring ring;
+    bool busy;                 /* lent out (under ring_mu) */
 } ring_slot;
 
 struct embkv_log {
@@ -97,6 +99,9 @@ struct embkv_log {
 
     bool uring;
     ring_slot rings[NRINGS];
+    pthread_mutex_t ring_mu;   /* the rings' busy flags and the line */
+    pthread_cond_t ring_cv;
+    uint64_t ring_ticket, ring_serving; /* the line of waiting threads */
     char fallback[160];
 
     atomic_uint_fast64_t reads, read_bytes, read_submits, depth_sum;
@@ -328,10 +333,16 @@ int log_open(const log_options *o, embkv_log **out)
     l->seg_bytes = seg_bytes;
     l->per_block = o->record_bytes <= LOG_BLOCK ? LOG_BLOCK / o->record_bytes : 0;
     l->rec_blocks = rec_blocks;
-    pthread_rwlock_init(&l->lock, NULL);
+    /* Readers hold the table across their I/O; with glibc's default,
+     * readers that keep coming starve the appender's new segment. */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&l->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&l->write_mu, NULL);
-    for (int i = 0; i < NRINGS; i++)
-        pthread_mutex_init(&l->rings[i].mu, NULL);
+    pthread_mutex_init(&l->ring_mu, NULL);
+    pthread_cond_init(&l->ring_cv, NULL);
     if (!l->dir || !l->what) {
         log_close(l);
         return embkv__err(EMBKV_NOMEM, "%s: out of memory", what);
@@ -415,8 +426,8 @@ void log_close(embkv_log *l)
     if (l->uring)
         for (int i = 0; i < NRINGS; i++)
             io_uring_queue_exit(&l->rings[i].ring);
-    for (int i = 0; i < NRINGS; i++)
-        pthread_mutex_destroy(&l->rings[i].mu);
+    pthread_mutex_destroy(&l->ring_mu);
+    pthread_cond_destroy(&l->ring_cv);
     pthread_rwlock_destroy(&l->lock);
     pthread_mutex_destroy(&l->write_mu);
     if (l->dirfd >= 0)
@@ -436,15 +447,35 @@ typedef struct io_req {
     int res;                   /* bytes done, or -errno */
 } io_req;
 
+/* A free ring, in the order threads asked: each takes a ticket and is
+ * served when its number comes up and a ring is free. */
 static ring_slot *ring_take(embkv_log *l)
 {
-    for (int i = 0; i < NRINGS; i++)
-        if (pthread_mutex_trylock(&l->rings[i].mu) == 0)
-            return &l->rings[i];
-    static _Atomic unsigned next;
-    ring_slot *r = &l->rings[atomic_fetch_add(&next, 1) % NRINGS];
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&l->ring_mu);
+    uint64_t me = l->ring_ticket++;
+    ring_slot *r = NULL;
+    for (;;) {
+        if (me == l->ring_serving)
+            for (int i = 0; i < NRINGS && !r; i++)
+                if (!l->rings[i].busy)
+                    r = &l->rings[i];
+        if (r)
+            break;
+        pthread_cond_wait(&l->ring_cv, &l->ring_mu);
+    }
+    r->busy = true;
+    l->ring_serving++;
+    pthread_cond_broadcast(&l->ring_cv); /* the next in line may find one too */
+    pthread_mutex_unlock(&l->ring_mu);
     return r;
+}
+
+static void ring_give(embkv_log *l, ring_slot *r)
+{
+    pthread_mutex_lock(&l->ring_mu);
+    r->busy = false;
+    pthread_cond_broadcast(&l->ring_cv);
+    pthread_mutex_unlock(&l->ring_mu);
 }
 
 /* Runs every request to completion, at most RING_DEPTH in flight; res of
@@ -506,7 +537,7 @@ static bool run_uring(embkv_log *l, io_req *rq, size_t n, bool write)
         inflight--;
         done++;
     }
-    pthread_mutex_unlock(&rs->mu);
+    ring_give(l, rs);
     return ok;
 }
 
