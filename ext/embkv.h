@@ -70,6 +70,14 @@ typedef struct embkv_options {
     uint64_t expected_rows;  /* sizes the index (default 100000) */
     uint64_t pool_size;      /* pool file bytes (default: from expected_rows) */
     double max_load;         /* index load factor that triggers doubling (default 0.9) */
+    /* The SSD tier: rows that do not fit in the pool go to a log of segment
+     * files.  ssd_size bounds the files (0: no SSD tier, or at a reopen the
+     * store's own); ssd_path is their directory (NULL: "log" inside the store
+     * directory).  Both are kept with the store: a reopen may raise ssd_size
+     * (or add a tier to a store without one), never lower it, and may not
+     * name another ssd_path. */
+    uint64_t ssd_size;
+    const char *ssd_path;
 } embkv_options;
 
 /* A store directory may also hold files whose names begin with this
@@ -246,6 +254,17 @@ typedef struct embkv_stats {
     int is_pmem;               /* pool on real persistent memory */
     int pool_advice_random;    /* mapping advised MADV_RANDOM: a pool larger than half the memory */
     int recovered;             /* open had to roll back an unclean shutdown */
+    /* The tiers (zero without an SSD tier, but rows_pm). */
+    uint64_t rows_pm, rows_ssd;
+    uint64_t ssd_size;             /* the limit */
+    uint64_t ssd_file_bytes;       /* segment files on disk */
+    uint64_t ssd_live_bytes;       /* records rows point at */
+    uint64_t ssd_segments, ssd_damaged_segments;
+    uint64_t ssd_reads, ssd_read_bytes, ssd_writes, ssd_write_bytes, ssd_syncs;
+    double ssd_mean_read_depth;    /* reads in flight per submission */
+    int ssd_uring, ssd_direct;     /* io_uring and O_DIRECT in use */
+    char ssd_fallback[160];        /* why not, when either is 0 */
+    uint64_t demotions, promotions;
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 

@@ -696,6 +696,16 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs)
     return rc;
 }
 
+uint64_t log_end(embkv_log *l)
+{
+    pthread_mutex_lock(&l->write_mu);
+    segment *g = l->head ? seg_get(l, l->head) : NULL;
+    /* Appends after this one go to a later block, or a new segment. */
+    uint64_t end = g ? log_loc(g->id, atomic_load(&g->end)) : log_loc(l->max_id + 1, 0);
+    pthread_mutex_unlock(&l->write_mu);
+    return end;
+}
+
 int log_sync(embkv_log *l)
 {
     pthread_mutex_lock(&l->write_mu);

@@ -72,6 +72,12 @@ void log_close(embkv_log *l);
  * appender at a time per log (callers serialise); readers run alongside. */
 int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs);
 
+/* A position: every record appended so far has a location below it and
+ * every later one a location at or above it (locations compare as
+ * numbers, segment first).  The store keeps the one of each checkpoint so
+ * that recovery reads only the records appended since. */
+uint64_t log_end(embkv_log *l);
+
 /* Makes every record appended so far durable (fdatasync of the segments
  * written since the last call, and of the directory when one was created).
  * The next append starts in a new block. */

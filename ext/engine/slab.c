@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "store_internal.h"
+#include "log.h"
 
 #define TYPE_CHUNK 2
 
@@ -178,9 +179,15 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
 {
     pthread_mutex_lock(&s->slab_mu);
-    /* Room for every record of every chunk was reserved in add_chunk. */
-    for (size_t i = 0; i < n; i++)
-        s->free_locs.v[s->free_locs.n++] = loc_plain(locs[i]);
+    /* Room for every record of every chunk was reserved in add_chunk.  A
+     * location in the SSD log goes back to the log's live counts instead
+     * (reclamation frees both kinds alike: sync.c). */
+    for (size_t i = 0; i < n; i++) {
+        if (locs[i] & LOC_SSD)
+            log_release(s->log, loc_plain(locs[i]));
+        else
+            s->free_locs.v[s->free_locs.n++] = loc_plain(locs[i]);
+    }
     pthread_mutex_unlock(&s->slab_mu);
 }
 
@@ -232,12 +239,14 @@ int slab_rebuild(embkv_store *s)
                                   "fingerprint or its place does not match)", s->path, (unsigned long long)b,
                                   (long long)bk->slots[i].key);
             }
-            if (loc & LOC_SSD) {  /* no SSD tier in this build: damage */
+            if ((loc & LOC_SSD) && (!s->log || (loc & LOC_TOMB) || !log_loc_valid(s->log, loc))) {
                 free(inuse);
-                return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld points to an "
-                                  "SSD tier this store does not have)", s->path, (unsigned long long)b,
-                                  (long long)bk->slots[i].key);
+                return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld points %s)",
+                                  s->path, (unsigned long long)b, (long long)bk->slots[i].key,
+                                  s->log ? "outside the SSD log" : "to an SSD tier this store does not have");
             }
+            if (loc & LOC_SSD)
+                continue;  /* the log's, not the record space's */
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
             if (c >= s->nchunks || r >= s->recs_per_chunk) {
                 free(inuse);

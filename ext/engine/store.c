@@ -138,7 +138,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
-            !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) ||
+            !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
@@ -300,6 +300,7 @@ static void free_store(embkv_store *s)
         free((void *)s->dirty[i]);
     }
     free(s->limbo);
+    tier_close(s);
     train_free(s);
     snap_free(s);
     pthread_rwlock_destroy(&s->writers);
@@ -307,6 +308,7 @@ static void free_store(embkv_store *s)
     pthread_mutex_destroy(&s->retire_mu);
     pthread_mutex_destroy(&s->sync_mu);
     pthread_mutex_destroy(&s->move_mu);
+    pthread_mutex_destroy(&s->demote_mu);
     free(s->path);
     free(s);
 }
@@ -326,6 +328,7 @@ static embkv_store *alloc_store(void)
     pthread_mutex_init(&s->retire_mu, NULL);
     pthread_mutex_init(&s->sync_mu, NULL);
     pthread_mutex_init(&s->move_mu, NULL);
+    pthread_mutex_init(&s->demote_mu, NULL);
     s->lockfd = -1;
     if (snap_init(s) != EMBKV_OK) {
         free_store(s);
@@ -366,11 +369,17 @@ static int recover(embkv_store *s, index_desc *ix)
 {
     uint32_t durable = (uint32_t)s->root->durable_epoch;
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    char *ssd = malloc(s->rec_size);  /* a log record being inspected */
+    if (!ssd)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
     for (uint64_t b = 0; b < ix->nbuckets; b++) {
         bucket *bk = &ix->buckets[b];
         bk->version = 0;
         for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
-            if (!(bk->used & (1u << i)) || (bk->slots[i].loc & LOC_SSD))
+            if (!(bk->used & (1u << i)))
+                continue;
+            /* A log record from before the durable epoch's mark is durable. */
+            if ((bk->slots[i].loc & LOC_SSD) && (!s->log || !tier_after_tail(s, bk->slots[i].loc)))
                 continue;
             int64_t id = bk->slots[i].key;
             uint64_t loc = loc_plain(bk->slots[i].loc);
@@ -378,21 +387,35 @@ static int recover(embkv_store *s, index_desc *ix)
             for (int hops = 0; hops < 4; hops++) {
                 if (loc == LOC_NONE)
                     break;
-                if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
-                    (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total)
-                    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
-                                      s->path, (long long)id);
-                r = rec_at(s, loc);
-                if (r->id != id)
+                if (loc & LOC_SSD) {
+                    int rc = tier_rec(s, id, loc, ssd, &r);
+                    if (rc != EMBKV_OK) {
+                        free(ssd);
+                        return rc;
+                    }
+                } else {
+                    if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
+                        (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total) {
+                        free(ssd);
+                        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
+                                          s->path, (long long)id);
+                    }
+                    r = rec_at(s, loc);
+                }
+                if (r->id != id) {
+                    free(ssd);
                     return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld",
                                       s->path, (long long)id, (long long)r->id);
+                }
                 if (rec_epoch(r) <= durable)
                     break;
                 loc = r->prev;
                 r = NULL;
             }
-            if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id))
+            if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id)) {
+                free(ssd);
                 return rec_damaged(s, id);  /* the version to return to is damaged */
+            }
             if (loc == LOC_NONE || !r || (r->epoch & REC_TOMB)) {
                 /* Inserted after the durable point, or its deletion is durable. */
                 bk->used &= (uint16_t)~(1u << i);
@@ -401,6 +424,7 @@ static int recover(embkv_store *s, index_desc *ix)
             bk->slots[i].loc = loc;
         }
     }
+    free(ssd);
     ix_rebuild_overflow(ix);
     return EMBKV_OK;
 }
@@ -416,6 +440,8 @@ static void count_entries(embkv_store *s, index_desc *ix)
             entries++;
             if (!(bk->slots[i].loc & LOC_TOMB))
                 rows++;
+            if (bk->slots[i].loc & LOC_SSD)
+                tier_count_row(s, bk->slots[i].loc);
         }
     }
     atomic_store(&s->rows, rows);
@@ -695,6 +721,8 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     }
     s->is_pmem = pmem_is_pmem(s->pool_base, s->pool_size);
     advise_pool(s);
+    if ((rc = tier_open(s, opt)) != EMBKV_OK)
+        return rc;
 
     /* Chunks must be known before recovery reads records. */
     s->nchunks = 0;
@@ -717,6 +745,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         return rc;
     }
     count_entries(s, ix);
+    tier_sync_done(s);  /* segments no row points at any more */
     uint64_t rows = atomic_load(&s->rows);
     if (was_clean && r->closed_rows_check == (r->closed_rows ^ ROWS_CHECK_KEY) && rows != r->closed_rows)
         return embkv__err(EMBKV_CORRUPT, "store %s: its index holds %llu rows, %llu when it was closed: the index "
@@ -750,6 +779,31 @@ static int publish_pool(embkv_store *s)
 }
 
 /* Unlinks the files inspect_dir() accepts (LOCK last: it is held). */
+/* The default SSD log directory: segment files only. */
+static int remove_log_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        return errno == ENOTDIR ? unlink(dir) : -1;
+    }
+    int bad = 0;
+    struct dirent *e;
+    char path[PATH_MAX];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) {
+            bad = 1;
+            continue;
+        }
+        bad |= unlink(path) != 0 && errno != ENOENT;
+    }
+    closedir(d);
+    return bad || rmdir(dir) != 0 ? -1 : 0;
+}
+
 static int remove_store_files(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -762,6 +816,10 @@ static int remove_store_files(const char *dir)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!strcmp(e->d_name, LOG_DIR)) {
+            bad |= remove_log_dir(path) != 0;
+            continue;
+        }
         bad |= unlink(path) != 0 && errno != ENOENT;
     }
     closedir(d);

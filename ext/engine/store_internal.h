@@ -32,6 +32,7 @@
 #define POOL_FILE "store.pool"
 #define POOL_TMP "store.pool.new"  /* a pool being created; renamed when complete */
 #define LOCK_FILE "LOCK"
+#define LOG_DIR "log"          /* the SSD log's default directory */
 #define POOL_SEAL "store.sealed" /* the pool as a clean close left it (store.c: probe_pool) */
 
 /* Seqlock fences.  ThreadSanitizer does not model fences; every field a
@@ -120,6 +121,8 @@ static inline uint64_t heap_units_size(uint64_t bytes)
 
 /* ------------------------------------------------------------------ root */
 
+#define SSD_PATH_MAX 1024
+
 typedef struct store_root {
     char magic[16];
     uint32_t format_version;
@@ -141,6 +144,14 @@ typedef struct store_root {
      * whose index holds another number of rows has lost some to damage. */
     uint64_t closed_rows;
     uint64_t closed_rows_check;
+    /* The SSD tier (tier.c); zero in a root from before it: none. */
+    uint64_t ssd_size;
+    uint64_t log_tag;          /* in every segment header: this store's log */
+    /* log_end at the start of sync e, in slot e & 1 with e beside it: the
+     * log records a crash must inspect are those at or after the one of
+     * the durable epoch. */
+    uint64_t log_tail[2], log_tail_epoch[2];
+    char ssd_path[SSD_PATH_MAX]; /* absolute; "" for <store>/log */
 } store_root;
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 
@@ -230,6 +241,14 @@ struct embkv_store {
 
     /* training (train.c): options, permits; NULL until configured */
     struct train_state *_Atomic train;
+
+    /* the SSD tier (tier.c); log NULL without one */
+    struct embkv_log *log;
+    struct heat *heat;         /* access statistics for demotion */
+    pthread_mutex_t demote_mu; /* one demotion at a time; its cursor */
+    uint64_t demote_cursor;
+    atomic_uint_fast64_t rows_ssd;
+    atomic_uint_fast64_t st_demotions, st_promotions;
 
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves;
@@ -460,5 +479,30 @@ void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids
 extern _Thread_local unsigned scan_pins_here;
 void train_free(embkv_store *s);
 uint64_t store_grow_threshold(embkv_store *s);
+
+/* ------------------------------------------------------------- tier.c */
+/* Opens (or creates) the store's SSD log as its root and the options say;
+ * before slab_rebuild, which checks the index's log locations. */
+int tier_open(embkv_store *s, const embkv_options *opt);
+void tier_close(embkv_store *s);
+/* Reads the records of the log locations among locs[0..n) (the others are
+ * left alone) into buf + i * rec_size, in one batch, checking each is its
+ * id's and whole; recs[i] points at each.  Inside ebr_enter. */
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char *buf, rec_hdr **recs);
+/* One record wherever it lives: PM in place, SSD read into buf. */
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char *buf, rec_hdr **out);
+/* Makes room for `want` records in the pool by moving cold rows to the
+ * log; the caller holds no epoch, no lock and no group of this store's. */
+int tier_demote(embkv_store *s, size_t want, size_t *moved);
+/* The part of a sync that concerns the log: before the epoch switch
+ * (tail), before the pool's pages are flushed (sync), after the durable
+ * epoch is recorded (cleanup). */
+uint64_t tier_sync_tail(embkv_store *s);
+int tier_sync_log(embkv_store *s, uint64_t epoch, uint64_t tail);
+void tier_sync_done(embkv_store *s);
+/* Recovery: the records of log locations held by the index since the tail
+ * of the durable epoch, read to learn their epochs and prev links. */
+bool tier_after_tail(embkv_store *s, uint64_t loc);
+void tier_count_row(embkv_store *s, uint64_t loc);
 
 #endif

@@ -7,12 +7,18 @@
  * switch of a sync take it exclusively) and the stripe lock of the id's
  * hash, which serializes operations on one id.  A write builds a complete
  * new record, then switches the index entry to it with one 8-byte store.
+ *
+ * Rows in the SSD log (tier.c) are read in one batch per call, outside the
+ * per-row loops where the call can (a write reads its log-resident rows
+ * before it takes their locks, and again under the lock only if one moved
+ * meanwhile); a write always puts the new version in the pool.
  */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store_internal.h"
+#include "heat.h"
 
 #define PF_BUCKET 16  /* ids ahead whose home bucket is prefetched */
 #define PF_RECORD 6   /* ids ahead whose record is prefetched */
@@ -124,6 +130,9 @@ typedef struct write_req {
     void *ctx;
     size_t index;
     uint64_t clock;            /* with PUT_CLOCK */
+    rec_hdr *pre;              /* the row's log record read ahead, at pre_loc */
+    uint64_t pre_loc;
+    char *ssd_buf;             /* room for one record (stores with an SSD tier) */
 } write_req;
 
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
@@ -158,7 +167,20 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     found_slot f;
     bool have = ix_find(ix, id, h, &f);
     bool live = have && !(f.loc & LOC_TOMB);
-    rec_hdr *old = have ? rec_at(s, f.loc) : NULL;
+    rec_hdr *old = NULL;
+    if (have && (f.loc & LOC_SSD)) {
+        if (w->pre && w->pre_loc == f.loc) {
+            old = w->pre;
+        } else {
+            int trc = w->ssd_buf ? tier_rec(s, id, f.loc, w->ssd_buf, &old)
+                                 : embkv__err(EMBKV_CORRUPT, "store %s: id %lld points to an SSD tier this store "
+                                              "does not have", s->path, (long long)id);
+            if (trc != EMBKV_OK)
+                return trc;
+        }
+    } else if (have) {
+        old = rec_at(s, f.loc);
+    }
     if (old && !(f.loc & LOC_TOMB) && !rec_ok(s, old, id))
         return rec_damaged(s, id);
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
@@ -206,6 +228,8 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     persist_barrier(s);  /* the record is durable before anything points at it */
     if (have) {
         set_loc(s, ix, &f, newloc);
+        if (f.loc & LOC_SSD)
+            atomic_fetch_sub(&s->rows_ssd, 1);
     } else if (!ix_insert(ix, id, h, newloc, NULL)) {
         return embkv__err(EMBKV_FULL, "store %s: index full inserting id %lld", s->path, (long long)id);
     } else {
@@ -215,6 +239,25 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
         atomic_fetch_add(&s->rows, 1);
     *consumed = true;
     return EMBKV_OK;
+}
+
+/* n records from the pool; a full pool with an SSD tier first moves cold
+ * rows to the log (a batch at least 1/64 of the pool, so that a stream of
+ * small writes does not demote at every call). */
+static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombstone)
+{
+    int rc = tombstone ? slab_alloc_tombstone(s, locs) : slab_alloc(s, locs, n);
+    if (rc != EMBKV_FULL || !s->log)
+        return rc;
+    size_t want = 2 * n, cap = (size_t)s->nchunks * s->recs_per_chunk / 64, moved = 0;
+    if (want < cap)
+        want = cap;
+    if (want < 256)
+        want = 256;
+    int drc = tier_demote(s, want, &moved);
+    if (drc != EMBKV_OK)
+        return drc;
+    return tombstone ? slab_alloc_tombstone(s, locs) : slab_alloc(s, locs, n);
 }
 
 /* Grow the index first when `more` new entries could cross the load limit. */
@@ -238,12 +281,18 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         return rc;
     rc = make_room(s, 1);
     uint64_t loc;
-    if (rc != EMBKV_OK || (rc = slab_alloc(s, &loc, 1)) != EMBKV_OK) {
+    if (rc != EMBKV_OK || (rc = alloc_records(s, &loc, 1, false)) != EMBKV_OK) {
         embkv_group_end(s);
         return rc;
     }
     uint64_t h = embkv__hash(id);
-    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock};
+    char *ssd_buf = s->log ? malloc(s->rec_size) : NULL;
+    if (s->log && !ssd_buf) {
+        slab_free(s, &loc, 1);
+        embkv_group_end(s);
+        return embkv__err(EMBKV_NOMEM, "embkv_put: out of memory");
+    }
+    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .ssd_buf = ssd_buf};
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     bool consumed;
@@ -258,6 +307,9 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     embkv_group_end(s);
     if (!consumed)
         slab_free(s, &loc, 1);
+    free(ssd_buf);
+    if (s->heat)
+        heat_touch(s->heat, h);
     atomic_fetch_add_explicit(&s->st_puts, 1, memory_order_relaxed);
     return rc;
 }
@@ -276,7 +328,7 @@ int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *s
  * the next sync needs a tombstone record: without one in *tloc the attempt
  * changes nothing and returns EMBKV_BUSY, and the caller allocates and
  * retries.  So a full pool still takes the deletes that need no tombstone. */
-static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
+static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, char *ssd_buf)
 {
     int rc = EMBKV_OK;
     retire_buf rb;
@@ -290,7 +342,9 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
         goto out;
     }
-    rec_hdr *old = rec_at(s, f.loc);
+    rec_hdr *old;
+    if ((rc = tier_rec(s, id, f.loc, ssd_buf, &old)) != EMBKV_OK)
+        goto out;
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     bool keep = rec_epoch(old) < epoch;
     if ((keep || old->prev != LOC_NONE) && *tloc == LOC_NONE) {
@@ -321,6 +375,8 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         *tloc = LOC_NONE;  /* consumed */
     }
     atomic_fetch_sub(&s->rows, 1);
+    if (f.loc & LOC_SSD)
+        atomic_fetch_sub(&s->rows_ssd, 1);
 out:
     ebr_leave();
     keylock_release(s, h);
@@ -334,21 +390,28 @@ int embkv_delete(embkv_store *s, int64_t id)
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
     uint64_t tloc = LOC_NONE, h = embkv__hash(id);
+    char *ssd_buf = s->log ? malloc(s->rec_size) : NULL;
+    if (s->log && !ssd_buf)
+        return embkv__err(EMBKV_NOMEM, "embkv_delete: out of memory");
     int rc = embkv_group_begin(s);
-    if (rc != EMBKV_OK)
+    if (rc != EMBKV_OK) {
+        free(ssd_buf);
         return rc;
-    rc = delete_once(s, id, h, &tloc);
+    }
+    rc = delete_once(s, id, h, &tloc, ssd_buf);
     if (rc == EMBKV_BUSY) {
-        if ((rc = slab_alloc_tombstone(s, &tloc)) != EMBKV_OK) {
+        if ((rc = alloc_records(s, &tloc, 1, true)) != EMBKV_OK) {
             embkv_group_end(s);
+            free(ssd_buf);
             return rc != EMBKV_FULL ? rc
                                     : embkv__err(rc, "id %lld: the pool is full and its reserve for deletes is "
                                                  "used up: delete at most %u rows between two syncs",
                                                  (long long)id, s->delete_reserve);
         }
-        rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
+        rc = delete_once(s, id, h, &tloc, ssd_buf);  /* cannot be EMBKV_BUSY with a tombstone in hand */
     }
     embkv_group_end(s);
+    free(ssd_buf);
     if (tloc != LOC_NONE)
         slab_free(s, &tloc, 1);
     atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
@@ -374,10 +437,16 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
     if (loc == LOC_NONE || (loc & LOC_TOMB)) {
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
     } else {
-        rec_hdr *r = rec_at(s, loc);
-        if (!rec_ok(s, r, id)) {
+        rec_hdr *r = NULL;
+        char *buf = (loc & LOC_SSD) ? malloc(s->rec_size) : NULL;
+        if ((loc & LOC_SSD) && !buf) {
             ebr_leave();
-            return rec_damaged(s, id);
+            return embkv__err(EMBKV_NOMEM, "embkv_get: out of memory");
+        }
+        if ((rc = tier_rec(s, id, loc, buf, &r)) != EMBKV_OK || !rec_ok(s, r, id)) {
+            ebr_leave();
+            free(buf);
+            return rc != EMBKV_OK ? rc : rec_damaged(s, id);
         }
         if (vec)
             memcpy(vec, rec_vec(r), 4 * (size_t)s->dim);
@@ -385,6 +454,7 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
             memcpy(state, rec_vec(r) + s->dim, 4 * (size_t)s->state_floats);
         if (info)
             fill_info(info, r, loc);
+        free(buf);
     }
     ebr_leave();
     atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
@@ -435,6 +505,29 @@ static inline void prefetch_record(embkv_store *s, uint64_t loc)
         __builtin_prefetch(p + off, 0, 3);
 }
 
+/* The vectors of the log-resident rows at[0..k) of a batch, one log read. */
+static int read_ssd_rows(embkv_store *s, const int64_t *ids, const size_t *at, const uint64_t *locs, size_t k,
+                         float *out)
+{
+    int64_t *kid = malloc(k * sizeof *kid);
+    char *buf = malloc(k * (size_t)s->rec_size);
+    rec_hdr **recs = malloc(k * sizeof *recs);
+    int rc = EMBKV_OK;
+    if (!kid || !buf || !recs) {
+        rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
+    } else {
+        for (size_t i = 0; i < k; i++)
+            kid[i] = ids[at[i]];
+        rc = tier_read(s, kid, locs, k, buf, recs);
+        for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
+            memcpy(out + at[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
+    }
+    free(kid);
+    free(buf);
+    free(recs);
+    return rc;
+}
+
 /* PetPS-style batch pipeline: the home bucket of id i+PF_BUCKET and the
  * record of id i+PF_RECORD are in flight while id i is copied, so a batch
  * pays roughly one memory latency per PF_RECORD ids, not one per id. */
@@ -447,6 +540,10 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
     int64_t bad = 0;
     bool damaged = false;
+    /* Rows in the SSD log: gathered here, read in one batch at the end. */
+    size_t nssd = 0, ssd_cap = 0, *ssd_at = NULL;
+    uint64_t *ssd_locs = NULL;
+    int rc = EMBKV_OK;
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -454,6 +551,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
             PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
+            if (s->heat)
+                heat_touch(s->heat, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
@@ -467,6 +566,27 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
+            if (loc != LOC_NONE && (loc & LOC_SSD) && !(loc & LOC_TOMB)) {
+                if (nssd == ssd_cap) {
+                    size_t cap = ssd_cap ? 2 * ssd_cap : 64;
+                    size_t *a = realloc(ssd_at, cap * sizeof *a);
+                    uint64_t *l = a ? realloc(ssd_locs, cap * sizeof *l) : NULL;
+                    if (a)
+                        ssd_at = a;
+                    if (l)
+                        ssd_locs = l;
+                    if (!a || !l) {
+                        rc = embkv__err(EMBKV_NOMEM, "embkv_get_batch: out of memory");
+                        break;
+                    }
+                    ssd_cap = cap;
+                }
+                ssd_at[nssd] = j;
+                ssd_locs[nssd++] = loc;
+                if (found)
+                    found[j] = true;
+                continue;
+            }
             if (ok) {
                 rec_hdr *r = rec_at(s, loc);
                 /* The pull path checks the record's id only (its checksum
@@ -485,11 +605,17 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
                 found[j] = ok;
         }
     }
+    if (nssd && rc == EMBKV_OK)
+        rc = read_ssd_rows(s, ids, ssd_at, ssd_locs, nssd, out);
     ebr_leave();
+    free(ssd_at);
+    free(ssd_locs);
     if (nmissing)
         *nmissing = missing;
     atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->st_gets, n, memory_order_relaxed);
+    if (rc != EMBKV_OK)
+        return rc;
     return damaged ? rec_damaged(s, bad) : EMBKV_OK;
 }
 
@@ -504,7 +630,11 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
     uint64_t locs[AT_BLOCK];
+    rec_hdr *recs[AT_BLOCK];
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
+    char *ssd_buf = s->log ? malloc((size_t)AT_BLOCK * s->rec_size) : NULL;
+    if (s->log && !ssd_buf)
+        return embkv__err(EMBKV_NOMEM, "embkv_get_batch_at: out of memory");
     ebr_enter();
     for (size_t lo = 0; lo < n; lo += AT_BLOCK) {
         size_t m = n - lo < AT_BLOCK ? n - lo : AT_BLOCK;
@@ -523,18 +653,28 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
             }
         }
         snap_resolve(s, snap, bid, m, locs);
+        if (ssd_buf) {
+            int trc = tier_read(s, bid, locs, m, ssd_buf, recs);
+            if (trc != EMBKV_OK) {
+                ebr_leave();
+                free(ssd_buf);
+                return trc;
+            }
+        }
         for (size_t j = 0; j < m; j++) {
             uint64_t loc = locs[j];
-            bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
+            bool ssd = loc != LOC_NONE && (loc & LOC_SSD) && !(loc & LOC_TOMB);
+            bool ok = ssd || (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)));
             if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
-            const rec_hdr *r = ok ? rec_at(s, loc) : NULL;
+            const rec_hdr *r = ssd ? recs[j] : ok ? rec_at(s, loc) : NULL;
             /* With the vector read, the whole record is verified; an
              * existence read (count, ids, a DELETE finding its rows) checks
              * the id, so that a damaged row can still be deleted. */
             if (r && (out ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
                 ebr_leave();
+                free(ssd_buf);
                 return rec_damaged(s, bid[j]);
             }
             if (out) {
@@ -555,6 +695,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
         }
     }
     ebr_leave();
+    free(ssd_buf);
     if (nmissing)
         *nmissing = missing;
     atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
@@ -591,9 +732,47 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     uint64_t *fresh = malloc(n * sizeof *fresh);
     if (!fresh)
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
-    if ((rc = slab_alloc(s, fresh, n)) != EMBKV_OK) {
+    if ((rc = alloc_records(s, fresh, n, false)) != EMBKV_OK) {
         free(fresh);
         return rc;
+    }
+    /* The batch's log-resident rows, read in one go before any lock. */
+    uint64_t *pre_locs = NULL;
+    rec_hdr **pre = NULL;
+    char *pre_buf = NULL, *one = NULL;
+    if (s->log) {
+        pre_locs = malloc(n * sizeof *pre_locs);
+        pre = calloc(n, sizeof *pre);
+        one = malloc(s->rec_size);
+        size_t k = 0;
+        if (pre_locs && pre && one) {
+            ebr_enter();
+            index_desc *pix = atomic_load(&s->ix);
+            for (size_t j = 0; j < n; j++) {
+                pre_locs[j] = ix_lookup(pix, ids[j], embkv__hash(ids[j]), &(uint32_t){0});
+                k += pre_locs[j] != LOC_NONE && (pre_locs[j] & LOC_SSD) && !(pre_locs[j] & LOC_TOMB);
+            }
+            ebr_leave();
+            pre_buf = k ? malloc(k * (size_t)s->rec_size) : NULL;
+        }
+        if (!pre_locs || !pre || !one || (k && !pre_buf)) {
+            rc = embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
+        } else if (k) {
+            /* A row that moved after this read is read again under its lock. */
+            ebr_enter();
+            if (tier_read(s, ids, pre_locs, n, pre_buf, pre) != EMBKV_OK)
+                memset(pre, 0, n * sizeof *pre);
+            ebr_leave();
+        }
+        if (rc != EMBKV_OK) {
+            free(pre_locs);
+            free(pre);
+            free(pre_buf);
+            free(one);
+            slab_free(s, fresh, n);
+            free(fresh);
+            return rc;
+        }
     }
     size_t next_fresh = 0, updated = 0;
     retire_buf *rb = malloc(sizeof *rb);
@@ -604,7 +783,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     }
     rb->nkeep = rb->nnow = rb->ntombs = 0;
     uint64_t hs[RING];
-    write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx};
+    write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .ssd_buf = one};
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     pthread_rwlock_rdlock(&s->writers);
@@ -615,6 +794,8 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
             PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
+            if (s->heat)
+                heat_touch(s->heat, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
@@ -633,6 +814,10 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             uint64_t h = hs[j % RING];
             bool consumed;
             w.index = j;
+            if (pre) {
+                w.pre = pre[j];
+                w.pre_loc = pre_locs[j];
+            }
             keylock_acquire(s, h);
             int r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
             keylock_release(s, h);
@@ -651,6 +836,10 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         slab_free(s, fresh + next_fresh, n - next_fresh);
     free(fresh);
     free(rb);
+    free(pre_locs);
+    free(pre);
+    free(pre_buf);
+    free(one);
     if (nupdated)
         *nupdated = updated;
     atomic_fetch_add_explicit(&s->st_puts, updated, memory_order_relaxed);
@@ -718,8 +907,12 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
     size_t row_floats = (size_t)s->dim + s->state_floats;
     float *buf = malloc(BUCKET_SLOTS * row_floats * sizeof(float));
-    if (!buf)
+    char *ssd_buf = s->log ? malloc(BUCKET_SLOTS * (size_t)s->rec_size) : NULL;
+    if (!buf || (s->log && !ssd_buf)) {
+        free(buf);
+        free(ssd_buf);
         return embkv__err(EMBKV_NOMEM, "embkv_scan: out of memory");
+    }
     int rc = EMBKV_OK;
     embkv_scan_pin(s);
     ebr_enter();
@@ -741,9 +934,12 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
             break;
         }
         unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
+        rec_hdr *recs[BUCKET_SLOTS];
+        if (ssd_buf)
+            rc = tier_read(s, ids, locs, n, ssd_buf, recs);
         /* Copy out so the callback runs outside the epoch and may write. */
         for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
-            rec_hdr *r = rec_at(s, locs[i]);
+            rec_hdr *r = (locs[i] & LOC_SSD) ? recs[i] : rec_at(s, locs[i]);
             if (!rec_ok(s, r, ids[i]))
                 rc = rec_damaged(s, ids[i]);
             memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
@@ -757,6 +953,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
     }
     embkv_scan_unpin(s);
     free(buf);
+    free(ssd_buf);
     return rc;
 }
 

@@ -16,12 +16,14 @@
 #include <errno.h>
 #include <libpmem.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
 #include "store_internal.h"
+#include "log.h"
 
 #define PAGE_SHIFT 12
 #define LIMBO_BATCH 4096
@@ -220,6 +222,7 @@ int embkv_sync(embkv_store *s)
     /* Close epoch E between write groups (a crash returns to each group
      * entirely or not at all): groups in flight finish in E, later ones
      * write E+1. */
+    uint64_t tail = tier_sync_tail(s);  /* log records below it are from epoch E or before */
     groups_quiesce(s);
     pthread_rwlock_wrlock(&s->writers);
     uint64_t e = atomic_load(&s->cur_epoch);
@@ -235,8 +238,11 @@ int embkv_sync(embkv_store *s)
     pthread_rwlock_unlock(&s->writers);
     groups_resume(s);
 
-    int rc = EMBKV_OK;
-    if (s->is_pmem)
+    /* The log first: the pool's pages about to be flushed point into it. */
+    int rc = tier_sync_log(s, e, tail);
+    if (rc != EMBKV_OK)
+        ;
+    else if (s->is_pmem)
         pmem_drain();
     else
         rc = flush_dirty(s, s->dirty[e & 1]);
@@ -247,6 +253,7 @@ int embkv_sync(embkv_store *s)
         purge_tombstones(s, tombs, ntombs);
         retire_now(s, pend.v, pend.n);
         reclaim(s, false);
+        tier_sync_done(s);
     } else {
         /* The epoch is not durable: keep its old versions for recovery by
          * carrying them into the next epoch's lists. */
@@ -306,8 +313,16 @@ int embkv_check(embkv_store *s)
             uint64_t step = hash_step(h);
             for (uint64_t x = h & ix->mask; x != b; x = (x + step) & ix->mask)
                 want[x]++;
-            if (loc & LOC_SSD)
+            if (loc & LOC_SSD) {
+                /* Its record is the log's: checked where it is read. */
+                if (!s->log || !log_loc_valid(s->log, loc)) {
+                    rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the SSD log", s->path,
+                                    (long long)id);
+                    break;
+                }
+                rows++;
                 continue;
+            }
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
             if (c >= s->nchunks || r >= s->recs_per_chunk) {
                 rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the record space",
@@ -376,6 +391,28 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->is_pmem = s->is_pmem;
     st->pool_advice_random = s->pool_advice_random;
     st->recovered = s->recovered;
+    st->rows_ssd = atomic_load(&s->rows_ssd);
+    st->rows_pm = st->rows > st->rows_ssd ? st->rows - st->rows_ssd : 0;
+    st->demotions = atomic_load(&s->st_demotions);
+    st->promotions = atomic_load(&s->st_promotions);
+    if (s->log) {
+        log_stats ls;
+        log_stats_get(s->log, &ls);
+        st->ssd_size = s->root->ssd_size;
+        st->ssd_file_bytes = ls.file_bytes;
+        st->ssd_live_bytes = ls.live_bytes;
+        st->ssd_segments = ls.segments;
+        st->ssd_damaged_segments = ls.damaged_segments;
+        st->ssd_reads = ls.reads;
+        st->ssd_read_bytes = ls.read_bytes;
+        st->ssd_writes = ls.writes;
+        st->ssd_write_bytes = ls.write_bytes;
+        st->ssd_syncs = ls.syncs;
+        st->ssd_mean_read_depth = ls.mean_read_depth;
+        st->ssd_uring = ls.uring;
+        st->ssd_direct = ls.direct;
+        snprintf(st->ssd_fallback, sizeof st->ssd_fallback, "%s", ls.fallback);
+    }
     return EMBKV_OK;
 }
 

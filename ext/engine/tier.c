@@ -1,0 +1,415 @@
+/*
+ * tier.c - placement of rows between the pool (the PM tier) and the SSD log.
+ *
+ * A row lives in exactly one home: a record in the pool, or a record in the
+ * log (log.c), named by its index slot.  Log records are byte for byte the
+ * pool's (header with id, prev, clock, epoch and checksum, then the payload),
+ * so every check and the crash rules of sync.c hold for both:
+ *
+ *   - Demotion copies the coldest rows' current records to the log, makes
+ *     them durable (log_sync) and only then points the index at the copies.
+ *     A copy keeps its record's epoch and prev, so recovery treats it as it
+ *     would the pool record: kept when its epoch is durable, else followed
+ *     back to prev (still held: sync.c frees prev versions only after the
+ *     sync that makes them unneeded).  The pool record is freed once no
+ *     reader can be inside it; no checkpoint needs it (the copy is equal).
+ *   - A write of a log-resident row writes its new version into the pool
+ *     (store_ops.c); the log record becomes garbage through the same
+ *     pending/limbo path as a replaced pool record, and reclamation returns
+ *     it to the log's live counts (sync.c), so segments empty out and are
+ *     deleted after a sync.
+ *   - Recovery must learn the epoch of log records appended since the last
+ *     checkpoint: each sync records the log's end before its epoch switch,
+ *     and only records at or past the durable epoch's mark are read.
+ *
+ * Which rows are coldest comes from a frequency sketch (heat.c) touched by
+ * the read and write paths while the tier exists: demotion walks the index
+ * from a cursor, samples eight pool-resident rows per row it must move and
+ * moves the least touched (sampled eviction; measured against LRU on Zipf
+ * traffic in bench/bench_heat.c).  Demotion runs when an allocation finds
+ * the pool full, in the allocating thread, a batch at a time.
+ *
+ * Reads of log-resident rows go out as one batch per call (log_read: one
+ * io_uring submission, O_DIRECT).  Rows read are not moved back to the pool
+ * (admission by write: an update brings a row back, a read does not).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+#include "heat.h"
+#include "log.h"
+
+#define MIN_SSD_SIZE (4ull << 20)
+#define DEMOTE_BATCH 4096
+#define DEMOTE_SAMPLE 8
+
+/* dir made absolute without requiring it to exist (the log creates it). */
+static int absolute_path(const char *in, char *out, size_t len)
+{
+    if (in[0] == '/')
+        return snprintf(out, len, "%s", in) < (int)len ? 0 : -1;
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return -1;
+    return snprintf(out, len, "%s/%s", cwd, in) < (int)len ? 0 : -1;
+}
+
+static void log_dir_of(const embkv_store *s, char *out, size_t len)
+{
+    if (s->root->ssd_path[0])
+        snprintf(out, len, "%s", s->root->ssd_path);
+    else
+        snprintf(out, len, "%s/log", s->path);
+}
+
+static uint32_t segment_bytes_for(uint64_t ssd_size)
+{
+    uint64_t seg = ssd_size / 16;
+    if (seg > LOG_DEFAULT_SEGMENT)
+        seg = LOG_DEFAULT_SEGMENT;
+    if (seg < (1u << 20))
+        seg = 1u << 20;
+    return (uint32_t)(seg & ~(uint64_t)(LOG_BLOCK - 1));
+}
+
+int tier_open(embkv_store *s, const embkv_options *opt)
+{
+    store_root *r = s->root;
+    uint64_t want = opt ? opt->ssd_size : 0;
+    const char *path = opt && opt->ssd_path && *opt->ssd_path ? opt->ssd_path : NULL;
+    if (!memchr(r->ssd_path, 0, sizeof r->ssd_path) || (r->ssd_path[0] && r->ssd_path[0] != '/') ||
+        (!r->ssd_size && (r->ssd_path[0] || r->log_tag)))
+        return embkv__err(EMBKV_CORRUPT, "store %s: the pool's root object is damaged: bad SSD tier settings",
+                          s->path);
+    if (!r->ssd_size && !want) {
+        if (path)
+            return embkv__err(EMBKV_INVALID, "store %s: option ssd_path needs option ssd_size", s->path);
+        return EMBKV_OK;
+    }
+    if (want && want < MIN_SSD_SIZE)
+        return embkv__err(EMBKV_INVALID, "store %s: option ssd_size must be at least %llu bytes, got %llu",
+                          s->path, (unsigned long long)MIN_SSD_SIZE, (unsigned long long)want);
+    if (want && want < r->ssd_size)
+        return embkv__err(EMBKV_INVALID, "store %s: option ssd_size %llu is below the store's %llu: the SSD tier "
+                          "cannot shrink", s->path, (unsigned long long)want, (unsigned long long)r->ssd_size);
+    char given[PATH_MAX] = "", dir[PATH_MAX];
+    if (path && absolute_path(path, given, sizeof given) != 0)
+        return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is too long or unresolvable: %s", s->path, path);
+    if (strlen(given) >= SSD_PATH_MAX)
+        return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is longer than %d bytes", s->path,
+                          SSD_PATH_MAX - 1);
+    bool adding = r->ssd_size == 0;
+    if (!adding) {
+        log_dir_of(s, dir, sizeof dir);
+        if (path && strcmp(given, dir) != 0)
+            return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is %s, the store's SSD tier is at %s",
+                              s->path, given, dir);
+    } else {
+        snprintf(dir, sizeof dir, "%s", path ? given : "");
+        if (!path)
+            snprintf(dir, sizeof dir, "%s/log", s->path);
+    }
+    uint64_t tag = r->log_tag;
+    if (adding) {
+        if (getrandom(&tag, sizeof tag, 0) != (ssize_t)sizeof tag)
+            tag = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL);
+        tag |= 1;  /* never 0: a root with a tier always has one */
+    }
+    uint64_t size = want > r->ssd_size ? want : r->ssd_size;
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "store %s: ssd_path %s", s->path, dir);
+    log_options lo = {.dir = dir, .what = what, .max_bytes = size, .record_bytes = s->rec_size,
+                      .segment_bytes = segment_bytes_for(size), .tag = tag,
+                      .no_uring = getenv("EMBKV_NO_URING") && *getenv("EMBKV_NO_URING") == '1'};
+    int rc = log_open(&lo, &s->log);
+    if (rc != EMBKV_OK)
+        return rc;
+    if (size != r->ssd_size) {
+        if (adding) {
+            snprintf(r->ssd_path, sizeof r->ssd_path, "%s", path ? given : "");
+            r->log_tag = tag;
+            memset(r->log_tail, 0, sizeof r->log_tail);
+            memset(r->log_tail_epoch, 0, sizeof r->log_tail_epoch);
+            pmemobj_persist(s->pop, &r->log_tag, (size_t)((char *)(r + 1) - (char *)&r->log_tag));
+        }
+        /* The size last: a root with a size has its path and tag. */
+        r->ssd_size = size;
+        pmemobj_persist(s->pop, &r->ssd_size, sizeof r->ssd_size);
+    }
+    /* Sized for the rows the pool holds: those are what demotion ranks. */
+    uint64_t expect = s->pool_size / s->rec_size;
+    s->heat = heat_new(expect < 1024 ? 1024 : expect);
+    if (!s->heat) {
+        log_close(s->log);
+        s->log = NULL;
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
+    }
+    return EMBKV_OK;
+}
+
+void tier_close(embkv_store *s)
+{
+    if (s->log)
+        log_close(s->log);
+    s->log = NULL;
+    if (s->heat)
+        heat_free(s->heat);
+    s->heat = NULL;
+}
+
+/* The log's message, with the id whose read failed in front. */
+static int read_failed(embkv_store *s, int rc, int64_t id)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", embkv_errmsg());
+    return embkv__err(rc, "id %lld: %s", (long long)id, msg);
+}
+
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char *buf, rec_hdr **recs)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += locs[i] != LOC_NONE && (locs[i] & LOC_SSD) && !(locs[i] & LOC_TOMB);
+    if (k == 0)
+        return EMBKV_OK;
+    if (!s->log)
+        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points to an SSD tier this store does not have",
+                          s->path, (long long)ids[0]);
+    uint64_t one[1], *q = k == 1 ? one : malloc(k * sizeof *q);
+    size_t *at = k == 1 ? (size_t[1]){0} : malloc(k * sizeof *at);
+    if (!q || !at) {
+        if (k > 1) {
+            free(q);
+            free(at);
+        }
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
+    }
+    int rc = EMBKV_OK;
+    size_t j = 0;
+    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+        if (locs[i] == LOC_NONE || !(locs[i] & LOC_SSD) || (locs[i] & LOC_TOMB))
+            continue;
+        if (!log_loc_valid(s->log, locs[i]))
+            rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the SSD log", s->path,
+                            (long long)ids[i]);
+        at[j] = i;
+        q[j++] = locs[i];
+    }
+    size_t bad = 0;
+    if (rc == EMBKV_OK && (rc = log_read(s->log, q, k, buf, &bad)) != EMBKV_OK)
+        rc = read_failed(s, rc, ids[at[bad]]);
+    for (j = 0; j < k && rc == EMBKV_OK; j++) {
+        rec_hdr *r = (rec_hdr *)(buf + j * s->rec_size);
+        if (!rec_ok(s, r, ids[at[j]]) && !(r->id == ids[at[j]] && (r->epoch & REC_TOMB)))
+            rc = rec_damaged(s, ids[at[j]]);
+        recs[at[j]] = r;
+    }
+    if (k > 1) {
+        free(q);
+        free(at);
+    }
+    return rc;
+}
+
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char *buf, rec_hdr **out)
+{
+    if (!(loc & LOC_SSD)) {
+        *out = rec_at(s, loc);
+        return EMBKV_OK;
+    }
+    return tier_read(s, &id, &loc, 1, buf, out);
+}
+
+/* ------------------------------------------------------------ demotion */
+
+typedef struct cand {
+    int64_t id;
+    uint64_t loc;
+    unsigned heat;
+} cand;
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    return (x->heat > y->heat) - (x->heat < y->heat);
+}
+
+/* Up to cap pool-resident rows from the cursor on, with their heat. */
+static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
+{
+    size_t n = 0;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    uint64_t b = s->demote_cursor & ix->mask;
+    for (uint64_t seen = 0; seen < ix->nbuckets && n + BUCKET_SLOTS <= cap; seen++, b = (b + 1) & ix->mask) {
+        bucket *bk = &ix->buckets[b];
+        for (;;) {
+            uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+            if (v1 & 1)
+                continue;
+            size_t m = n;
+            uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
+            for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+                if (!(used & (1u << i)))
+                    continue;
+                uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+                if (loc & (LOC_SSD | LOC_TOMB))
+                    continue;
+                c[m].id = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
+                c[m].loc = loc;
+                m++;
+            }
+            seq_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1) {
+                n = m;
+                break;
+            }
+        }
+    }
+    s->demote_cursor = b;
+    ebr_leave();
+    for (size_t i = 0; i < n; i++)
+        c[i].heat = s->heat ? heat_estimate(s->heat, embkv__hash(c[i].id)) : 0;
+    return n;
+}
+
+/* Points id's entry at the log copy q if it still names p. */
+static bool switch_to_log(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
+{
+    uint64_t h = embkv__hash(id);
+    bool done = false;
+    pthread_rwlock_rdlock(&s->writers);
+    keylock_acquire(s, h);
+    index_desc *ix = atomic_load(&s->ix);
+    found_slot f;
+    if (ix_find(ix, id, h, &f) && f.loc == p) {
+        slot *sl = &ix->buckets[f.bucket].slots[f.slot];
+        __atomic_store_n(&sl->loc, q, __ATOMIC_RELEASE);
+        persist_range(s, &sl->loc, sizeof sl->loc);
+        done = true;
+    }
+    keylock_release(s, h);
+    pthread_rwlock_unlock(&s->writers);
+    return done;
+}
+
+static int demote_batch(embkv_store *s, size_t want, size_t *moved)
+{
+    size_t cap = want * DEMOTE_SAMPLE + BUCKET_SLOTS;
+    cand *c = malloc(cap * sizeof *c);
+    char *buf = malloc(want * (size_t)s->rec_size);
+    uint64_t *p = malloc(want * sizeof *p), *q = malloc(want * sizeof *q);
+    int64_t *ids = malloc(want * sizeof *ids);
+    int rc = EMBKV_OK;
+    if (!c || !buf || !p || !q || !ids) {
+        rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory moving rows to the SSD tier", s->path);
+        goto out;
+    }
+    size_t n = sample_rows(s, c, cap);
+    qsort(c, n, sizeof *c, cmp_cand);
+    /* The coldest `want`, copied while no reader can see their records
+     * reused; a copy that fails its checksum was being replaced: skip it. */
+    size_t k = 0;
+    ebr_enter();
+    for (size_t i = 0; i < n && k < want; i++) {
+        rec_hdr *r = rec_at(s, c[i].loc);
+        char *to = buf + k * s->rec_size;
+        memcpy(to, r, s->rec_size);
+        if (!rec_ok(s, (rec_hdr *)to, c[i].id) || (((rec_hdr *)to)->epoch & REC_TOMB))
+            continue;
+        ids[k] = c[i].id;
+        p[k++] = c[i].loc;
+    }
+    ebr_leave();
+    if (k == 0)
+        goto out;
+    if ((rc = log_append(s->log, buf, k, q)) != EMBKV_OK)
+        goto out;
+    /* Durable before any index entry points at it. */
+    if ((rc = log_sync(s->log)) != EMBKV_OK) {
+        for (size_t i = 0; i < k; i++)
+            log_release(s->log, q[i]);
+        goto out;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (switch_to_log(s, ids[i], p[i], q[i]))
+            p[m++] = p[i];
+        else
+            log_release(s->log, q[i]);  /* replaced meanwhile: the copy is garbage */
+    }
+    /* Readers that found the pool records may still copy them. */
+    ebr_synchronize();
+    slab_free(s, p, m);
+    atomic_fetch_add(&s->rows_ssd, m);
+    atomic_fetch_add(&s->st_demotions, m);
+    *moved += m;
+out:
+    free(c);
+    free(buf);
+    free(p);
+    free(q);
+    free(ids);
+    return rc;
+}
+
+int tier_demote(embkv_store *s, size_t want, size_t *moved)
+{
+    *moved = 0;
+    if (!s->log)
+        return EMBKV_OK;
+    int rc = EMBKV_OK;
+    pthread_mutex_lock(&s->demote_mu);
+    for (int empty = 0; *moved < want && rc == EMBKV_OK && empty < 2;) {
+        size_t before = *moved, b = want - *moved < DEMOTE_BATCH ? want - *moved : DEMOTE_BATCH;
+        rc = demote_batch(s, b, moved);
+        empty = *moved == before ? empty + 1 : 0;
+    }
+    pthread_mutex_unlock(&s->demote_mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------ checkpoints */
+
+uint64_t tier_sync_tail(embkv_store *s) { return s->log ? log_end(s->log) : 0; }
+
+int tier_sync_log(embkv_store *s, uint64_t epoch, uint64_t tail)
+{
+    if (!s->log)
+        return EMBKV_OK;
+    int rc = log_sync(s->log);
+    if (rc != EMBKV_OK)
+        return rc;
+    store_root *r = s->root;
+    r->log_tail[epoch & 1] = tail;
+    r->log_tail_epoch[epoch & 1] = epoch;
+    pmemobj_persist(s->pop, &r->log_tail[epoch & 1], sizeof r->log_tail[0]);
+    pmemobj_persist(s->pop, &r->log_tail_epoch[epoch & 1], sizeof r->log_tail_epoch[0]);
+    return EMBKV_OK;
+}
+
+void tier_sync_done(embkv_store *s)
+{
+    if (s->log)
+        log_delete_dead(s->log);
+}
+
+bool tier_after_tail(embkv_store *s, uint64_t loc)
+{
+    store_root *r = s->root;
+    uint64_t d = r->durable_epoch, tail = r->log_tail_epoch[d & 1] == d ? r->log_tail[d & 1] : 0;
+    return (loc & ~LOC_FLAGS) >= (tail & ~LOC_FLAGS);
+}
+
+void tier_count_row(embkv_store *s, uint64_t loc)
+{
+    log_hold(s->log, loc);
+    atomic_fetch_add(&s->rows_ssd, 1);
+}

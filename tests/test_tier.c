@@ -1,0 +1,346 @@
+/*
+ * test_tier.c - the SSD tier through the engine's C API: a table ten times
+ * larger than its pool round-trips every row through every read path,
+ * writes and deletes of log-resident rows, reopen, the options kept with
+ * the store, and SIGKILL during demotion-heavy work reopening exactly as of
+ * the last sync (every row and clock compared with the test's own record).
+ */
+#include "embkv.h"
+#include "check.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIM 16
+
+static void vec_of(int64_t id, uint64_t gen, float *v)
+{
+    for (int i = 0; i < DIM; i++)
+        v[i] = (float)((mix64((uint64_t)id * 31 + gen * 1000003 + (uint64_t)i) >> 40) % 100000) / 7.0f;
+}
+
+static bool vec_is(const float *got, int64_t id, uint64_t gen)
+{
+    float want[DIM];
+    vec_of(id, gen, want);
+    return memcmp(got, want, sizeof want) == 0;
+}
+
+typedef struct scan_ctx {
+    uint64_t *gen;
+    size_t n, seen, wrong;
+} scan_ctx;
+
+static int scan_cb(void *ctx, int64_t id, const float *vec, const float *state, const embkv_rowinfo *info)
+{
+    (void)state;
+    (void)info;
+    scan_ctx *c = ctx;
+    c->seen++;
+    if (id < 0 || (size_t)id >= c->n || !c->gen[id] || !vec_is(vec, id, c->gen[id]))
+        c->wrong++;
+    return 0;
+}
+
+/* Every row of the model, by every read path; gen[id] 0 = absent. */
+static void check_all(embkv_store *s, const uint64_t *gen, size_t n)
+{
+    size_t present = 0, wrong = 0;
+    float v[DIM];
+    for (size_t id = 0; id < n; id++)
+        present += gen[id] != 0;
+    /* One read per row is one I/O per log-resident row: a sample. */
+    for (size_t id = 0; id < n; id += 13) {
+        int rc = embkv_get(s, (int64_t)id, v, NULL, NULL);
+        if (gen[id] ? rc != EMBKV_OK || !vec_is(v, (int64_t)id, gen[id]) : rc != EMBKV_NOTFOUND)
+            wrong++;
+    }
+    CHECK(wrong == 0);
+    enum { B = 4096 };
+    int64_t *ids = malloc(B * sizeof *ids);
+    float *out = malloc((size_t)B * DIM * sizeof *out);
+    uint8_t *found = malloc(B);
+    embkv_rowinfo *info = malloc(B * sizeof *info);
+    size_t wrong_b = 0, wrong_at = 0;
+    for (size_t lo = 0; lo < n; lo += B) {
+        size_t m = n - lo < B ? n - lo : B;
+        for (size_t j = 0; j < m; j++)
+            ids[j] = (int64_t)(lo + (j * 7919) % m);  /* shuffled within the block */
+        CHECK_RC(embkv_get_batch(s, ids, m, out, found, NULL), EMBKV_OK);
+        for (size_t j = 0; j < m; j++)
+            if (found[j] != (gen[ids[j]] != 0) || (found[j] && !vec_is(out + j * DIM, ids[j], gen[ids[j]])))
+                wrong_b++;
+        CHECK_RC(embkv_get_batch_at(s, NULL, ids, m, out, info, found, NULL), EMBKV_OK);
+        for (size_t j = 0; j < m; j++)
+            if (found[j] != (gen[ids[j]] != 0) || (found[j] && !vec_is(out + j * DIM, ids[j], gen[ids[j]])))
+                wrong_at++;
+    }
+    CHECK(wrong_b == 0);
+    CHECK(wrong_at == 0);
+    scan_ctx c = {.gen = (uint64_t *)gen, .n = n};
+    CHECK_RC(embkv_scan(s, scan_cb, &c), EMBKV_OK);
+    CHECK(c.wrong == 0 && c.seen == present);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.rows == present && st.rows_pm + st.rows_ssd == present);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    if (wrong || wrong_b || wrong_at || c.wrong)
+        fprintf(stderr, "check_all: %zu get, %zu batch, %zu batch_at, %zu scan wrong of %zu\n", wrong, wrong_b,
+                wrong_at, c.wrong, n);
+    free(ids);
+    free(out);
+    free(found);
+    free(info);
+}
+
+static int put_gen(embkv_store *s, int64_t id, uint64_t gen)
+{
+    float v[DIM];
+    vec_of(id, gen, v);
+    return embkv_put(s, id, v, NULL, 0);
+}
+
+static void test_larger_than_pool(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/big", root);
+    embkv_options o = {.dim = DIM, .expected_rows = 300000, .pool_size = 16u << 20, .ssd_size = 256u << 20};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    const char *sc = getenv("EMBKV_TEST_SCALE");
+    double scale = sc && atof(sc) > 0 ? atof(sc) : 1.0;
+    size_t n = scale < 1 ? 75000 : 300000;
+    if (scale < 1)
+        o.expected_rows = n;
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int bad = 0;
+    for (size_t id = 0; id < n; id++) {
+        gen[id] = 1;
+        bad += put_gen(s, (int64_t)id, 1) != EMBKV_OK;
+        if (bad == 1 && gen[id] == 1 && bad) {
+            fprintf(stderr, "put %zu: %s\n", id, embkv_errmsg());
+            bad++;
+        }
+    }
+    CHECK(bad == 0);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    printf("%zu rows: %llu in the pool, %llu in the log (%llu demotions, %llu segments)\n", n,
+           (unsigned long long)st.rows_pm, (unsigned long long)st.rows_ssd, (unsigned long long)st.demotions,
+           (unsigned long long)st.ssd_segments);
+    CHECK(st.rows_ssd > n / 2);
+    CHECK(st.ssd_size == 256u << 20);
+    check_all(s, gen, n);
+
+    /* Writes of log-resident rows land in the pool; deletes remove them. */
+    rng_t r = {42};
+    for (int k = 0; k < 20000; k++) {
+        int64_t id = (int64_t)rnd_below(&r, n);
+        embkv_rowinfo info;
+        int in_log = embkv_get(s, id, NULL, NULL, &info) == EMBKV_OK && info.tier == EMBKV_TIER_SSD;
+        if (k % 5 == 0) {
+            int rc = embkv_delete(s, id);
+            CHECK(gen[id] ? rc == EMBKV_OK : rc == EMBKV_NOTFOUND);
+            gen[id] = 0;
+        } else {
+            gen[id] = gen[id] + 1 + (uint64_t)k;
+            CHECK_RC(put_gen(s, id, gen[id]), EMBKV_OK);
+            if (in_log) {
+                CHECK_RC(embkv_get(s, id, NULL, NULL, &info), EMBKV_OK);
+                CHECK(info.tier == EMBKV_TIER_PM || info.tier == EMBKV_TIER_SSD); /* may be demoted again */
+            }
+        }
+        if (k % 5000 == 0)
+            CHECK_RC(embkv_sync(s), EMBKV_OK);
+    }
+    check_all(s, gen, n);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* Reopen: the options are the store's. */
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_all(s, gen, n);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.ssd_size == 256u << 20 && st.rows_ssd > 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    embkv_options smaller = {.ssd_size = 128u << 20};
+    CHECK_RC(embkv_open(dir, &smaller, 0, &s), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "ssd_size") != NULL);
+    embkv_options other = {.ssd_path = "/nonexistent-elsewhere"};
+    CHECK_RC(embkv_open(dir, &other, 0, &s), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "ssd_path") != NULL);
+    embkv_options larger = {.ssd_size = 512u << 20};
+    CHECK_RC(embkv_open(dir, &larger, 0, &s), EMBKV_OK);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.ssd_size == 512u << 20);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_destroy(dir), EMBKV_OK);
+    free(gen);
+}
+
+static void test_bad_options(const char *root)
+{
+    char dir[600];
+    embkv_store *s;
+    snprintf(dir, sizeof dir, "%s/opt1", root);
+    embkv_options o = {.dim = DIM, .pool_size = 16u << 20, .ssd_path = "x"};
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "ssd_path needs option ssd_size") != NULL);
+    embkv_options tiny = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 1000};
+    CHECK_RC(embkv_open(dir, &tiny, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "ssd_size must be at least") != NULL);
+    if (geteuid() != 0) {
+        embkv_options ro = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 64u << 20, .ssd_path = "/proc/embkv"};
+        CHECK(embkv_open(dir, &ro, EMBKV_OPEN_CREATE, &s) != EMBKV_OK);
+    }
+    /* A log directory elsewhere that cannot be created. */
+    char file[700];
+    snprintf(file, sizeof file, "%s/plainfile", root);
+    FILE *f = fopen(file, "w");
+    fclose(f);
+    char sub[800];
+    snprintf(sub, sizeof sub, "%s/log", file);
+    embkv_options bad = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 64u << 20, .ssd_path = sub};
+    int rc = embkv_open(dir, &bad, EMBKV_OPEN_CREATE, &s);
+    CHECK(rc != EMBKV_OK);
+    CHECK(strstr(embkv_errmsg(), "plainfile") != NULL);
+    embkv_destroy(dir);
+}
+
+/* A full ssd_size: the write that needs room fails naming ssd_size; every
+ * row written before stays readable. */
+static void test_full(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    /* The index lives in the pool and cannot grow once the pool is full:
+     * sized for every row that may come. */
+    embkv_options o = {.dim = DIM, .expected_rows = 400000, .pool_size = 16u << 20, .ssd_size = 4u << 20};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    size_t n = 400000;
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int rc = EMBKV_OK;
+    size_t id = 0;
+    for (; id < n; id++) {
+        if ((rc = put_gen(s, (int64_t)id, 1)) != EMBKV_OK)
+            break;
+        gen[id] = 1;
+    }
+    CHECK_RC(rc, EMBKV_FULL);
+    CHECK(strstr(embkv_errmsg(), "ssd_size") != NULL);
+    printf("full after %zu rows: %s\n", id, embkv_errmsg());
+    check_all(s, gen, id + 1);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_all(s, gen, id + 1);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    embkv_destroy(dir);
+    free(gen);
+}
+
+/* SIGKILL while rows are written, demoted and synced: the reopened store
+ * equals the child's last completed sync, which it reports through a
+ * file written after each sync returns. */
+static void test_kill(const char *root, int round)
+{
+    char dir[600], mark[700];
+    snprintf(dir, sizeof dir, "%s/kill%d", root, round);
+    snprintf(mark, sizeof mark, "%s/kill%d.mark", root, round);
+    size_t n = 150000;
+    uint64_t *model = calloc(n, sizeof *model);
+    pid_t pid = fork();
+    if (pid == 0) {
+        embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 256u << 20};
+        embkv_store *s;
+        if (embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s) != EMBKV_OK)
+            _exit(3);
+        rng_t r = {(uint64_t)round * 77 + 1};
+        for (uint64_t step = 1;; step++) {
+            for (size_t k = 0; k < (step == 1 ? n : 5000); k++) {
+                int64_t id = step == 1 ? (int64_t)k : (int64_t)rnd_below(&r, n);
+                if (step > 1 && rnd_below(&r, 10) == 0)
+                    embkv_delete(s, id);
+                else if (put_gen(s, id, step) != EMBKV_OK)
+                    _exit(4);
+            }
+            if (embkv_sync(s) != EMBKV_OK)
+                _exit(5);
+            FILE *f = fopen(mark, "w");
+            fprintf(f, "%llu\n", (unsigned long long)step);
+            fclose(f);
+        }
+    }
+    rng_t pr = {(uint64_t)round + 99};
+    usleep((useconds_t)(800000 + rnd_below(&pr, 2500000)));
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st));
+    unsigned long long synced = 0;
+    FILE *f = fopen(mark, "r");
+    if (f) {
+        if (fscanf(f, "%llu", &synced) != 1)
+            synced = 0;
+        fclose(f);
+    }
+    /* Replay the child's work up to its last completed sync (a mark written
+     * after sync k; a kill between the sync and the mark leaves k - 1,
+     * so both are accepted below). */
+    uint64_t *prev = calloc(n, sizeof *prev);
+    rng_t r = {(uint64_t)round * 77 + 1};
+    for (uint64_t step = 1; step <= synced + 1; step++) {
+        memcpy(prev, model, n * sizeof *model);
+        for (size_t k = 0; k < (step == 1 ? n : 5000); k++) {
+            int64_t id = step == 1 ? (int64_t)k : (int64_t)rnd_below(&r, n);
+            if (step > 1 && rnd_below(&r, 10) == 0)
+                model[id] = 0;
+            else
+                model[id] = step;
+        }
+    }
+    /* model: after step synced + 1; prev: after step synced. */
+    embkv_store *s;
+    int rc = embkv_open(dir, NULL, 0, &s);
+    CHECK_RC(rc, EMBKV_OK);
+    if (rc == EMBKV_OK) {
+        size_t eq_prev = 0, eq_next = 0;
+        float v[DIM];
+        for (size_t id = 0; id < n; id++) {
+            int g = embkv_get(s, (int64_t)id, v, NULL, NULL);
+            bool p = prev[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, prev[id]) : g == EMBKV_NOTFOUND;
+            bool q = model[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, model[id]) : g == EMBKV_NOTFOUND;
+            eq_prev += p;
+            eq_next += q;
+        }
+        CHECK(eq_prev == n || eq_next == n);
+        if (eq_prev != n && eq_next != n)
+            fprintf(stderr, "kill round %d: synced %llu, %zu rows equal that sync, %zu the next, of %zu\n", round,
+                    synced, eq_prev, eq_next, n);
+        embkv_stats sts;
+        embkv_stats_get(s, &sts);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        printf("kill round %d: after sync %llu, %llu rows in the log, recovered %d\n", round, synced,
+               (unsigned long long)sts.rows_ssd, sts.recovered);
+        embkv_close(s);
+    }
+    embkv_destroy(dir);
+    free(model);
+    free(prev);
+}
+
+int main(void)
+{
+    const char *root = test_tmpdir("tier");
+    mkdir(root, 0755);
+    test_bad_options(root);
+    test_larger_than_pool(root);
+    test_full(root);
+    const char *sc = getenv("EMBKV_TEST_SCALE");
+    int rounds = sc && atof(sc) < 1 ? 2 : 4;
+    for (int i = 0; i < rounds; i++)
+        test_kill(root, i);
+    return test_summary("test_tier");
+}
