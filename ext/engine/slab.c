@@ -151,10 +151,8 @@ int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)
     return new_ids && need > store_grow_threshold(s) ? store_grow_index(s, need) : EMBKV_OK;
 }
 
-int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
     /* Puts leave the delete reserve free; deletes may take it. */
     uint64_t want = deletes + (puts ? puts + s->delete_reserve : 0);
     pthread_mutex_lock(&s->slab_mu);
@@ -267,4 +265,12 @@ int slab_rebuild(embkv_store *s)
                                                        (uint32_t)(k % s->recs_per_chunk));
     free(inuse);
     return EMBKV_OK;
+}
+
+size_t slab_free_count(embkv_store *s)
+{
+    pthread_mutex_lock(&s->slab_mu);
+    size_t n = s->free_locs.n;
+    pthread_mutex_unlock(&s->slab_mu);
+    return n;
 }

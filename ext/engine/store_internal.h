@@ -420,6 +420,9 @@ int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
 /* For tombstones: may take the delete reserve that slab_alloc leaves free. */
 int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
+/* embkv_room_for of the pool alone (store_ops.c adds demotion). */
+int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
+size_t slab_free_count(embkv_store *s);
 int slab_rebuild(embkv_store *s);
 static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 {

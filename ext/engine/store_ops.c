@@ -260,6 +260,23 @@ static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombston
     return tombstone ? slab_alloc_tombstone(s, locs) : slab_alloc(s, locs, n);
 }
 
+int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
+    int rc = slab_room_for(s, puts, deletes);
+    if (rc != EMBKV_FULL || !s->log)
+        return rc;
+    /* Room made by moving cold rows to the log: as many as are missing,
+     * and a margin, in one go. */
+    size_t have = slab_free_count(s), moved = 0;
+    uint64_t want = puts + deletes + s->delete_reserve + 256;
+    int drc = tier_demote(s, want > have ? (size_t)(want - have) : 256, &moved);
+    if (drc != EMBKV_OK)
+        return drc;
+    return slab_room_for(s, puts, deletes);
+}
+
 /* Grow the index first when `more` new entries could cross the load limit. */
 static int make_room(embkv_store *s, uint64_t more)
 {

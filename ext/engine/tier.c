@@ -112,9 +112,9 @@ int tier_open(embkv_store *s, const embkv_options *opt)
             return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is %s, the store's SSD tier is at %s",
                               s->path, given, dir);
     } else {
-        snprintf(dir, sizeof dir, "%s", path ? given : "");
-        if (!path)
-            snprintf(dir, sizeof dir, "%s/log", s->path);
+        if (snprintf(dir, sizeof dir, "%s%s%s", path ? given : s->path, path ? "" : "/", path ? "" : LOG_DIR) >=
+            (int)sizeof dir)
+            return embkv__err(EMBKV_INVALID, "store %s: the SSD log's directory name is too long", s->path);
     }
     uint64_t tag = r->log_tag;
     if (adding) {
@@ -123,7 +123,7 @@ int tier_open(embkv_store *s, const embkv_options *opt)
         tag |= 1;  /* never 0: a root with a tier always has one */
     }
     uint64_t size = want > r->ssd_size ? want : r->ssd_size;
-    char what[PATH_MAX + 64];
+    char what[PATH_MAX + SSD_PATH_MAX + 64];
     snprintf(what, sizeof what, "store %s: ssd_path %s", s->path, dir);
     log_options lo = {.dir = dir, .what = what, .max_bytes = size, .record_bytes = s->rec_size,
                       .segment_bytes = segment_bytes_for(size), .tag = tag,
@@ -133,7 +133,7 @@ int tier_open(embkv_store *s, const embkv_options *opt)
         return rc;
     if (size != r->ssd_size) {
         if (adding) {
-            snprintf(r->ssd_path, sizeof r->ssd_path, "%s", path ? given : "");
+            memcpy(r->ssd_path, path ? given : "", path ? strlen(given) + 1 : 1); /* length checked above */
             r->log_tag = tag;
             memset(r->log_tail, 0, sizeof r->log_tail);
             memset(r->log_tail_epoch, 0, sizeof r->log_tail_epoch);

@@ -27,6 +27,8 @@ typedef struct embkv_tabopts {
     /* optimizer, lr, initial_accumulator, eps, beta1, beta2, init, seed,
      * staleness, wait_ms: the training options (train.c) */
     embkv_train_options train;
+    uint64_t ssd_size;     /* ssd_size: the SSD tier's bytes (0: none, or the store's) */
+    const char *ssd_path;  /* ssd_path: its directory as written, NULL: <store>/log */
 } embkv_tabopts;
 
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */

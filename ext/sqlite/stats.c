@@ -168,14 +168,37 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(o, "rows", (double)st.rows);
     ok = ok && cJSON_AddNumberToObject(o, "pending_writes", (double)ref.pending_writes);
     ok = ok && cJSON_AddNumberToObject(o, "record_bytes", (double)st.record_bytes);
-    /* The engine keeps every row in the PM tier (its pool) today. */
     ok = ok && (tiers = cJSON_AddObjectToObject(o, "tiers")) != NULL;
     ok = ok && (pm = cJSON_AddObjectToObject(tiers, "pm")) != NULL;
-    ok = ok && cJSON_AddNumberToObject(pm, "rows", (double)st.rows);
+    ok = ok && cJSON_AddNumberToObject(pm, "rows", (double)st.rows_pm);
     ok = ok && cJSON_AddNumberToObject(pm, "bytes", (double)st.pool_used_bytes);
     ok = ok && cJSON_AddNumberToObject(pm, "capacity_bytes", (double)st.pool_bytes);
     ok = ok && cJSON_AddBoolToObject(pm, "is_pmem", st.is_pmem != 0);
     ok = ok && cJSON_AddStringToObject(pm, "pool_advice", st.pool_advice_random ? "random" : "normal");
+    if (ok && st.ssd_size) {
+        /* The SSD tier, when the table has one. */
+        cJSON *ssd = cJSON_AddObjectToObject(tiers, "ssd");
+        ok = ssd != NULL;
+        ok = ok && cJSON_AddNumberToObject(ssd, "rows", (double)st.rows_ssd);
+        ok = ok && cJSON_AddNumberToObject(ssd, "bytes", (double)st.ssd_live_bytes);
+        ok = ok && cJSON_AddNumberToObject(ssd, "file_bytes", (double)st.ssd_file_bytes);
+        ok = ok && cJSON_AddNumberToObject(ssd, "capacity_bytes", (double)st.ssd_size);
+        ok = ok && cJSON_AddNumberToObject(ssd, "segments", (double)st.ssd_segments);
+        ok = ok && cJSON_AddNumberToObject(ssd, "damaged_segments", (double)st.ssd_damaged_segments);
+        ok = ok && cJSON_AddNumberToObject(ssd, "garbage_fraction",
+                                           st.ssd_file_bytes ? 1.0 - (double)st.ssd_live_bytes / (double)st.ssd_file_bytes : 0.0);
+        ok = ok && cJSON_AddNumberToObject(ssd, "reads", (double)st.ssd_reads);
+        ok = ok && cJSON_AddNumberToObject(ssd, "read_bytes", (double)st.ssd_read_bytes);
+        ok = ok && cJSON_AddNumberToObject(ssd, "writes", (double)st.ssd_writes);
+        ok = ok && cJSON_AddNumberToObject(ssd, "write_bytes", (double)st.ssd_write_bytes);
+        ok = ok && cJSON_AddNumberToObject(ssd, "syncs", (double)st.ssd_syncs);
+        ok = ok && cJSON_AddNumberToObject(ssd, "mean_queue_depth", st.ssd_mean_read_depth);
+        ok = ok && cJSON_AddBoolToObject(ssd, "io_uring", st.ssd_uring != 0);
+        ok = ok && cJSON_AddBoolToObject(ssd, "o_direct", st.ssd_direct != 0);
+        if (st.ssd_fallback[0]) ok = ok && cJSON_AddStringToObject(ssd, "fallback", st.ssd_fallback);
+        ok = ok && cJSON_AddNumberToObject(ssd, "demotions", (double)st.demotions);
+        ok = ok && cJSON_AddNumberToObject(ssd, "promotions", (double)st.promotions);
+    }
     ok = ok && (ix = cJSON_AddObjectToObject(o, "index")) != NULL;
     ok = ok && cJSON_AddNumberToObject(ix, "buckets", (double)st.buckets);
     ok = ok && cJSON_AddNumberToObject(ix, "slots_per_bucket", st.slots_per_bucket);

@@ -121,6 +121,10 @@ static const ekopt_def ek_options[] = {
      "an integer >= 0 or unlimited", embkv_parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
+    /* Kept by the engine with the store (it checks a reopen's values). */
+    {"ssd_size", EKO_BYTES, offsetof(embkv_tabopts, ssd_size), 0, 1ull << 50,
+     "a size in bytes up to 1024T, such as 4194304, 64M or 200G (0: no SSD tier)", NULL},
+    {"ssd_path", EKO_STR, offsetof(embkv_tabopts, ssd_path), 0, 0, "a directory name", NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -249,12 +253,15 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
             case EKO_CUSTOM:
                 ok = d->parse(val, field) == 0;
                 break;
-            case EKO_STR:
-                sqlite3_free(v->optpath);
-                v->optpath = val;
+            case EKO_STR: {
+                /* Each string option has its own storage. */
+                char **store = field == (void *)&v->opts.ssd_path ? &v->optssd : &v->optpath;
+                sqlite3_free(*store);
+                *store = val;
                 val = NULL;
-                *(const char **)(void *)field = v->optpath;
+                *(const char **)(void *)field = *store;
                 break;
+            }
             }
         }
         sqlite3_free(val);
@@ -322,7 +329,8 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
 
 static int opt_is_stored(unsigned j)
 {
-    return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path");
+    return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path") &&
+           strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path");
 }
 
 /* After the store is open: take its options, or record the table's. */
@@ -449,10 +457,12 @@ static int store_options(ekvtab *v, const char *dir, char **err)
                                perr ? perr : "");
         sqlite3_free(perr);
         sqlite3_free(w.optpath);
+        sqlite3_free(w.optssd);
         sqlite3_free(path);
         return SQLITE_CORRUPT;
     }
     sqlite3_free(w.optpath);
+    sqlite3_free(w.optssd);
     char mine[160];
     for (unsigned j = 0; j < N_OPTIONS; j++) {
         if (!opt_is_stored(j) || !(v->given & (1ull << j))) continue;
@@ -582,6 +592,7 @@ static void vt_free(ekvtab *v)
     sqlite3_free(v->zDb);
     sqlite3_free(v->zName);
     sqlite3_free(v->optpath);
+    sqlite3_free(v->optssd);
     sqlite3_free(v->dir);
     sqlite3_free(v->broken);
     sqlite3_free(v->base.zErrMsg);
@@ -634,15 +645,32 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     eo.dim = v->opts.dim;
     eo.expected_rows = v->opts.capacity;
     eo.pool_size = v->opts.pool_size;
+    eo.ssd_size = v->opts.ssd_size;
+    char *ssd_path = NULL;
+    if (v->opts.ssd_path) {
+        /* Relative to the database file's directory, as path is. */
+        const char *dbfile = sqlite3_db_filename(v->db, v->zDb);
+        const char *slash = dbfile && *dbfile ? strrchr(dbfile, '/') : NULL;
+        ssd_path = v->opts.ssd_path[0] == '/' || !slash
+                       ? sqlite3_mprintf("%s", v->opts.ssd_path)
+                       : sqlite3_mprintf("%.*s/%s", (int)(slash - dbfile), dbfile, v->opts.ssd_path);
+        if (!ssd_path) {
+            rc = SQLITE_NOMEM;
+            err = sqlite3_mprintf("out of memory");
+            goto fail;
+        }
+        eo.ssd_path = ssd_path;
+    }
     /* The optimizer's per-row state lives in the record from the start. */
     eo.state_floats = embkv_train_state_floats(&v->opts.train, v->opts.dim);
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
+    sqlite3_free(ssd_path);
     if (erc != EMBKV_OK) {
         /* The option is at fault when the path names something that is not
          * a store of this version; a damaged or busy store is not an option
          * error. */
-        int path_fault = v->opts.path && (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
+        int path_fault = v->opts.path && !(emsg && strstr(emsg, "option ssd_")) && (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
         /* A pool too large for its filesystem: pool_size sized it, or
          * capacity did (bits 2 and 3 of given, in ek_options' order). */
         const char *sized_by = !(create && erc == EMBKV_FULL) ? NULL

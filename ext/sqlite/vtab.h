@@ -164,6 +164,7 @@ struct ekvtab {
     embkv_tabopts opts;
     uint64_t given;       /* options written in its CREATE (bit j: ek_options[j]) */
     char *optpath;        /* storage of opts.path */
+    char *optssd;         /* storage of opts.ssd_path */
     embkv_store *store;
     char *dir;            /* the store's canonical directory */
     uint32_t dim, state_floats;

@@ -1,0 +1,55 @@
+-- The SSD tier from SQL: a table about three times larger than its pool
+-- keeps every row (the coldest go to the log under <store>/log), counts
+-- rows by tier, reads them by id, IN and scan, brings an updated row back
+-- to the pool, deletes log rows, and reopens the same; its options are
+-- the store's.
+.headers off
+.mode list
+.nullvalue NULL
+CREATE VIRTUAL TABLE item USING embkv(dim=8, pool_size='16M', capacity=300000, ssd_size='64M');
+-- A COMMIT writes at most what the pool can take after demotion: in rounds.
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(1, 37500);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(37501, 75000);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(75001, 112500);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(112501, 150000);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(150001, 187500);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(187501, 225000);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(225001, 262500);
+INSERT INTO item(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
+  FROM generate_series(262501, 300000);
+-- one COMMIT larger than the whole pool fails, naming the table, and writes nothing
+INSERT INTO item(id, vec) SELECT value, '[1,1,1,1,1,1,1,1]' FROM generate_series(300001, 600000);
+SELECT 'count', count(*), sum(id) FROM item;
+SELECT 'tiers', count(*) > 100000 FROM item WHERE tier = 'ssd';
+SELECT 'tiers', count(*) > 50000 FROM item WHERE tier = 'pm';
+SELECT 'sum', embkv_json(embkv_sum(vec)) FROM item;
+SELECT 'point', id, embkv_json(vec) FROM item WHERE id = 17;
+SELECT 'in', count(*), sum(json_extract(embkv_json(vec), '$[1]')) FROM item WHERE id IN (SELECT value * 997 FROM generate_series(1, 300));
+SELECT 'ssd-stats', json_extract(embkv_stats('item'), '$.tiers.ssd.rows') > 100000,
+       json_extract(embkv_stats('item'), '$.tiers.ssd.capacity_bytes'),
+       json_extract(embkv_stats('item'), '$.tiers.pm.rows') + json_extract(embkv_stats('item'), '$.tiers.ssd.rows');
+CREATE TEMP TABLE cold AS SELECT id FROM item WHERE tier = 'ssd' ORDER BY id LIMIT 3;
+UPDATE item SET vec = '[9,9,9,9,9,9,9,9]' WHERE id = (SELECT min(id) FROM cold);
+SELECT 'updated', tier, embkv_json(vec) FROM item WHERE id = (SELECT min(id) FROM cold);
+DELETE FROM item WHERE id = (SELECT max(id) FROM cold);
+SELECT 'deleted', count(*) FROM item WHERE id = (SELECT max(id) FROM cold);
+SELECT 'count', count(*), sum(id) FROM item;
+-- @reopen
+SELECT 'reopened', count(*), sum(id) FROM item;
+SELECT 'sum', embkv_json(embkv_sum(vec)) FROM item;
+SELECT 'tiers', count(*) > 100000 FROM item WHERE tier = 'ssd';
+SELECT 'point', id, embkv_json(vec) FROM item WHERE id = 299999;
+-- options: a table on the same store may not shrink it or move its log
+CREATE VIRTUAL TABLE again USING embkv(dim=8, path='x.embkv', pool_size='16M', ssd_path='elsewhere');
+CREATE VIRTUAL TABLE tiny USING embkv(dim=8, path='t.embkv', pool_size='16M', ssd_size=1000);
+CREATE VIRTUAL TABLE neg USING embkv(dim=8, path='n.embkv', pool_size='16M', ssd_size='-1');
+.shell ls -d *.embkv/log | sed 's/-[0-9a-f]*\.embkv/-ID.embkv/'
+DROP TABLE item;
+.shell ls -d *.embkv 2>/dev/null | wc -l
