@@ -103,29 +103,32 @@ static int put_gen(embkv_store *s, int64_t id, uint64_t gen)
     return embkv_put(s, id, v, NULL, 0);
 }
 
+/* Puts ids 0..n-1 at generation 1 until one fails; returns how many went
+ * in (gen records them) and that failure in *rc (EMBKV_OK: all did). */
+static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
+{
+    size_t id = 0;
+    for (*rc = EMBKV_OK; id < n; id++) {
+        if ((*rc = put_gen(s, (int64_t)id, 1)) != EMBKV_OK)
+            break;
+        gen[id] = 1;
+    }
+    return id;
+}
+
 static void test_larger_than_pool(const char *root)
 {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/big", root);
+    const char *sc = getenv("EMBKV_TEST_SCALE");
+    size_t n = sc && atof(sc) > 0 && atof(sc) < 1 ? 75000 : 300000;
     embkv_options o = {.dim = DIM, .expected_rows = 300000, .pool_size = 16u << 20, .ssd_size = 256u << 20};
     embkv_store *s;
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-    const char *sc = getenv("EMBKV_TEST_SCALE");
-    double scale = sc && atof(sc) > 0 ? atof(sc) : 1.0;
-    size_t n = scale < 1 ? 75000 : 300000;
-    if (scale < 1)
-        o.expected_rows = n;
     uint64_t *gen = calloc(n, sizeof *gen);
-    int bad = 0;
-    for (size_t id = 0; id < n; id++) {
-        gen[id] = 1;
-        bad += put_gen(s, (int64_t)id, 1) != EMBKV_OK;
-        if (bad == 1 && gen[id] == 1 && bad) {
-            fprintf(stderr, "put %zu: %s\n", id, embkv_errmsg());
-            bad++;
-        }
-    }
-    CHECK(bad == 0);
+    int rc;
+    CHECK(load_rows(s, gen, n, &rc) == n);
+    CHECK_RC(rc, EMBKV_OK);
     embkv_stats st;
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     printf("%zu rows: %llu in the pool, %llu in the log (%llu demotions, %llu segments)\n", n,
@@ -137,25 +140,28 @@ static void test_larger_than_pool(const char *root)
 
     /* Writes of log-resident rows land in the pool; deletes remove them. */
     rng_t r = {42};
+    size_t log_writes = 0;
     for (int k = 0; k < 20000; k++) {
         int64_t id = (int64_t)rnd_below(&r, n);
         embkv_rowinfo info;
         int in_log = embkv_get(s, id, NULL, NULL, &info) == EMBKV_OK && info.tier == EMBKV_TIER_SSD;
         if (k % 5 == 0) {
-            int rc = embkv_delete(s, id);
+            rc = embkv_delete(s, id);
             CHECK(gen[id] ? rc == EMBKV_OK : rc == EMBKV_NOTFOUND);
             gen[id] = 0;
         } else {
             gen[id] = gen[id] + 1 + (uint64_t)k;
             CHECK_RC(put_gen(s, id, gen[id]), EMBKV_OK);
-            if (in_log) {
-                CHECK_RC(embkv_get(s, id, NULL, NULL, &info), EMBKV_OK);
-                CHECK(info.tier == EMBKV_TIER_PM || info.tier == EMBKV_TIER_SSD); /* may be demoted again */
-            }
+            /* The new version is in the pool (a demotion the write needed
+             * ran before it was written). */
+            CHECK_RC(embkv_get(s, id, NULL, NULL, &info), EMBKV_OK);
+            CHECK(info.tier == EMBKV_TIER_PM);
+            log_writes += (size_t)in_log;
         }
         if (k % 5000 == 0)
             CHECK_RC(embkv_sync(s), EMBKV_OK);
     }
+    CHECK(log_writes > 1000);
     check_all(s, gen, n);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
@@ -191,10 +197,6 @@ static void test_bad_options(const char *root)
     embkv_options tiny = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 1000};
     CHECK_RC(embkv_open(dir, &tiny, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
     CHECK(strstr(embkv_errmsg(), "ssd_size must be at least") != NULL);
-    if (geteuid() != 0) {
-        embkv_options ro = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 64u << 20, .ssd_path = "/proc/embkv"};
-        CHECK(embkv_open(dir, &ro, EMBKV_OPEN_CREATE, &s) != EMBKV_OK);
-    }
     /* A log directory elsewhere that cannot be created. */
     char file[700];
     snprintf(file, sizeof file, "%s/plainfile", root);
@@ -222,13 +224,8 @@ static void test_full(const char *root)
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     size_t n = 400000;
     uint64_t *gen = calloc(n, sizeof *gen);
-    int rc = EMBKV_OK;
-    size_t id = 0;
-    for (; id < n; id++) {
-        if ((rc = put_gen(s, (int64_t)id, 1)) != EMBKV_OK)
-            break;
-        gen[id] = 1;
-    }
+    int rc;
+    size_t id = load_rows(s, gen, n, &rc);
     CHECK_RC(rc, EMBKV_FULL);
     CHECK(strstr(embkv_errmsg(), "ssd_size") != NULL);
     printf("full after %zu rows: %s\n", id, embkv_errmsg());

@@ -364,18 +364,36 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     return EMBKV_OK;
 }
 
+/* Where id's version at loc is, for recover(): PM in place, or read from the
+ * log into *ssd (the previous one freed). */
+static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec_hdr **r)
+{
+    free(*ssd);
+    *ssd = NULL;
+    if (loc & LOC_SSD)
+        return tier_rec(s, id, loc, ssd, r);
+    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
+        (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total)
+        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space", s->path,
+                          (long long)id);
+    *r = rec_at(s, loc);
+    if ((*r)->id != id)
+        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld", s->path, (long long)id,
+                          (long long)(*r)->id);
+    return EMBKV_OK;
+}
+
 /* Roll every row back to its version as of the durable epoch. */
 static int recover(embkv_store *s, index_desc *ix)
 {
     uint32_t durable = (uint32_t)s->root->durable_epoch;
-    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
-    char *ssd = malloc(s->rec_size);  /* a log record being inspected */
-    if (!ssd)
-        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
-    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+    char *ssd = NULL;  /* the log record being inspected */
+    int rc = EMBKV_OK;
+    for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
         bucket *bk = &ix->buckets[b];
         bk->version = 0;
-        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+        for (unsigned i = 0; i < BUCKET_SLOTS && rc == EMBKV_OK; i++) {
             if (!(bk->used & (1u << i)))
                 continue;
             /* A log record from before the durable epoch's mark is durable. */
@@ -384,37 +402,19 @@ static int recover(embkv_store *s, index_desc *ix)
             int64_t id = bk->slots[i].key;
             uint64_t loc = loc_plain(bk->slots[i].loc);
             rec_hdr *r = NULL;
-            for (int hops = 0; hops < 4; hops++) {
-                if (loc == LOC_NONE)
+            for (int hops = 0; hops < 4 && loc != LOC_NONE; hops++) {
+                if ((rc = recover_rec(s, id, loc, &ssd, &r)) != EMBKV_OK)
                     break;
-                if (loc & LOC_SSD) {
-                    int rc = tier_rec(s, id, loc, ssd, &r);
-                    if (rc != EMBKV_OK) {
-                        free(ssd);
-                        return rc;
-                    }
-                } else {
-                    if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
-                        (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total) {
-                        free(ssd);
-                        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
-                                          s->path, (long long)id);
-                    }
-                    r = rec_at(s, loc);
-                }
-                if (r->id != id) {
-                    free(ssd);
-                    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld",
-                                      s->path, (long long)id, (long long)r->id);
-                }
                 if (rec_epoch(r) <= durable)
                     break;
                 loc = r->prev;
                 r = NULL;
             }
+            if (rc != EMBKV_OK)
+                break;
             if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id)) {
-                free(ssd);
-                return rec_damaged(s, id);  /* the version to return to is damaged */
+                rc = rec_damaged(s, id);  /* the version to return to is damaged */
+                break;
             }
             if (loc == LOC_NONE || !r || (r->epoch & REC_TOMB)) {
                 /* Inserted after the durable point, or its deletion is durable. */
@@ -425,8 +425,9 @@ static int recover(embkv_store *s, index_desc *ix)
         }
     }
     free(ssd);
-    ix_rebuild_overflow(ix);
-    return EMBKV_OK;
+    if (rc == EMBKV_OK)
+        ix_rebuild_overflow(ix);
+    return rc;
 }
 
 static void count_entries(embkv_store *s, index_desc *ix)
@@ -779,50 +780,36 @@ static int publish_pool(embkv_store *s)
 }
 
 /* Unlinks the files inspect_dir() accepts (LOCK last: it is held). */
-/* The default SSD log directory: segment files only. */
-static int remove_log_dir(const char *dir)
+/* Unlinks every entry of dir but `skip` (NULL: none); a subdirectory named
+ * `sub` (the default SSD log) is emptied and removed the same way.
+ * Returns nonzero if something stayed. */
+static int unlink_entries(const char *dir, const char *skip, const char *sub)
 {
     DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT)
-            return 0;
-        return errno == ENOTDIR ? unlink(dir) : -1;
-    }
+    if (!d)
+        return errno != ENOENT;
     int bad = 0;
     struct dirent *e;
     char path[PATH_MAX];
     while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || (skip && !strcmp(e->d_name, skip)))
             continue;
         if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) {
             bad = 1;
             continue;
         }
-        bad |= unlink(path) != 0 && errno != ENOENT;
+        if (unlink(path) != 0 && errno != ENOENT)
+            bad |= !(sub && errno == EISDIR && !strcmp(e->d_name, sub)) || unlink_entries(path, NULL, NULL) ||
+                   rmdir(path) != 0;
     }
     closedir(d);
-    return bad || rmdir(dir) != 0 ? -1 : 0;
+    return bad;
 }
 
 static int remove_store_files(const char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int bad = 0;
-    struct dirent *e;
+    int bad = unlink_entries(dir, LOCK_FILE, LOG_DIR);
     char path[PATH_MAX];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE))
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (!strcmp(e->d_name, LOG_DIR)) {
-            bad |= remove_log_dir(path) != 0;
-            continue;
-        }
-        bad |= unlink(path) != 0 && errno != ENOENT;
-    }
-    closedir(d);
     snprintf(path, sizeof path, "%s/%s", dir, LOCK_FILE);
     bad |= unlink(path) != 0 && errno != ENOENT;
     return bad ? -1 : rmdir(dir);

@@ -489,11 +489,13 @@ uint64_t store_grow_threshold(embkv_store *s);
 int tier_open(embkv_store *s, const embkv_options *opt);
 void tier_close(embkv_store *s);
 /* Reads the records of the log locations among locs[0..n) (the others are
- * left alone) into buf + i * rec_size, in one batch, checking each is its
- * id's and whole; recs[i] points at each.  Inside ebr_enter. */
-int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char *buf, rec_hdr **recs);
-/* One record wherever it lives: PM in place, SSD read into buf. */
-int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char *buf, rec_hdr **out);
+ * left alone) in one batch, checking each is its id's and whole (callers
+ * need not check again); recs[i] points at each, inside *buf, which the
+ * caller frees (NULL when none of locs is in the log: nothing allocated).
+ * Inside ebr_enter. */
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs);
+/* One record wherever it lives: PM in place, SSD read into *buf (as above). */
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out);
 /* Makes room for `want` records in the pool by moving cold rows to the
  * log; the caller holds no epoch, no lock and no group of this store's. */
 int tier_demote(embkv_store *s, size_t want, size_t *moved);

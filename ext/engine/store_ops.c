@@ -132,7 +132,7 @@ typedef struct write_req {
     uint64_t clock;            /* with PUT_CLOCK */
     rec_hdr *pre;              /* the row's log record read ahead, at pre_loc */
     uint64_t pre_loc;
-    char *ssd_buf;             /* room for one record (stores with an SSD tier) */
+    char **scratch;            /* a log record read here; the caller frees it after each row */
 } write_req;
 
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
@@ -168,20 +168,15 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     bool have = ix_find(ix, id, h, &f);
     bool live = have && !(f.loc & LOC_TOMB);
     rec_hdr *old = NULL;
-    if (have && (f.loc & LOC_SSD)) {
-        if (w->pre && w->pre_loc == f.loc) {
-            old = w->pre;
-        } else {
-            int trc = w->ssd_buf ? tier_rec(s, id, f.loc, w->ssd_buf, &old)
-                                 : embkv__err(EMBKV_CORRUPT, "store %s: id %lld points to an SSD tier this store "
-                                              "does not have", s->path, (long long)id);
-            if (trc != EMBKV_OK)
-                return trc;
-        }
+    if (have && (f.loc & LOC_SSD) && w->pre && w->pre_loc == f.loc) {
+        old = w->pre;
     } else if (have) {
-        old = rec_at(s, f.loc);
+        int trc = tier_rec(s, id, f.loc, w->scratch, &old);
+        if (trc != EMBKV_OK)
+            return trc;
     }
-    if (old && !(f.loc & LOC_TOMB) && !rec_ok(s, old, id))
+    /* (A log record was checked as it was read.) */
+    if (old && !(f.loc & (LOC_TOMB | LOC_SSD)) && !rec_ok(s, old, id))
         return rec_damaged(s, id);
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     size_t vbytes = 4 * (size_t)s->dim, sbytes = 4 * (size_t)s->state_floats;
@@ -303,13 +298,8 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         return rc;
     }
     uint64_t h = embkv__hash(id);
-    char *ssd_buf = s->log ? malloc(s->rec_size) : NULL;
-    if (s->log && !ssd_buf) {
-        slab_free(s, &loc, 1);
-        embkv_group_end(s);
-        return embkv__err(EMBKV_NOMEM, "embkv_put: out of memory");
-    }
-    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .ssd_buf = ssd_buf};
+    char *scratch = NULL;
+    write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .scratch = &scratch};
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     bool consumed;
@@ -324,7 +314,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     embkv_group_end(s);
     if (!consumed)
         slab_free(s, &loc, 1);
-    free(ssd_buf);
+    free(scratch);
     if (s->heat)
         heat_touch(s->heat, h);
     atomic_fetch_add_explicit(&s->st_puts, 1, memory_order_relaxed);
@@ -345,9 +335,10 @@ int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *s
  * the next sync needs a tombstone record: without one in *tloc the attempt
  * changes nothing and returns EMBKV_BUSY, and the caller allocates and
  * retries.  So a full pool still takes the deletes that need no tombstone. */
-static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, char *ssd_buf)
+static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
 {
     int rc = EMBKV_OK;
+    char *ssd = NULL;  /* the row's record, when it is in the log */
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     pthread_rwlock_rdlock(&s->writers);
@@ -360,7 +351,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         goto out;
     }
     rec_hdr *old;
-    if ((rc = tier_rec(s, id, f.loc, ssd_buf, &old)) != EMBKV_OK)
+    if ((rc = tier_rec(s, id, f.loc, &ssd, &old)) != EMBKV_OK)
         goto out;
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     bool keep = rec_epoch(old) < epoch;
@@ -399,6 +390,7 @@ out:
     keylock_release(s, h);
     retire_flush(s, &rb);
     pthread_rwlock_unlock(&s->writers);
+    free(ssd);
     return rc;
 }
 
@@ -407,28 +399,21 @@ int embkv_delete(embkv_store *s, int64_t id)
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
     uint64_t tloc = LOC_NONE, h = embkv__hash(id);
-    char *ssd_buf = s->log ? malloc(s->rec_size) : NULL;
-    if (s->log && !ssd_buf)
-        return embkv__err(EMBKV_NOMEM, "embkv_delete: out of memory");
     int rc = embkv_group_begin(s);
-    if (rc != EMBKV_OK) {
-        free(ssd_buf);
+    if (rc != EMBKV_OK)
         return rc;
-    }
-    rc = delete_once(s, id, h, &tloc, ssd_buf);
+    rc = delete_once(s, id, h, &tloc);
     if (rc == EMBKV_BUSY) {
         if ((rc = alloc_records(s, &tloc, 1, true)) != EMBKV_OK) {
             embkv_group_end(s);
-            free(ssd_buf);
             return rc != EMBKV_FULL ? rc
                                     : embkv__err(rc, "id %lld: the pool is full and its reserve for deletes is "
                                                  "used up: delete at most %u rows between two syncs",
                                                  (long long)id, s->delete_reserve);
         }
-        rc = delete_once(s, id, h, &tloc, ssd_buf);  /* cannot be EMBKV_BUSY with a tombstone in hand */
+        rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
     }
     embkv_group_end(s);
-    free(ssd_buf);
     if (tloc != LOC_NONE)
         slab_free(s, &tloc, 1);
     atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
@@ -455,12 +440,8 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
     } else {
         rec_hdr *r = NULL;
-        char *buf = (loc & LOC_SSD) ? malloc(s->rec_size) : NULL;
-        if ((loc & LOC_SSD) && !buf) {
-            ebr_leave();
-            return embkv__err(EMBKV_NOMEM, "embkv_get: out of memory");
-        }
-        if ((rc = tier_rec(s, id, loc, buf, &r)) != EMBKV_OK || !rec_ok(s, r, id)) {
+        char *buf = NULL;
+        if ((rc = tier_rec(s, id, loc, &buf, &r)) != EMBKV_OK || (!(loc & LOC_SSD) && !rec_ok(s, r, id))) {
             ebr_leave();
             free(buf);
             return rc != EMBKV_OK ? rc : rec_damaged(s, id);
@@ -522,22 +503,23 @@ static inline void prefetch_record(embkv_store *s, uint64_t loc)
         __builtin_prefetch(p + off, 0, 3);
 }
 
-/* The vectors of the log-resident rows at[0..k) of a batch, one log read. */
-static int read_ssd_rows(embkv_store *s, const int64_t *ids, const size_t *at, const uint64_t *locs, size_t k,
-                         float *out)
+/* The vectors of a batch's log-resident rows (positions at.v[i], locations
+ * locs.v[i]), in one log read. */
+static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out)
 {
+    size_t k = at->n;
     int64_t *kid = malloc(k * sizeof *kid);
-    char *buf = malloc(k * (size_t)s->rec_size);
     rec_hdr **recs = malloc(k * sizeof *recs);
+    char *buf = NULL;
     int rc = EMBKV_OK;
-    if (!kid || !buf || !recs) {
+    if (!kid || !recs) {
         rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
     } else {
         for (size_t i = 0; i < k; i++)
-            kid[i] = ids[at[i]];
-        rc = tier_read(s, kid, locs, k, buf, recs);
+            kid[i] = ids[at->v[i]];
+        rc = tier_read(s, kid, locs->v, k, &buf, recs);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
-            memcpy(out + at[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
+            memcpy(out + at->v[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
     }
     free(kid);
     free(buf);
@@ -558,8 +540,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     int64_t bad = 0;
     bool damaged = false;
     /* Rows in the SSD log: gathered here, read in one batch at the end. */
-    size_t nssd = 0, ssd_cap = 0, *ssd_at = NULL;
-    uint64_t *ssd_locs = NULL;
+    locvec ssd_at = {0}, ssd_locs = {0};
     int rc = EMBKV_OK;
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
@@ -583,23 +564,11 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
-            if (loc != LOC_NONE && (loc & LOC_SSD) && !(loc & LOC_TOMB)) {
-                if (nssd == ssd_cap) {
-                    size_t cap = ssd_cap ? 2 * ssd_cap : 64;
-                    size_t *a = realloc(ssd_at, cap * sizeof *a);
-                    uint64_t *l = a ? realloc(ssd_locs, cap * sizeof *l) : NULL;
-                    if (a)
-                        ssd_at = a;
-                    if (l)
-                        ssd_locs = l;
-                    if (!a || !l) {
-                        rc = embkv__err(EMBKV_NOMEM, "embkv_get_batch: out of memory");
-                        break;
-                    }
-                    ssd_cap = cap;
+            if ((loc & LOC_SSD) && !(loc & LOC_TOMB)) {
+                if (locvec_push(&ssd_at, j) != EMBKV_OK || locvec_push(&ssd_locs, loc) != EMBKV_OK) {
+                    rc = embkv__err(EMBKV_NOMEM, "embkv_get_batch: out of memory");
+                    break;
                 }
-                ssd_at[nssd] = j;
-                ssd_locs[nssd++] = loc;
                 if (found)
                     found[j] = true;
                 continue;
@@ -622,11 +591,11 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
                 found[j] = ok;
         }
     }
-    if (nssd && rc == EMBKV_OK)
-        rc = read_ssd_rows(s, ids, ssd_at, ssd_locs, nssd, out);
+    if (ssd_at.n && rc == EMBKV_OK)
+        rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out);
     ebr_leave();
-    free(ssd_at);
-    free(ssd_locs);
+    free(ssd_at.v);
+    free(ssd_locs.v);
     if (nmissing)
         *nmissing = missing;
     atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
@@ -649,9 +618,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
     uint64_t locs[AT_BLOCK];
     rec_hdr *recs[AT_BLOCK];
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
-    char *ssd_buf = s->log ? malloc((size_t)AT_BLOCK * s->rec_size) : NULL;
-    if (s->log && !ssd_buf)
-        return embkv__err(EMBKV_NOMEM, "embkv_get_batch_at: out of memory");
+    char *ssd_buf = NULL;  /* the block's log records */
     ebr_enter();
     for (size_t lo = 0; lo < n; lo += AT_BLOCK) {
         size_t m = n - lo < AT_BLOCK ? n - lo : AT_BLOCK;
@@ -670,18 +637,15 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
             }
         }
         snap_resolve(s, snap, bid, m, locs);
-        if (ssd_buf) {
-            int trc = tier_read(s, bid, locs, m, ssd_buf, recs);
-            if (trc != EMBKV_OK) {
-                ebr_leave();
-                free(ssd_buf);
-                return trc;
-            }
+        free(ssd_buf);
+        int trc = tier_read(s, bid, locs, m, &ssd_buf, recs);
+        if (trc != EMBKV_OK) {
+            ebr_leave();
+            return trc;
         }
         for (size_t j = 0; j < m; j++) {
             uint64_t loc = locs[j];
-            bool ssd = loc != LOC_NONE && (loc & LOC_SSD) && !(loc & LOC_TOMB);
-            bool ok = ssd || (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)));
+            bool ok = loc != LOC_NONE && !(loc & LOC_TOMB), ssd = ok && (loc & LOC_SSD);
             if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
@@ -689,7 +653,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
             /* With the vector read, the whole record is verified; an
              * existence read (count, ids, a DELETE finding its rows) checks
              * the id, so that a damaged row can still be deleted. */
-            if (r && (out ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
+            if (r && !ssd && (out ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
                 ebr_leave();
                 free(ssd_buf);
                 return rec_damaged(s, bid[j]);
@@ -740,6 +704,45 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
     return rc;
 }
 
+/* The log-resident rows of a write batch, read in one go before the
+ * write takes their locks: recs[j] (NULL for a row elsewhere) was read at
+ * locs[j].  Only a store with rows in the log pays for the extra lookups;
+ * on any failure recs stays NULL and each row is read under its lock
+ * (which reports the error). */
+typedef struct pre_read {
+    uint64_t *locs;
+    rec_hdr **recs;
+    char *buf;
+} pre_read;
+
+static void pre_read_free(pre_read *p)
+{
+    free(p->locs);
+    free(p->recs);
+    free(p->buf);
+    memset(p, 0, sizeof *p);
+}
+
+static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!s->log || atomic_load(&s->rows_ssd) == 0)
+        return;
+    p->locs = malloc(n * sizeof *p->locs);
+    p->recs = calloc(n, sizeof *p->recs);
+    if (!p->locs || !p->recs) {
+        pre_read_free(p);
+        return;
+    }
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t j = 0; j < n; j++)
+        p->locs[j] = ix_lookup(ix, ids[j], embkv__hash(ids[j]), &(uint32_t){0});
+    if (tier_read(s, ids, p->locs, n, &p->buf, p->recs) != EMBKV_OK || !p->buf)
+        pre_read_free(p);
+    ebr_leave();
+}
+
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                                  unsigned flags, size_t *nupdated)
 {
@@ -753,54 +756,20 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         free(fresh);
         return rc;
     }
-    /* The batch's log-resident rows, read in one go before any lock. */
-    uint64_t *pre_locs = NULL;
-    rec_hdr **pre = NULL;
-    char *pre_buf = NULL, *one = NULL;
-    if (s->log) {
-        pre_locs = malloc(n * sizeof *pre_locs);
-        pre = calloc(n, sizeof *pre);
-        one = malloc(s->rec_size);
-        size_t k = 0;
-        if (pre_locs && pre && one) {
-            ebr_enter();
-            index_desc *pix = atomic_load(&s->ix);
-            for (size_t j = 0; j < n; j++) {
-                pre_locs[j] = ix_lookup(pix, ids[j], embkv__hash(ids[j]), &(uint32_t){0});
-                k += pre_locs[j] != LOC_NONE && (pre_locs[j] & LOC_SSD) && !(pre_locs[j] & LOC_TOMB);
-            }
-            ebr_leave();
-            pre_buf = k ? malloc(k * (size_t)s->rec_size) : NULL;
-        }
-        if (!pre_locs || !pre || !one || (k && !pre_buf)) {
-            rc = embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
-        } else if (k) {
-            /* A row that moved after this read is read again under its lock. */
-            ebr_enter();
-            if (tier_read(s, ids, pre_locs, n, pre_buf, pre) != EMBKV_OK)
-                memset(pre, 0, n * sizeof *pre);
-            ebr_leave();
-        }
-        if (rc != EMBKV_OK) {
-            free(pre_locs);
-            free(pre);
-            free(pre_buf);
-            free(one);
-            slab_free(s, fresh, n);
-            free(fresh);
-            return rc;
-        }
-    }
+    pre_read pre;
+    pre_read_rows(s, ids, n, &pre);
     size_t next_fresh = 0, updated = 0;
     retire_buf *rb = malloc(sizeof *rb);
     if (!rb) {
         slab_free(s, fresh, n);
         free(fresh);
+        pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
     rb->nkeep = rb->nnow = rb->ntombs = 0;
     uint64_t hs[RING];
-    write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .ssd_buf = one};
+    char *scratch = NULL;
+    write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .scratch = &scratch};
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     pthread_rwlock_rdlock(&s->writers);
@@ -831,13 +800,15 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             uint64_t h = hs[j % RING];
             bool consumed;
             w.index = j;
-            if (pre) {
-                w.pre = pre[j];
-                w.pre_loc = pre_locs[j];
+            if (pre.recs) {
+                w.pre = pre.recs[j];
+                w.pre_loc = pre.locs[j];
             }
             keylock_acquire(s, h);
             int r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
             keylock_release(s, h);
+            free(scratch);
+            scratch = NULL;
             if (consumed) {
                 next_fresh++;
                 updated++;
@@ -853,10 +824,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         slab_free(s, fresh + next_fresh, n - next_fresh);
     free(fresh);
     free(rb);
-    free(pre_locs);
-    free(pre);
-    free(pre_buf);
-    free(one);
+    pre_read_free(&pre);
     if (nupdated)
         *nupdated = updated;
     atomic_fetch_add_explicit(&s->st_puts, updated, memory_order_relaxed);
@@ -924,12 +892,8 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
     size_t row_floats = (size_t)s->dim + s->state_floats;
     float *buf = malloc(BUCKET_SLOTS * row_floats * sizeof(float));
-    char *ssd_buf = s->log ? malloc(BUCKET_SLOTS * (size_t)s->rec_size) : NULL;
-    if (!buf || (s->log && !ssd_buf)) {
-        free(buf);
-        free(ssd_buf);
+    if (!buf)
         return embkv__err(EMBKV_NOMEM, "embkv_scan: out of memory");
-    }
     int rc = EMBKV_OK;
     embkv_scan_pin(s);
     ebr_enter();
@@ -952,17 +916,19 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         }
         unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
         rec_hdr *recs[BUCKET_SLOTS];
-        if (ssd_buf)
-            rc = tier_read(s, ids, locs, n, ssd_buf, recs);
+        char *ssd = NULL;  /* the bucket's log records */
+        rc = tier_read(s, ids, locs, n, &ssd, recs);
         /* Copy out so the callback runs outside the epoch and may write. */
         for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
-            rec_hdr *r = (locs[i] & LOC_SSD) ? recs[i] : rec_at(s, locs[i]);
-            if (!rec_ok(s, r, ids[i]))
+            bool logged = locs[i] & LOC_SSD;  /* (checked as it was read) */
+            rec_hdr *r = logged ? recs[i] : rec_at(s, locs[i]);
+            if (!logged && !rec_ok(s, r, ids[i]))
                 rc = rec_damaged(s, ids[i]);
             memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
             fill_info(&info[i], r, locs[i]);
         }
         ebr_leave();
+        free(ssd);
         for (unsigned i = 0; i < n && rc == EMBKV_OK; i++)
             rc = fn(ctx, ids[i], buf + i * row_floats, buf + i * row_floats + s->dim, &info[i]);
         if (rc != EMBKV_OK)
@@ -970,7 +936,6 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
     }
     embkv_scan_unpin(s);
     free(buf);
-    free(ssd_buf);
     return rc;
 }
 

@@ -240,11 +240,9 @@ int embkv_sync(embkv_store *s)
 
     /* The log first: the pool's pages about to be flushed point into it. */
     int rc = tier_sync_log(s, e, tail);
-    if (rc != EMBKV_OK)
-        ;
-    else if (s->is_pmem)
+    if (rc == EMBKV_OK && s->is_pmem)
         pmem_drain();
-    else
+    else if (rc == EMBKV_OK)
         rc = flush_dirty(s, s->dirty[e & 1]);
     if (rc == EMBKV_OK) {
         s->root->durable_epoch = e;

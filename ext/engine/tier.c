@@ -172,29 +172,30 @@ static int read_failed(embkv_store *s, int rc, int64_t id)
     return embkv__err(rc, "id %lld: %s", (long long)id, msg);
 }
 
-int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char *buf, rec_hdr **recs)
+static inline bool in_log(uint64_t loc) { return (loc & LOC_SSD) && !(loc & LOC_TOMB); }
+
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += locs[i] != LOC_NONE && (locs[i] & LOC_SSD) && !(locs[i] & LOC_TOMB);
+    *buf = NULL;
+    size_t k = 0, first = 0;
+    for (size_t i = n; i-- > 0;)
+        if (in_log(locs[i])) {
+            k++;
+            first = i;
+        }
     if (k == 0)
         return EMBKV_OK;
     if (!s->log)
         return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points to an SSD tier this store does not have",
-                          s->path, (long long)ids[0]);
-    uint64_t one[1], *q = k == 1 ? one : malloc(k * sizeof *q);
-    size_t *at = k == 1 ? (size_t[1]){0} : malloc(k * sizeof *at);
-    if (!q || !at) {
-        if (k > 1) {
-            free(q);
-            free(at);
-        }
-        return embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
-    }
+                          s->path, (long long)ids[first]);
+    uint64_t *q = malloc(k * sizeof *q);
+    size_t *at = malloc(k * sizeof *at);
+    char *b = malloc(k * (size_t)s->rec_size);
     int rc = EMBKV_OK;
-    size_t j = 0;
-    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
-        if (locs[i] == LOC_NONE || !(locs[i] & LOC_SSD) || (locs[i] & LOC_TOMB))
+    if (!q || !at || !b)
+        rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
+    for (size_t i = first, j = 0; i < n && rc == EMBKV_OK; i++) {
+        if (!in_log(locs[i]))
             continue;
         if (!log_loc_valid(s->log, locs[i]))
             rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the SSD log", s->path,
@@ -203,24 +204,27 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
         q[j++] = locs[i];
     }
     size_t bad = 0;
-    if (rc == EMBKV_OK && (rc = log_read(s->log, q, k, buf, &bad)) != EMBKV_OK)
+    if (rc == EMBKV_OK && (rc = log_read(s->log, q, k, b, &bad)) != EMBKV_OK)
         rc = read_failed(s, rc, ids[at[bad]]);
-    for (j = 0; j < k && rc == EMBKV_OK; j++) {
-        rec_hdr *r = (rec_hdr *)(buf + j * s->rec_size);
-        if (!rec_ok(s, r, ids[at[j]]) && !(r->id == ids[at[j]] && (r->epoch & REC_TOMB)))
+    for (size_t j = 0; j < k && rc == EMBKV_OK; j++) {
+        rec_hdr *r = (rec_hdr *)(b + j * s->rec_size);
+        if (!rec_ok(s, r, ids[at[j]]))
             rc = rec_damaged(s, ids[at[j]]);
         recs[at[j]] = r;
     }
-    if (k > 1) {
-        free(q);
-        free(at);
-    }
+    free(q);
+    free(at);
+    if (rc != EMBKV_OK)
+        free(b);
+    else
+        *buf = b;
     return rc;
 }
 
-int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char *buf, rec_hdr **out)
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out)
 {
     if (!(loc & LOC_SSD)) {
+        *buf = NULL;
         *out = rec_at(s, loc);
         return EMBKV_OK;
     }
