@@ -154,6 +154,27 @@ int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found);
 uint64_t embkv_count(embkv_store *s);
 
+/* Look-ahead (stores with an SSD tier): the ids of batches about to be
+ * read.  Returns at once with *queued (may be NULL) set to the number of
+ * rows whose reads it queued: the SSD-resident ones among ids, each once,
+ * not those in the pool, absent or already staged.  A background thread
+ * reads them from the log (one io_uring batch as deep as what is queued)
+ * into a DRAM stage of 32 MiB of rows (at least 1024, at most 262144); the
+ * next read of such a row (embkv_get_batch, a pull, any read path) takes it
+ * from the stage, or waits for its read if still in flight, instead of
+ * reading the log.  A staged row stays until read once or until the stage
+ * is full and it is the oldest staged row (counted as wasted in the stats);
+ * rows in flight are never dropped, so a full stage queues fewer.  Takes no
+ * staleness permits.  Without an SSD tier: EMBKV_OK, nothing queued. */
+int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued);
+
+/* Waits up to timeout_ms for the SSD tier's background thread to have
+ * nothing left to do (demotion to its watermark, queued promotions,
+ * compaction, which is then not rate-limited); EMBKV_BUSY if it still had
+ * work at the deadline.  For tests and benchmarks that need a settled
+ * tier; EMBKV_OK at once without an SSD tier. */
+int embkv_tier_idle(embkv_store *s, int timeout_ms);
+
 /* Batch get: writes n vectors of dim floats to out in the order of ids
  * (duplicates allowed).  A missing id's vector is zero-filled; found (may be
  * NULL) gets 1/0 per id, and *nmissing (may be NULL) the number missing.
@@ -265,6 +286,17 @@ typedef struct embkv_stats {
     int ssd_uring, ssd_direct;     /* io_uring and O_DIRECT in use */
     char ssd_fallback[160];        /* why not, when either is 0 */
     uint64_t demotions, promotions;
+    uint64_t compactions;          /* segments compacted */
+    uint64_t compacted_rows;       /* live rows compaction rewrote */
+    double write_amplification;    /* log bytes written / bytes of rows demoted */
+    double ssd_wait_ms;            /* reads waiting for the log (foreground) */
+    /* Look-ahead (embkv_lookahead): rows queued; pulled from the stage
+     * (hits) or while their read was in flight (late); dropped unpulled
+     * (wasted); in the stage now and its capacity in rows; time pulls
+     * waited for rows in flight. */
+    uint64_t lookahead_queued, lookahead_hits, lookahead_late, lookahead_wasted;
+    uint64_t lookahead_staged, lookahead_capacity;
+    uint64_t lookahead_wait_ns;
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 

@@ -899,8 +899,10 @@ uint32_t log_pick_victim(embkv_log *l, double max_live)
     return best;
 }
 
-int log_scan_segment(embkv_log *l, uint32_t seg, log_scan_fn fn, void *ctx)
+int log_scan_part(embkv_log *l, uint32_t seg, uint64_t *pos, uint64_t max_bytes, log_scan_fn fn, void *ctx,
+                  bool *done)
 {
+    *done = false;
     char *buf = block_alloc(SCAN_CHUNK);
     if (!buf)
         return embkv__err(EMBKV_NOMEM, "%s: out of memory", l->what);
@@ -915,8 +917,12 @@ int log_scan_segment(embkv_log *l, uint32_t seg, log_scan_fn fn, void *ctx)
     /* Whole records per chunk: a chunk is a whole number of record groups. */
     uint64_t group = l->per_block ? LOG_BLOCK : (uint64_t)l->rec_blocks * LOG_BLOCK;
     uint64_t chunk = SCAN_CHUNK / group * group;
-    for (uint64_t off = LOG_BLOCK; rc == EMBKV_OK && off < end; off += chunk) {
-        uint32_t want = (uint32_t)(end - off < chunk ? end - off : chunk);
+    uint64_t off = *pos < LOG_BLOCK ? LOG_BLOCK : LOG_BLOCK + (*pos - LOG_BLOCK) / group * group;
+    uint64_t stop = max_bytes && end - off > max_bytes ? off + (max_bytes + group - 1) / group * group : end;
+    if (stop > end)
+        stop = end;
+    for (; rc == EMBKV_OK && off < stop; off += chunk) {
+        uint32_t want = (uint32_t)(stop - off < chunk ? stop - off : chunk);
         io_req rq = {.fd = g->fd, .buf = buf, .len = want, .off = off};
         run_sync(&rq, 1, false);
         if (rq.res != (int)want) {
@@ -936,7 +942,18 @@ int log_scan_segment(embkv_log *l, uint32_t seg, log_scan_fn fn, void *ctx)
     }
     pthread_rwlock_unlock(&l->lock);
     free(buf);
+    if (rc == EMBKV_OK) {
+        *pos = off < stop ? off : stop;
+        *done = *pos >= end;
+    }
     return rc;
+}
+
+int log_scan_segment(embkv_log *l, uint32_t seg, log_scan_fn fn, void *ctx)
+{
+    uint64_t pos = 0;
+    bool done;
+    return log_scan_part(l, seg, &pos, 0, fn, ctx, &done);
 }
 
 void log_stats_get(embkv_log *l, log_stats *st)

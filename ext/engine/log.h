@@ -120,6 +120,13 @@ uint32_t log_pick_victim(embkv_log *l, double max_live);
  * decides which records are live (the index says). */
 typedef int (*log_scan_fn)(void *ctx, uint64_t loc, const void *rec);
 int log_scan_segment(embkv_log *l, uint32_t seg, log_scan_fn fn, void *ctx);
+/* The same a part at a time: from byte *pos of the segment (0: its start)
+ * through about max_bytes more (0: to the end), leaving *pos where the next
+ * part starts and *done whether the segment's written end was reached.
+ * Returns EMBKV_OK or an error (a value fn returned, or the log's).  Lets a
+ * background scan pause between parts. */
+int log_scan_part(embkv_log *l, uint32_t seg, uint64_t *pos, uint64_t max_bytes, log_scan_fn fn, void *ctx,
+                  bool *done);
 
 typedef struct log_stats {
     uint64_t segments, damaged_segments;

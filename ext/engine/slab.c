@@ -67,12 +67,15 @@ static void push_chunk_free(embkv_store *s, uint32_t c)
 /* With slab_mu held: add one chunk to the pool. */
 static int add_chunk(embkv_store *s)
 {
-    if (s->nchunks >= MAX_CHUNKS)
+    if (s->nchunks >= MAX_CHUNKS) {
+        s->pool_exhausted = true;
         return embkv__err(EMBKV_FULL, "store %s: record space full (%u chunks of %u bytes)",
                           s->path, (unsigned)MAX_CHUNKS, s->chunk_bytes);
+    }
     uint32_t c = s->nchunks;
     if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
         int e = errno;
+        s->pool_exhausted = true;
         return embkv__err(EMBKV_FULL,
                           "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
                           "last sync are kept until the next one: checkpoint, or copy the rows into a store "
@@ -273,4 +276,13 @@ size_t slab_free_count(embkv_store *s)
     size_t n = s->free_locs.n;
     pthread_mutex_unlock(&s->slab_mu);
     return n;
+}
+
+void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhausted)
+{
+    pthread_mutex_lock(&s->slab_mu);
+    *free_recs = s->free_locs.n;
+    *total = (size_t)s->nchunks * s->recs_per_chunk;
+    *exhausted = s->pool_exhausted;
+    pthread_mutex_unlock(&s->slab_mu);
 }

@@ -309,6 +309,11 @@ static void free_store(embkv_store *s)
     pthread_mutex_destroy(&s->sync_mu);
     pthread_mutex_destroy(&s->move_mu);
     pthread_mutex_destroy(&s->demote_mu);
+    pthread_mutex_destroy(&s->promo_mu);
+    pthread_mutex_destroy(&s->tw_mu);
+    pthread_cond_destroy(&s->tw_cond);
+    pthread_cond_destroy(&s->tw_done);
+    pthread_mutex_destroy(&s->la_mu);
     free(s->path);
     free(s);
 }
@@ -329,6 +334,11 @@ static embkv_store *alloc_store(void)
     pthread_mutex_init(&s->sync_mu, NULL);
     pthread_mutex_init(&s->move_mu, NULL);
     pthread_mutex_init(&s->demote_mu, NULL);
+    pthread_mutex_init(&s->promo_mu, NULL);
+    pthread_mutex_init(&s->tw_mu, NULL);
+    pthread_cond_init(&s->tw_cond, NULL);
+    pthread_cond_init(&s->tw_done, NULL);
+    pthread_mutex_init(&s->la_mu, NULL);
     s->lockfd = -1;
     if (snap_init(s) != EMBKV_OK) {
         free_store(s);
@@ -975,6 +985,8 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         rc = load_store(s, opt, flags);
     if (rc == EMBKV_OK && s->creating)
         rc = publish_pool(s);
+    if (rc == EMBKV_OK)
+        rc = tier_worker_start(s);
     if (rc != EMBKV_OK) {
         if (s->pop)
             pmemobj_close(s->pop);
@@ -1021,7 +1033,10 @@ int embkv_close(embkv_store *s)
         return EMBKV_OK;
     }
     /* Still under the registry lock: an open of this directory from another
-     * thread must wait for the flock to go, not take it for another process. */
+     * thread must wait for the flock to go, not take it for another process.
+     * The tier's threads first: nothing moves rows during the last sync. */
+    tier_worker_stop(s);
+    la_close(s);
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
         uint64_t rows = atomic_load(&s->rows);

@@ -219,6 +219,7 @@ struct embkv_store {
     PMEMoid *chunks;           /* the pool's chunk table */
     char *_Atomic chunk_base[MAX_CHUNKS];
     uint32_t nchunks;
+    bool pool_exhausted;       /* a chunk was refused: the record space is all there is */
 
     /* epochs and reclamation */
     atomic_uint_fast64_t cur_epoch;    /* epoch stamped on writes */
@@ -245,10 +246,31 @@ struct embkv_store {
     /* the SSD tier (tier.c); log NULL without one */
     struct embkv_log *log;
     struct heat *heat;         /* access statistics for demotion */
-    pthread_mutex_t demote_mu; /* one demotion at a time; its cursor */
+    pthread_mutex_t demote_mu; /* one log appender (demotion, compaction); the cursor */
     uint64_t demote_cursor;
+    _Atomic unsigned evicted_heat; /* hottest row of the last demotion (admission's bar) */
     atomic_uint_fast64_t rows_ssd;
-    atomic_uint_fast64_t st_demotions, st_promotions;
+    atomic_uint_fast64_t st_demotions, st_promotions, st_compactions, st_compact_rows;
+    atomic_uint_fast64_t st_ssd_wait_ns; /* reads waiting for the log */
+    /* rows read from the log that admission let back in, waiting for the
+     * thread (tier.c: tier_note_read) */
+    pthread_mutex_t promo_mu;
+    int64_t *promo_ids;
+    uint64_t *promo_locs;
+    char *promo_recs;
+    size_t promo_n, promo_cap;
+    /* compaction in progress (compact.c; the worker thread only) */
+    uint32_t compact_seg;
+    uint64_t compact_pos;
+    /* the tier's thread (tier_worker.c) */
+    pthread_t tw_thread;
+    bool tw_started, tw_stop, tw_kick, tw_last_idle;
+    uint64_t tw_rounds;
+    pthread_mutex_t tw_mu;
+    pthread_cond_t tw_cond, tw_done;
+    /* look-ahead (lookahead.c): NULL until the first embkv_lookahead */
+    struct lookahead *_Atomic la;
+    pthread_mutex_t la_mu;
 
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves;
@@ -423,6 +445,9 @@ void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
 /* embkv_room_for of the pool alone (store_ops.c adds demotion). */
 int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 size_t slab_free_count(embkv_store *s);
+/* Free records, records in the chunks so far, and whether the pool refused
+ * a chunk (then the total is all the pool will hold). */
+void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhausted);
 int slab_rebuild(embkv_store *s);
 static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 {
@@ -509,5 +534,30 @@ void tier_sync_done(embkv_store *s);
  * of the durable epoch, read to learn their epochs and prev links. */
 bool tier_after_tail(embkv_store *s, uint64_t loc);
 void tier_count_row(embkv_store *s, uint64_t loc);
+uint64_t tier_now_ns(void);
+/* Points id's entry at q if it still names p (with s->writers shared). */
+bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
+/* Promotion: reads of log rows offer them (the admission policy picks);
+ * the thread moves up to `room` of the queued ones into the pool. */
+void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n);
+int tier_promote_queued(embkv_store *s, size_t room, size_t *moved);
+size_t tier_promote_pending(embkv_store *s);
+
+/* ------------------------------------------------------------- compact.c */
+/* One part of a compaction (about max_bytes of a segment read); *scanned
+ * says how much was read, 0 when there was nothing to compact. */
+int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned);
+
+/* ------------------------------------------------------------- tier_worker.c */
+int tier_worker_start(embkv_store *s);
+void tier_worker_stop(embkv_store *s);
+
+/* ------------------------------------------------------------- lookahead.c */
+/* Copies into out + j * rec_size the rows among ids/locs[0..k) that
+ * look-ahead staged at those locations (waiting for those in flight), sets
+ * got[j] for them and returns how many. */
+size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t k, char *out, uint8_t *got);
+void la_stats(embkv_store *s, embkv_stats *st);
+void la_close(embkv_store *s);
 
 #endif

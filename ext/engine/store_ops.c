@@ -452,6 +452,10 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
             memcpy(state, rec_vec(r) + s->dim, 4 * (size_t)s->state_floats);
         if (info)
             fill_info(info, r, loc);
+        if (s->heat)
+            heat_touch(s->heat, embkv__hash(id));
+        if (buf)
+            tier_note_read(s, &id, &loc, &r, 1);
         free(buf);
     }
     ebr_leave();
@@ -520,6 +524,8 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
         rc = tier_read(s, kid, locs->v, k, &buf, recs);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
             memcpy(out + at->v[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
+        if (rc == EMBKV_OK)
+            tier_note_read(s, kid, locs->v, recs, k);
     }
     free(kid);
     free(buf);

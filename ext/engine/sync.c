@@ -393,6 +393,10 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->rows_pm = st->rows > st->rows_ssd ? st->rows - st->rows_ssd : 0;
     st->demotions = atomic_load(&s->st_demotions);
     st->promotions = atomic_load(&s->st_promotions);
+    st->compactions = atomic_load(&s->st_compactions);
+    st->compacted_rows = atomic_load(&s->st_compact_rows);
+    st->ssd_wait_ms = (double)atomic_load(&s->st_ssd_wait_ns) / 1e6;
+    la_stats(s, st);
     if (s->log) {
         log_stats ls;
         log_stats_get(s->log, &ls);
@@ -407,6 +411,8 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
         st->ssd_write_bytes = ls.write_bytes;
         st->ssd_syncs = ls.syncs;
         st->ssd_mean_read_depth = ls.mean_read_depth;
+        if (st->demotions)
+            st->write_amplification = (double)ls.write_bytes / ((double)st->demotions * s->rec_size);
         st->ssd_uring = ls.uring;
         st->ssd_direct = ls.direct;
         snprintf(st->ssd_fallback, sizeof st->ssd_fallback, "%s", ls.fallback);

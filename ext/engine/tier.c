@@ -146,7 +146,24 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     /* Sized for the rows the pool holds: those are what demotion ranks. */
     uint64_t expect = s->pool_size / s->rec_size;
     s->heat = heat_new(expect < 1024 ? 1024 : expect);
-    if (!s->heat) {
+    /* Promotion's queue: 8 MiB of records (at least 64). */
+    size_t pc = (8u << 20) / s->rec_size;
+    pc = pc < 64 ? 64 : pc;
+    s->promo_ids = malloc(pc * sizeof *s->promo_ids);
+    s->promo_locs = malloc(pc * sizeof *s->promo_locs);
+    s->promo_recs = malloc(pc * (size_t)s->rec_size);
+    if (s->promo_ids && s->promo_locs && s->promo_recs)
+        s->promo_cap = pc;
+    if (!s->heat || !s->promo_cap) {
+        free(s->promo_ids);
+        free(s->promo_locs);
+        free(s->promo_recs);
+        s->promo_ids = NULL;
+        s->promo_locs = NULL;
+        s->promo_recs = NULL;
+        s->promo_cap = 0;
+        heat_free(s->heat);
+        s->heat = NULL;
         log_close(s->log);
         s->log = NULL;
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
@@ -156,6 +173,15 @@ int tier_open(embkv_store *s, const embkv_options *opt)
 
 void tier_close(embkv_store *s)
 {
+    tier_worker_stop(s);
+    la_close(s);
+    free(s->promo_ids);
+    free(s->promo_locs);
+    free(s->promo_recs);
+    s->promo_ids = NULL;
+    s->promo_locs = NULL;
+    s->promo_recs = NULL;
+    s->promo_cap = s->promo_n = 0;
     if (s->log)
         log_close(s->log);
     s->log = NULL;
@@ -173,6 +199,13 @@ static int read_failed(embkv_store *s, int rc, int64_t id)
 }
 
 static inline bool in_log(uint64_t loc) { return (loc & LOC_SSD) && !(loc & LOC_TOMB); }
+
+uint64_t tier_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs)
 {
@@ -203,9 +236,50 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
         at[j] = i;
         q[j++] = locs[i];
     }
-    size_t bad = 0;
-    if (rc == EMBKV_OK && (rc = log_read(s->log, q, k, b, &bad)) != EMBKV_OK)
-        rc = read_failed(s, rc, ids[at[bad]]);
+    /* Rows look-ahead staged (or is reading) come from the stage; the
+     * rest from the log, in one batch. */
+    size_t staged = 0;
+    uint8_t *got = NULL;
+    if (rc == EMBKV_OK && s->la) {
+        int64_t *kid = malloc(k * sizeof *kid);
+        got = malloc(k);
+        if (!kid || !got) {
+            rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
+        } else {
+            for (size_t j = 0; j < k; j++)
+                kid[j] = ids[at[j]];
+            staged = la_take(s, kid, q, k, b, got);
+        }
+        free(kid);
+    }
+    if (rc == EMBKV_OK && staged < k) {
+        uint64_t t0 = tier_now_ns();
+        size_t bad = 0;
+        if (staged == 0) {
+            if ((rc = log_read(s->log, q, k, b, &bad)) != EMBKV_OK)
+                rc = read_failed(s, rc, ids[at[bad]]);
+        } else {
+            /* The misses packed in front, read, and put back in place. */
+            size_t m = 0;
+            size_t *from = malloc((k - staged) * sizeof *from);
+            char *tmp = malloc((k - staged) * (size_t)s->rec_size);
+            if (!from || !tmp)
+                rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
+            for (size_t j = 0; j < k && rc == EMBKV_OK; j++)
+                if (!got[j]) {
+                    from[m] = j;
+                    q[m++] = q[j];
+                }
+            if (rc == EMBKV_OK && (rc = log_read(s->log, q, m, tmp, &bad)) != EMBKV_OK)
+                rc = read_failed(s, rc, ids[at[from[bad]]]);
+            for (size_t j = 0; j < m && rc == EMBKV_OK; j++)
+                memcpy(b + from[j] * s->rec_size, tmp + j * s->rec_size, s->rec_size);
+            free(from);
+            free(tmp);
+        }
+        atomic_fetch_add_explicit(&s->st_ssd_wait_ns, tier_now_ns() - t0, memory_order_relaxed);
+    }
+    free(got);
     for (size_t j = 0; j < k && rc == EMBKV_OK; j++) {
         rec_hdr *r = (rec_hdr *)(b + j * s->rec_size);
         if (!rec_ok(s, r, ids[at[j]]))
@@ -284,12 +358,12 @@ static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
     return n;
 }
 
-/* Points id's entry at the log copy q if it still names p. */
-static bool switch_to_log(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
+/* Points id's entry at the copy q if it still names p; with s->writers
+ * held shared (persist_range marks the epoch's dirty pages). */
+bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
 {
     uint64_t h = embkv__hash(id);
     bool done = false;
-    pthread_rwlock_rdlock(&s->writers);
     keylock_acquire(s, h);
     index_desc *ix = atomic_load(&s->ix);
     found_slot f;
@@ -300,7 +374,6 @@ static bool switch_to_log(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
         done = true;
     }
     keylock_release(s, h);
-    pthread_rwlock_unlock(&s->writers);
     return done;
 }
 
@@ -343,12 +416,20 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
         goto out;
     }
     size_t m = 0;
+    unsigned hottest = 0;
+    pthread_rwlock_rdlock(&s->writers);
     for (size_t i = 0; i < k; i++) {
-        if (switch_to_log(s, ids[i], p[i], q[i]))
+        if (tier_switch(s, ids[i], p[i], q[i])) {
             p[m++] = p[i];
-        else
+            unsigned hv = s->heat ? heat_estimate(s->heat, embkv__hash(ids[i])) : 0;
+            hottest = hv > hottest ? hv : hottest;
+        } else {
             log_release(s->log, q[i]);  /* replaced meanwhile: the copy is garbage */
+        }
     }
+    pthread_rwlock_unlock(&s->writers);
+    /* Admission compares rows read from the log with what was evicted. */
+    atomic_store(&s->evicted_heat, hottest);
     /* Readers that found the pool records may still copy them. */
     ebr_synchronize();
     slab_free(s, p, m);
@@ -378,6 +459,109 @@ int tier_demote(embkv_store *s, size_t want, size_t *moved)
     }
     pthread_mutex_unlock(&s->demote_mu);
     return rc;
+}
+
+
+/* ------------------------------------------------------------ promotion */
+
+void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n)
+{
+    if (!s->heat || !s->promo_cap)
+        return;
+    unsigned bar = atomic_load(&s->evicted_heat);
+    pthread_mutex_lock(&s->promo_mu);
+    for (size_t i = 0; i < n && s->promo_n < s->promo_cap; i++) {
+        if (!in_log(locs[i]) || heat_estimate(s->heat, embkv__hash(ids[i])) <= bar)
+            continue;
+        s->promo_ids[s->promo_n] = ids[i];
+        s->promo_locs[s->promo_n] = locs[i];
+        memcpy(s->promo_recs + s->promo_n * s->rec_size, recs[i], s->rec_size);
+        s->promo_n++;
+    }
+    pthread_mutex_unlock(&s->promo_mu);
+}
+
+int tier_promote_queued(embkv_store *s, size_t room, size_t *moved)
+{
+    *moved = 0;
+    pthread_mutex_lock(&s->promo_mu);
+    size_t n = s->promo_n < room ? s->promo_n : room;
+    /* Taken from the newest end; the rest waits for room. */
+    size_t first = s->promo_n - n;
+    int64_t *ids = malloc(n * sizeof *ids + 1);
+    uint64_t *q = malloc(n * sizeof *q + 1), *p = malloc(n * sizeof *p + 1);
+    char *recs = malloc(n * (size_t)s->rec_size + 1);
+    if (!ids || !q || !p || !recs) {
+        pthread_mutex_unlock(&s->promo_mu);
+        free(ids);
+        free(q);
+        free(p);
+        free(recs);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting rows", s->path);
+    }
+    memcpy(ids, s->promo_ids + first, n * sizeof *ids);
+    memcpy(q, s->promo_locs + first, n * sizeof *q);
+    memcpy(recs, s->promo_recs + first * s->rec_size, n * (size_t)s->rec_size);
+    s->promo_n = first;
+    pthread_mutex_unlock(&s->promo_mu);
+
+    /* Only rows the index still keeps where they were read (a pull's push
+     * has usually brought them back already). */
+    size_t k = 0;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t probes;
+        if (ix_lookup(ix, ids[i], embkv__hash(ids[i]), &probes) != q[i])
+            continue;
+        ids[k] = ids[i];
+        q[k] = q[i];
+        memmove(recs + k * s->rec_size, recs + i * s->rec_size, s->rec_size);
+        k++;
+    }
+    ebr_leave();
+    int rc = EMBKV_OK;
+    if (k && slab_alloc(s, p, k) != EMBKV_OK)
+        k = 0;  /* no room after all: the rows stay in the log */
+    size_t m = 0;
+    if (k) {
+        pthread_rwlock_rdlock(&s->writers);
+        for (size_t i = 0; i < k; i++) {
+            rec_hdr *d = rec_at(s, p[i]);
+            memcpy(d, recs + i * s->rec_size, s->rec_size);
+            persist_range(s, d, s->rec_size);
+        }
+        persist_barrier(s);  /* the copies are durable before the index names them */
+        for (size_t i = 0; i < k; i++) {
+            if (tier_switch(s, ids[i], q[i], p[i])) {
+                q[m] = q[i];
+                ids[m++] = ids[i];
+            } else {
+                slab_free(s, &p[i], 1);  /* written meanwhile */
+            }
+        }
+        pthread_rwlock_unlock(&s->writers);
+        /* Readers that found the log locations may still read them. */
+        ebr_synchronize();
+        for (size_t i = 0; i < m; i++)
+            log_release(s->log, q[i]);
+        atomic_fetch_sub(&s->rows_ssd, m);
+        atomic_fetch_add(&s->st_promotions, m);
+    }
+    *moved = m;
+    free(ids);
+    free(q);
+    free(p);
+    free(recs);
+    return rc;
+}
+
+size_t tier_promote_pending(embkv_store *s)
+{
+    pthread_mutex_lock(&s->promo_mu);
+    size_t n = s->promo_n;
+    pthread_mutex_unlock(&s->promo_mu);
+    return n;
 }
 
 /* ------------------------------------------------------------ checkpoints */
