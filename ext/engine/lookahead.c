@@ -41,7 +41,7 @@
 #define LA_MAX_ROWS 262144u
 #define LA_READ_MAX 1024u    /* rows per log_read */
 
-enum { LA_FREE, LA_QUEUED, LA_READING, LA_READY, LA_FAILED };
+enum { LA_FREE, LA_QUEUED, LA_READING, LA_READY, LA_FAILED, LA_TAKEN };
 
 typedef struct la_slot {
     int64_t id;
@@ -376,7 +376,11 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
     size_t n = 0;
     uint64_t t0 = 0;
     pthread_mutex_lock(&la->mu);
-    for (bool again = true, waited = false; again;) {
+    /* Rows used stay TAKEN until the end of the call, so that an id
+     * repeated in the batch is served from the stage too. */
+    uint32_t *taken = malloc(k * sizeof *taken);
+    size_t ntaken = 0;
+    for (bool again = taken != NULL, waited = false; again;) {
         again = false;
         for (size_t j = 0; j < k; j++) {
             if (got[j])
@@ -387,7 +391,7 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
             la_slot *sl = &la->slots[b];
             if (sl->loc != locs[j]) {
                 /* The row moved or was written: this copy is not it. */
-                if (sl->state != LA_QUEUED && sl->state != LA_READING)
+                if (sl->state == LA_READY || sl->state == LA_FAILED)
                     la_drop(la, b, sl->state == LA_READY);
                 continue;
             }
@@ -395,16 +399,21 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
                 again = true;  /* in flight: wait for it */
                 continue;
             }
+            if (sl->state == LA_FAILED) {
+                la_drop(la, b, false);  /* the caller reads it and reports why */
+                continue;
+            }
+            memcpy(out + j * s->rec_size, la->bufs + (size_t)b * s->rec_size, s->rec_size);
+            got[j] = 1;
+            n++;
             if (sl->state == LA_READY) {
-                memcpy(out + j * s->rec_size, la->bufs + (size_t)b * s->rec_size, s->rec_size);
-                got[j] = 1;
-                n++;
+                sl->state = LA_TAKEN;
+                taken[ntaken++] = b;
                 if (waited)
                     la->late++;
                 else
                     la->hits++;
             }
-            la_drop(la, b, false);  /* READY: used; FAILED: the caller reads it */
         }
         if (again) {
             if (!waited)
@@ -413,9 +422,12 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
             pthread_cond_wait(&la->done, &la->mu);
         }
     }
+    for (size_t i = 0; i < ntaken; i++)
+        la_drop(la, taken[i], false);
     if (t0)
         la->wait_ns += now_ns() - t0;
     pthread_mutex_unlock(&la->mu);
+    free(taken);
     return n;
 }
 

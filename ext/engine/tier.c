@@ -26,12 +26,18 @@
  * the read and write paths while the tier exists: demotion walks the index
  * from a cursor, samples eight pool-resident rows per row it must move and
  * moves the least touched (sampled eviction; measured against LRU on Zipf
- * traffic in bench/bench_heat.c).  Demotion runs when an allocation finds
- * the pool full, in the allocating thread, a batch at a time.
+ * traffic in bench/bench_heat.c).  Demotion runs in the tier's thread
+ * (tier_worker.c) at a watermark, and in an allocating thread that finds
+ * the pool full anyway, a batch at a time.
  *
  * Reads of log-resident rows go out as one batch per call (log_read: one
- * io_uring submission, O_DIRECT).  Rows read are not moved back to the pool
- * (admission by write: an update brings a row back, a read does not).
+ * io_uring submission, O_DIRECT), after look-ahead's stage (lookahead.c).
+ * Writes bring a row back to the pool.  Reads offer the rows they read
+ * (embkv_get, embkv_get_batch: point reads and pulls, not scans or
+ * snapshot reads) to promotion; admission (PROMOTE_MIN_HEAT) keeps those
+ * read at least twice lately and hotter than what demotion last evicted,
+ * and the thread copies them into the pool (the same switch as demotion,
+ * the other way round).
  */
 #include <errno.h>
 #include <limits.h>
@@ -49,6 +55,11 @@
 #define MIN_SSD_SIZE (4ull << 20)
 #define DEMOTE_BATCH 4096
 #define DEMOTE_SAMPLE 8
+/* Reads admit a log row back into the pool when its estimated count is at
+ * least this (a row read once, as by a scan, stays where it is) and above
+ * the hottest row the last demotion evicted (TinyLFU's comparison, against
+ * the victims demotion actually picks). */
+#define PROMOTE_MIN_HEAT 2
 
 /* dir made absolute without requiring it to exist (the log creates it). */
 static int absolute_path(const char *in, char *out, size_t len)
@@ -471,7 +482,8 @@ void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, re
     unsigned bar = atomic_load(&s->evicted_heat);
     pthread_mutex_lock(&s->promo_mu);
     for (size_t i = 0; i < n && s->promo_n < s->promo_cap; i++) {
-        if (!in_log(locs[i]) || heat_estimate(s->heat, embkv__hash(ids[i])) <= bar)
+        unsigned h = in_log(locs[i]) ? heat_estimate(s->heat, embkv__hash(ids[i])) : 0;
+        if (h < PROMOTE_MIN_HEAT || h <= bar)
             continue;
         s->promo_ids[s->promo_n] = ids[i];
         s->promo_locs[s->promo_n] = locs[i];
