@@ -30,7 +30,7 @@
  * than COMPACT_FULL_LIVE live is worth it). */
 #define COMPACT_GARBAGE 0.25
 #define COMPACT_FULL 0.75
-#define COMPACT_FULL_LIVE 0.9
+#define COMPACT_FULL_LIVE 0.75
 
 typedef struct part_ctx {
     embkv_store *s;

@@ -884,7 +884,8 @@ uint32_t log_pick_victim(embkv_log *l, double max_live)
     double best_frac = max_live;
     for (uint32_t i = 1; i <= l->max_id && i < l->segs_cap; i++) {
         segment *g = l->segs[i];
-        if (!g || g->damaged || i == l->head)
+        /* An empty one waits for log_delete_dead: nothing to move. */
+        if (!g || g->damaged || i == l->head || atomic_load(&g->live) == 0)
             continue;
         uint64_t slots = fits_in(l, atomic_load(&g->end) / LOG_BLOCK - 1);
         if (!slots)

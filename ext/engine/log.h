@@ -111,7 +111,8 @@ void log_release(embkv_log *l, uint64_t loc);
 size_t log_delete_dead(embkv_log *l);
 
 /* A segment worth compacting: the one with the smallest live fraction
- * below `max_live` (0..1), not the current one.  Returns its number, or 0
+ * below `max_live` (0..1), not the current one and not an empty one (it
+ * only waits for log_delete_dead).  Returns its number, or 0
  * when none. */
 uint32_t log_pick_victim(embkv_log *l, double max_live);
 /* Calls fn for every record slot of segment seg that was written (in

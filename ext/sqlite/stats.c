@@ -198,6 +198,19 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         if (st.ssd_fallback[0]) ok = ok && cJSON_AddStringToObject(ssd, "fallback", st.ssd_fallback);
         ok = ok && cJSON_AddNumberToObject(ssd, "demotions", (double)st.demotions);
         ok = ok && cJSON_AddNumberToObject(ssd, "promotions", (double)st.promotions);
+        ok = ok && cJSON_AddNumberToObject(ssd, "compactions", (double)st.compactions);
+        ok = ok && cJSON_AddNumberToObject(ssd, "compacted_rows", (double)st.compacted_rows);
+        ok = ok && cJSON_AddNumberToObject(ssd, "write_amplification", st.write_amplification);
+        ok = ok && cJSON_AddNumberToObject(ssd, "read_wait_ms", st.ssd_wait_ms);
+        cJSON *la = ok ? cJSON_AddObjectToObject(ssd, "lookahead") : NULL;
+        ok = la != NULL;
+        ok = ok && cJSON_AddNumberToObject(la, "queued", (double)st.lookahead_queued);
+        ok = ok && cJSON_AddNumberToObject(la, "hits", (double)st.lookahead_hits);
+        ok = ok && cJSON_AddNumberToObject(la, "late", (double)st.lookahead_late);
+        ok = ok && cJSON_AddNumberToObject(la, "wasted", (double)st.lookahead_wasted);
+        ok = ok && cJSON_AddNumberToObject(la, "staged", (double)st.lookahead_staged);
+        ok = ok && cJSON_AddNumberToObject(la, "capacity_rows", (double)st.lookahead_capacity);
+        ok = ok && cJSON_AddNumberToObject(la, "wait_ms", (double)st.lookahead_wait_ns / 1e6);
     }
     ok = ok && (ix = cJSON_AddObjectToObject(o, "index")) != NULL;
     ok = ok && cJSON_AddNumberToObject(ix, "buckets", (double)st.buckets);

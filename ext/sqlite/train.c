@@ -3,6 +3,7 @@
  *   embkv_pull(table, ids)              -> BLOB of len(ids)*dim float32
  *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
  *   embkv_release(table, ids)           -> number of permits returned
+ *   embkv_lookahead(table, ids)         -> number of SSD rows whose reads were queued
  * ids: an int64 little-endian BLOB, a JSON array of integers, or one integer.
  * grads: a float32 BLOB of len(ids)*dim, or a JSON array of that many numbers.
  *
@@ -284,6 +285,36 @@ static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         sqlite3_result_int64(ctx, (sqlite3_int64)released);
 }
 
+/* Look-ahead reads no row into the result and takes no permits: any
+ * connection may call it, with or without uncommitted writes. */
+static void fn_lookahead(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    const char *name = sqlite3_value_type(argv[0]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[0]) : NULL;
+    if (!name) {
+        train_error(ctx, "embkv_lookahead", NULL, EMBKV_INVALID, "expected a table name (TEXT) as argument 1");
+        return;
+    }
+    embkv_table_ref ref;
+    char *err = NULL;
+    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, &ref, &err) != SQLITE_OK) {
+        train_error(ctx, "embkv_lookahead", NULL, EMBKV_INVALID, err ? err : "no such embkv table");
+        sqlite3_free(err);
+        return;
+    }
+    size_t n;
+    int64_t *ids = ids_arg(ctx, "embkv_lookahead", ref.name, argv[1], &n);
+    if (!ids)
+        return;
+    size_t queued = 0;
+    int rc = embkv_lookahead(ref.store, ids, n, &queued);
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK)
+        train_error(ctx, "embkv_lookahead", ref.name, rc, embkv_errmsg());
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)queued);
+}
+
 /* ------------------------------------------------------------ options */
 
 void embkv_train_opts_begin(embkv_train_options *t)
@@ -431,5 +462,7 @@ int embkv_train_register(sqlite3 *db)
         rc = sqlite3_create_function_v2(db, "embkv_push", 4, flags, NULL, fn_push, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_create_function_v2(db, "embkv_release", 2, flags, NULL, fn_release, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_lookahead", 2, flags, NULL, fn_lookahead, NULL, NULL, NULL);
     return rc;
 }
