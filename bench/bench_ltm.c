@@ -72,6 +72,8 @@ typedef struct opts {
     uint64_t perm_seed;
     size_t cache_mb;
     int lmdb_readahead;
+    size_t pool_mb;      /* load embkv with an SSD tier: the pool (PM tier) this big */
+    size_t lookahead;    /* run embkv with embkv_lookahead this many batches ahead */
 } opts;
 
 /* ---------------------------------------------------- id permutation */
@@ -351,7 +353,7 @@ static int load_fn(void *ctx, size_t i, int64_t id, float *vec, float *state)
     return 0;
 }
 
-static void load_embkv(const char *dir, size_t rows)
+static void load_embkv(const char *dir, size_t rows, size_t pool_mb)
 {
     char path[4096];
     uint32_t sf = adagrad_state_floats();
@@ -370,9 +372,15 @@ static void load_embkv(const char *dir, size_t rows)
     /* As bench/run.sh: records x 2.5 for copy-on-write versions and slab
      * slack, 64 B/row for the index, 64 MiB. */
     uint64_t pool = (uint64_t)rows * rec * 5 / 2 + (uint64_t)rows * 64 + (64ull << 20);
-    printf("embkv: record %" PRIu64 " bytes, pool %" PRIu64 " MiB\n", rec, pool >> 20);
+    /* With --pool-mb: that pool, the rest in the SSD tier's log (room for
+     * the rows three times over: garbage waits for compaction). */
+    uint64_t ssd = pool_mb ? (uint64_t)rows * rec * 3 + (1ull << 30) : 0;
+    if (pool_mb)
+        pool = (uint64_t)pool_mb << 20;
+    printf("embkv: record %" PRIu64 " bytes, pool %" PRIu64 " MiB, SSD tier %" PRIu64 " MiB\n", rec, pool >> 20,
+           ssd >> 20);
     snprintf(path, sizeof path, "%s/store", dir);
-    embkv_options o = {.dim = DIM, .state_floats = sf, .expected_rows = rows, .pool_size = pool};
+    embkv_options o = {.dim = DIM, .state_floats = sf, .expected_rows = rows, .pool_size = pool, .ssd_size = ssd};
     double t0 = now_s();
     ek(embkv_open(path, &o, EMBKV_OPEN_CREATE, &s), "embkv_open (create)");
     printf("embkv: created in %.1f s\n", now_s() - t0);
@@ -772,6 +780,24 @@ static const int64_t *batchsrc_next(batchsrc *s)
     return s->ids + BATCH * s->next++;
 }
 
+/* Batch i, with batch i + K drawn and looked ahead first (K = 0: the
+ * plain draw).  Batches come in order: i is the previous call's i + 1. */
+static const int64_t *next_batch(eng *e, batchsrc *src, int64_t *ring, size_t K, size_t *drawn, size_t i,
+                                 uint64_t *queued)
+{
+    if (K == 0)
+        return batchsrc_next(src);
+    while (*drawn <= i + K) {
+        int64_t *slot = ring + (*drawn % (K + 1)) * BATCH;
+        memcpy(slot, batchsrc_next(src), BATCH * sizeof *slot);
+        size_t q = 0;
+        ek(embkv_lookahead(e->s, slot, BATCH, &q), "embkv_lookahead");
+        *queued += q;
+        (*drawn)++;
+    }
+    return ring + (i % (K + 1)) * BATCH;
+}
+
 static void run(const opts *o)
 {
     disk_find(o->dir);
@@ -818,16 +844,26 @@ static void run(const opts *o)
     printf("disk: %s (%u:%u)\n", disk_known ? disk_name : "not found in /proc/diskstats", disk_major, disk_minor);
     fflush(stdout);
 
+    /* With look-ahead K, batch i + K is drawn (and handed to
+     * embkv_lookahead) before batch i runs: a ring of K + 1 batches. */
+    size_t K = o->engine == E_EMBKV ? o->lookahead : 0, drawn = 0;
+    int64_t *ring = xalloc64((K + 1) * BATCH * sizeof *ring);
+    uint64_t queued = 0;
+#define NEXT_BATCH(i) next_batch(e, &src, ring, K, &drawn, (i), &queued)
+
     /* Warm-up, then the measured batches.  Time spent drawing batches is
      * left out of the engine's time. */
     size_t b = 0, warm = 0;
     double tw = now_s();
     for (; warm < o->warmup && now_s() - tw < o->warmup_seconds; b++, warm++)
-        do_batch(e, o, &rb, batchsrc_next(&src), grads ? grads + (b % GRAD_BATCHES) * BATCH * DIM : NULL);
+        do_batch(e, o, &rb, NEXT_BATCH(b), grads ? grads + (b % GRAD_BATCHES) * BATCH * DIM : NULL);
     double warm_s = now_s() - tw;
     printf("warm-up: %zu batches in %.1f s (%.0f rows/s)\n", warm, warm_s, (double)(warm * BATCH) / warm_s);
     fflush(stdout);
     uint64_t written0 = rb.rows_written, syncs0 = e->forced_syncs;
+    embkv_stats s0, s1;
+    if (o->engine == E_EMBKV)
+        ek(embkv_stats_get(e->s, &s0), "embkv_stats_get");
     iosnap a, z;
     io_snap(&a);
     double next_report = a.t + 10, busy = 0, last_busy = 0, drawing = 0;
@@ -840,7 +876,7 @@ static void run(const opts *o)
             drawing += now_s() - t;
         }
         double t1 = now_s();
-        do_batch(e, o, &rb, batchsrc_next(&src), grads ? grads + (b % GRAD_BATCHES) * BATCH * DIM : NULL);
+        do_batch(e, o, &rb, NEXT_BATCH(b), grads ? grads + (b % GRAD_BATCHES) * BATCH * DIM : NULL);
         double t2 = now_s();
         busy += t2 - t1;
         b++;
@@ -857,6 +893,26 @@ static void run(const opts *o)
     }
     io_snap(&z);
     double wall = z.t - a.t, secs = busy, rows = (double)(done * BATCH);
+    double stall = 0;
+    if (o->engine == E_EMBKV) {
+        ek(embkv_stats_get(e->s, &s1), "embkv_stats_get");
+        if (s1.ssd_size) {
+            double wait_s = (s1.ssd_wait_ms - s0.ssd_wait_ms) / 1e3 +
+                            (double)(s1.lookahead_wait_ns - s0.lookahead_wait_ns) / 1e9;
+            stall = wait_s / secs;
+            printf("SSD tier: %" PRIu64 " rows in the pool, %" PRIu64 " in the log; log reads %.3f/row at a mean "
+                   "depth of %.1f per submission; pulls waited for the log %.1f%% of the time; look-ahead %zu "
+                   "batches ahead: %" PRIu64 " rows queued, %" PRIu64 " hits, %" PRIu64 " late, %" PRIu64
+                   " wasted; %" PRIu64 " demotions, %" PRIu64 " promotions, %" PRIu64
+                   " compactions, write amplification %.2f\n",
+                   s1.rows_pm, s1.rows_ssd, (double)(s1.ssd_reads - s0.ssd_reads) / rows, s1.ssd_mean_read_depth,
+                   100 * stall, K, s1.lookahead_queued - s0.lookahead_queued, s1.lookahead_hits - s0.lookahead_hits,
+                   s1.lookahead_late - s0.lookahead_late, s1.lookahead_wasted - s0.lookahead_wasted,
+                   s1.demotions - s0.demotions, s1.promotions - s0.promotions, s1.compactions - s0.compactions,
+                   s1.write_amplification);
+            snprintf(advice, sizeof advice, "ssd-la%zu", K);
+        }
+    }
     double dev_reads_row = z.have_disk ? (double)(z.reads - a.reads) / rows : NAN;
     double qd = z.have_disk ? (double)(z.weighted_ms - a.weighted_ms) / (wall * 1e3) : NAN;
     double rqd = z.have_disk ? (double)(z.rd_ms - a.rd_ms) / (wall * 1e3) : NAN;
@@ -885,13 +941,14 @@ static void run(const opts *o)
     printf("RESULT engine=%s advice=%s mode=%s rows=%zu batches=%zu secs=%.1f rows_per_s=%.0f reads_per_row=%.3f "
            "reads_src=%s read_bytes_per_row=%.0f cg_read_bytes_per_row=%.0f write_bytes_per_row=%.0f qdepth=%.2f "
            "rd_qdepth=%.2f dev_reads_per_row=%.3f proc_iowait=%.2f open_s=%.1f warm_batches=%zu "
-           "warm_rows_per_s=%.0f\n",
+           "warm_rows_per_s=%.0f stall=%.3f\n",
            engine_names[o->engine], advice, o->train ? "train" : "read", o->rows, done, secs, rows / secs,
            reads_row, cg ? "cgroup" : "device", rbytes_row, cg_rbytes_row, wbytes_row, qd, rqd, dev_reads_row,
-           iowait, open_s, warm, (double)(warm * BATCH) / warm_s);
+           iowait, open_s, warm, (double)(warm * BATCH) / warm_s, stall);
     if (drawing > 0.05 * wall) printf("(drawing the batches took %.1f s of the %.1f s)\n", drawing, wall);
     if (rb.tb) { free(rb.tb->vals); free(rb.tb); }
     free(src.ids);
+    free(ring);
     free(rb.out);
     free(grads);
     free(e);
@@ -903,7 +960,9 @@ static void usage(void)
 {
     die("usage: bench_ltm load <embkv|rocksdb|lmdb> DIR --rows N\n"
         "       bench_ltm run <embkv|rocksdb|lmdb> DIR --rows N [--mode read|train] [--batches B] [--warmup W]\n"
-        "                 [--seconds S] [--warmup-seconds S] [--perm-seed K] [--cache-mb M] [--lmdb-readahead]");
+        "                 [--seconds S] [--warmup-seconds S] [--perm-seed K] [--cache-mb M] [--lmdb-readahead]\n"
+        "                 [--lookahead K]\n"
+        "       (load embkv --pool-mb M: a pool of M MiB and an SSD tier for the rest)");
 }
 
 int main(int argc, char **argv)
@@ -928,12 +987,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup-seconds")) o.warmup_seconds = (double)parse_size(a, v);
         else if (!strcmp(a, "--perm-seed")) o.perm_seed = parse_size(a, v);
         else if (!strcmp(a, "--cache-mb")) o.cache_mb = parse_size(a, v);
+        else if (!strcmp(a, "--pool-mb")) o.pool_mb = parse_size(a, v);
+        else if (!strcmp(a, "--lookahead")) o.lookahead = parse_size(a, v);
         else if (!strcmp(a, "--mode")) {
             if (!strcmp(v, "read")) o.train = 0;
             else if (!strcmp(v, "train")) o.train = 1;
             else die("--mode: read or train, not '%s'", v);
         } else die("unknown option %s", a);
     }
+    if (o.lookahead > 64) die("--lookahead: at most 64 batches");
     if (o.rows < 1 || o.rows > UINT32_MAX) die("--rows must be in 1..%u", UINT32_MAX);
     if (o.batches < 1) die("--batches must be at least 1");
     if (o.engine == E_ROCKSDB && !load && o.cache_mb < 1) die("--cache-mb must be at least 1");
@@ -943,7 +1005,7 @@ int main(int argc, char **argv)
         if (!dir_absent_or_empty(o.dir)) die("%s exists and is not empty", o.dir);
         if (mkdir(o.dir, 0755) != 0 && errno != EEXIST) die("mkdir %s: %s", o.dir, strerror(errno));
         double t0 = now_s();
-        if (o.engine == E_EMBKV) load_embkv(o.dir, o.rows);
+        if (o.engine == E_EMBKV) load_embkv(o.dir, o.rows, o.pool_mb);
         else if (o.engine == E_ROCKSDB) load_rocksdb(o.dir, o.rows);
         else load_lmdb(o.dir, o.rows);
         write_meta(o.dir, o.engine, o.rows);

@@ -20,6 +20,12 @@
 # four (the trained runs change the data, so they come last, and the two
 # embkv ones draw their hot ids through different permutations).
 #
+# With the SSD tier: run specs embkv:ssd-laK:MODE (K batches of look-ahead,
+# 0 for none) load a second embkv data set, build/ltmdata/embkv-ssd, whose
+# pool holds LTM_SSD_POOL MiB (default 256) and whose log holds the rest, e.g.
+# LTM_RUNS="embkv:ssd-la0:train embkv:ssd-la1:train embkv:ssd-la4:train
+# rocksdb:-:train".
+#
 # Knobs: LTM_ROWS (default 8000000), LTM_MEM (memory limit, default 1G;
 # RocksDB's block cache gets half of it), LTM_BATCHES (measured batches of
 # 512 ids, default 20000), LTM_SECONDS (measured time limit per run, default
@@ -113,19 +119,24 @@ need_mb() {  # rough disk need of one engine's data, MiB
         lmdb) echo $((ROWS * 700 / 1048576 + 256)) ;;
     esac
 }
-for e in embkv rocksdb lmdb; do
-    if [[ -f $DATA/$e/ltm.meta ]] && grep -qx "engine=$e rows=$ROWS dim=64 complete=1" "$DATA/$e/ltm.meta"; then
-        echo "reusing $DATA/$e (loaded earlier with $ROWS rows; trained runs may have updated it)"
+SSD_POOL=${LTM_SSD_POOL:-256}
+sets=$(for spec in $RUNS; do IFS=: read -r e adv _ <<< "$spec"; [[ $adv == ssd-* ]] && echo embkv-ssd || echo "$e"; done | sort -u)
+for set in $sets; do
+    e=${set%-ssd}
+    extra=()
+    [[ $set == embkv-ssd ]] && extra=(--pool-mb "$SSD_POOL")
+    if [[ -f $DATA/$set/ltm.meta ]] && grep -qx "engine=$e rows=$ROWS dim=64 complete=1" "$DATA/$set/ltm.meta"; then
+        echo "reusing $DATA/$set (loaded earlier with $ROWS rows; trained runs may have updated it)"
         continue
     fi
-    rm -rf "${DATA:?}/$e"
+    rm -rf "${DATA:?}/$set"
     avail=$(df -Pm "$DATA" | awk 'NR == 2 { print $4 }')
-    ((avail > $(need_mb $e) + 1024)) || die "loading $e needs about $(need_mb $e) MiB, $avail MiB free"
+    ((avail > $(need_mb $e) + 1024)) || die "loading $set needs about $(need_mb $e) MiB, $avail MiB free"
     echo
-    echo "################ load $e ($ROWS rows)"
+    echo "################ load $set ($ROWS rows)"
     t0=$SECONDS
-    "$BIN" load "$e" "$DATA/$e" --rows "$ROWS" || die "load $e failed"
-    echo "(load $e: $((SECONDS - t0)) s; $(du -sm "$DATA/$e" | cut -f1) MiB on disk)"
+    "$BIN" load "$e" "$DATA/$set" --rows "$ROWS" "${extra[@]}" || die "load $set failed"
+    echo "(load $set: $((SECONDS - t0)) s; $(du -sm "$DATA/$set" | cut -f1) MiB on disk)"
 done
 
 # 3. the runs
@@ -144,13 +155,18 @@ run_one() {  # engine advice mode
     fi
     sync
     echo 3 > /proc/sys/vm/drop_caches
-    local envs=()
-    [[ $e == embkv ]] && envs=(EMBKV_POOL_ADVICE="$adv")
+    local envs=() set=$e extra=()
+    if [[ $adv == ssd-la* ]]; then
+        set=embkv-ssd
+        extra=(--lookahead "${adv#ssd-la}")
+    elif [[ $e == embkv ]]; then
+        envs=(EMBKV_POOL_ADVICE="$adv")
+    fi
     local t0=$SECONDS
     (
         echo "$BASHPID" > "$CGM/cgroup.procs" || exit 1
         if [[ -n $CGB ]]; then echo "$BASHPID" > "$CGB/cgroup.procs" || exit 1; fi
-        exec env "${envs[@]}" "$BIN" run "$e" "$DATA/$e" --rows "$ROWS" --mode "$mode" --batches "$BATCHES" \
+        exec env "${envs[@]}" "$BIN" run "$e" "$DATA/$set" --rows "$ROWS" --mode "$mode" --batches "$BATCHES" "${extra[@]}" \
             --warmup "$WARMUP" --seconds "$RUN_SECONDS" --warmup-seconds "$WARMUP_SECONDS" \
             --perm-seed "$seed" --cache-mb "$CACHE_MB"
     ) 2>&1 | tee "$log"
@@ -185,16 +201,16 @@ function f(line, k,   i, n, a) { n = split(line, a, " "); for (i = 2; i <= n; i+
     e = f($0, "engine"); adv = f($0, "advice"); m = f($0, "mode")
     name = (e == "embkv") ? "embkv(" adv ")" : e
     rate[name "/" m] = f($0, "rows_per_s")
-    printf "%-15s %-5s %8s rows/s  %7s reads/row (%s)  %8s B read/row  dev qdepth %6s  proc iowait %5s  peak %s MiB  open %s s\n",
+    printf "%-15s %-5s %8s rows/s  %7s reads/row (%s)  %8s B read/row  dev qdepth %6s  proc iowait %5s  peak %s MiB  open %s s  stall %s\n",
            name, m, f($0, "rows_per_s"), f($0, "reads_per_row"), f($0, "reads_src"), f($0, "read_bytes_per_row"),
-           f($0, "qdepth"), f($0, "proc_iowait"), f($0, "peak_mib"), f($0, "open_s")
+           f($0, "qdepth"), f($0, "proc_iowait"), f($0, "peak_mib"), f($0, "open_s"), f($0, "stall")
 }
 END {
     print ""
     split("read train", modes, " ")
-    split("embkv(random) embkv(normal)", ours, " ")
+    split("embkv(random) embkv(normal) embkv(ssd-la0) embkv(ssd-la1) embkv(ssd-la4)", ours, " ")
     split("rocksdb lmdb", base, " ")
-    for (mi = 1; mi <= 2; mi++) for (oi = 1; oi <= 2; oi++) for (bi = 1; bi <= 2; bi++) {
+    for (mi = 1; mi <= 2; mi++) for (oi = 1; oi <= 5; oi++) for (bi = 1; bi <= 2; bi++) {
         a = rate[ours[oi] "/" modes[mi]]; b = rate[base[bi] "/" modes[mi]]
         if (a != "" && b != "" && b > 0)
             printf "%-5s %s / %s: %.2f\n", modes[mi], ours[oi], base[bi], a / b

@@ -41,7 +41,10 @@
 #define LA_MAX_ROWS 262144u
 #define LA_READ_MAX 1024u    /* rows per log_read */
 
-enum { LA_FREE, LA_QUEUED, LA_READING, LA_READY, LA_FAILED, LA_TAKEN };
+/* READY: read ahead, not yet pulled.  KEPT: read once already (a pull took
+ * it, or a pull read it from the log and offered it): the push that follows
+ * a pull finds it, and drops it. */
+enum { LA_FREE, LA_QUEUED, LA_READING, LA_READY, LA_FAILED, LA_KEPT };
 
 typedef struct la_slot {
     int64_t id;
@@ -168,6 +171,15 @@ static uint32_t la_buffer(struct lookahead *la)
     return la->nfree ? la->freelist[--la->nfree] : UINT32_MAX;
 }
 
+/* Buffer b, just filled, is the newest in the drop order. */
+static void la_order(struct lookahead *la, uint32_t b)
+{
+    if (la->otail - la->ohead == la->omask + 1)
+        la->ohead++;  /* the ring is full of stale entries: the oldest goes */
+    la->order[la->otail & la->omask] = b;
+    la->order_seq[la->otail++ & la->omask] = la->slots[b].seq;
+}
+
 /* ------------------------------------------------------------ the reader */
 
 static void *la_main(void *arg)
@@ -287,6 +299,16 @@ static int la_start(embkv_store *s)
     return EMBKV_OK;
 }
 
+static int la_ensure(embkv_store *s)
+{
+    if (s->la)
+        return EMBKV_OK;
+    pthread_mutex_lock(&s->la_mu);
+    int rc = s->la ? EMBKV_OK : la_start(s);
+    pthread_mutex_unlock(&s->la_mu);
+    return rc;
+}
+
 void la_close(embkv_store *s)
 {
     struct lookahead *la = s->la;
@@ -311,13 +333,9 @@ int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued
         return embkv__err(EMBKV_INVALID, "embkv_lookahead: %s is NULL", s ? "ids" : "store");
     if (!s->log || n == 0)
         return EMBKV_OK;
-    if (!s->la) {
-        pthread_mutex_lock(&s->la_mu);
-        int rc = s->la ? EMBKV_OK : la_start(s);
-        pthread_mutex_unlock(&s->la_mu);
-        if (rc != EMBKV_OK)
-            return rc;
-    }
+    int rc = la_ensure(s);
+    if (rc != EMBKV_OK)
+        return rc;
     struct lookahead *la = s->la;
     uint64_t *locs = malloc(n * sizeof *locs);
     if (!locs)
@@ -350,10 +368,7 @@ int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued
         sl->seq = ++la->seq;
         sl->state = LA_QUEUED;
         la_insert(la, ids[i], b);
-        if (la->otail - la->ohead == la->omask + 1)
-            la->ohead++;       /* cannot happen: a ring twice the stage holds every live row */
-        la->order[la->otail & la->omask] = b;
-        la->order_seq[la->otail++ & la->omask] = sl->seq;
+        la_order(la, b);
         la->queue[la->qtail++ % la->cap] = b;
         k++;
     }
@@ -367,7 +382,8 @@ int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued
     return EMBKV_OK;
 }
 
-size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t k, char *out, uint8_t *got)
+size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t k, char *out, uint8_t *got,
+               bool consume)
 {
     struct lookahead *la = s->la;
     memset(got, 0, k);
@@ -376,11 +392,7 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
     size_t n = 0;
     uint64_t t0 = 0;
     pthread_mutex_lock(&la->mu);
-    /* Rows used stay TAKEN until the end of the call, so that an id
-     * repeated in the batch is served from the stage too. */
-    uint32_t *taken = malloc(k * sizeof *taken);
-    size_t ntaken = 0;
-    for (bool again = taken != NULL, waited = false; again;) {
+    for (bool again = true, waited = false; again;) {
         again = false;
         for (size_t j = 0; j < k; j++) {
             if (got[j])
@@ -391,7 +403,7 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
             la_slot *sl = &la->slots[b];
             if (sl->loc != locs[j]) {
                 /* The row moved or was written: this copy is not it. */
-                if (sl->state == LA_READY || sl->state == LA_FAILED)
+                if (sl->state == LA_READY || sl->state == LA_FAILED || sl->state == LA_KEPT)
                     la_drop(la, b, sl->state == LA_READY);
                 continue;
             }
@@ -407,13 +419,17 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
             got[j] = 1;
             n++;
             if (sl->state == LA_READY) {
-                sl->state = LA_TAKEN;
-                taken[ntaken++] = b;
                 if (waited)
                     la->late++;
                 else
                     la->hits++;
             }
+            /* A write replaces the row: its copy is of no further use.  (An
+             * id repeated in a write's batch reads the log the second time.) */
+            if (consume)
+                la_drop(la, b, false);
+            else
+                sl->state = LA_KEPT;
         }
         if (again) {
             if (!waited)
@@ -422,13 +438,38 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
             pthread_cond_wait(&la->done, &la->mu);
         }
     }
-    for (size_t i = 0; i < ntaken; i++)
-        la_drop(la, taken[i], false);
     if (t0)
         la->wait_ns += now_ns() - t0;
     pthread_mutex_unlock(&la->mu);
-    free(taken);
     return n;
+}
+
+void la_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n)
+{
+    if (!s->log || n == 0 || la_ensure(s) != EMBKV_OK)
+        return;
+    struct lookahead *la = s->la;
+    pthread_mutex_lock(&la->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = la_find(la, ids[i]);
+        if (b != UINT32_MAX) {
+            if (la->slots[b].loc == locs[i] || la->slots[b].state == LA_QUEUED ||
+                la->slots[b].state == LA_READING)
+                continue;
+            la_drop(la, b, la->slots[b].state == LA_READY);
+        }
+        if ((b = la_buffer(la)) == UINT32_MAX)
+            break;
+        la_slot *sl = &la->slots[b];
+        sl->id = ids[i];
+        sl->loc = locs[i];
+        sl->seq = ++la->seq;
+        sl->state = LA_KEPT;
+        memcpy(la->bufs + (size_t)b * s->rec_size, recs[i], s->rec_size);
+        la_insert(la, ids[i], b);
+        la_order(la, b);
+    }
+    pthread_mutex_unlock(&la->mu);
 }
 
 void la_stats(embkv_store *s, embkv_stats *st)

@@ -381,7 +381,7 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
     free(*ssd);
     *ssd = NULL;
     if (loc & LOC_SSD)
-        return tier_rec(s, id, loc, ssd, r);
+        return tier_rec(s, id, loc, ssd, r, false);
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;
     if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
         (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total)

@@ -517,10 +517,12 @@ void tier_close(embkv_store *s);
  * left alone) in one batch, checking each is its id's and whole (callers
  * need not check again); recs[i] points at each, inside *buf, which the
  * caller frees (NULL when none of locs is in the log: nothing allocated).
- * Inside ebr_enter. */
-int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs);
+ * Inside ebr_enter.  Rows look-ahead staged are taken from the stage;
+ * for_write (the row is about to be replaced) also drops them there. */
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs,
+              bool for_write);
 /* One record wherever it lives: PM in place, SSD read into *buf (as above). */
-int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out);
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out, bool for_write);
 /* Makes room for `want` records in the pool by moving cold rows to the
  * log; the caller holds no epoch, no lock and no group of this store's. */
 int tier_demote(embkv_store *s, size_t want, size_t *moved);
@@ -556,7 +558,11 @@ void tier_worker_stop(embkv_store *s);
 /* Copies into out + j * rec_size the rows among ids/locs[0..k) that
  * look-ahead staged at those locations (waiting for those in flight), sets
  * got[j] for them and returns how many. */
-size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t k, char *out, uint8_t *got);
+size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t k, char *out, uint8_t *got,
+               bool consume);
+/* Rows a pull just read from the log, kept in the stage for the push that
+ * follows (only while the stage exists: once look-ahead was used). */
+void la_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n);
 void la_stats(embkv_store *s, embkv_stats *st);
 void la_close(embkv_store *s);
 

@@ -171,7 +171,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     if (have && (f.loc & LOC_SSD) && w->pre && w->pre_loc == f.loc) {
         old = w->pre;
     } else if (have) {
-        int trc = tier_rec(s, id, f.loc, w->scratch, &old);
+        int trc = tier_rec(s, id, f.loc, w->scratch, &old, true);
         if (trc != EMBKV_OK)
             return trc;
     }
@@ -351,7 +351,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         goto out;
     }
     rec_hdr *old;
-    if ((rc = tier_rec(s, id, f.loc, &ssd, &old)) != EMBKV_OK)
+    if ((rc = tier_rec(s, id, f.loc, &ssd, &old, true)) != EMBKV_OK)
         goto out;
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     bool keep = rec_epoch(old) < epoch;
@@ -441,7 +441,7 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
     } else {
         rec_hdr *r = NULL;
         char *buf = NULL;
-        if ((rc = tier_rec(s, id, loc, &buf, &r)) != EMBKV_OK || (!(loc & LOC_SSD) && !rec_ok(s, r, id))) {
+        if ((rc = tier_rec(s, id, loc, &buf, &r, false)) != EMBKV_OK || (!(loc & LOC_SSD) && !rec_ok(s, r, id))) {
             ebr_leave();
             free(buf);
             return rc != EMBKV_OK ? rc : rec_damaged(s, id);
@@ -521,11 +521,14 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
     } else {
         for (size_t i = 0; i < k; i++)
             kid[i] = ids[at->v[i]];
-        rc = tier_read(s, kid, locs->v, k, &buf, recs);
+        rc = tier_read(s, kid, locs->v, k, &buf, recs, false);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
             memcpy(out + at->v[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
-        if (rc == EMBKV_OK)
+        if (rc == EMBKV_OK) {
             tier_note_read(s, kid, locs->v, recs, k);
+            /* A pull's push comes next: it finds the rows in the stage. */
+            la_offer(s, kid, locs->v, recs, k);
+        }
     }
     free(kid);
     free(buf);
@@ -644,7 +647,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
         }
         snap_resolve(s, snap, bid, m, locs);
         free(ssd_buf);
-        int trc = tier_read(s, bid, locs, m, &ssd_buf, recs);
+        int trc = tier_read(s, bid, locs, m, &ssd_buf, recs, false);
         if (trc != EMBKV_OK) {
             ebr_leave();
             return trc;
@@ -744,7 +747,7 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
     index_desc *ix = atomic_load(&s->ix);
     for (size_t j = 0; j < n; j++)
         p->locs[j] = ix_lookup(ix, ids[j], embkv__hash(ids[j]), &(uint32_t){0});
-    if (tier_read(s, ids, p->locs, n, &p->buf, p->recs) != EMBKV_OK || !p->buf)
+    if (tier_read(s, ids, p->locs, n, &p->buf, p->recs, true) != EMBKV_OK || !p->buf)
         pre_read_free(p);
     ebr_leave();
 }
@@ -923,7 +926,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
         rec_hdr *recs[BUCKET_SLOTS];
         char *ssd = NULL;  /* the bucket's log records */
-        rc = tier_read(s, ids, locs, n, &ssd, recs);
+        rc = tier_read(s, ids, locs, n, &ssd, recs, false);
         /* Copy out so the callback runs outside the epoch and may write. */
         for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
             bool logged = locs[i] & LOC_SSD;  /* (checked as it was read) */

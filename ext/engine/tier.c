@@ -218,7 +218,8 @@ uint64_t tier_now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs)
+int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs,
+              bool for_write)
 {
     *buf = NULL;
     size_t k = 0, first = 0;
@@ -259,7 +260,7 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
         } else {
             for (size_t j = 0; j < k; j++)
                 kid[j] = ids[at[j]];
-            staged = la_take(s, kid, q, k, b, got);
+            staged = la_take(s, kid, q, k, b, got, for_write);
         }
         free(kid);
     }
@@ -306,14 +307,14 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
     return rc;
 }
 
-int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out)
+int tier_rec(embkv_store *s, int64_t id, uint64_t loc, char **buf, rec_hdr **out, bool for_write)
 {
     if (!(loc & LOC_SSD)) {
         *buf = NULL;
         *out = rec_at(s, loc);
         return EMBKV_OK;
     }
-    return tier_read(s, &id, &loc, 1, buf, out);
+    return tier_read(s, &id, &loc, 1, buf, out, for_write);
 }
 
 /* ------------------------------------------------------------ demotion */
