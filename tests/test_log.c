@@ -358,7 +358,7 @@ static void test_live(void)
     CHECK_RC(open_log(dir, rec, 0, false, &l), EMBKV_OK);
     CHECK_RC(append_n(l, rec, 0, n, locs, 5), EMBKV_OK);
     CHECK(log_loc_seg(locs[0]) == 1 && log_loc_seg(locs[n - 1]) == 3);
-    CHECK(log_pick_victim(l, 0.5) == 0); /* all full */
+    CHECK(log_pick_victim(l, 0.5, NULL, 0) == 0); /* all full */
     scan_ctx sc = {.rec = rec, .locs = locs, .first = (size_t)per_seg, .n = (size_t)per_seg};
     CHECK_RC(log_scan_segment(l, 2, scan_cb, &sc), EMBKV_OK);
     CHECK(sc.seen == per_seg && sc.matched == per_seg);
@@ -366,13 +366,13 @@ static void test_live(void)
         log_release(l, locs[i]);
     for (size_t i = per_seg; i < per_seg + per_seg * 3 / 4; i++)
         log_release(l, locs[i]);
-    CHECK(log_pick_victim(l, 0.5) == 2);  /* 1 is empty: it waits for log_delete_dead */
+    CHECK(log_pick_victim(l, 0.5, NULL, 0) == 2);  /* 1 is empty: it waits for log_delete_dead */
     CHECK(log_delete_dead(l) == 1);
     char p[700];
     seg_path(p, sizeof p, dir, 1);
     CHECK(access(p, F_OK) != 0 && errno == ENOENT);
-    CHECK(log_pick_victim(l, 0.5) == 2);
-    CHECK(log_pick_victim(l, 0.2) == 0);
+    CHECK(log_pick_victim(l, 0.5, NULL, 0) == 2);
+    CHECK(log_pick_victim(l, 0.2, NULL, 0) == 0);
     unsigned char *out = malloc(rec);
     CHECK_RC(log_read(l, &locs[0], 1, out, NULL), EMBKV_CORRUPT);
     CHECK(has(embkv_errmsg(), "seg-0000000001.log is missing"));

@@ -142,8 +142,9 @@ static void test_lookahead(const char *root)
         CHECK_RC(put_gen(s, ids[j], gen[ids[j]]), EMBKV_OK);
     }
     CHECK(ssd_reads(s) == r0 + B);  /* the writes found the old rows staged */
+    /* (A row the tier's thread promoted meanwhile keeps a stale copy in
+     * the stage until it is dropped as the oldest: no staged count here.) */
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
-    CHECK(st.lookahead_staged == 0);
     CHECK(st.lookahead_hits + st.lookahead_late == B);
 
     /* Staged, then written or deleted before the pull: the pull sees the

@@ -86,7 +86,15 @@ static uint32_t pick(embkv_store *s)
     double garbage = 1.0 - (double)st.live_records / (double)written;
     if (!full && garbage < COMPACT_GARBAGE)
         return 0;
-    return log_pick_victim(s->log, full ? COMPACT_FULL_LIVE : COMPACT_MAX_LIVE);
+    /* A segment compacted since the last sync may still hold versions that
+     * sync keeps (no index entry names them): not again until it ran. */
+    if (s->compact_done_epoch != s->root->durable_epoch) {
+        s->compact_done_epoch = s->root->durable_epoch;
+        s->ncompact_done = 0;
+    }
+    if (s->ncompact_done == COMPACT_DONE_MAX)
+        return 0;
+    return log_pick_victim(s->log, full ? COMPACT_FULL_LIVE : COMPACT_MAX_LIVE, s->compact_done, s->ncompact_done);
 }
 
 int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
@@ -147,6 +155,8 @@ int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
     if (rc != EMBKV_OK)
         s->compact_pos = from;  /* tried again next time */
     else if (done) {
+        if (s->ncompact_done < COMPACT_DONE_MAX)
+            s->compact_done[s->ncompact_done++] = s->compact_seg;
         s->compact_seg = 0;
         atomic_fetch_add(&s->st_compactions, 1);
     }

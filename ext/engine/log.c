@@ -877,7 +877,7 @@ size_t log_delete_dead(embkv_log *l)
     return gone;
 }
 
-uint32_t log_pick_victim(embkv_log *l, double max_live)
+uint32_t log_pick_victim(embkv_log *l, double max_live, const uint32_t *skip, size_t nskip)
 {
     pthread_rwlock_rdlock(&l->lock);
     uint32_t best = 0;
@@ -886,6 +886,11 @@ uint32_t log_pick_victim(embkv_log *l, double max_live)
         segment *g = l->segs[i];
         /* An empty one waits for log_delete_dead: nothing to move. */
         if (!g || g->damaged || i == l->head || atomic_load(&g->live) == 0)
+            continue;
+        bool skipped = false;
+        for (size_t k = 0; k < nskip && !skipped; k++)
+            skipped = skip[k] == i;
+        if (skipped)
             continue;
         uint64_t slots = fits_in(l, atomic_load(&g->end) / LOG_BLOCK - 1);
         if (!slots)

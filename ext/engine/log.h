@@ -112,9 +112,9 @@ size_t log_delete_dead(embkv_log *l);
 
 /* A segment worth compacting: the one with the smallest live fraction
  * below `max_live` (0..1), not the current one and not an empty one (it
- * only waits for log_delete_dead).  Returns its number, or 0
+ * only waits for log_delete_dead), nor one of skip[0..nskip).  Returns its number, or 0
  * when none. */
-uint32_t log_pick_victim(embkv_log *l, double max_live);
+uint32_t log_pick_victim(embkv_log *l, double max_live, const uint32_t *skip, size_t nskip);
 /* Calls fn for every record slot of segment seg that was written (in
  * order), with its location; fn returns nonzero to stop (that value is
  * returned).  Reads the segment in large sequential reads.  The caller

@@ -262,6 +262,10 @@ struct embkv_store {
     /* compaction in progress (compact.c; the worker thread only) */
     uint32_t compact_seg;
     uint64_t compact_pos;
+#define COMPACT_DONE_MAX 256
+    uint32_t compact_done[COMPACT_DONE_MAX]; /* compacted since durable epoch compact_done_epoch */
+    size_t ncompact_done;
+    uint64_t compact_done_epoch;
     /* the tier's thread (tier_worker.c) */
     pthread_t tw_thread;
     bool tw_started, tw_stop, tw_kick, tw_last_idle;
