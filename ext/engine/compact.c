@@ -88,8 +88,9 @@ static uint32_t pick(embkv_store *s)
         return 0;
     /* A segment compacted since the last sync may still hold versions that
      * sync keeps (no index entry names them): not again until it ran. */
-    if (s->compact_done_epoch != s->root->durable_epoch) {
-        s->compact_done_epoch = s->root->durable_epoch;
+    uint64_t syncs = atomic_load(&s->st_syncs);
+    if (s->compact_done_epoch != syncs) {
+        s->compact_done_epoch = syncs;
         s->ncompact_done = 0;
     }
     if (s->ncompact_done == COMPACT_DONE_MAX)

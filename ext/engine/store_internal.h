@@ -263,7 +263,7 @@ struct embkv_store {
     uint32_t compact_seg;
     uint64_t compact_pos;
 #define COMPACT_DONE_MAX 256
-    uint32_t compact_done[COMPACT_DONE_MAX]; /* compacted since durable epoch compact_done_epoch */
+    uint32_t compact_done[COMPACT_DONE_MAX]; /* compacted since sync number compact_done_epoch */
     size_t ncompact_done;
     uint64_t compact_done_epoch;
     /* the tier's thread (tier_worker.c) */
