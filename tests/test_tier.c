@@ -204,15 +204,8 @@ static void test_kill(const char *root, int round)
     int rc = embkv_open(dir, NULL, 0, &s);
     CHECK_RC(rc, EMBKV_OK);
     if (rc == EMBKV_OK) {
-        size_t eq_prev = 0, eq_next = 0;
-        float v[DIM];
-        for (size_t id = 0; id < n; id++) {
-            int g = embkv_get(s, (int64_t)id, v, NULL, NULL);
-            bool p = prev[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, prev[id]) : g == EMBKV_NOTFOUND;
-            bool q = model[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, model[id]) : g == EMBKV_NOTFOUND;
-            eq_prev += p;
-            eq_next += q;
-        }
+        size_t eq_prev, eq_next;
+        count_equal(s, n, prev, NULL, model, NULL, &eq_prev, &eq_next);
         CHECK(eq_prev == n || eq_next == n);
         if (eq_prev != n && eq_next != n)
             fprintf(stderr, "kill round %d: synced %llu, %zu rows equal that sync, %zu the next, of %zu\n", round,

@@ -106,4 +106,21 @@ static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
     return id;
 }
 
+/* After a crash: how many of the n rows equal model a, and how many model b
+ * (gen 0: absent), the clocks too where a_clk / b_clk are given. */
+static void count_equal(embkv_store *s, size_t n, const uint64_t *a, const uint64_t *a_clk, const uint64_t *b,
+                        const uint64_t *b_clk, size_t *eq_a, size_t *eq_b)
+{
+    float v[DIM];
+    *eq_a = *eq_b = 0;
+    for (size_t id = 0; id < n; id++) {
+        embkv_rowinfo info;
+        int g = embkv_get(s, (int64_t)id, v, NULL, &info);
+        *eq_a += a[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, a[id]) && (!a_clk || info.clock == a_clk[id])
+                       : g == EMBKV_NOTFOUND;
+        *eq_b += b[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, b[id]) && (!b_clk || info.clock == b_clk[id])
+                       : g == EMBKV_NOTFOUND;
+    }
+}
+
 #endif

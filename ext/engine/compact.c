@@ -89,8 +89,8 @@ static uint32_t pick(embkv_store *s)
     /* A segment compacted since the last sync may still hold versions that
      * sync keeps (no index entry names them): not again until it ran. */
     uint64_t syncs = atomic_load(&s->st_syncs);
-    if (s->compact_done_epoch != syncs) {
-        s->compact_done_epoch = syncs;
+    if (s->compact_done_syncs != syncs) {
+        s->compact_done_syncs = syncs;
         s->ncompact_done = 0;
     }
     if (s->ncompact_done == COMPACT_DONE_MAX)

@@ -256,6 +256,9 @@ static int la_start(embkv_store *s)
     struct lookahead *la = calloc(1, sizeof *la);
     if (!la)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for look-ahead", s->path);
+    pthread_mutex_init(&la->mu, NULL);
+    pthread_cond_init(&la->work, NULL);
+    pthread_cond_init(&la->done, NULL);
     uint64_t cap = LA_BYTES / s->rec_size;
     cap = cap < LA_MIN_ROWS ? LA_MIN_ROWS : cap > LA_MAX_ROWS ? LA_MAX_ROWS : cap;
     la->cap = (uint32_t)cap;
@@ -272,23 +275,13 @@ static int la_start(embkv_store *s)
     la->order_seq = malloc(t * sizeof *la->order_seq);
     la->queue = malloc(la->cap * sizeof *la->queue);
     if (!la->bufs || !la->slots || !la->freelist || !la->table || !la->order || !la->order_seq || !la->queue) {
-        free(la->bufs);
-        free(la->slots);
-        free(la->freelist);
-        free(la->table);
-        free(la->order);
-        free(la->order_seq);
-        free(la->queue);
-        free(la);
+        la_free(la);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for look-ahead's %u-row stage", s->path,
                           (unsigned)cap);
     }
     for (uint32_t i = 0; i < la->cap; i++)
         la->freelist[i] = la->cap - 1 - i;
     la->nfree = la->cap;
-    pthread_mutex_init(&la->mu, NULL);
-    pthread_cond_init(&la->work, NULL);
-    pthread_cond_init(&la->done, NULL);
     s->la = la;
     int e = pthread_create(&la->thread, NULL, la_main, s);
     if (e != 0) {

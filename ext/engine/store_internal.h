@@ -263,9 +263,9 @@ struct embkv_store {
     uint32_t compact_seg;
     uint64_t compact_pos;
 #define COMPACT_DONE_MAX 256
-    uint32_t compact_done[COMPACT_DONE_MAX]; /* compacted since sync number compact_done_epoch */
+    uint32_t compact_done[COMPACT_DONE_MAX]; /* compacted since the sync count was compact_done_syncs */
     size_t ncompact_done;
-    uint64_t compact_done_epoch;
+    uint64_t compact_done_syncs;
     /* the tier's thread (tier_worker.c) */
     pthread_t tw_thread;
     bool tw_started, tw_stop, tw_kick, tw_last_idle;
@@ -546,7 +546,9 @@ bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
 /* Promotion: reads of log rows offer them (the admission policy picks);
  * the thread moves up to `room` of the queued ones into the pool. */
 void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n);
-int tier_promote_queued(embkv_store *s, size_t room, size_t *moved);
+/* room: records promotion may take; make_room: demote colder rows for the
+ * rest of the admitted ones. */
+int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved);
 size_t tier_promote_pending(embkv_store *s);
 
 /* ------------------------------------------------------------- compact.c */

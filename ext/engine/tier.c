@@ -90,6 +90,17 @@ static uint32_t segment_bytes_for(uint64_t ssd_size)
     return (uint32_t)(seg & ~(uint64_t)(LOG_BLOCK - 1));
 }
 
+static void promo_free(embkv_store *s)
+{
+    free(s->promo_ids);
+    free(s->promo_locs);
+    free(s->promo_recs);
+    s->promo_ids = NULL;
+    s->promo_locs = NULL;
+    s->promo_recs = NULL;
+    s->promo_cap = s->promo_n = 0;
+}
+
 int tier_open(embkv_store *s, const embkv_options *opt)
 {
     store_root *r = s->root;
@@ -166,13 +177,7 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     if (s->promo_ids && s->promo_locs && s->promo_recs)
         s->promo_cap = pc;
     if (!s->heat || !s->promo_cap) {
-        free(s->promo_ids);
-        free(s->promo_locs);
-        free(s->promo_recs);
-        s->promo_ids = NULL;
-        s->promo_locs = NULL;
-        s->promo_recs = NULL;
-        s->promo_cap = 0;
+        promo_free(s);
         heat_free(s->heat);
         s->heat = NULL;
         log_close(s->log);
@@ -186,13 +191,7 @@ void tier_close(embkv_store *s)
 {
     tier_worker_stop(s);
     la_close(s);
-    free(s->promo_ids);
-    free(s->promo_locs);
-    free(s->promo_recs);
-    s->promo_ids = NULL;
-    s->promo_locs = NULL;
-    s->promo_recs = NULL;
-    s->promo_cap = s->promo_n = 0;
+    promo_free(s);
     if (s->log)
         log_close(s->log);
     s->log = NULL;
@@ -494,16 +493,18 @@ void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, re
     pthread_mutex_unlock(&s->promo_mu);
 }
 
-int tier_promote_queued(embkv_store *s, size_t room, size_t *moved)
+int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved)
 {
     *moved = 0;
     pthread_mutex_lock(&s->promo_mu);
-    size_t n = s->promo_n < room ? s->promo_n : room;
-    /* Taken from the newest end; the rest waits for room. */
-    size_t first = s->promo_n - n;
-    int64_t *ids = malloc(n * sizeof *ids + 1);
-    uint64_t *q = malloc(n * sizeof *q + 1), *p = malloc(n * sizeof *p + 1);
-    char *recs = malloc(n * (size_t)s->rec_size + 1);
+    size_t n = s->promo_n;
+    if (n == 0) {
+        pthread_mutex_unlock(&s->promo_mu);
+        return EMBKV_OK;
+    }
+    int64_t *ids = malloc(n * sizeof *ids);
+    uint64_t *q = malloc(n * sizeof *q), *p = malloc(n * sizeof *p);
+    char *recs = malloc(n * (size_t)s->rec_size);
     if (!ids || !q || !p || !recs) {
         pthread_mutex_unlock(&s->promo_mu);
         free(ids);
@@ -512,28 +513,48 @@ int tier_promote_queued(embkv_store *s, size_t room, size_t *moved)
         free(recs);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting rows", s->path);
     }
-    memcpy(ids, s->promo_ids + first, n * sizeof *ids);
-    memcpy(q, s->promo_locs + first, n * sizeof *q);
-    memcpy(recs, s->promo_recs + first * s->rec_size, n * (size_t)s->rec_size);
-    s->promo_n = first;
+    memcpy(ids, s->promo_ids, n * sizeof *ids);
+    memcpy(q, s->promo_locs, n * sizeof *q);
+    memcpy(recs, s->promo_recs, n * (size_t)s->rec_size);
+    s->promo_n = 0;
     pthread_mutex_unlock(&s->promo_mu);
 
     /* Only rows the index still keeps where they were read (a pull's push
-     * has usually brought them back already). */
-    size_t k = 0;
+     * has usually brought them back already), each once (a row read in
+     * several batches was offered by each: p marks the locations seen). */
+    size_t k = 0, mask = 1;
+    while (mask < 2 * n)
+        mask <<= 1;
+    uint64_t *seen = calloc(mask, sizeof *seen);
+    mask--;
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && seen; i++) {
         uint32_t probes;
         if (ix_lookup(ix, ids[i], embkv__hash(ids[i]), &probes) != q[i])
             continue;
+        size_t h = embkv__hash((int64_t)q[i]) & mask;
+        while (seen[h] && seen[h] != q[i])
+            h = (h + 1) & mask;
+        if (seen[h])
+            continue;
+        seen[h] = q[i];
         ids[k] = ids[i];
         q[k] = q[i];
         memmove(recs + k * s->rec_size, recs + i * s->rec_size, s->rec_size);
         k++;
     }
     ebr_leave();
-    int rc = EMBKV_OK;
+    free(seen);
+    /* Admitted rows are hotter than what demotion last moved out: when the
+     * pool has no room above its watermark, the coldest rows make it. */
+    if (k > room && make_room) {
+        size_t freed = 0;
+        tier_demote(s, k - room, &freed);
+        room += freed;
+    }
+    if (k > room)
+        k = room;
     if (k && slab_alloc(s, p, k) != EMBKV_OK)
         k = 0;  /* no room after all: the rows stay in the log */
     size_t m = 0;
@@ -566,7 +587,7 @@ int tier_promote_queued(embkv_store *s, size_t room, size_t *moved)
     free(q);
     free(p);
     free(recs);
-    return rc;
+    return EMBKV_OK;
 }
 
 size_t tier_promote_pending(embkv_store *s)

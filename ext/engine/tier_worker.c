@@ -10,7 +10,8 @@
  * records are free (past the delete reserve), and stops at 1/16: writers
  * find room and the foreground demotion stays a fallback for bursts faster
  * than the thread.  Promotions only use room above the 1/32 mark, so they
- * never push the pool into the foreground path.
+ * never push the pool into the foreground path; when there is not enough,
+ * colder rows are demoted for them (admission already found them hotter).
  *
  * Compaction reads at most COMPACT_RATE bytes of segment per second, in
  * parts of COMPACT_PART (compact.c), so a background rewrite cannot take
@@ -43,11 +44,10 @@ static bool tw_round(embkv_store *s, uint64_t *tokens)
             busy = true;
         slab_space(s, &free_recs, &total, &exhausted);
     }
-    size_t pending = tier_promote_pending(s);
-    if (pending) {
-        size_t room = !exhausted ? pending : free_recs > low ? free_recs - low : 0;
+    if (tier_promote_pending(s)) {
+        size_t room = !exhausted ? SIZE_MAX : free_recs > low ? free_recs - low : 0;
         size_t moved = 0;
-        if (room && tier_promote_queued(s, room, &moved) == EMBKV_OK && moved)
+        if (tier_promote_queued(s, room, exhausted, &moved) == EMBKV_OK && moved)
             busy = true;
     }
     while (*tokens >= COMPACT_PART) {

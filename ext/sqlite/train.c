@@ -159,8 +159,8 @@ static int64_t *ids_arg(sqlite3_context *ctx, const char *fname, const char *tab
     return ids;
 }
 
-/* Resolves the table argument and this connection's session on it. */
-static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
+/* Resolves the table argument (reporting why not as the function's error). */
+static int table_arg(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
 {
     const char *name = sqlite3_value_type(arg) == SQLITE_TEXT ? (const char *)sqlite3_value_text(arg) : NULL;
     if (!name) {
@@ -173,6 +173,14 @@ static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *
         sqlite3_free(err);
         return SQLITE_ERROR;
     }
+    return SQLITE_OK;
+}
+
+/* The table argument and this connection's session on it. */
+static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
+{
+    if (table_arg(ctx, fname, arg, ref) != SQLITE_OK)
+        return SQLITE_ERROR;
     if (ref->pending_writes) {
         train_error(ctx, fname, ref->name, EMBKV_INVALID,
                     "this connection has uncommitted writes to the table; COMMIT them first");
@@ -290,18 +298,9 @@ static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 static void fn_lookahead(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     (void)argc;
-    const char *name = sqlite3_value_type(argv[0]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[0]) : NULL;
-    if (!name) {
-        train_error(ctx, "embkv_lookahead", NULL, EMBKV_INVALID, "expected a table name (TEXT) as argument 1");
-        return;
-    }
     embkv_table_ref ref;
-    char *err = NULL;
-    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, &ref, &err) != SQLITE_OK) {
-        train_error(ctx, "embkv_lookahead", NULL, EMBKV_INVALID, err ? err : "no such embkv table");
-        sqlite3_free(err);
+    if (table_arg(ctx, "embkv_lookahead", argv[0], &ref) != SQLITE_OK)
         return;
-    }
     size_t n;
     int64_t *ids = ids_arg(ctx, "embkv_lookahead", ref.name, argv[1], &n);
     if (!ids)
