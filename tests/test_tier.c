@@ -166,9 +166,9 @@ static void test_kill(const char *root, int round)
             }
             if (embkv_sync(s) != EMBKV_OK)
                 _exit(5);
-            FILE *f = fopen(mark, "w");
-            fprintf(f, "%llu\n", (unsigned long long)step);
-            fclose(f);
+            char text[32];
+            snprintf(text, sizeof text, "%llu\n", (unsigned long long)step);
+            write_mark(mark, text);
         }
     }
     rng_t pr = {(uint64_t)round + 99};

@@ -331,9 +331,7 @@ static void test_kill(const char *root, int round)
                 _exit(10);
         if (embkv_sync(s) != EMBKV_OK)
             _exit(5);
-        FILE *f0 = fopen(mark, "w");
-        fprintf(f0, "1 0 0 0\n");
-        fclose(f0);
+        write_mark(mark, "1 0 0 0\n");
         rng_t r = {seed}, ahead = {seed};
         int64_t ids[KILL_BATCH], next[KILL_BATCH];
         float out[KILL_BATCH * DIM];
@@ -357,10 +355,11 @@ static void test_kill(const char *root, int round)
                     _exit(9);
                 embkv_stats st;
                 embkv_stats_get(s, &st);
-                FILE *f = fopen(mark, "w");
-                fprintf(f, "%llu %llu %llu %llu\n", (unsigned long long)step, (unsigned long long)st.compactions,
-                        (unsigned long long)st.promotions, (unsigned long long)st.lookahead_hits);
-                fclose(f);
+                char text[128];
+                snprintf(text, sizeof text, "%llu %llu %llu %llu\n", (unsigned long long)step,
+                         (unsigned long long)st.compactions, (unsigned long long)st.promotions,
+                         (unsigned long long)st.lookahead_hits);
+                write_mark(mark, text);
             }
         }
     }
