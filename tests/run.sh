@@ -17,10 +17,11 @@ passed=0 failed=0 failures=()
 run_one() {  # name, command...
     local name=$1; shift
     local log; log=$(mktemp)
+    local t0=$SECONDS
     if "$@" >"$log" 2>&1; then
-        passed=$((passed + 1)); echo "ok    $name"
+        passed=$((passed + 1)); echo "ok    $name ($((SECONDS - t0)) s)"
     else
-        failed=$((failed + 1)); failures+=("$name"); echo "FAIL  $name"; sed 's/^/      /' "$log" | tail -40
+        failed=$((failed + 1)); failures+=("$name"); echo "FAIL  $name ($((SECONDS - t0)) s)"; sed 's/^/      /' "$log" | tail -40
     fi
     rm -f "$log"
 }
@@ -65,5 +66,5 @@ if [[ -f build/asan/embkv.so ]]; then
 fi
 
 ((failed)) && printf 'failed: %s\n' "${failures[*]}"
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed ($SECONDS s)"
 ((failed == 0))

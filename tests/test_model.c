@@ -10,18 +10,41 @@
  * key space far past the initial index size so that the index doubles many
  * times under the model's eye.
  *
+ * Kill rounds: the store is closed and a forked child goes on with the same
+ * operations, syncing often, until the parent SIGKILLs it at a random
+ * moment.  Before each sync the child writes the model as that sync will
+ * leave it (aside, then renamed), and after the sync a mark naming it; the
+ * reopened store must equal, row for row with clocks and epochs, the model
+ * of the last marked sync, or of the next one when the kill came after that
+ * sync completed and before its mark.
+ *
+ * Built twice: test_model (the PM tier only) and test_model_tier (defines
+ * MODEL_TIER: rows of 512 floats, a pool whose record space holds about a
+ * tenth of them and an SSD tier for the rest, so that most operations cross tiers;
+ * look-ahead joins the operations, and the kills land while demotion,
+ * promotion, compaction and look-ahead run).
+ *
  * Seed: fixed by default, overridable with EMBKV_TEST_SEED; printed at the
  * start and at the first failure together with the failing operation.
- * Operations: 3,000,000 * EMBKV_TEST_SCALE.
+ * Operations: 3,000,000 * EMBKV_TEST_SCALE (test_model_tier: 1,000,000).
  */
 #include "embkv.h"
 #include "embkv_debug.h"
 #include "check.h"
 
+#include <signal.h>
 #include <stdbool.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
+#ifdef MODEL_TIER
+#define DIM 512
+#define NAME "test_model_tier"
+#else
 #define DIM 8
+#define NAME "test_model"
+#endif
 #define SF 2               /* state floats per row */
 #define NHOT 64            /* hot ids: updates and deletes hit existing rows */
 #define MAX_RAND_IDS 200000
@@ -293,7 +316,7 @@ static void open_store(bool create)
     CHECK_RC(rc, EMBKV_OK);
     if (rc != EMBKV_OK) {
         fprintf(stderr, "cannot open %s, giving up\n", dir);
-        exit(test_summary("test_model"));
+        exit(test_summary(NAME));
     }
     CHECK(embkv_dim(S) == DIM);
     CHECK(embkv_state_floats(S) == SF);
@@ -509,6 +532,200 @@ static void do_reopen(void)
     full_verify();
 }
 
+/* Look-ahead of a batch, then the batch read (from the stage or the log). */
+static void op_lookahead(void)
+{
+    int64_t ids[64];
+    float out[64 * DIM];
+    uint8_t found[64];
+    size_t n = 1 + rnd_below(&model_rng, 64), queued = 99999;
+    op_name = "lookahead";
+    for (size_t i = 0; i < n; i++)
+        ids[i] = i && rnd_below(&model_rng, 6) == 0 ? ids[rnd_below(&model_rng, i)] : pick_id();
+    op_id = ids[0];
+    CHECK_RC(embkv_lookahead(S, ids, n, &queued), EMBKV_OK);
+    CHECK(queued <= n);
+    /* writes between the look-ahead and the read: the stage must not
+     * hand back the version it read */
+    if (rnd_below(&model_rng, 3) == 0) op_put();
+    op_name = "lookahead read";
+    CHECK_RC(embkv_get_batch(S, ids, n, out, found, NULL), EMBKV_OK);
+    for (size_t i = 0; i < n; i++) {
+        ment *e = mfind(ids[i], false);
+        bool present = e && e->present;
+        CHECK(found[i] == present);
+        if (present) {
+            float want[DIM];
+            make_vec(ids[i], e->ver, want);
+            CHECK(memcmp(&out[i * DIM], want, sizeof want) == 0);
+        }
+    }
+}
+
+static void one_op(uint64_t i, uint64_t nops)
+{
+    op_index = i;
+    /* the warm key space grows linearly to 40000 ids over the run */
+    universe = 500 + (i < nops ? i : nops) * 40000 / nops;
+    uint64_t r = rnd_below(&model_rng, 1000);
+    if (r < 380) op_put();
+    else if (r < 600) { op_name = "get"; op_id = pick_id(); verify_get(op_id); }
+    else if (r < 740) op_delete();
+    else if (r < 800) op_exists();
+    else if (r < 900) op_get_batch();
+    else if (r < 980) op_update_batch();
+    else if (r < 985) op_hotset();
+    else if (r < 995) op_lookahead();  /* (without a tier: queues nothing) */
+    else { op_name = "count"; CHECK(embkv_count(S) == mlive); }
+}
+
+/* ---- kill rounds -------------------------------------------------------- */
+
+/* The model as a file: everything a later operation or check reads. */
+static bool save_model(const char *path)
+{
+    char tmp[820];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return false;
+    bool ok = fwrite(&mcap, sizeof mcap, 1, f) == 1 && fwrite(&mused, sizeof mused, 1, f) == 1 &&
+              fwrite(&mlive, sizeof mlive, 1, f) == 1 && fwrite(&mpeak, sizeof mpeak, 1, f) == 1 &&
+              fwrite(&cur_gen, sizeof cur_gen, 1, f) == 1 && fwrite(&vcounter, sizeof vcounter, 1, f) == 1 &&
+              fwrite(&nrand, sizeof nrand, 1, f) == 1 &&
+              (!nrand || fwrite(rand_ids, sizeof *rand_ids, nrand, f) == nrand) &&
+              fwrite(gen_epoch, sizeof gen_epoch, 1, f) == 1 && fwrite(gen_known, sizeof gen_known, 1, f) == 1 &&
+              fwrite(mtab, sizeof *mtab, mcap, f) == mcap;
+    return fclose(f) == 0 && ok && rename(tmp, path) == 0;
+}
+
+static bool load_model(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    size_t cap;
+    bool ok = fread(&cap, sizeof cap, 1, f) == 1;
+    if (ok) {
+        free(mtab);
+        mcap = cap;
+        mtab = calloc(mcap, sizeof *mtab);
+        ok = mtab && fread(&mused, sizeof mused, 1, f) == 1 && fread(&mlive, sizeof mlive, 1, f) == 1 &&
+             fread(&mpeak, sizeof mpeak, 1, f) == 1 && fread(&cur_gen, sizeof cur_gen, 1, f) == 1 &&
+             fread(&vcounter, sizeof vcounter, 1, f) == 1 && fread(&nrand, sizeof nrand, 1, f) == 1 &&
+             nrand <= MAX_RAND_IDS && (!nrand || fread(rand_ids, sizeof *rand_ids, nrand, f) == nrand) &&
+             fread(gen_epoch, sizeof gen_epoch, 1, f) == 1 && fread(gen_known, sizeof gen_known, 1, f) == 1 &&
+             fread(mtab, sizeof *mtab, mcap, f) == mcap;
+    }
+    fclose(f);
+    return ok;
+}
+
+/* How many rows differ between the store and the model, without failing:
+ * which of two candidate models the store holds. */
+static size_t quiet_mismatch;
+static int quiet_cb(void *ctx, int64_t id, const float *vec, const float *state, const embkv_rowinfo *info)
+{
+    (void)ctx;
+    ment *e = mfind(id, false);
+    float want[DIM];
+    if (!e || !e->present) { quiet_mismatch++; return 0; }
+    make_vec(id, e->ver, want);
+    quiet_mismatch += memcmp(vec, want, sizeof want) != 0 || state[0] != e->st[0] || state[1] != e->st[1] ||
+                      info->clock != e->clock;
+    return 0;
+}
+
+static bool store_is_model(void)
+{
+    quiet_mismatch = 0;
+    return embkv_count(S) == mlive && embkv_scan(S, quiet_cb, NULL) == EMBKV_OK && quiet_mismatch == 0;
+}
+
+static const char *kill_file(const char *what, long k)
+{
+    static char path[2][800];
+    static int which;
+    which ^= 1;
+    snprintf(path[which], sizeof path[which], "%s-%s.%ld", dir, what, k);
+    return path[which];
+}
+
+/* The child: the same operations from op i on, a sync every 1..1000 of
+ * them, until it is killed.  Exit 3: a check failed (its message is on
+ * stderr). */
+static void child_run(uint64_t i, uint64_t nops)
+{
+    open_store(false);
+    for (long k = 1;; k++) {
+        uint64_t until = i + 1 + rnd_below(&model_rng, 1000);
+        for (; i < until; i++) {
+            one_op(i, nops);
+            if (check_failed) {
+                fprintf(stderr, NAME " child: failure at op %" PRIu64 " (%s id=%" PRId64 ")\n", i, op_name, op_id);
+                _exit(3);
+            }
+        }
+        /* the model as sync k leaves it, then the sync, then its mark */
+        cur_gen++;
+        if (!save_model(kill_file("model", k))) _exit(4);
+        cur_gen--;
+        op_name = "sync";
+        do_sync();
+        if (check_failed) _exit(3);
+        char text[32];
+        snprintf(text, sizeof text, "%ld", k);
+        char mark[800], tmp[820];
+        snprintf(mark, sizeof mark, "%s", kill_file("mark", 0));
+        snprintf(tmp, sizeof tmp, "%s.tmp", mark);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fputs(text, f) < 0 || fclose(f) != 0 || rename(tmp, mark) != 0) _exit(4);
+        if (k > 1) unlink(kill_file("model", k - 1));
+    }
+}
+
+static void kill_round(uint64_t i, uint64_t nops, int round)
+{
+    op_name = "kill round";
+    CHECK_RC(embkv_close(S), EMBKV_OK);
+    S = NULL;
+    cur_gen++;
+    unlink(kill_file("mark", 0));
+    CHECK(save_model(kill_file("model", 0)));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) child_run(i, nops);
+    CHECK(pid > 0);
+    /* 0.1 .. 1.5 s: the child has opened the store and is syncing */
+    usleep((useconds_t)(100000 + rnd_below(&model_rng, 1400000)));
+    kill(pid, SIGKILL);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    if (!WIFSIGNALED(status)) fprintf(stderr, NAME ": kill round %d: the child exited with %d\n", round,
+                                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+
+    long k = 0;
+    FILE *f = fopen(kill_file("mark", 0), "r");
+    if (f) {
+        CHECK(fscanf(f, "%ld", &k) == 1 && k > 0);
+        fclose(f);
+    }
+    open_store(false);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
+    if (k > 0) CHECK(st.recovered == 1);  /* (with none, the kill may have come before the open) */
+    /* The sync after the mark may have completed before the kill. */
+    const char *next = kill_file("model", k + 1);
+    bool took_next = access(next, F_OK) == 0 && load_model(next) && store_is_model();
+    /* (model 0 is the parent's own, as of the close before the fork) */
+    if (!took_next) CHECK(load_model(kill_file("model", k)));
+    printf(NAME ": kill round %d after %ld syncs%s: %zu rows\n", round, k + took_next,
+           took_next ? " (the last one unmarked)" : "", mlive);
+    op_name = "verify after kill";
+    full_verify();
+    for (long j = 0; j <= k + 1; j++) unlink(kill_file("model", j));
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 int main(void)
@@ -516,9 +733,14 @@ int main(void)
     const char *es = getenv("EMBKV_TEST_SEED");
     uint64_t seed = es && *es ? strtoull(es, NULL, 0) : 20240611;
     double scale = test_scale();
+#ifdef MODEL_TIER
+    uint64_t nops = (uint64_t)(1000000 * scale);
+#else
     uint64_t nops = (uint64_t)(3000000 * scale);
-    printf("test_model: seed=%" PRIu64 " ops=%" PRIu64 " (override with EMBKV_TEST_SEED)\n",
-           seed, nops);
+#endif
+    int kills = scale < 1 ? 2 : 4;
+    printf(NAME ": seed=%" PRIu64 " ops=%" PRIu64 " kill rounds=%d (override with EMBKV_TEST_SEED)\n",
+           seed, nops, kills);
     fflush(stdout);
     model_rng.s = seed;
     time_t t0 = time(NULL);
@@ -529,45 +751,72 @@ int main(void)
     hot[5] = INT64_MIN + 1; hot[6] = INT64_MAX - 1;
     for (int i = 7; i < NHOT; i++) hot[i] = (int64_t)rnd(&model_rng);
 
+#ifdef MODEL_TIER
+    /* The model checks logic across tiers, millions of operations with a
+     * sync every thousand: on tmpfs when there is one (unless TMPDIR says
+     * otherwise), where a sync costs microseconds instead of a journal
+     * commit.  The log on a real disk (O_DIRECT, io_uring) is test_log's
+     * and test_tier's. */
+    if (access("/dev/shm", W_OK) == 0) setenv("TMPDIR", "/dev/shm", 0);
+#endif
     dir = strdup(test_tmpdir("model"));
     memset(&opts, 0, sizeof opts);
     opts.dim = DIM;
     opts.state_floats = SF;
     opts.expected_rows = 200;  /* tiny: the run must double the index many times */
+#ifdef MODEL_TIER
+    opts.pool_size = 32ull << 20;  /* its record space holds about a tenth of the rows */
+    opts.ssd_size = 512ull << 20;
+#else
     opts.pool_size = 64ull << 20;
+#endif
     open_store(true);
     uint64_t nb0 = embkv_debug_nbuckets(S);
     CHECK(nb0 > 0 && (nb0 & (nb0 - 1)) == 0);  /* a power of two */
     CHECK(embkv_count(S) == 0);
     full_verify();
 
-    uint64_t next_sync = 1 + rnd_below(&model_rng, 20000);
+#ifdef MODEL_TIER
+    /* Syncs often enough that the versions a sync still holds (writes and
+     * demotions since the last one) never fill the pool. */
+    const uint64_t sync_every = 1000;
+#else
+    const uint64_t sync_every = 20000;
+#endif
+    uint64_t next_sync = 1 + rnd_below(&model_rng, sync_every);
     uint64_t next_reopen = 100000 + rnd_below(&model_rng, 300000);
     uint64_t next_scan = 50000 + rnd_below(&model_rng, 100000);
-    int last_failed = 0, reported = 0;
+    int last_failed = 0, reported = 0, round = 0;
+#ifdef MODEL_TIER
+    size_t pm_low = SIZE_MAX;
+#endif
 
     for (uint64_t i = 0; i < nops; i++) {
-        op_index = i;
-        /* the warm key space grows linearly to 40000 ids over the run */
-        universe = 500 + i * 40000 / nops;
-        uint64_t r = rnd_below(&model_rng, 1000);
-        if (r < 380) op_put();
-        else if (r < 600) { op_name = "get"; op_id = pick_id(); verify_get(op_id); }
-        else if (r < 740) op_delete();
-        else if (r < 800) op_exists();
-        else if (r < 900) op_get_batch();
-        else if (r < 980) op_update_batch();
-        else if (r < 985) op_hotset();
-        else { op_name = "count"; CHECK(embkv_count(S) == mlive); }
+        one_op(i, nops);
 
-        if (i == next_sync) { do_sync(); next_sync = i + 1 + rnd_below(&model_rng, 20000); }
+        if (i == next_sync) { do_sync(); next_sync = i + 1 + rnd_below(&model_rng, sync_every); }
         if (i == next_reopen) { do_reopen(); next_reopen = i + 100000 + rnd_below(&model_rng, 300000); }
-        if (i == next_scan) { op_name = "full scan"; full_verify(); next_scan = i + 50000 + rnd_below(&model_rng, 100000); }
+        if (i == next_scan) {
+            op_name = "full scan";
+            full_verify();
+            next_scan = i + 50000 + rnd_below(&model_rng, 100000);
+#ifdef MODEL_TIER
+            embkv_stats st;
+            CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
+            if (i > nops / 2 && st.rows) {
+                if (st.rows_pm < pm_low) pm_low = st.rows_pm;
+                printf(NAME ": op %" PRIu64 ": %" PRIu64 " rows, %" PRIu64 " in the pool, %" PRIu64 " in the log\n",
+                       i, st.rows, st.rows_pm, st.rows_ssd);
+            }
+#endif
+        }
+        /* kill rounds spread over the run, the first after the index grew */
+        if (round < kills && i == (uint64_t)(round + 1) * nops / (uint64_t)(kills + 1)) kill_round(i, nops, ++round);
 
         if (check_failed != last_failed) {
             if (!reported++)
-                fprintf(stderr, "test_model: FIRST FAILURE at op %" PRIu64 " (%s id=%" PRId64
-                        "), seed=%" PRIu64 "\n", i, op_name, op_id, seed);
+                fprintf(stderr, NAME ": FIRST FAILURE at op %" PRIu64 " (%s id=%" PRId64 "), seed=%" PRIu64 "\n",
+                        i, op_name, op_id, seed);
             last_failed = check_failed;
             if (check_failed > 50) { fprintf(stderr, "too many failures, stopping\n"); break; }
         }
@@ -576,16 +825,25 @@ int main(void)
     op_name = "final verify";
     full_verify();
     uint64_t nb = embkv_debug_nbuckets(S);
-    printf("test_model: rows=%zu peak=%zu buckets %" PRIu64 " -> %" PRIu64 ", %ld s\n",
-           mlive, mpeak, nb0, nb, (long)(time(NULL) - t0));
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
+    printf(NAME ": rows=%zu peak=%zu buckets %" PRIu64 " -> %" PRIu64 ", pool %" PRIu64 " log %" PRIu64
+           ", %" PRIu64 " demotions %" PRIu64 " promotions %" PRIu64 " compactions, %ld s\n",
+           mlive, mpeak, nb0, nb, st.rows_pm, st.rows_ssd, st.demotions, st.promotions, st.compactions,
+           (long)(time(NULL) - t0));
     /* at least two doublings, and no doubling that the load did not need */
     CHECK(nb >= 4 * nb0);
     if (nb > nb0) CHECK(0.9 * (double)(nb / 2) * 14 <= (double)mpeak);
+#ifdef MODEL_TIER
+    /* most rows lived in the log in the second half of the run */
+    CHECK(pm_low != SIZE_MAX && pm_low * 5 < mlive);
+    CHECK(st.promotions > 0);
+#endif
     do_reopen();
     CHECK_RC(embkv_close(S), EMBKV_OK);
-    if (check_failed) fprintf(stderr, "test_model: seed=%" PRIu64 "\n", seed);
+    if (check_failed) fprintf(stderr, NAME ": seed=%" PRIu64 "\n", seed);
     free(rand_ids);
     free(mtab);
     free((void *)dir);
-    return test_summary("test_model");
+    return test_summary(NAME);
 }

@@ -74,6 +74,15 @@ static int keep_live(void *arg, uint64_t loc, const void *rec)
     return EMBKV_OK;
 }
 
+bool compact_urgent(embkv_store *s)
+{
+    if (!s->log)
+        return false;
+    log_stats st;
+    log_stats_get(s->log, &st);
+    return (double)st.file_bytes >= COMPACT_FULL * (double)s->root->ssd_size;
+}
+
 /* Whether the log is worth compacting now, and which segment. */
 static uint32_t pick(embkv_store *s)
 {

@@ -72,6 +72,14 @@ static int add_chunk(embkv_store *s)
         return embkv__err(EMBKV_FULL, "store %s: record space full (%u chunks of %u bytes)",
                           s->path, (unsigned)MAX_CHUNKS, s->chunk_bytes);
     }
+    if (s->chunk_limit && s->nchunks >= s->chunk_limit) {
+        /* With an SSD tier the rows that do not fit go to the log, but the
+         * index of every row stays in the pool: it keeps room to grow. */
+        s->pool_exhausted = true;
+        return embkv__err(EMBKV_FULL, "store %s: pool full: its record space is at its limit (%u chunks of %u "
+                          "bytes), the rest of the pool is kept for the index", s->path, s->chunk_limit,
+                          s->chunk_bytes);
+    }
     uint32_t c = s->nchunks;
     if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
         int e = errno;

@@ -219,6 +219,7 @@ struct embkv_store {
     PMEMoid *chunks;           /* the pool's chunk table */
     char *_Atomic chunk_base[MAX_CHUNKS];
     uint32_t nchunks;
+    uint32_t chunk_limit;      /* with an SSD tier: chunks past this stay unallocated for the index (0: none) */
     bool pool_exhausted;       /* a chunk was refused: the record space is all there is */
 
     /* epochs and reclamation */
@@ -555,6 +556,9 @@ size_t tier_promote_pending(embkv_store *s);
 /* One part of a compaction (about max_bytes of a segment read); *scanned
  * says how much was read, 0 when there was nothing to compact. */
 int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned);
+/* Whether the log's files are past COMPACT_FULL of ssd_size: compaction
+ * then runs at a higher rate (writes would fail at ssd_size). */
+bool compact_urgent(embkv_store *s);
 
 /* ------------------------------------------------------------- tier_worker.c */
 int tier_worker_start(embkv_store *s);

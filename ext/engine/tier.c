@@ -165,6 +165,25 @@ int tier_open(embkv_store *s, const embkv_options *opt)
         r->ssd_size = size;
         pmemobj_persist(s->pop, &r->ssd_size, sizeof r->ssd_size);
     }
+    /* The pool holds the index of every row of both tiers, and chunks are
+     * never given back: keep the room the index may grow into out of the
+     * record space, for as many rows as both tiers could hold, at most half
+     * the pool.  A doubling needs the new array beside the old one, and
+     * the arrays freed by earlier doublings may lie in holes between
+     * chunks: twice the last array covers both.  Past that index, inserts
+     * fail naming the pool. */
+    uint64_t max_rows = size / s->rec_size + s->pool_size / s->rec_size;
+    uint64_t nb = 16;
+    while ((double)nb * BUCKET_SLOTS * s->max_load < (double)max_rows && nb < s->pool_size / BUCKET_BYTES)
+        nb <<= 1;
+    uint64_t keep = 2 * nb * BUCKET_BYTES;
+    if (keep > s->pool_size / 2)
+        keep = s->pool_size / 2;
+    /* libpmemobj's own: 3 MiB of lanes, the heap's headers */
+    uint64_t own = (4u << 20) + s->pool_size / 64;
+    uint64_t room = s->pool_size > keep + own ? s->pool_size - keep - own : 0;
+    uint64_t per = (uint64_t)s->chunk_bytes + 64;
+    s->chunk_limit = room / per > 1 ? (uint32_t)(room / per < MAX_CHUNKS ? room / per : MAX_CHUNKS) : 1;
     /* Sized for the rows the pool holds: those are what demotion ranks. */
     uint64_t expect = s->pool_size / s->rec_size;
     s->heat = heat_new(expect < 1024 ? 1024 : expect);

@@ -15,7 +15,9 @@
  *
  * Compaction reads at most COMPACT_RATE bytes of segment per second, in
  * parts of COMPACT_PART (compact.c), so a background rewrite cannot take
- * the device from foreground reads for long.  The thread wakes every
+ * the device from foreground reads for long.  Once the log's files pass
+ * 3/4 of ssd_size the rate is COMPACT_URGENT_RATE: there, a slow
+ * compaction would make demotion, and so writes, fail at ssd_size.  The thread wakes every
  * TW_TICK_MS, or when kicked (tests, embkv_tier_idle).
  */
 #include <errno.h>
@@ -28,6 +30,7 @@
 
 #define TW_TICK_MS 20
 #define COMPACT_RATE (64ull << 20)
+#define COMPACT_URGENT_RATE (256ull << 20)
 #define COMPACT_PART (1ull << 20)
 
 /* One round of the thread's work; returns whether it did anything. */
@@ -82,9 +85,10 @@ static void *tw_main(void *arg)
         s->tw_kick = false;
         pthread_mutex_unlock(&s->tw_mu);
         uint64_t now = tier_now_ns();
-        tokens += (uint64_t)((double)(now - last) * 1e-9 * (double)COMPACT_RATE);
-        if (tokens > 4 * COMPACT_PART && !kicked)
-            tokens = 4 * COMPACT_PART;
+        bool urgent = compact_urgent(s);
+        tokens += (uint64_t)((double)(now - last) * 1e-9 * (double)(urgent ? COMPACT_URGENT_RATE : COMPACT_RATE));
+        if (tokens > (urgent ? 16 : 4) * COMPACT_PART && !kicked)
+            tokens = (urgent ? 16 : 4) * COMPACT_PART;
         if (kicked && tokens < COMPACT_PART)
             tokens = COMPACT_PART;
         last = now;
