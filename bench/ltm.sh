@@ -22,7 +22,8 @@
 #
 # With the SSD tier: run specs embkv:ssd-laK:MODE (K batches of look-ahead,
 # 0 for none) load a second embkv data set, build/ltmdata/embkv-ssd, whose
-# pool holds LTM_SSD_POOL MiB (default 256) and whose log holds the rest, e.g.
+# pool holds LTM_SSD_POOL MiB (default 640: the index of 8M rows takes 256
+# MiB of it, the record space at most half) and whose log holds the rest, e.g.
 # LTM_RUNS="embkv:ssd-la0:train embkv:ssd-la1:train embkv:ssd-la4:train
 # rocksdb:-:train".
 #
@@ -119,7 +120,7 @@ need_mb() {  # rough disk need of one engine's data, MiB
         lmdb) echo $((ROWS * 700 / 1048576 + 256)) ;;
     esac
 }
-SSD_POOL=${LTM_SSD_POOL:-256}
+SSD_POOL=${LTM_SSD_POOL:-640}
 sets=$(for spec in $RUNS; do IFS=: read -r e adv _ <<< "$spec"; [[ $adv == ssd-* ]] && echo embkv-ssd || echo "$e"; done | sort -u)
 for set in $sets; do
     e=${set%-ssd}

@@ -418,7 +418,8 @@ void log_close(embkv_log *l)
         return;
     for (uint32_t i = 0; i < l->segs_cap; i++) {
         if (l->segs && l->segs[i]) {
-            close(l->segs[i]->fd);
+            if (l->segs[i]->fd >= 0)
+                close(l->segs[i]->fd);
             free(l->segs[i]);
         }
     }
@@ -737,10 +738,11 @@ int log_sync(embkv_log *l)
 
 /* ---------------------------------------------------------------- read */
 
-static bool loc_in(const embkv_log *l, const segment *g, uint64_t loc)
+/* On a record boundary of a segment of this log's size. */
+static bool loc_shape(const embkv_log *l, uint64_t loc)
 {
     uint64_t off = log_loc_off(loc);
-    if (!(loc & LOG_LOC_FLAG) || (loc & (1ull << 62)) || off < LOG_BLOCK)
+    if (!(loc & LOG_LOC_FLAG) || (loc & (1ull << 62)) || off < LOG_BLOCK || off + l->rec_bytes > l->seg_bytes)
         return false;
     if (l->per_block) {
         uint64_t in = off % LOG_BLOCK;
@@ -749,7 +751,40 @@ static bool loc_in(const embkv_log *l, const segment *g, uint64_t loc)
     } else if (off % LOG_BLOCK || (off / LOG_BLOCK - 1) % l->rec_blocks) {
         return false;
     }
-    return off + l->rec_bytes <= atomic_load(&g->end);
+    return true;
+}
+
+static bool loc_in(const embkv_log *l, const segment *g, uint64_t loc)
+{
+    return loc_shape(l, loc) && log_loc_off(loc) + l->rec_bytes <= atomic_load(&g->end);
+}
+
+bool log_loc_plausible(embkv_log *l, uint64_t loc)
+{
+    uint32_t id = log_loc_seg(loc);
+    if (!loc_shape(l, loc))
+        return false;
+    pthread_rwlock_rdlock(&l->lock);
+    const segment *g = seg_get(l, id);
+    bool ok = g && (g->damaged || loc_in(l, g, loc));
+    bool missing = !g && id >= 1 && id < l->max_id;
+    pthread_rwlock_unlock(&l->lock);
+    if (!missing)
+        return ok;
+    /* A segment below the newest whose file is gone: its rows fail by
+     * name, the others read. */
+    segment *m = calloc(1, sizeof *m);
+    if (!m)
+        return false;
+    m->id = id;
+    m->fd = -1;
+    seg_damage(m, "%s", "its file is missing");
+    pthread_rwlock_wrlock(&l->lock);
+    if (!seg_get(l, id) && seg_table_put(l, m) == EMBKV_OK)
+        m = NULL;
+    pthread_rwlock_unlock(&l->lock);
+    free(m);
+    return true;
 }
 
 bool log_loc_valid(const embkv_log *l, uint64_t loc)
@@ -863,7 +898,8 @@ size_t log_delete_dead(embkv_log *l)
         log_segment_name(log_loc(i, 0), name, sizeof name);
         if (unlinkat(l->dirfd, name, 0) != 0 && errno != ENOENT)
             continue; /* kept: tried again next time */
-        close(g->fd);
+        if (g->fd >= 0)
+            close(g->fd);
         l->file_bytes -= g->size;
         free(g);
         l->segs[i] = NULL;

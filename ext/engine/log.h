@@ -97,6 +97,13 @@ const char *log_segment_name(uint64_t loc, char *buf, size_t len);
  * its written part, on a record boundary): a location read from a damaged
  * index must pass this before it is read. */
 bool log_loc_valid(const embkv_log *l, uint64_t loc);
+/* Whether loc could name a record of this log, damage aside: on a record
+ * boundary, in a segment whose written part holds it or that is damaged
+ * (a segment below the newest whose file is gone is noted as damaged
+ * then).  Open's check of the index: a location failing it is the index's
+ * damage; one in a damaged segment is that segment's, and only its rows
+ * fail when read, naming the file. */
+bool log_loc_plausible(embkv_log *l, uint64_t loc);
 
 /* Live accounting, kept by the store: log_hold when an index entry comes to
  * point at loc (at open, for every log location the index holds; appends

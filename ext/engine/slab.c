@@ -248,7 +248,7 @@ int slab_rebuild(embkv_store *s)
                                   "fingerprint or its place does not match)", s->path, (unsigned long long)b,
                                   (long long)bk->slots[i].key);
             }
-            if ((loc & LOC_SSD) && (!s->log || (loc & LOC_TOMB) || !log_loc_valid(s->log, loc))) {
+            if ((loc & LOC_SSD) && (!s->log || (loc & LOC_TOMB) || !log_loc_plausible(s->log, loc))) {
                 free(inuse);
                 return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld points %s)",
                                   s->path, (unsigned long long)b, (long long)bk->slots[i].key,

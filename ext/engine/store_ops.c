@@ -350,9 +350,16 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
         goto out;
     }
-    rec_hdr *old;
-    if ((rc = tier_rec(s, id, f.loc, &ssd, &old, true)) != EMBKV_OK)
-        goto out;
+    rec_hdr *old, damaged = {.id = id, .prev = LOC_NONE};
+    if ((rc = tier_rec(s, id, f.loc, &ssd, &old, true)) != EMBKV_OK) {
+        if (rc != EMBKV_CORRUPT || !(f.loc & LOC_SSD))
+            goto out;
+        /* A damaged log record (or segment) can still be deleted, as a
+         * damaged pool record can: taken as durable (epoch 0), so that a
+         * crash before the next sync returns to it, as it was. */
+        old = &damaged;
+        rc = EMBKV_OK;
+    }
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     bool keep = rec_epoch(old) < epoch;
     if ((keep || old->prev != LOC_NONE) && *tloc == LOC_NONE) {

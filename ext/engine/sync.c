@@ -313,7 +313,7 @@ int embkv_check(embkv_store *s)
                 want[x]++;
             if (loc & LOC_SSD) {
                 /* Its record is the log's: checked where it is read. */
-                if (!s->log || !log_loc_valid(s->log, loc)) {
+                if (!s->log || !log_loc_plausible(s->log, loc)) {
                     rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the SSD log", s->path,
                                     (long long)id);
                     break;

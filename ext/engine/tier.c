@@ -227,6 +227,17 @@ static int read_failed(embkv_store *s, int rc, int64_t id)
     return embkv__err(rc, "id %lld: %s", (long long)id, msg);
 }
 
+/* A log record whose checksum or id does not match: the message names
+ * the segment file, for whoever restores it. */
+static int log_rec_damaged(embkv_store *s, int64_t id, uint64_t loc)
+{
+    char name[32];
+    log_segment_name(loc_plain(loc), name, sizeof name);
+    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its record in the SSD log is damaged (checksum mismatch "
+                      "in %s at offset %llu)", s->path, (long long)id, name,
+                      (unsigned long long)log_loc_off(loc_plain(loc)));
+}
+
 static inline bool in_log(uint64_t loc) { return (loc & LOC_SSD) && !(loc & LOC_TOMB); }
 
 uint64_t tier_now_ns(void)
@@ -260,7 +271,7 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
     for (size_t i = first, j = 0; i < n && rc == EMBKV_OK; i++) {
         if (!in_log(locs[i]))
             continue;
-        if (!log_loc_valid(s->log, locs[i]))
+        if (!log_loc_plausible(s->log, locs[i]))
             rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the SSD log", s->path,
                             (long long)ids[i]);
         at[j] = i;
@@ -313,7 +324,7 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
     for (size_t j = 0; j < k && rc == EMBKV_OK; j++) {
         rec_hdr *r = (rec_hdr *)(b + j * s->rec_size);
         if (!rec_ok(s, r, ids[at[j]]))
-            rc = rec_damaged(s, ids[at[j]]);
+            rc = log_rec_damaged(s, ids[at[j]], q[j]);
         recs[at[j]] = r;
     }
     free(q);
