@@ -1,0 +1,147 @@
+"""The SSD tier from Python: a table ten times larger than its pool's
+record space.
+
+- Every row round-trips through a scan, IN batches and embkv_pull, bit for
+  bit; rows count by tier ('pm' / 'ssd') and the counts match embkv_stats.
+- UPDATE, DELETE and embkv_push (sgd, exact arithmetic) of log rows: the
+  written row is back in the pool, the old log copy is garbage.
+- embkv_lookahead queues the log rows of the next batch, and the pull that
+  follows takes them from the stage.
+- A reopen (a new connection, the store closed in between) shows the same.
+
+Standard library unittest plus numpy.  Run by tests/run.sh through
+tests/python_run.sh, or by hand:
+    EMBKV_EXT=build/embkv /usr/bin/python3 tests/python/test_tier.py -v
+"""
+import json
+import unittest
+
+import numpy as np
+
+from embkv_test import TempDirTest as Base, connect
+
+DIM = 16
+N = 300000  # the pool's record space holds about 30000 rows of this size
+
+
+def vec_of(ids):
+    """Exactly representable float32 rows derived from the ids."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return ((ids[:, None] % 4099).astype(np.float32) * 0.25
+            + np.arange(DIM, dtype=np.float32)[None, :] - 3.0).astype(np.float32)
+
+
+def blob(ids):
+    return np.asarray(ids, dtype=np.int64).tobytes()
+
+
+class TierTest(Base):
+    def open(self):
+        return connect(self.db)
+
+    def create(self):
+        conn = self.open()
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, pool_size='16M', ssd_size='128M', "
+                     "optimizer='sgd', lr=0.5, capacity=%d)" % (DIM, N))
+        ids = np.arange(1, N + 1, dtype=np.int64)
+        vecs = vec_of(ids)
+        # A COMMIT writes at most what the pool can take after demotion: in rounds.
+        for lo in range(0, N, 20000):
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO item(id, vec) VALUES (?, ?)",
+                             ((int(i), v.tobytes()) for i, v in zip(ids[lo:lo + 20000], vecs[lo:lo + 20000])))
+            conn.execute("COMMIT")
+        return conn
+
+    def tiers(self, conn):
+        return dict(conn.execute("SELECT tier, count(*) FROM item GROUP BY tier").fetchall())
+
+    def stats(self, conn):
+        return json.loads(conn.execute("SELECT embkv_stats('item')").fetchone()[0])
+
+    def check_all(self, conn, expect):
+        """expect: {id: vector} for every row."""
+        got = {}
+        for i, b in conn.execute("SELECT id, vec FROM item"):
+            got[i] = b
+        self.assertEqual(len(got), len(expect))
+        bad = [i for i, v in expect.items() if got.get(i) != v.tobytes()]
+        self.assertEqual(bad[:5], [])
+        rng = np.random.default_rng(5)
+        ids = rng.choice(np.fromiter(expect.keys(), dtype=np.int64), size=4096, replace=False)
+        # IN batch
+        q = "SELECT id, vec FROM item WHERE id IN (%s)" % ",".join(str(int(i)) for i in ids[:1000])
+        rows = dict(conn.execute(q).fetchall())
+        self.assertEqual(len(rows), 1000)
+        for i in ids[:1000]:
+            self.assertEqual(rows[int(i)], expect[int(i)].tobytes())
+        # pull (outside any permits: the table has no staleness bound)
+        (b,) = conn.execute("SELECT embkv_pull('item', ?)", (blob(ids),)).fetchone()
+        pulled = np.frombuffer(b, dtype=np.float32).reshape(len(ids), DIM)
+        want = np.stack([expect[int(i)] for i in ids])
+        self.assertTrue(np.array_equal(pulled, want))
+
+    def test_larger_than_pool(self):
+        conn = self.create()
+        expect = dict(zip(range(1, N + 1), vec_of(np.arange(1, N + 1))))
+        tiers = self.tiers(conn)
+        self.assertEqual(sum(tiers.values()), N)
+        self.assertGreater(tiers.get("ssd", 0), N * 8 // 10)  # ten times the pool's record space
+        self.assertGreater(tiers.get("pm", 0), 1000)
+        st = self.stats(conn)
+        self.assertEqual(st["tiers"]["ssd"]["rows"], tiers["ssd"])
+        self.assertEqual(st["tiers"]["pm"]["rows"], tiers["pm"])
+        self.check_all(conn, expect)
+
+        # log rows written by UPDATE, DELETE and push
+        cold = [i for (i,) in conn.execute("SELECT id FROM item WHERE tier = 'ssd' ORDER BY id LIMIT 300")]
+        self.assertEqual(len(cold), 300)
+        upd, gone, pushed = cold[:100], cold[100:200], cold[200:]
+        conn.execute("BEGIN")
+        for i in upd:
+            v = np.full(DIM, 7.5, np.float32) + np.float32(i % 13)
+            conn.execute("UPDATE item SET vec = ? WHERE id = ?", (v.tobytes(), i))
+            expect[i] = v
+        conn.executemany("DELETE FROM item WHERE id = ?", ((i,) for i in gone))
+        conn.execute("COMMIT")
+        for i in gone:
+            del expect[i]
+        grads = np.tile(np.arange(DIM, dtype=np.float32), (len(pushed), 1)) - 4.0
+        (n,) = conn.execute("SELECT embkv_push('item', ?, ?)", (blob(pushed), grads.tobytes())).fetchone()
+        self.assertEqual(n, len(pushed))
+        for k, i in enumerate(pushed):
+            expect[i] = (expect[i] - np.float32(0.5) * grads[k]).astype(np.float32)  # sgd, exact here
+        where = ",".join(map(str, upd + pushed))
+        tier_of = dict(conn.execute("SELECT id, tier FROM item WHERE id IN (%s)" % where).fetchall())
+        self.assertEqual(set(tier_of.values()), {"pm"})  # written rows live in the pool
+        self.assertEqual(conn.execute("SELECT count(*) FROM item WHERE id IN (%s)"
+                                      % ",".join(map(str, gone))).fetchone()[0], 0)
+        clocks = dict(conn.execute("SELECT id, clock FROM item WHERE id IN (%s)" % where).fetchall())
+        self.assertTrue(all(clocks[i] == 1 for i in upd + pushed))
+        self.check_all(conn, expect)
+
+        # look-ahead: the log rows of the next batch are queued once and the
+        # pull finds them in the stage
+        nxt = [i for (i,) in conn.execute("SELECT id FROM item WHERE tier = 'ssd' ORDER BY id DESC LIMIT 512")]
+        (q,) = conn.execute("SELECT embkv_lookahead('item', ?)", (blob(nxt),)).fetchone()
+        self.assertEqual(q, 512)
+        (q2,) = conn.execute("SELECT embkv_lookahead('item', ?)", (blob(nxt),)).fetchone()
+        self.assertEqual(q2, 0)
+        (b,) = conn.execute("SELECT embkv_pull('item', ?)", (blob(nxt),)).fetchone()
+        self.assertTrue(np.array_equal(np.frombuffer(b, np.float32).reshape(512, DIM),
+                                       np.stack([expect[i] for i in nxt])))
+        la = self.stats(conn)["tiers"]["ssd"]["lookahead"]
+        self.assertEqual(la["queued"], 512)
+        self.assertEqual(la["hits"] + la["late"], 512)
+        conn.close()
+
+        conn = self.open()
+        tiers2 = self.tiers(conn)
+        self.assertEqual(sum(tiers2.values()), N - 100)
+        self.assertGreater(tiers2.get("ssd", 0), N * 7 // 10)
+        self.check_all(conn, expect)
+        conn.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
