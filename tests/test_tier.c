@@ -9,6 +9,7 @@
 #include "check.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -224,6 +225,60 @@ static void test_kill(const char *root, int round)
     free(prev);
 }
 
+/* An ssd_path outside the store: embkv_destroy removes the log's segments
+ * and its directory, and leaves a directory that holds other files (with
+ * those files) in place. */
+static void test_external_destroy(const char *root)
+{
+    char dir[600], logdir[600], dir2[600], logdir2[600], other[700];
+    snprintf(dir, sizeof dir, "%s/ext-store", root);
+    snprintf(logdir, sizeof logdir, "%s/ext-log", root);
+    embkv_options o = {.dim = DIM, .expected_rows = 100000, .pool_size = 16u << 20, .ssd_size = 64u << 20,
+                       .ssd_path = logdir};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t *gen = calloc(100000, sizeof *gen);
+    int rc;
+    CHECK(load_rows(s, gen, 100000, &rc) == 100000);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.rows_ssd > 0 && st.ssd_segments > 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    struct stat sb;
+    CHECK(stat(logdir, &sb) == 0);
+    CHECK_RC(embkv_destroy(dir), EMBKV_OK);
+    CHECK(stat(dir, &sb) != 0 && errno == ENOENT);
+    CHECK(stat(logdir, &sb) != 0 && errno == ENOENT);
+
+    /* a directory shared with other files: the segments go, the rest stays */
+    snprintf(dir2, sizeof dir2, "%s/ext-store2", root);
+    snprintf(logdir2, sizeof logdir2, "%s/ext-log2", root);
+    snprintf(other, sizeof other, "%s/notes.txt", logdir2);
+    mkdir(logdir2, 0755);  /* (an empty directory given as ssd_path is used) */
+    o.ssd_path = logdir2;
+    CHECK_RC(embkv_open(dir2, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    CHECK(load_rows(s, gen, 60000, &rc) == 60000);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    FILE *f = fopen(other, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("kept\n", f);
+        fclose(f);
+    }
+    CHECK_RC(embkv_destroy(dir2), EMBKV_OK);
+    CHECK(stat(dir2, &sb) != 0);
+    CHECK(stat(other, &sb) == 0);  /* not ours: kept */
+    DIR *d = opendir(logdir2);
+    int segs = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        segs += strncmp(e->d_name, "seg-", 4) == 0;
+    if (d)
+        closedir(d);
+    CHECK(segs == 0);
+    free(gen);
+}
+
 /* Segment files of a store's log, oldest first (names sort by number). */
 static int list_segments(const char *logdir, char names[][64], int max)
 {
@@ -378,6 +433,7 @@ int main(void)
     test_larger_than_pool(root);
     test_full(root);
     test_damaged_log(root);
+    test_external_destroy(root);
     const char *sc = getenv("EMBKV_TEST_SCALE");
     /* (test_tier_bg kills stores with the background work running too.) */
     int rounds = sc && atof(sc) < 1 ? 1 : 2;

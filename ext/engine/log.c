@@ -33,6 +33,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1026,4 +1027,37 @@ void log_stats_get(embkv_log *l, log_stats *st)
     st->uring = l->uring;
     st->direct = l->open_flags != 0;
     snprintf(st->fallback, sizeof st->fallback, "%s", l->fallback);
+}
+
+int log_remove_files(const char *dir, uint64_t tag)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    int left = 0;
+    struct dirent *e;
+    char path[PATH_MAX];
+    seg_header h;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (strncmp(e->d_name, "seg-", 4) != 0 ||
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) {
+            left++;
+            continue;
+        }
+        /* Only this store's segments (by the tag in their header); a
+         * segment too damaged to tell is left where it is. */
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool ours = fd >= 0 && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h.magic, SEG_MAGIC, 16) &&
+                    h.tag == tag;
+        if (fd >= 0)
+            close(fd);
+        if (!ours || unlink(path) != 0)
+            left++;
+    }
+    closedir(d);
+    if (!left && rmdir(dir) != 0 && errno != ENOENT)
+        left++;
+    return left;
 }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "store_internal.h"
+#include "log.h"
 
 #define TYPE_INDEX 1
 #define TYPE_CHUNK_TABLE 3
@@ -139,6 +140,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
             !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
+            !strcmp(e->d_name, SSD_PATH_FILE) ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
@@ -816,8 +818,29 @@ static int unlink_entries(const char *dir, const char *skip, const char *sub)
     return bad;
 }
 
+/* An SSD log outside the store directory goes with the store: its
+ * segments (this store's, by tag), and its directory if nothing else is
+ * left there.  Anything else in it stays. */
+static void remove_external_log(const char *dir)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, SSD_PATH_FILE);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    unsigned long long tag = 0;
+    char logdir[PATH_MAX];
+    if (fscanf(f, "%llx ", &tag) == 1 && fgets(logdir, sizeof logdir, f)) {
+        logdir[strcspn(logdir, "\n")] = 0;
+        if (logdir[0] == '/')
+            (void)log_remove_files(logdir, tag);
+    }
+    fclose(f);
+}
+
 static int remove_store_files(const char *dir)
 {
+    remove_external_log(dir);
     int bad = unlink_entries(dir, LOCK_FILE, LOG_DIR);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, LOCK_FILE);

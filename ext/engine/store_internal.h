@@ -33,6 +33,7 @@
 #define POOL_TMP "store.pool.new"  /* a pool being created; renamed when complete */
 #define LOCK_FILE "LOCK"
 #define LOG_DIR "log"          /* the SSD log's default directory */
+#define SSD_PATH_FILE "ssd-path" /* an ssd_path outside the store: its tag and path, for embkv_destroy */
 #define POOL_SEAL "store.sealed" /* the pool as a clean close left it (store.c: probe_pool) */
 
 /* Seqlock fences.  ThreadSanitizer does not model fences; every field a

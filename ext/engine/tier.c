@@ -40,6 +40,7 @@
  * the other way round).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,32 @@ static void promo_free(embkv_store *s)
     s->promo_cap = s->promo_n = 0;
 }
 
+/* An ssd_path outside the store directory is named in a file inside it
+ * (with the log's tag), written before the log's first segment, so that
+ * embkv_destroy, which does not open the pool, removes that log too. */
+static int note_external_log(embkv_store *s, uint64_t tag, const char *dir)
+{
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s", s->path, SSD_PATH_FILE);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fprintf(f, "%llx\n%s\n", (unsigned long long)tag, dir) > 0 && fflush(f) == 0 &&
+              fdatasync(fileno(f)) == 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return embkv__err(EMBKV_IO, "store %s: cannot write %s: %s", s->path, SSD_PATH_FILE, strerror(e));
+    }
+    int dfd = open(s->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    return EMBKV_OK;
+}
+
 int tier_open(embkv_store *s, const embkv_options *opt)
 {
     store_root *r = s->root;
@@ -150,6 +177,11 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     log_options lo = {.dir = dir, .what = what, .max_bytes = size, .record_bytes = s->rec_size,
                       .segment_bytes = segment_bytes_for(size), .tag = tag,
                       .no_uring = getenv("EMBKV_NO_URING") && *getenv("EMBKV_NO_URING") == '1'};
+    if (adding && path) {
+        int wrc = note_external_log(s, tag, given);
+        if (wrc != EMBKV_OK)
+            return wrc;
+    }
     int rc = log_open(&lo, &s->log);
     if (rc != EMBKV_OK)
         return rc;
