@@ -258,6 +258,30 @@ static void test_external_destroy(const char *root)
     o.ssd_path = logdir2;
     CHECK_RC(embkv_open(dir2, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     CHECK(load_rows(s, gen, 60000, &rc) == 60000);
+    /* another store given the same ssd_path: refused while it is in use,
+     * and refused after (its segments are this store's) */
+    char dir3[600];
+    snprintf(dir3, sizeof dir3, "%s/ext-store3", root);
+    embkv_store *s3;
+    CHECK_RC(embkv_open(dir3, &o, EMBKV_OPEN_CREATE, &s3), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "already holds segment files") != NULL);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir3, &o, EMBKV_OPEN_CREATE, &s3), EMBKV_INVALID);
+    /* two new stores on one empty directory: the second waits for nothing */
+    char dir4[600], dir5[600], logdir4[600];
+    snprintf(dir4, sizeof dir4, "%s/ext-store4", root);
+    snprintf(dir5, sizeof dir5, "%s/ext-store5", root);
+    snprintf(logdir4, sizeof logdir4, "%s/ext-log4", root);
+    embkv_options o4 = o;
+    o4.ssd_path = logdir4;
+    embkv_store *s4;
+    CHECK_RC(embkv_open(dir4, &o4, EMBKV_OPEN_CREATE, &s4), EMBKV_OK);
+    CHECK_RC(embkv_open(dir5, &o4, EMBKV_OPEN_CREATE, &s3), EMBKV_LOCKED);
+    CHECK(strstr(embkv_errmsg(), "in use by another store") != NULL);
+    CHECK_RC(embkv_close(s4), EMBKV_OK);
+    CHECK_RC(embkv_destroy(dir4), EMBKV_OK);
+    CHECK_RC(embkv_open(dir2, NULL, 0, &s), EMBKV_OK);  /* nothing of it was taken */
+    check_all(s, gen, 60000);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     FILE *f = fopen(other, "w");
     CHECK(f != NULL);

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -319,6 +320,15 @@ int log_open(const log_options *o, embkv_log **out)
     int dirfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
         return embkv__err(EMBKV_IO, "%s: cannot open %s: %s", what, o->dir, strerror(errno));
+    /* One log per directory at a time, in this process or another: two
+     * stores given the same ssd_path would take each other's segments. */
+    if (flock(dirfd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(dirfd);
+        return e == EWOULDBLOCK
+                   ? embkv__err(EMBKV_LOCKED, "%s: the directory is in use by another store's SSD log", what)
+                   : embkv__err(EMBKV_IO, "%s: cannot lock %s: %s", what, o->dir, strerror(e));
+    }
 
     embkv_log *l = calloc(1, sizeof *l);
     if (!l) {
@@ -894,7 +904,9 @@ size_t log_delete_dead(embkv_log *l)
     char name[32];
     for (uint32_t i = 1; i <= l->max_id && i < l->segs_cap; i++) {
         segment *g = l->segs[i];
-        if (!g || i == l->head || atomic_load(&g->live) != 0)
+        /* A damaged segment is never deleted: it may be another store's,
+         * or hold what its owner wants to salvage. */
+        if (!g || g->damaged || i == l->head || atomic_load(&g->live) != 0)
             continue;
         log_segment_name(log_loc(i, 0), name, sizeof name);
         if (unlinkat(l->dirfd, name, 0) != 0 && errno != ENOENT)

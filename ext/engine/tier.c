@@ -39,6 +39,7 @@
  * and the thread copies them into the pool (the same switch as demotion,
  * the other way round).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -178,6 +179,20 @@ int tier_open(embkv_store *s, const embkv_options *opt)
                       .segment_bytes = segment_bytes_for(size), .tag = tag,
                       .no_uring = getenv("EMBKV_NO_URING") && *getenv("EMBKV_NO_URING") == '1'};
     if (adding && path) {
+        /* A new tier's log starts empty: segments there are another
+         * store's (or a dropped one's), never to be taken over. */
+        DIR *d = opendir(given);
+        struct dirent *e;
+        while (d && (e = readdir(d)))
+            if (!strncmp(e->d_name, "seg-", 4)) {
+                char name[64];
+                snprintf(name, sizeof name, "%.60s", e->d_name);
+                closedir(d);
+                return embkv__err(EMBKV_INVALID, "store %s: option ssd_path %s already holds segment files (%s) "
+                                  "of another store", s->path, given, name);
+            }
+        if (d)
+            closedir(d);
         int wrc = note_external_log(s, tag, given);
         if (wrc != EMBKV_OK)
             return wrc;
