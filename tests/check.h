@@ -42,6 +42,17 @@ static inline const char *test_tmpdir(const char *name) {
     return path;
 }
 
+/* A kill test's child records its progress: written aside and renamed, so
+ * that a kill never leaves the parent an empty or half-written mark. */
+static inline void write_mark(const char *mark, const char *text)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp", mark);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0 || rename(tmp, mark) != 0)
+        _exit(20);
+}
+
 static inline void test_cleanup(void) {
     if (check_tmp_root[0]) {
         char cmd[700];

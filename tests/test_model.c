@@ -673,11 +673,7 @@ static void child_run(uint64_t i, uint64_t nops)
         if (check_failed) _exit(3);
         char text[32];
         snprintf(text, sizeof text, "%ld", k);
-        char mark[800], tmp[820];
-        snprintf(mark, sizeof mark, "%s", kill_file("mark", 0));
-        snprintf(tmp, sizeof tmp, "%s.tmp", mark);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fputs(text, f) < 0 || fclose(f) != 0 || rename(tmp, mark) != 0) _exit(4);
+        write_mark(kill_file("mark", 0), text);
         if (k > 1) unlink(kill_file("model", k - 1));
     }
 }

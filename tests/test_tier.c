@@ -313,7 +313,7 @@ static int list_segments(const char *logdir, char names[][64], int max)
     struct dirent *e;
     while ((e = readdir(d)) && n < max)
         if (strncmp(e->d_name, "seg-", 4) == 0 && strlen(e->d_name) < 64)
-            snprintf(names[n++], 64, "%s", e->d_name);
+            snprintf(names[n++], 64, "%.63s", e->d_name);
     closedir(d);
     for (int a = 0; a < n; a++)
         for (int b = a + 1; b < n; b++)

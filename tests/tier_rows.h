@@ -106,17 +106,6 @@ static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
     return id;
 }
 
-/* A kill test's child records its progress: written aside and renamed, so
- * that a kill never leaves the parent an empty or half-written mark. */
-static void write_mark(const char *mark, const char *text)
-{
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s.tmp", mark);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0 || rename(tmp, mark) != 0)
-        _exit(20);
-}
-
 /* After a crash: how many of the n rows equal model a, and how many model b
  * (gen 0: absent), the clocks too where a_clk / b_clk are given. */
 static void count_equal(embkv_store *s, size_t n, const uint64_t *a, const uint64_t *a_clk, const uint64_t *b,

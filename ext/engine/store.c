@@ -66,14 +66,6 @@ static uint32_t chunk_bytes_for(size_t pool_size, uint32_t rec_size)
     return (uint32_t)(c - 64);
 }
 
-static uint64_t buckets_for(uint64_t rows, double max_load)
-{
-    uint64_t want = (uint64_t)ceil((double)rows / (BUCKET_SLOTS * max_load));
-    uint64_t nb = 16;
-    while (nb < want)
-        nb <<= 1;
-    return nb;
-}
 
 static index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation)
 {
@@ -354,7 +346,7 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     store_root *r = s->root;
     double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
     uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
-    uint64_t nb = buckets_for(expected, max_load);
+    uint64_t nb = index_buckets_for(expected, max_load);
     if (pmemobj_zalloc(s->pop, &r->index, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0 ||
         pmemobj_zalloc(s->pop, &r->chunk_table, heap_units_size(MAX_CHUNKS * sizeof(PMEMoid)), TYPE_CHUNK_TABLE) != 0)
         return embkv__err(EMBKV_FULL, "store %s: pool_size %zu is too small for an index of %llu buckets",
@@ -538,7 +530,7 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
         uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
         uint64_t size = opt->pool_size;
         if (!size) {
-            double est = 2.5 * (double)expected * rs + 3.0 * buckets_for(expected, max_load) * BUCKET_BYTES +
+            double est = 2.5 * (double)expected * rs + 3.0 * index_buckets_for(expected, max_load) * BUCKET_BYTES +
                          (16 << 20);
             size = ((uint64_t)est + (1 << 20) - 1) & ~((uint64_t)(1 << 20) - 1);
             if (size < 32ull << 20)

@@ -49,6 +49,17 @@
 #define BUCKET_SLOTS 14
 #define BUCKET_BYTES 256
 
+/* Buckets (a power of two, at least 16) of an index for `rows` entries at
+ * load factor max_load. */
+static inline uint64_t index_buckets_for(uint64_t rows, double max_load)
+{
+    double want = (double)rows / (BUCKET_SLOTS * max_load);
+    uint64_t nb = 16;
+    while ((double)nb < want)
+        nb <<= 1;
+    return nb;
+}
+
 typedef struct slot {
     int64_t key;
     uint64_t loc;

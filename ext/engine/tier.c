@@ -220,10 +220,8 @@ int tier_open(embkv_store *s, const embkv_options *opt)
      * chunks: twice the last array covers both.  Past that index, inserts
      * fail naming the pool. */
     uint64_t max_rows = size / s->rec_size + s->pool_size / s->rec_size;
-    uint64_t nb = 16;
-    while ((double)nb * BUCKET_SLOTS * s->max_load < (double)max_rows && nb < s->pool_size / BUCKET_BYTES)
-        nb <<= 1;
-    uint64_t keep = 2 * nb * BUCKET_BYTES;
+    uint64_t nb = index_buckets_for(max_rows, s->max_load);
+    uint64_t keep = nb > s->pool_size / BUCKET_BYTES ? s->pool_size : 2 * nb * BUCKET_BYTES;
     if (keep > s->pool_size / 2)
         keep = s->pool_size / 2;
     /* libpmemobj's own: 3 MiB of lanes, the heap's headers */
