@@ -98,6 +98,32 @@ for where in shm fs; do
     RUNLOG=/dev/null
 done
 
+# The same on /dev/shm with an SSD tier configured (a pool half again as
+# large, so that every row stays in it): what the tier costs the in-memory
+# paths (access statistics, the tier's checks), as ratios to the run above.
+avail=$(free_mb "$SHM_ROOT")
+if ((avail < POOL_MB * 3 / 2 + 512 + 256)); then
+    echo; echo "skipping bench_engine with an SSD tier: $avail MiB free on /dev/shm"
+else
+    RUNLOG=$SHM_ROOT/engine-tier.log
+    run "bench_engine with an SSD tier ($SHM_ROOT)" \
+        "$BIN/bench_engine" "$SHM_ROOT/engine-tier" --rows "$ROWS" --batches "$BATCHES" \
+        --batch-size "$BATCH_SIZE" --pool-mb "$POOL_MB" --ssd-mb 512
+    results+=("tier $(grep '^RESULT ' "$RUNLOG" || true)")
+    rm -rf "$SHM_ROOT/engine-tier" "$RUNLOG"
+    RUNLOG=/dev/null
+fi
+field() {  # where, name: a RESULT field of one run
+    printf '%s\n' "${results[@]}" | awk -v w="$1" -v k="$2" '$1 == w { for (i = 2; i <= NF; i++) if (index($i, k "=") == 1) { sub(/.*=/, "", $i); print $i } }'
+}
+if [[ -n $(field tier get_best) && -n $(field shm get_best) ]]; then
+    echo
+    for k in get_best get_median rmw_best rmw_median put; do
+        awk -v k="$k" -v t="$(field tier "$k")" -v n="$(field shm "$k")" 'BEGIN {
+            printf "with an SSD tier / without (/dev/shm), %-10s %.3f  (%.2f vs %.2f M rows/s)\n", k, t / n, t / 1e6, n / 1e6 }'
+    done
+fi
+
 # The file-system goal: get on the ordinary FS within 1.5x of /dev/shm.
 shm_get=$(printf '%s\n' "${results[@]}" | awk '$1 == "shm" { for (i = 2; i <= NF; i++) if ($i ~ /^get_best=/) { sub(/.*=/, "", $i); print $i } }')
 fs_get=$(printf '%s\n' "${results[@]}" | awk '$1 == "fs" { for (i = 2; i <= NF; i++) if ($i ~ /^get_best=/) { sub(/.*=/, "", $i); print $i } }')

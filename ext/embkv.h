@@ -208,6 +208,13 @@ int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
  * NULL) 1/0 per id. */
 int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
                        float *out, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
+/* Where each row is as of a snapshot (snap NULL: now): tier (may be NULL)
+ * gets its embkv_tier, -1 when absent; found (may be NULL) 1/0.  A row in
+ * the SSD log is not read, so counting, listing ids and grouping by tier
+ * cost no I/O, and a row whose log record is damaged can still be found
+ * (and deleted).  A pool row's id is checked, as by an existence get. */
+int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, int *tier,
+                          uint8_t *found);
 
 /* Batch read-modify-write.  For each ids[i] in order, fn is called with a
  * private copy of the row's vector and state, which it modifies in place; the

@@ -366,7 +366,7 @@ static void test_random_flips(void)
     unsigned seed = fixed ? (unsigned)strtoul(fixed, NULL, 10) : (unsigned)time(NULL);
     printf("C: seed %u\n", seed);
     srand(seed);
-    int rounds = nflips ? atoi(nflips) : (int)(300 * scale);
+    int rounds = nflips ? atoi(nflips) : (int)(150 * scale);  /* more: EMBKV_DAMAGE_FLIPS */
     if (rounds < 40) rounds = 40;
     int tried[R_KINDS] = {0}, crashes[R_KINDS] = {0}, hangs[R_KINDS] = {0}, wrong[R_KINDS] = {0};
     const char *only = getenv("EMBKV_DAMAGE_KIND");  /* e.g. "libpmemobj metadata" */

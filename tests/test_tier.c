@@ -45,7 +45,7 @@ static void test_larger_than_pool(const char *root)
     /* Writes of log-resident rows land in the pool; deletes remove them. */
     rng_t r = {42};
     size_t log_writes = 0;
-    for (int k = 0; k < 20000; k++) {
+    for (int k = 0; k < 10000; k++) {
         int64_t id = (int64_t)rnd_below(&r, n);
         embkv_rowinfo info;
         int in_log = embkv_get(s, id, NULL, NULL, &info) == EMBKV_OK && info.tier == EMBKV_TIER_SSD;
@@ -85,6 +85,23 @@ static void test_larger_than_pool(const char *root)
     CHECK_RC(embkv_open(dir, &larger, 0, &s), EMBKV_OK);
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     CHECK(st.ssd_size == 512u << 20);
+    /* While it is open here, a second open shares the tier as it is: the
+     * same or no size and path, never a larger size or another path. */
+    embkv_store *s2 = NULL;
+    embkv_options same = {.ssd_size = 512u << 20};
+    CHECK_RC(embkv_open(dir, &same, 0, &s2), EMBKV_OK);
+    CHECK(s2 == s);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    embkv_options raise = {.ssd_size = 1024u << 20};
+    CHECK_RC(embkv_open(dir, &raise, 0, &s2), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "option ssd_size 1073741824: the store is already open in this process with "
+                                 "ssd_size 536870912") != NULL);
+    CHECK_RC(embkv_open(dir, &smaller, 0, &s2), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "option ssd_size 134217728 is below the store's 536870912") != NULL);
+    CHECK_RC(embkv_open(dir, &other, 0, &s2), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "option ssd_path is /nonexistent-elsewhere, the store's SSD tier is at") != NULL);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.ssd_size == 512u << 20);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     CHECK_RC(embkv_destroy(dir), EMBKV_OK);
     free(gen);
@@ -113,6 +130,42 @@ static void test_bad_options(const char *root)
     CHECK(rc != EMBKV_OK);
     CHECK(strstr(embkv_errmsg(), "plainfile") != NULL);
     embkv_destroy(dir);
+
+    /* A log directory that exists but cannot be written: refused at the
+     * open, naming it, not at the first demotion.  (Root writes anywhere:
+     * the open runs in a child that gives root up.) */
+    char ro[700];
+    snprintf(ro, sizeof ro, "%s/readonly-log", root);
+    CHECK(mkdir(ro, 0555) == 0 || errno == EEXIST);
+    CHECK(chmod(ro, 0555) == 0);
+    /* the child may pass through the test's directories and make a store */
+    char up[600];
+    snprintf(up, sizeof up, "%s", root);
+    char *slash = strrchr(up, '/');
+    if (slash && slash != up)
+        *slash = 0;
+    CHECK(chmod(up, 0711) == 0 && chmod(root, 0777) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+            _exit(3);
+        embkv_options rd = {.dim = DIM, .pool_size = 16u << 20, .ssd_size = 64u << 20, .ssd_path = ro};
+        char dir2[700];
+        snprintf(dir2, sizeof dir2, "%s/opt-ro", root);
+        embkv_store *t;
+        int r = embkv_open(dir2, &rd, EMBKV_OPEN_CREATE, &t);
+        bool named = strstr(embkv_errmsg(), "cannot write in") && strstr(embkv_errmsg(), "readonly-log") &&
+                     strstr(embkv_errmsg(), "Permission denied");
+        if (r != EMBKV_IO || !named)
+            fprintf(stderr, "read-only ssd_path: rc %d: %s\n", r, embkv_errmsg());
+        _exit(r == EMBKV_IO && named ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    snprintf(ro, sizeof ro, "%s/opt-ro", root);
+    embkv_destroy(ro);
 }
 
 /* A full ssd_size: the write that needs room fails naming ssd_size; every
@@ -333,7 +386,7 @@ typedef struct damage_count {
 /* Every row by point read: right, or failing naming its id and the segment
  * (a checksum for the flipped byte, the truncation for the cut file). */
 static damage_count read_damaged(embkv_store *s, const uint64_t *gen, size_t n, const char *flip_seg,
-                                 const char *cut_seg, int64_t *flipped_id, int64_t *cut_id)
+                                 const char *cut_seg, const char *cut_why, int64_t *flipped_id, int64_t *cut_id)
 {
     damage_count c = {0};
     float v[DIM];
@@ -348,7 +401,7 @@ static damage_count read_damaged(embkv_store *s, const uint64_t *gen, size_t n, 
             c.flipped++;
             *flipped_id = (int64_t)id;
         } else if (rc == EMBKV_CORRUPT && strstr(embkv_errmsg(), want_id) && strstr(embkv_errmsg(), cut_seg) &&
-                   strstr(embkv_errmsg(), "truncated")) {
+                   strstr(embkv_errmsg(), cut_why)) {
             c.truncated++;
             *cut_id = (int64_t)id;
         } else {
@@ -368,9 +421,9 @@ static void test_damaged_log(const char *root)
     char dir[600], logdir[700], path[800];
     snprintf(dir, sizeof dir, "%s/damaged", root);
     snprintf(logdir, sizeof logdir, "%s/log", dir);
-    size_t n = 150000;
-    /* ssd_size / 16 = 4 MiB segments: several hold the log's rows */
-    embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 64u << 20};
+    size_t n = 70000;
+    /* ssd_size / 16 = 2 MiB segments of 16k records: 3 hold the log's rows */
+    embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 32u << 20};
     embkv_store *s;
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     uint64_t *gen = calloc(n, sizeof *gen);
@@ -406,7 +459,7 @@ static void test_damaged_log(const char *root)
     CHECK(st.rows == n);
     CHECK(st.ssd_damaged_segments == 1);  /* the cut one: a flipped record is found when read */
     int64_t flipped = -1, cut = -1;
-    damage_count c = read_damaged(s, gen, n, segs[0], segs[1], &flipped, &cut);
+    damage_count c = read_damaged(s, gen, n, segs[0], segs[1], "truncated", &flipped, &cut);
     fprintf(stderr, "damaged log: %zu rows read, 1 flipped byte: %zu, a segment cut in half: %zu rows, other %zu\n", c.ok,
            c.flipped, c.truncated, c.other);
     CHECK(c.flipped == 1 && c.truncated > 100 && c.other == 0);
@@ -441,9 +494,55 @@ static void test_damaged_log(const char *root)
     CHECK_RC(embkv_close(s), EMBKV_OK);
     CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
     int64_t f2 = -1, c2 = -1;
-    damage_count d = read_damaged(s, gen, n, segs[0], segs[1], &f2, &c2);
+    damage_count d = read_damaged(s, gen, n, segs[0], segs[1], "truncated", &f2, &c2);
     CHECK(d.flipped == 0 && d.truncated == c.truncated - 1 && d.other == 0);
     CHECK(d.ok == c.ok + 2);
+    /* (the cut segment's rows deleted, to count the next damage alone) */
+    float v[DIM];
+    size_t dels = 0;
+    for (size_t id = 0; id < n; id++)
+        if (gen[id] && embkv_get(s, (int64_t)id, v, NULL, NULL) == EMBKV_CORRUPT) {
+            CHECK_RC(embkv_delete(s, (int64_t)id), EMBKV_OK);
+            gen[id] = 0;
+            if (++dels % 1000 == 0)  /* a full pool's reserve for deletes */
+                CHECK_RC(embkv_sync(s), EMBKV_OK);
+        }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* The newest segment's file deleted: the store opens (the checkpoint's
+     * log end says the segment existed), its rows fail naming it, and new
+     * segments are numbered past it, never reusing its name. */
+    nseg = list_segments(logdir, segs, 64);
+    CHECK(nseg >= 3);
+    char gone[64];
+    snprintf(gone, sizeof gone, "%s", segs[nseg - 1]);
+    snprintf(path, sizeof path, "%s/%s", logdir, gone);
+    CHECK(unlink(path) == 0);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    int64_t f3 = -1, c3 = -1;
+    damage_count e = read_damaged(s, gen, n, segs[0], gone, "missing", &f3, &c3);
+    fprintf(stderr, "damaged log: newest segment %s deleted: %zu rows fail, %zu read\n", gone, e.truncated, e.ok);
+    CHECK(e.truncated > 100 && e.other == 0 && e.flipped == 0 && e.ok + e.truncated == n);
+    /* rewrites of readable rows push others out to new segments */
+    size_t rewritten = 0;
+    for (size_t id = 0; id < n && rewritten < 30000; id++)
+        if (gen[id] && embkv_get(s, (int64_t)id, v, NULL, NULL) == EMBKV_OK) {
+            CHECK_RC(put_gen(s, (int64_t)id, gen[id] + 1), EMBKV_OK);
+            gen[id]++;
+            rewritten++;
+        }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    char after[64][64];
+    int na = list_segments(logdir, after, 64);
+    CHECK(na > 0 && strcmp(after[na - 1], gone) > 0);  /* written past it */
+    for (int i = 0; i < na; i++)
+        CHECK(strcmp(after[i], gone) != 0);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    damage_count g = read_damaged(s, gen, n, segs[0], gone, "missing", &f3, &c3);
+    CHECK(g.truncated > 0 && g.other == 0 && g.flipped == 0);
+    CHECK(g.ok + g.truncated == n);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     embkv_destroy(dir);
     free(gen);
@@ -451,6 +550,7 @@ static void test_damaged_log(const char *root)
 
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *root = test_tmpdir("tier");
     mkdir(root, 0755);
     test_bad_options(root);

@@ -107,20 +107,39 @@ static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
 }
 
 /* After a crash: how many of the n rows equal model a, and how many model b
- * (gen 0: absent), the clocks too where a_clk / b_clk are given. */
+ * (gen 0: absent), the clocks too where a_clk / b_clk are given.  Read in
+ * batches (one io_uring submission for a batch's log rows): a read that
+ * fails counts its whole batch as equal to neither. */
 static void count_equal(embkv_store *s, size_t n, const uint64_t *a, const uint64_t *a_clk, const uint64_t *b,
                         const uint64_t *b_clk, size_t *eq_a, size_t *eq_b)
 {
-    float v[DIM];
+    enum { B = 2048 };
+    int64_t *ids = malloc(B * sizeof *ids);
+    float *v = malloc((size_t)B * DIM * sizeof *v);
+    uint8_t *found = malloc(B);
+    embkv_rowinfo *info = malloc(B * sizeof *info);
     *eq_a = *eq_b = 0;
-    for (size_t id = 0; id < n; id++) {
-        embkv_rowinfo info;
-        int g = embkv_get(s, (int64_t)id, v, NULL, &info);
-        *eq_a += a[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, a[id]) && (!a_clk || info.clock == a_clk[id])
-                       : g == EMBKV_NOTFOUND;
-        *eq_b += b[id] ? g == EMBKV_OK && vec_is(v, (int64_t)id, b[id]) && (!b_clk || info.clock == b_clk[id])
-                       : g == EMBKV_NOTFOUND;
+    for (size_t lo = 0; ids && v && found && info && lo < n; lo += B) {
+        size_t m = n - lo < B ? n - lo : B;
+        for (size_t j = 0; j < m; j++)
+            ids[j] = (int64_t)(lo + j);
+        if (embkv_get_batch_at(s, NULL, ids, m, v, info, found, NULL) != EMBKV_OK) {
+            fprintf(stderr, "count_equal: rows %zu..%zu: %s\n", lo, lo + m - 1, embkv_errmsg());
+            continue;
+        }
+        for (size_t j = 0; j < m; j++) {
+            size_t id = lo + j;
+            const float *r = v + j * DIM;
+            *eq_a += a[id] ? found[j] && vec_is(r, (int64_t)id, a[id]) && (!a_clk || info[j].clock == a_clk[id])
+                           : !found[j];
+            *eq_b += b[id] ? found[j] && vec_is(r, (int64_t)id, b[id]) && (!b_clk || info[j].clock == b_clk[id])
+                           : !found[j];
+        }
     }
+    free(ids);
+    free(v);
+    free(found);
+    free(info);
 }
 
 #endif

@@ -363,8 +363,10 @@ int log_open(const log_options *o, embkv_log **out)
      * unnamed file, so that nothing is left behind. */
     l->open_flags = O_DIRECT;
     int probe = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    int perr = probe < 0 ? errno : 0;
     if (probe < 0 && errno == EINVAL) {
         int plain = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        perr = plain < 0 ? errno : 0;
         if (plain >= 0) {
             l->open_flags = 0;
             snprintf(l->fallback, sizeof l->fallback, "the file system refuses O_DIRECT");
@@ -373,6 +375,12 @@ int log_open(const log_options *o, embkv_log **out)
     }
     if (probe >= 0)
         close(probe);
+    /* The same probe says whether segments could be made here: a log that
+     * cannot write fails now, not at the first demotion. */
+    if (perr == EACCES || perr == EPERM || perr == EROFS) {
+        log_close(l);
+        return embkv__err(EMBKV_IO, "%s: cannot write in %s: %s", what, o->dir, strerror(perr));
+    }
 
     DIR *d = fdopendir(dup(dirfd));
     if (!d) {
@@ -770,6 +778,19 @@ static bool loc_in(const embkv_log *l, const segment *g, uint64_t loc)
     return loc_shape(l, loc) && log_loc_off(loc) + l->rec_bytes <= atomic_load(&g->end);
 }
 
+void log_expect_end(embkv_log *l, uint64_t end)
+{
+    uint32_t id = log_loc_seg(end);
+    if (log_loc_off(end) == 0 && id > 0)
+        id--;          /* the end was the start of a segment not yet made */
+    /* Only the newest files can be missing past max_id, and no more of them
+     * than the log holds segments: a larger gap is a damaged root's. */
+    pthread_rwlock_wrlock(&l->lock);
+    if (id > l->max_id && id < LOG_MAX_SEGMENT && id - l->max_id <= l->max_bytes / l->seg_bytes + 2)
+        l->max_id = id;
+    pthread_rwlock_unlock(&l->lock);
+}
+
 bool log_loc_plausible(embkv_log *l, uint64_t loc)
 {
     uint32_t id = log_loc_seg(loc);
@@ -778,7 +799,7 @@ bool log_loc_plausible(embkv_log *l, uint64_t loc)
     pthread_rwlock_rdlock(&l->lock);
     const segment *g = seg_get(l, id);
     bool ok = g && (g->damaged || loc_in(l, g, loc));
-    bool missing = !g && id >= 1 && id < l->max_id;
+    bool missing = !g && id >= 1 && id <= l->max_id;
     pthread_rwlock_unlock(&l->lock);
     if (!missing)
         return ok;

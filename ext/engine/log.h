@@ -64,6 +64,12 @@ typedef struct log_options {
 int log_open(const log_options *o, embkv_log **out);
 /* Closes the files (no sync: call log_sync first for durability). */
 void log_close(embkv_log *l);
+/* Tells a just-opened log where it ended at the last checkpoint (the
+ * log_end value the store kept): segments up to that one are known to
+ * have existed, so a missing newest file is noted as damaged like any
+ * other missing one, and new segments are numbered after it rather than
+ * reusing its number. */
+void log_expect_end(embkv_log *l, uint64_t end);
 
 /* Appends n records (n * record_bytes bytes at recs) as one batch of large
  * sequential writes and stores their locations in locs.  Starts a new
@@ -99,8 +105,8 @@ const char *log_segment_name(uint64_t loc, char *buf, size_t len);
 bool log_loc_valid(const embkv_log *l, uint64_t loc);
 /* Whether loc could name a record of this log, damage aside: on a record
  * boundary, in a segment whose written part holds it or that is damaged
- * (a segment below the newest whose file is gone is noted as damaged
- * then).  Open's check of the index: a location failing it is the index's
+ * (a segment up to the newest, or to log_expect_end's, whose file is gone
+ * is noted as damaged then).  Open's check of the index: a location failing it is the index's
  * damage; one in a damaged segment is that segment's, and only its rows
  * fail when read, naming the file. */
 bool log_loc_plausible(embkv_log *l, uint64_t loc);

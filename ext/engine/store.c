@@ -927,6 +927,8 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
          * anew, and the parent's lock refuses it. */
         if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid()) {
             rc = geometry_matches(o, opt);
+            if (rc == EMBKV_OK)
+                rc = tier_check_open(o, opt);
             if (rc == EMBKV_OK) {
                 o->refs++;
                 *out = o;

@@ -529,6 +529,10 @@ uint64_t store_grow_threshold(embkv_store *s);
 /* Opens (or creates) the store's SSD log as its root and the options say;
  * before slab_rebuild, which checks the index's log locations. */
 int tier_open(embkv_store *s, const embkv_options *opt);
+/* The same checks of the tier options for a store already open in this
+ * process, which keeps its tier as it is: a larger ssd_size, or a tier
+ * where there is none, is refused. */
+int tier_check_open(embkv_store *s, const embkv_options *opt);
 void tier_close(embkv_store *s);
 /* Reads the records of the log locations among locs[0..n) (the others are
  * left alone) in one batch, checking each is its id's and whole (callers

@@ -626,11 +626,11 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
 /* embkv_get_batch's pipeline in three passes per block of ids: index
  * lookups, then (under a snapshot) the version log, then the copies, so
  * that the log is read after every index entry it may correct. */
-int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
-                       embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
+/* get_batch_at and locate_batch_at: with neither out nor info, rows in the
+ * log are not read (the index says where they are). */
+static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
+                     embkv_rowinfo *info, int *tiers, uint8_t *found, size_t *nmissing)
 {
-    if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
     uint64_t locs[AT_BLOCK];
     rec_hdr *recs[AT_BLOCK];
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
@@ -654,7 +654,8 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
         }
         snap_resolve(s, snap, bid, m, locs);
         free(ssd_buf);
-        int trc = tier_read(s, bid, locs, m, &ssd_buf, recs, false);
+        ssd_buf = NULL;
+        int trc = out || info ? tier_read(s, bid, locs, m, &ssd_buf, recs, false) : EMBKV_OK;
         if (trc != EMBKV_OK) {
             ebr_leave();
             return trc;
@@ -665,7 +666,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
             if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
-            const rec_hdr *r = ssd ? recs[j] : ok ? rec_at(s, loc) : NULL;
+            const rec_hdr *r = ssd ? (out || info ? recs[j] : NULL) : ok ? rec_at(s, loc) : NULL;
             /* With the vector read, the whole record is verified; an
              * existence read (count, ids, a DELETE finding its rows) checks
              * the id, so that a damaged row can still be deleted. */
@@ -686,6 +687,8 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
                 else
                     memset(&info[lo + j], 0, sizeof info[lo + j]);
             }
+            if (tiers)
+                tiers[lo + j] = !ok ? -1 : ssd ? EMBKV_TIER_SSD : EMBKV_TIER_PM;
             if (found)
                 found[lo + j] = ok;
             missing += !ok;
@@ -698,6 +701,22 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
     atomic_fetch_add_explicit(&s->st_batch_gets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->st_gets, n, memory_order_relaxed);
     return EMBKV_OK;
+}
+
+int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
+                       embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
+{
+    if (!s || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
+    return get_batch(s, snap, ids, n, out, info, NULL, found, nmissing);
+}
+
+int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, int *tier,
+                          uint8_t *found)
+{
+    if (!s || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
+    return get_batch(s, snap, ids, n, NULL, NULL, tier, found, NULL);
 }
 
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,

@@ -129,11 +129,17 @@ static int note_external_log(embkv_store *s, uint64_t tag, const char *dir)
     return EMBKV_OK;
 }
 
-int tier_open(embkv_store *s, const embkv_options *opt)
+/* The checks every open makes of the tier options against the root:
+ * given is ssd_path made absolute ("" when not given), dir the log's
+ * directory (the root's, or the new tier's); *tier false when no tier is
+ * wanted or kept. */
+static int tier_check(embkv_store *s, const embkv_options *opt, char *given, char *dir, size_t len, bool *tier)
 {
+    *tier = false;
     store_root *r = s->root;
     uint64_t want = opt ? opt->ssd_size : 0;
     const char *path = opt && opt->ssd_path && *opt->ssd_path ? opt->ssd_path : NULL;
+    given[0] = 0;
     if (!memchr(r->ssd_path, 0, sizeof r->ssd_path) || (r->ssd_path[0] && r->ssd_path[0] != '/') ||
         (!r->ssd_size && (r->ssd_path[0] || r->log_tag)))
         return embkv__err(EMBKV_CORRUPT, "store %s: the pool's root object is damaged: bad SSD tier settings",
@@ -148,24 +154,55 @@ int tier_open(embkv_store *s, const embkv_options *opt)
                           s->path, (unsigned long long)MIN_SSD_SIZE, (unsigned long long)want);
     if (want && want < r->ssd_size)
         return embkv__err(EMBKV_INVALID, "store %s: option ssd_size %llu is below the store's %llu: the SSD tier "
-                          "cannot shrink", s->path, (unsigned long long)want, (unsigned long long)r->ssd_size);
-    char given[PATH_MAX] = "", dir[PATH_MAX];
-    if (path && absolute_path(path, given, sizeof given) != 0)
+                          "cannot shrink (leave ssd_size out, or 0, to take the store's)", s->path,
+                          (unsigned long long)want, (unsigned long long)r->ssd_size);
+    if (path && absolute_path(path, given, len) != 0)
         return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is too long or unresolvable: %s", s->path, path);
     if (strlen(given) >= SSD_PATH_MAX)
         return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is longer than %d bytes", s->path,
                           SSD_PATH_MAX - 1);
-    bool adding = r->ssd_size == 0;
-    if (!adding) {
-        log_dir_of(s, dir, sizeof dir);
+    if (r->ssd_size) {
+        log_dir_of(s, dir, len);
         if (path && strcmp(given, dir) != 0)
             return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is %s, the store's SSD tier is at %s",
                               s->path, given, dir);
-    } else {
-        if (snprintf(dir, sizeof dir, "%s%s%s", path ? given : s->path, path ? "" : "/", path ? "" : LOG_DIR) >=
-            (int)sizeof dir)
-            return embkv__err(EMBKV_INVALID, "store %s: the SSD log's directory name is too long", s->path);
+    } else if (snprintf(dir, len, "%s%s%s", path ? given : s->path, path ? "" : "/", path ? "" : LOG_DIR) >=
+               (int)len) {
+        return embkv__err(EMBKV_INVALID, "store %s: the SSD log's directory name is too long", s->path);
     }
+    *tier = true;
+    return EMBKV_OK;
+}
+
+int tier_check_open(embkv_store *s, const embkv_options *opt)
+{
+    char given[PATH_MAX], dir[PATH_MAX];
+    bool tier;
+    int rc = tier_check(s, opt, given, dir, sizeof dir, &tier);
+    if (rc != EMBKV_OK)
+        return rc;
+    /* The log, its size and the record space's bound are fixed while the
+     * store is open: another table may share them, not change them. */
+    uint64_t want = opt ? opt->ssd_size : 0;
+    if (want > s->root->ssd_size)
+        return embkv__err(EMBKV_INVALID, "store %s: option ssd_size %llu: the store is already open in this "
+                          "process with %s%llu; a tier is added or raised only by the open that opens the store",
+                          s->path, (unsigned long long)want, s->root->ssd_size ? "ssd_size " : "no SSD tier, ssd_size ",
+                          (unsigned long long)s->root->ssd_size);
+    return EMBKV_OK;
+}
+
+int tier_open(embkv_store *s, const embkv_options *opt)
+{
+    store_root *r = s->root;
+    uint64_t want = opt ? opt->ssd_size : 0;
+    const char *path = opt && opt->ssd_path && *opt->ssd_path ? opt->ssd_path : NULL;
+    char given[PATH_MAX], dir[PATH_MAX];
+    bool tier;
+    int crc = tier_check(s, opt, given, dir, sizeof dir, &tier);
+    if (crc != EMBKV_OK || !tier)
+        return crc;
+    bool adding = r->ssd_size == 0;
     uint64_t tag = r->log_tag;
     if (adding) {
         if (getrandom(&tag, sizeof tag, 0) != (ssize_t)sizeof tag)
@@ -200,6 +237,11 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     int rc = log_open(&lo, &s->log);
     if (rc != EMBKV_OK)
         return rc;
+    if (!adding) {
+        uint64_t d = r->durable_epoch;
+        if (r->log_tail_epoch[d & 1] == d)
+            log_expect_end(s->log, r->log_tail[d & 1]);
+    }
     if (size != r->ssd_size) {
         if (adding) {
             memcpy(r->ssd_path, path ? given : "", path ? strlen(given) + 1 : 1); /* length checked above */
@@ -348,19 +390,21 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
             /* The misses packed in front, read, and put back in place. */
             size_t m = 0;
             size_t *from = malloc((k - staged) * sizeof *from);
+            uint64_t *mq = malloc((k - staged) * sizeof *mq);  /* q stays whole: errors below name q[j] */
             char *tmp = malloc((k - staged) * (size_t)s->rec_size);
-            if (!from || !tmp)
+            if (!from || !mq || !tmp)
                 rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows from the SSD tier", s->path, k);
             for (size_t j = 0; j < k && rc == EMBKV_OK; j++)
                 if (!got[j]) {
                     from[m] = j;
-                    q[m++] = q[j];
+                    mq[m++] = q[j];
                 }
-            if (rc == EMBKV_OK && (rc = log_read(s->log, q, m, tmp, &bad)) != EMBKV_OK)
+            if (rc == EMBKV_OK && (rc = log_read(s->log, mq, m, tmp, &bad)) != EMBKV_OK)
                 rc = read_failed(s, rc, ids[at[from[bad]]]);
             for (size_t j = 0; j < m && rc == EMBKV_OK; j++)
                 memcpy(b + from[j] * s->rec_size, tmp + j * s->rec_size, s->rec_size);
             free(from);
+            free(mq);
             free(tmp);
         }
         atomic_fetch_add_explicit(&s->st_ssd_wait_ns, tier_now_ns() - t0, memory_order_relaxed);

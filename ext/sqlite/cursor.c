@@ -59,11 +59,14 @@ int read_row(ekvtab *v, int64_t id, float *out)
 /* ------------------------------------------------------------------------
  * xBestIndex
  */
-static const char *const plan_name[4][2] = {
-    {"", ""},
-    {"point ids-only", "point"},
-    {"in-batch ids-only", "in-batch"},
-    {"fullscan ids-only", "fullscan"},
+/* [plan][what is read]: 0 nothing but where each row is (neither vec nor
+ * clock used: a row in the SSD log is not read), 1 the record's metadata
+ * (clock), 2 the vector too. */
+static const char *const plan_name[4][3] = {
+    {"", "", ""},
+    {"point ids-only", "point no-vec", "point"},
+    {"in-batch ids-only", "in-batch no-vec", "in-batch"},
+    {"fullscan ids-only", "fullscan no-vec", "fullscan"},
 };
 
 int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
@@ -81,7 +84,8 @@ int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
             eq = i;
         }
     }
-    int want_vec = (info->colUsed & ((sqlite3_uint64)1 << COL_VEC)) != 0;
+    int want = (info->colUsed & ((sqlite3_uint64)1 << COL_VEC)) ? 2
+               : (info->colUsed & ((sqlite3_uint64)1 << COL_CLOCK)) ? 1 : 0;
     double rows = (double)embkv_count(v->store);
     int plan;
     if (eq >= 0) {
@@ -105,7 +109,7 @@ int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
         info->estimatedCost = 10 + 2 * rows;
     }
     info->idxNum = plan;
-    info->idxStr = (char *)plan_name[plan][want_vec];
+    info->idxStr = (char *)plan_name[plan][want];
     info->needToFreeIdxStr = 0;
     return SQLITE_OK;
 }
@@ -115,13 +119,13 @@ int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
  */
 typedef struct ekcur {
     sqlite3_vtab_cursor base;
-    int plan, want_vec, eof;
+    int plan, want_vec, want_meta, eof; /* want_meta: records' metadata (clock) */
     size_t nids;           /* b.ids[0..nids): the candidate ids, in output order */
     size_t pos;            /* current index into ids */
     size_t chunk;          /* rows loaded at a time */
     size_t lo, hi;         /* ids[lo..hi) are loaded */
     ekcurbuf b;            /* buffers (reused through the table: ekvtab.spare) */
-    int info_state;        /* 0 unknown, 1 committed info, 2 absent, 3 uncommitted */
+    int info_state;        /* 0 unknown, 1 committed info, 3 uncommitted, 4 committed tier only */
     embkv_rowinfo info;
     embkv_snapshot *snap;  /* from the first xFilter to xClose */
 } ekcur;
@@ -154,6 +158,7 @@ void ekcurbuf_free(ekcurbuf *b)
     sqlite3_free(b->evecs);
     sqlite3_free(b->infos);
     sqlite3_free(b->einfos);
+    sqlite3_free(b->tiers);
     memset(b, 0, sizeof *b);
 }
 
@@ -291,7 +296,9 @@ static int chunk_reserve(ekcur *c, ekvtab *v, size_t rows)
     if (infos) c->b.infos = infos;
     embkv_rowinfo *einfos = sqlite3_realloc64(c->b.einfos, rows * sizeof *einfos);
     if (einfos) c->b.einfos = einfos;
-    if (!st || !found || !eidx || !eids || !infos || !einfos) return SQLITE_NOMEM;
+    int *tiers = sqlite3_realloc64(c->b.tiers, rows * sizeof *tiers);
+    if (tiers) c->b.tiers = tiers;
+    if (!st || !found || !eidx || !eids || !infos || !einfos || !tiers) return SQLITE_NOMEM;
     c->b.capchunk = rows;
     if (c->want_vec) {
         c->b.vecs = sqlite3_malloc64((uint64_t)rows * v->dim * sizeof(float));
@@ -327,7 +334,18 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
          * plan uses them) and metadata from one version of each row. */
         int erc;
         float *vecs = c->want_vec ? c->b.vecs : NULL;
-        if (m == n) {
+        if (!c->want_meta) {
+            /* Where each row is, nothing read: the clock, if asked after
+             * all, is read row by row (load_info). */
+            for (size_t k = 0; k < m; k++) c->b.eids[k] = ids[c->b.eidx[k]];
+            erc = embkv_locate_batch_at(v->store, c->snap, c->b.eids, m, c->b.tiers, c->b.found);
+            for (size_t k = 0; k < m && erc == EMBKV_OK; k++) {
+                size_t j = c->b.eidx[k];
+                c->b.st[j] = c->b.found[k] ? 1 : 0;
+                memset(&c->b.infos[j], 0, sizeof c->b.infos[j]);
+                c->b.infos[j].tier = c->b.tiers[k];
+            }
+        } else if (m == n) {
             erc = embkv_get_batch_at(v->store, c->snap, ids, n, vecs, c->b.infos, c->b.found, NULL);
             if (erc == EMBKV_OK)
                 for (size_t j = 0; j < n; j++) c->b.st[j] = c->b.found[j] ? 1 : 0;
@@ -390,7 +408,8 @@ int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc,
         }
     }
     c->plan = idxNum;
-    c->want_vec = !(idxStr && strstr(idxStr, "ids-only"));
+    c->want_vec = !(idxStr && (strstr(idxStr, "ids-only") || strstr(idxStr, "no-vec")));
+    c->want_meta = !(idxStr && strstr(idxStr, "ids-only"));
     c->nids = 0;
     c->lo = c->hi = 0;
     c->eof = 0;
@@ -436,9 +455,11 @@ int vt_eof(sqlite3_vtab_cursor *pc)
     return ((ekcur *)pc)->eof;
 }
 
-static int load_info(ekcur *c, ekvtab *v)
+/* The current row's metadata.  A plan without the clock knows the tier
+ * from where the row is (info_state 4); the clock is read when asked. */
+static int load_info(ekcur *c, ekvtab *v, int clock)
 {
-    if (c->info_state) return SQLITE_OK;
+    if (c->info_state == 1 || c->info_state == 3 || (c->info_state == 4 && !clock)) return SQLITE_OK;
     int64_t id = c->b.ids[c->pos];
     int erc;
     if (c->b.st[c->pos - c->lo] == 2) {
@@ -456,6 +477,16 @@ static int load_info(ekcur *c, ekvtab *v)
     }
     /* Committed: read with the row's vector, from the same version. */
     c->info = c->b.infos[c->pos - c->lo];
+    if (!c->want_meta) {
+        if (!clock) {
+            c->info_state = 4;
+            return SQLITE_OK;
+        }
+        /* Planned without the clock: read it now, as of the snapshot. */
+        uint8_t found = 0;
+        erc = embkv_get_batch_at(v->store, c->snap, &id, 1, NULL, &c->info, &found, NULL);
+        if (erc != EMBKV_OK) goto fail;
+    }
     c->info_state = 1;
     return SQLITE_OK;
 fail:
@@ -489,11 +520,11 @@ int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
     case COL_CLOCK:
     case COL_TIER:
         if (sqlite3_vtab_nochange(ctx)) return SQLITE_OK;
-        rc = load_info(c, v);
+        rc = load_info(c, v, col == COL_CLOCK);
         if (rc != SQLITE_OK) return rc;
         if (col == COL_CLOCK) {
             if (c->info_state == 1 || c->info_state == 3) sqlite3_result_int64(ctx, (sqlite3_int64)c->info.clock);
-        } else if (c->info_state == 1) {
+        } else if (c->info_state == 1 || c->info_state == 4) {
             static const char *const tiers[] = {"dram", "pm", "ssd"};
             if (c->info.tier >= 0 && c->info.tier < 3) sqlite3_result_text(ctx, tiers[c->info.tier], -1, SQLITE_STATIC);
         }

@@ -645,7 +645,10 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     eo.dim = v->opts.dim;
     eo.expected_rows = v->opts.capacity;
     eo.pool_size = v->opts.pool_size;
-    eo.ssd_size = v->opts.ssd_size;
+    /* At a reconnect the CREATE's ssd_size was met when the table was
+     * made; another table on the store may have raised it since, so the
+     * store's own is taken (0), as a reopen of the store would. */
+    eo.ssd_size = create ? v->opts.ssd_size : 0;
     char *ssd_path = NULL;
     if (v->opts.ssd_path) {
         /* Relative to the database file's directory, as path is. */

@@ -145,6 +145,7 @@ typedef struct ekcurbuf {
     float *evecs;
     embkv_rowinfo *infos;  /* per loaded row: its clock and tier (st 1) */
     embkv_rowinfo *einfos;
+    int *tiers;            /* embkv_locate_batch_at's, for ids-only plans */
 } ekcurbuf;
 void ekcurbuf_free(ekcurbuf *b);
 

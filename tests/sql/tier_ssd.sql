@@ -66,3 +66,20 @@ CREATE VIRTUAL TABLE neg USING embkv(dim=8, path='n.embkv', pool_size='16M', ssd
 .shell ls -d *.embkv/log | sed 's/-[0-9a-f]*\.embkv/-ID.embkv/'
 DROP TABLE item;
 .shell ls -d *.embkv 2>/dev/null | wc -l
+-- Two tables on one store: a second CREATE may raise ssd_size only while
+-- the store is not open in the process, never lower it; a table that
+-- reconnects takes the store's size, however raised since its CREATE.
+CREATE VIRTUAL TABLE a USING embkv(dim=4, path='s.embkv', pool_size='16M', ssd_size='8M');
+INSERT INTO a(id, vec) VALUES (1, '[1,2,3,4]');
+CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s.embkv', ssd_size='16M');
+CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s.embkv', ssd_size='4M');
+CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s.embkv', ssd_path='s.embkv/log');
+SELECT 'b-same-path', json_extract(embkv_stats('b'), '$.tiers.ssd.capacity_bytes');
+DROP TABLE b;
+-- @reopen
+CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s.embkv', ssd_size='16M');
+SELECT 'raised', json_extract(embkv_stats('b'), '$.tiers.ssd.capacity_bytes');
+SELECT 'a-after-raise', id, embkv_json(vec), json_extract(embkv_stats('a'), '$.tiers.ssd.capacity_bytes') FROM a;
+-- @reopen
+SELECT 'a-first', id, json_extract(embkv_stats('a'), '$.tiers.ssd.capacity_bytes') FROM a;
+SELECT 'b-then', json_extract(embkv_stats('b'), '$.tiers.ssd.capacity_bytes');
