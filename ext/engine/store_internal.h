@@ -259,6 +259,10 @@ struct embkv_store {
     /* the SSD tier (tier.c); log NULL without one */
     struct embkv_log *log;
     struct heat *heat;         /* access statistics for demotion */
+    /* Whether reads and writes count in heat: once the tier may be needed
+     * (half the record space's room in chunks, or rows in the log), set by
+     * the tier thread.  A pool that holds every row pays nothing for it. */
+    atomic_bool heat_live;
     pthread_mutex_t demote_mu; /* one log appender (demotion, compaction); the cursor */
     uint64_t demote_cursor;
     _Atomic unsigned evicted_heat; /* hottest row of the last demotion (admission's bar) */
