@@ -458,6 +458,29 @@ static void test_damaged_log(const char *root)
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     CHECK(st.rows == n);
     CHECK(st.ssd_damaged_segments == 1);  /* the cut one: a flipped record is found when read */
+    /* Where each row is needs no record: every row found, damaged or not. */
+    {
+        int64_t *all = malloc(n * sizeof *all);
+        int *tier = malloc(n * sizeof *tier);
+        uint8_t *fnd = malloc(n);
+        for (size_t i = 0; i < n; i++)
+            all[i] = (int64_t)i;
+        all[n - 1] = -5;  /* absent */
+        CHECK_RC(embkv_locate_batch_at(s, NULL, all, n, tier, fnd), EMBKV_OK);
+        size_t nf = 0, nssd = 0, npm = 0;
+        for (size_t i = 0; i < n; i++) {
+            nf += fnd[i];
+            nssd += tier[i] == EMBKV_TIER_SSD;
+            npm += tier[i] == EMBKV_TIER_PM;
+        }
+        CHECK(nf == n - 1 && tier[n - 1] == -1 && fnd[n - 1] == 0);
+        /* (demotion may go on meanwhile: the counts, not their split, are exact) */
+        CHECK(nssd + npm == n - 1 && nssd > n / 2 && npm > 1000);
+        CHECK_RC(embkv_locate_batch_at(NULL, NULL, all, 1, tier, fnd), EMBKV_INVALID);
+        free(all);
+        free(tier);
+        free(fnd);
+    }
     int64_t flipped = -1, cut = -1;
     damage_count c = read_damaged(s, gen, n, segs[0], segs[1], "truncated", &flipped, &cut);
     fprintf(stderr, "damaged log: %zu rows read, 1 flipped byte: %zu, a segment cut in half: %zu rows, other %zu\n", c.ok,
