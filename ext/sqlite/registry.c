@@ -134,6 +134,8 @@ void ekreg_commit_unlock(pthread_mutex_t *mu)
     if (mu) pthread_mutex_unlock(mu);
 }
 
+static void remove_store_dir(const char *dir);
+
 void ekreg_close(embkv_store *s)
 {
     if (!s) return;
@@ -156,7 +158,7 @@ void ekreg_close(embkv_store *s)
     if (embkv_close(s) != EMBKV_OK) /* it syncs; nobody to return an error to */
         sqlite3_log(SQLITE_WARNING, "embkv: closing a store: %s", embkv_errmsg());
     if (remove_dir) {
-        ek_remove_tree(remove_dir);
+        remove_store_dir(remove_dir);
         free(remove_dir);
     }
     pthread_mutex_unlock(&ek_mu);
@@ -180,6 +182,14 @@ int ek_remove_tree(const char *dir)
     return -1;
 }
 
+/* A dropped store's directory: embkv_destroy, which also removes its SSD
+ * log when that lies outside the directory (ssd_path); the whole tree when
+ * it refuses (a store still open here at exit, files it does not know). */
+static void remove_store_dir(const char *dir)
+{
+    if (embkv_destroy(dir) != EMBKV_OK) ek_remove_tree(dir);
+}
+
 void ekreg_discard(const char *dir)
 {
     char canon[PATH_MAX];
@@ -188,7 +198,7 @@ void ekreg_discard(const char *dir)
     ekopen *e;
     for (e = ek_open_list; e && strcmp(e->dir, canon) != 0; e = e->next) {}
     if (e) e->discard = 1;
-    else ek_remove_tree(canon);
+    else remove_store_dir(canon);
     pthread_mutex_unlock(&ek_mu);
 }
 
@@ -219,7 +229,7 @@ static void remove_tmpdirs_at_exit(void)
 {
     pthread_mutex_lock(&ek_mu);
     for (ektmp *t = ek_tmp_list; t; t = t->next)
-        if (t->pid == getpid()) ek_remove_tree(t->path);
+        if (t->pid == getpid()) remove_store_dir(t->path);
     pthread_mutex_unlock(&ek_mu);
 }
 

@@ -83,3 +83,26 @@ SELECT 'a-after-raise', id, embkv_json(vec), json_extract(embkv_stats('a'), '$.t
 -- @reopen
 SELECT 'a-first', id, json_extract(embkv_stats('a'), '$.tiers.ssd.capacity_bytes') FROM a;
 SELECT 'b-then', json_extract(embkv_stats('b'), '$.tiers.ssd.capacity_bytes');
+-- DROP TABLE removes an ssd_path outside the store directory, in the
+-- process that made it or in a later one.
+CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size='16M', ssd_size='8M', ssd_path='ext-log');
+INSERT INTO e(id, vec) VALUES (1, '[1,1,1,1]');
+.shell test -d ext-log && echo ext-log present
+DROP TABLE e;
+.shell test -d ext-log && echo ext-log present || echo ext-log gone
+CREATE VIRTUAL TABLE f USING embkv(dim=4, pool_size='16M', ssd_size='8M', ssd_path='ext-log2');
+INSERT INTO f(id, vec) VALUES (1, '[1,1,1,1]');
+-- @reopen
+DROP TABLE f;
+.shell test -d ext-log2 && echo ext-log2 present || echo ext-log2 gone
+.shell ls -d *.embkv 2>/dev/null | sed 's/-[0-9a-f]*\.embkv/-ID.embkv/'
+-- A file that is not a segment in the log directory: the table does not
+-- open, naming the file (not the path option); removed, it opens again.
+CREATE VIRTUAL TABLE g USING embkv(dim=4, path='g.embkv', pool_size='16M', ssd_size='8M');
+INSERT INTO g(id, vec) VALUES (1, '[1,1,1,1]');
+-- @reopen
+.shell echo x > g.embkv/log/notes.txt
+SELECT 'g', count(*) FROM g;
+.shell rm g.embkv/log/notes.txt
+-- @reopen
+SELECT 'g', count(*) FROM g;
