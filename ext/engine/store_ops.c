@@ -1034,29 +1034,3 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size
     *pos = (gen << 40) | b;
     return EMBKV_OK;
 }
-
-/* ------------------------------------------------------------ hot set */
-
-int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
-{
-    if (moved)
-        *moved = 0;
-    if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_hotset: NULL argument");
-    size_t m = 0;
-    pthread_rwlock_rdlock(&s->writers);
-    pthread_mutex_lock(&s->move_mu);
-    index_desc *ix = atomic_load(&s->ix);
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = embkv__hash(ids[i]);
-        keylock_acquire(s, h);
-        m += (size_t)ix_move_home(s, ix, ids[i], h);
-        keylock_release(s, h);
-    }
-    pthread_mutex_unlock(&s->move_mu);
-    pthread_rwlock_unlock(&s->writers);
-    atomic_fetch_add(&s->st_hot_moves, m);
-    if (moved)
-        *moved = m;
-    return EMBKV_OK;
-}
