@@ -257,6 +257,38 @@ void embkv_scan_unpin(embkv_store *s);
  * the number moved. */
 int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved);
 
+/* Access statistics: an approximate, aging count of each row's recent
+ * reads and writes (a frequency sketch in DRAM with 4-bit counters, so
+ * hits run 0..15; every counter is halved once per ~10 counted accesses
+ * per row the pool holds).  They are not kept with the store: a reopen
+ * starts from zero.  They count while something needs them: the SSD tier
+ * once the pool is half full, or from the first embkv_heat_enable in the
+ * process (a store whose rows all fit in the pool pays nothing until
+ * then).  Estimates are by hash: an absent id may show hits. */
+int embkv_heat_enable(embkv_store *s);
+int embkv_heat_get(embkv_store *s, const int64_t *ids, size_t n, uint32_t *hits);
+/* Counts one access of each id, made outside the engine's read and write
+ * calls that count their own (embkv_get, embkv_get_batch, embkv_put,
+ * embkv_update_batch, pulls and pushes; snapshot reads and scans do not
+ * count): the SQLite binding's lookups by id.  Nothing while the
+ * statistics are not counting. */
+void embkv_heat_touch(embkv_store *s, const int64_t *ids, size_t n);
+/* The up-to-n hottest rows present, hottest first (equal estimates in
+ * index order), with their estimates (hits may be NULL); rows with no
+ * counted access are never among them, so *nout may be below n. */
+int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t *nout);
+
+/* Moves the rows of ids (absent ones and repeats ignored) up the hierarchy:
+ * from the SSD log into the pool (making room by demoting colder rows; the
+ * first ids win when room runs out; a row whose log record is damaged
+ * stays there), then into their home buckets.  *moves counts what happened
+ * to these ids: rows now in the pool that were in the log, rows moved into
+ * their home bucket, rows brought into the DRAM cache (0: none yet). */
+typedef struct embkv_moves {
+    uint64_t home_bucket, to_pm, to_dram;
+} embkv_moves;
+int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves);
+
 /* Make everything written so far durable.  Cost is proportional to what
  * changed since the previous sync. */
 int embkv_sync(embkv_store *s);
@@ -304,6 +336,11 @@ typedef struct embkv_stats {
     uint64_t lookahead_queued, lookahead_hits, lookahead_late, lookahead_wasted;
     uint64_t lookahead_staged, lookahead_capacity;
     uint64_t lookahead_wait_ns;
+    /* Access statistics: counting now, touches counted, halvings, DRAM
+     * held; rows embkv_hotset_move brought into the pool. */
+    int heat_counting;
+    uint64_t heat_touches, heat_agings, heat_bytes;
+    uint64_t hotset_to_pm;
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 

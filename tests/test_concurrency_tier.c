@@ -4,7 +4,8 @@
  * readers pull random batches (rows in the pool, in the log, staged by
  * look-ahead), a look-ahead thread stages the batches readers are about to
  * pull, and the main thread syncs, while the tier's own thread demotes,
- * promotes and compacts.  Every vector read must be whole and its id's
+ * promotes and compacts, and a mover brings the hottest rows and random
+ * ones up the hierarchy (embkv_hottest, embkv_hotset_move).  Every vector read must be whole and its id's
  * (a row carries its id and generation, the rest derives from them); at
  * the end every row equals what its writer wrote last.
  */
@@ -26,7 +27,7 @@ static embkv_store *S;
 static size_t N;
 static uint64_t *gen;          /* per id, written only by its writer (id % WRITERS) */
 static atomic_int stop;
-static _Atomic uint64_t bad_reads, reads_done, lookaheads, failed_calls;
+static _Atomic uint64_t bad_reads, reads_done, lookaheads, failed_calls, moved_to_pm;
 
 /* CHECK's counters are not for threads: calls that fail are counted here. */
 #define T_CHECK(cond) ((cond) ? (void)0 : (void)atomic_fetch_add(&failed_calls, 1))
@@ -126,6 +127,26 @@ static void *ahead(void *arg)
     return NULL;
 }
 
+static void *mover(void *arg)
+{
+    (void)arg;
+    rng_t r = {777};
+    int64_t ids[BATCH];
+    T_CHECK(embkv_heat_enable(S) == EMBKV_OK);
+    while (!atomic_load(&stop)) {
+        size_t n = 0;
+        embkv_moves mv;
+        T_CHECK(embkv_hottest(S, 64, ids, NULL, &n) == EMBKV_OK);
+        T_CHECK(embkv_hotset_move(S, ids, n, &mv) == EMBKV_OK);
+        atomic_fetch_add(&moved_to_pm, mv.to_pm);
+        draw(&r, ids);
+        T_CHECK(embkv_hotset_move(S, ids, 32, &mv) == EMBKV_OK);
+        atomic_fetch_add(&moved_to_pm, mv.to_pm);
+        usleep(20000);
+    }
+    return NULL;
+}
+
 int main(void)
 {
     const char *root = test_tmpdir("concurrency_tier");
@@ -145,12 +166,13 @@ int main(void)
         gen[id] = 1000;
     }
     CHECK_RC(embkv_sync(S), EMBKV_OK);
-    pthread_t w[WRITERS], rd[READERS], la;
+    pthread_t w[WRITERS], rd[READERS], la, mv;
     for (int i = 0; i < WRITERS; i++)
         pthread_create(&w[i], NULL, writer, (void *)(intptr_t)i);
     for (int i = 0; i < READERS; i++)
         pthread_create(&rd[i], NULL, reader, (void *)(intptr_t)i);
     pthread_create(&la, NULL, ahead, NULL);
+    pthread_create(&mv, NULL, mover, NULL);
     uint64_t want_reads = (uint64_t)(1500 * scale) + 50;
     for (int i = 0; atomic_load(&reads_done) < want_reads && i < 600; i++) {
         usleep(100000);
@@ -162,6 +184,7 @@ int main(void)
     for (int i = 0; i < READERS; i++)
         pthread_join(rd[i], NULL);
     pthread_join(la, NULL);
+    pthread_join(mv, NULL);
     CHECK(atomic_load(&bad_reads) == 0);
     CHECK(atomic_load(&failed_calls) == 0);
     CHECK(atomic_load(&lookaheads) > 0);
@@ -169,11 +192,13 @@ int main(void)
     embkv_stats st;
     CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
     printf("%llu batches read, %llu rows looked ahead (%llu hits, %llu late, %llu wasted); %llu demotions, "
-           "%llu promotions, %llu compactions; %llu rows in the log\n",
+           "%llu promotions, %llu compactions; %llu rows in the log; %llu moved up by the hot set\n",
            (unsigned long long)atomic_load(&reads_done), (unsigned long long)st.lookahead_queued,
            (unsigned long long)st.lookahead_hits, (unsigned long long)st.lookahead_late,
            (unsigned long long)st.lookahead_wasted, (unsigned long long)st.demotions,
-           (unsigned long long)st.promotions, (unsigned long long)st.compactions, (unsigned long long)st.rows_ssd);
+           (unsigned long long)st.promotions, (unsigned long long)st.compactions, (unsigned long long)st.rows_ssd,
+           (unsigned long long)atomic_load(&moved_to_pm));
+    CHECK(st.hotset_to_pm == atomic_load(&moved_to_pm));
     CHECK(st.rows_ssd > 0 && st.demotions > 0);
 
     /* Every row is what its writer wrote last, before and after a reopen. */

@@ -110,7 +110,7 @@ static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
  * (gen 0: absent), the clocks too where a_clk / b_clk are given.  Read in
  * batches (one io_uring submission for a batch's log rows): a read that
  * fails counts its whole batch as equal to neither. */
-static void count_equal(embkv_store *s, size_t n, const uint64_t *a, const uint64_t *a_clk, const uint64_t *b,
+static inline void count_equal(embkv_store *s, size_t n, const uint64_t *a, const uint64_t *a_clk, const uint64_t *b,
                         const uint64_t *b_clk, size_t *eq_a, size_t *eq_b)
 {
     enum { B = 2048 };

@@ -1,8 +1,23 @@
 /*
- * hotset.c - moves of rows up the hierarchy (PetPS's hotness-aware
- * placement): a displaced key into its home bucket, so the hottest rows are
- * found with one bucket read.
+ * hotset.c - the hot set: which rows are hottest, and moving rows up the
+ * hierarchy (PetPS's hotness-aware placement, MTrainS's exclusive tiers).
+ *
+ * Moves: an SSD-resident row into the pool (tier.c's promotion, without
+ * its admission test: the caller says these rows are hot), then a
+ * displaced key into its home bucket, so the hottest rows are found with
+ * one bucket read.  The counts returned are what the call achieved for the
+ * ids given (read back from the index), not what the tier's thread did
+ * beside it.
+ *
+ * The hottest: a pass over the index with the sketch's estimate of each
+ * row (heat.h) and a bounded heap: O(rows log n) time, O(n) memory, no
+ * order kept between calls (the sketch ages, so a cached ranking would be
+ * stale anyway).  Rows never counted (estimate 0) are not hot at all.
  */
+#include <stdlib.h>
+#include <string.h>
+
+#include "heat.h"
 #include "store_internal.h"
 
 int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
@@ -27,4 +42,216 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
     if (moved)
         *moved = m;
     return EMBKV_OK;
+}
+
+/* ------------------------------------------------- access statistics */
+
+int embkv_heat_enable(embkv_store *s)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_heat_enable: NULL store");
+    atomic_fetch_or_explicit(&s->heat_live, HEAT_ASKED, memory_order_relaxed);
+    return EMBKV_OK;
+}
+
+int embkv_heat_get(embkv_store *s, const int64_t *ids, size_t n, uint32_t *hits)
+{
+    if (!s || (n && (!ids || !hits)))
+        return embkv__err(EMBKV_INVALID, "embkv_heat_get: NULL argument");
+    for (size_t i = 0; i < n; i++)
+        hits[i] = heat_estimate(s->heat, embkv__hash(ids[i]));
+    return EMBKV_OK;
+}
+
+void embkv_heat_touch(embkv_store *s, const int64_t *ids, size_t n)
+{
+    if (!s || !ids || !atomic_load_explicit(&s->heat_live, memory_order_relaxed))
+        return;
+    uint64_t h[256];
+    while (n) {
+        size_t k = n < 256 ? n : 256;
+        for (size_t i = 0; i < k; i++)
+            h[i] = embkv__hash(ids[i]);
+        heat_touch_batch(s->heat, h, k);
+        ids += k;
+        n -= k;
+    }
+}
+
+/* The hottest-n selection: a heap whose top is the entry to drop first
+ * (fewest hits; among equals the one met last, so ties keep index order). */
+typedef struct hot_ent {
+    int64_t id;
+    uint64_t seq;
+    uint32_t hits;
+} hot_ent;
+
+static bool hot_worse(const hot_ent *a, const hot_ent *b)
+{
+    return a->hits < b->hits || (a->hits == b->hits && a->seq > b->seq);
+}
+
+static void hot_sift_down(hot_ent *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && hot_worse(&h[l], &h[w]))
+            w = l;
+        if (r < n && hot_worse(&h[r], &h[w]))
+            w = r;
+        if (w == i)
+            return;
+        hot_ent t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static void hot_sift_up(hot_ent *h, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!hot_worse(&h[i], &h[p]))
+            return;
+        hot_ent t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+#define HOT_SCAN_IDS 4096
+
+int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t *nout)
+{
+    if (nout)
+        *nout = 0;
+    if (!s || !nout || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_hottest: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    hot_ent *heap = malloc(n * sizeof *heap);
+    int64_t *buf = malloc(HOT_SCAN_IDS * sizeof *buf);
+    if (!heap || !buf) {
+        free(heap);
+        free(buf);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory ranking the %zu hottest rows", s->path, n);
+    }
+    size_t k = 0;
+    uint64_t seq = 0, pos = 0;
+    int rc = EMBKV_OK;
+    embkv_scan_pin(s);
+    for (;;) {
+        size_t got = 0;
+        if ((rc = embkv_scan_ids(s, &pos, buf, HOT_SCAN_IDS, &got)) != EMBKV_OK || got == 0)
+            break;
+        for (size_t i = 0; i < got; i++, seq++) {
+            hot_ent e = {buf[i], seq, heat_estimate(s->heat, embkv__hash(buf[i]))};
+            if (e.hits == 0)
+                continue;  /* not counted since statistics began: not hot */
+            if (k < n) {
+                heap[k] = e;
+                hot_sift_up(heap, k++);
+            } else if (hot_worse(&heap[0], &e)) {
+                heap[0] = e;
+                hot_sift_down(heap, k, 0);
+            }
+        }
+    }
+    embkv_scan_unpin(s);
+    free(buf);
+    if (rc == EMBKV_OK) {
+        /* Pop the worst to the back: the array ends up hottest first. */
+        for (size_t m = k; m > 1; m--) {
+            hot_ent t = heap[0];
+            heap[0] = heap[m - 1];
+            heap[m - 1] = t;
+            hot_sift_down(heap, m - 1, 0);
+        }
+        for (size_t i = 0; i < k; i++) {
+            ids[i] = heap[i].id;
+            if (hits)
+                hits[i] = heap[i].hits;
+        }
+        *nout = k;
+    }
+    free(heap);
+    return rc;
+}
+
+/* ------------------------------------------------- moves up the hierarchy */
+
+static int cmp_id_at(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves)
+{
+    if (moves)
+        memset(moves, 0, sizeof *moves);
+    if (!s || !moves || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_hotset_move: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    /* Each id once, in the order given (the first are the hottest when
+     * room runs out). */
+    int64_t (*pair)[2] = malloc(n * sizeof *pair);
+    int64_t *u = malloc(n * sizeof *u);
+    uint8_t *was_ssd = calloc(n, 1);
+    if (!pair || !u || !was_ssd) {
+        free(pair);
+        free(u);
+        free(was_ssd);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory moving %zu rows", s->path, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        pair[i][0] = ids[i];
+        pair[i][1] = (int64_t)i;
+    }
+    qsort(pair, n, sizeof *pair, cmp_id_at);
+    uint8_t *keep = was_ssd; /* reused: 1 for the first of each id */
+    for (size_t i = 0; i < n; i++)
+        keep[pair[i][1]] = i == 0 || pair[i][0] != pair[i - 1][0];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (keep[i])
+            u[k++] = ids[i];
+    free(pair);
+    memset(was_ssd, 0, n);
+
+    int rc = EMBKV_OK;
+    if (s->log) {
+        size_t nssd = 0, moved = 0;
+        ebr_enter();
+        index_desc *ix = atomic_load(&s->ix);
+        for (size_t i = 0; i < k; i++) {
+            uint64_t l = ix_lookup(ix, u[i], embkv__hash(u[i]), NULL);
+            was_ssd[i] = (l & LOC_SSD) && !(l & LOC_TOMB);
+            nssd += was_ssd[i];
+        }
+        ebr_leave();
+        if (nssd)
+            rc = tier_promote_ids(s, u, k, &moved);
+        /* What the call achieved for these ids, whatever else moved. */
+        ebr_enter();
+        ix = atomic_load(&s->ix);
+        for (size_t i = 0; i < k && nssd; i++) {
+            uint64_t l = was_ssd[i] ? ix_lookup(ix, u[i], embkv__hash(u[i]), NULL) : LOC_NONE;
+            moves->to_pm += l != LOC_NONE && !(l & LOC_FLAGS);
+        }
+        ebr_leave();
+        atomic_fetch_add(&s->st_hot_to_pm, moves->to_pm);
+    }
+    size_t home = 0;
+    if (rc == EMBKV_OK)
+        rc = embkv_hotset(s, u, k, &home);
+    moves->home_bucket = home;
+    free(u);
+    free(was_ssd);
+    return rc;
 }

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "heat.h"
 #include "store_internal.h"
 #include "log.h"
 
@@ -295,6 +296,7 @@ static void free_store(embkv_store *s)
     }
     free(s->limbo);
     tier_close(s);
+    heat_free(s->heat);
     train_free(s);
     snap_free(s);
     pthread_rwlock_destroy(&s->writers);
@@ -726,6 +728,9 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     }
     s->is_pmem = pmem_is_pmem(s->pool_base, s->pool_size);
     advise_pool(s);
+    uint64_t expect = s->pool_size / s->rec_size;
+    if (!(s->heat = heat_new(expect < 1024 ? 1024 : expect)))
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
     if ((rc = tier_open(s, opt)) != EMBKV_OK)
         return rc;
 

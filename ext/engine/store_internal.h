@@ -170,6 +170,8 @@ typedef struct store_root {
 /* -------------------------------------------------------- the store handle */
 
 #define KEYLOCK_STRIPES 4096
+#define HEAT_FOR_TIER 1u
+#define HEAT_ASKED 2u
 
 typedef struct locvec {
     uint64_t *v;
@@ -258,11 +260,15 @@ struct embkv_store {
 
     /* the SSD tier (tier.c); log NULL without one */
     struct embkv_log *log;
-    struct heat *heat;         /* access statistics for demotion */
-    /* Whether reads and writes count in heat: once the tier may be needed
-     * (half the record space's room in chunks, or rows in the log), set by
-     * the tier thread.  A pool that holds every row pays nothing for it. */
-    atomic_bool heat_live;
+    /* Access statistics (heat.h), sized for the rows the pool holds: what
+     * demotion ranks.  Every store has the sketch (zero pages until
+     * touched); reads and writes count in it while heat_live is not zero:
+     * HEAT_FOR_TIER once the SSD tier may be needed (half the record
+     * space's room in chunks, or rows in the log: set by the tier thread),
+     * HEAT_ASKED once the application asked for them (embkv_heat_enable).
+     * A pool that holds every row pays nothing for them. */
+    struct heat *heat;
+    atomic_uint heat_live;
     pthread_mutex_t demote_mu; /* one log appender (demotion, compaction); the cursor */
     uint64_t demote_cursor;
     _Atomic unsigned evicted_heat; /* hottest row of the last demotion (admission's bar) */
@@ -294,7 +300,7 @@ struct embkv_store {
     pthread_mutex_t la_mu;
 
     /* statistics */
-    atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves;
+    atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm;
     atomic_uint_fast64_t st_resizes, st_syncs;
     double last_sync_ms;
 };
@@ -570,6 +576,10 @@ void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, re
 /* room: records promotion may take; make_room: demote colder rows for the
  * rest of the admitted ones. */
 int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved);
+/* Promotes the rows of ids that are in the log now (embkv_hotset_move),
+ * without asking admission, making room by demoting colder rows; a row
+ * whose record is damaged stays in the log.  Without a tier: nothing. */
+int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved);
 size_t tier_promote_pending(embkv_store *s);
 
 /* ------------------------------------------------------------- compact.c */

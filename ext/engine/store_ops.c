@@ -242,7 +242,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
 /* Whether accesses count in the access statistics (store_internal.h: heat_live). */
 static inline bool heat_counting(const embkv_store *s)
 {
-    return s->heat && atomic_load_explicit(&s->heat_live, memory_order_relaxed);
+    return atomic_load_explicit(&s->heat_live, memory_order_relaxed) != 0;
 }
 
 static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombstone)

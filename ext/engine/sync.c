@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "heat.h"
 #include "store_internal.h"
 #include "log.h"
 
@@ -386,6 +387,11 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->deletes = atomic_load(&s->st_deletes);
     st->batch_gets = atomic_load(&s->st_batch_gets);
     st->hot_moves = atomic_load(&s->st_hot_moves);
+    st->hotset_to_pm = atomic_load(&s->st_hot_to_pm);
+    st->heat_counting = atomic_load(&s->heat_live) != 0;
+    st->heat_touches = heat_touches(s->heat);
+    st->heat_agings = heat_agings(s->heat);
+    st->heat_bytes = heat_bytes(s->heat);
     st->is_pmem = s->is_pmem;
     st->pool_advice_random = s->pool_advice_random;
     st->recovered = s->recovered;

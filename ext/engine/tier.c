@@ -271,9 +271,6 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     uint64_t room = s->pool_size > keep + own ? s->pool_size - keep - own : 0;
     uint64_t per = (uint64_t)s->chunk_bytes + 64;
     s->chunk_limit = room / per > 1 ? (uint32_t)(room / per < MAX_CHUNKS ? room / per : MAX_CHUNKS) : 1;
-    /* Sized for the rows the pool holds: those are what demotion ranks. */
-    uint64_t expect = s->pool_size / s->rec_size;
-    s->heat = heat_new(expect < 1024 ? 1024 : expect);
     /* Promotion's queue: 8 MiB of records (at least 64). */
     size_t pc = (8u << 20) / s->rec_size;
     pc = pc < 64 ? 64 : pc;
@@ -282,10 +279,8 @@ int tier_open(embkv_store *s, const embkv_options *opt)
     s->promo_recs = malloc(pc * (size_t)s->rec_size);
     if (s->promo_ids && s->promo_locs && s->promo_recs)
         s->promo_cap = pc;
-    if (!s->heat || !s->promo_cap) {
+    if (!s->promo_cap) {
         promo_free(s);
-        heat_free(s->heat);
-        s->heat = NULL;
         log_close(s->log);
         s->log = NULL;
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
@@ -301,9 +296,6 @@ void tier_close(embkv_store *s)
     if (s->log)
         log_close(s->log);
     s->log = NULL;
-    if (s->heat)
-        heat_free(s->heat);
-    s->heat = NULL;
 }
 
 /* The log's message, with the id whose read failed in front. */
@@ -594,22 +586,111 @@ int tier_demote(embkv_store *s, size_t want, size_t *moved)
 
 /* ------------------------------------------------------------ promotion */
 
-void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n)
+/* Queues rows read from the log for promotion: those admission lets in
+ * (admit), or all of them; returns how many the queue took. */
+static size_t promo_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n,
+                          bool admit)
 {
-    if (!s->heat || !s->promo_cap)
-        return;
     unsigned bar = atomic_load(&s->evicted_heat);
+    size_t took = 0;
     pthread_mutex_lock(&s->promo_mu);
     for (size_t i = 0; i < n && s->promo_n < s->promo_cap; i++) {
-        unsigned h = in_log(locs[i]) ? heat_estimate(s->heat, embkv__hash(ids[i])) : 0;
-        if (h < PROMOTE_MIN_HEAT || h <= bar)
+        if (!in_log(locs[i]))
             continue;
+        if (admit) {
+            unsigned h = heat_estimate(s->heat, embkv__hash(ids[i]));
+            if (h < PROMOTE_MIN_HEAT || h <= bar)
+                continue;
+        }
         s->promo_ids[s->promo_n] = ids[i];
         s->promo_locs[s->promo_n] = locs[i];
         memcpy(s->promo_recs + s->promo_n * s->rec_size, recs[i], s->rec_size);
         s->promo_n++;
+        took++;
     }
     pthread_mutex_unlock(&s->promo_mu);
+    return took;
+}
+
+void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n)
+{
+    if (!s->heat || !s->promo_cap)
+        return;
+    promo_offer(s, ids, locs, recs, n, true);
+}
+
+/* Records promotion may take now: all it wants while the pool can still
+ * grow, else what is free above the low watermark (tier_worker.c). */
+static size_t promote_room(embkv_store *s)
+{
+    size_t free_recs, total;
+    bool exhausted;
+    slab_space(s, &free_recs, &total, &exhausted);
+    size_t low = total / 32 + s->delete_reserve;
+    return !exhausted ? SIZE_MAX : free_recs > low ? free_recs - low : 0;
+}
+
+int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
+{
+    *moved = 0;
+    if (!s->log || !s->promo_cap || n == 0)
+        return EMBKV_OK;
+    size_t per = s->promo_cap / 2;
+    int64_t *cid = malloc(per * sizeof *cid);
+    uint64_t *loc = malloc(per * sizeof *loc);
+    rec_hdr **recs = malloc(per * sizeof *recs);
+    int rc = EMBKV_OK;
+    if (!cid || !loc || !recs)
+        rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting %zu rows", s->path, n);
+    for (size_t i = 0; i < n && rc == EMBKV_OK;) {
+        size_t k = 0;
+        ebr_enter();
+        index_desc *ix = atomic_load(&s->ix);
+        for (; i < n && k < per; i++) {
+            uint64_t l = ix_lookup(ix, ids[i], embkv__hash(ids[i]), NULL);
+            if (in_log(l)) {
+                cid[k] = ids[i];
+                loc[k++] = l;
+            }
+        }
+        char *buf = NULL;
+        if (k && tier_read(s, cid, loc, k, &buf, recs, false) != EMBKV_OK) {
+            /* A damaged record fails its batch: the others are read one by
+             * one, and a damaged one stays where reading it says so. */
+            size_t w = 0;
+            char *one = NULL;
+            buf = malloc(k * (size_t)s->rec_size);
+            for (size_t j = 0; j < k && buf; j++) {
+                rec_hdr *r;
+                if (tier_read(s, &cid[j], &loc[j], 1, &one, &r, false) != EMBKV_OK)
+                    continue;
+                memcpy(buf + w * s->rec_size, r, s->rec_size);
+                cid[w] = cid[j];
+                loc[w++] = loc[j];
+                free(one);
+            }
+            k = buf ? w : 0;
+            for (size_t j = 0; j < k; j++)
+                recs[j] = (rec_hdr *)(buf + j * s->rec_size);
+        }
+        ebr_leave();
+        /* The records are copies: the queue takes them outside the epoch,
+         * and promotion (which waits for readers) may run between. */
+        for (size_t done = 0; done < k && rc == EMBKV_OK;) {
+            size_t took = promo_offer(s, cid + done, loc + done, recs + done, k - done, false);
+            done += took;
+            size_t m = 0;
+            rc = tier_promote_queued(s, promote_room(s), true, &m);
+            *moved += m;
+            if (took == 0 && m == 0)
+                break;  /* the queue stays full: the rest stay in the log */
+        }
+        free(buf);
+    }
+    free(cid);
+    free(loc);
+    free(recs);
+    return rc;
 }
 
 int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved)

@@ -55,8 +55,12 @@ static bool tw_round(embkv_store *s, uint64_t *tokens)
      * time rows must leave, the statistics have seen the workload. */
     bool live = exhausted || atomic_load(&s->rows_ssd) > 0 ||
                 2 * (uint64_t)total >= (uint64_t)s->chunk_limit * s->recs_per_chunk;
-    if (live != atomic_load_explicit(&s->heat_live, memory_order_relaxed))
-        atomic_store_explicit(&s->heat_live, live, memory_order_relaxed);
+    if (live != ((atomic_load_explicit(&s->heat_live, memory_order_relaxed) & HEAT_FOR_TIER) != 0)) {
+        if (live)
+            atomic_fetch_or_explicit(&s->heat_live, HEAT_FOR_TIER, memory_order_relaxed);
+        else
+            atomic_fetch_and_explicit(&s->heat_live, ~HEAT_FOR_TIER, memory_order_relaxed);
+    }
     size_t low = total / 32 + s->delete_reserve, high = total / 16 + s->delete_reserve;
     if (exhausted && free_recs < low) {
         size_t moved = 0;

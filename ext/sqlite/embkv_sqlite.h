@@ -61,6 +61,13 @@ int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, cha
 /* train.c: embkv_pull, embkv_push, embkv_release; and the parsers
  * of the training options (0 when the value is valid). */
 int embkv_train_register(sqlite3 *db);
+/* An ids argument (an int64 BLOB, a JSON array of integers or one integer)
+ * as an array (sqlite3_malloc'd, *n entries); NULL with an error message in
+ * *err (sqlite3_malloc'd) when it is not one of the forms, NULL with *err
+ * NULL when out of memory. */
+int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
+/* heat.c: embkv_heat (a table-valued function) and embkv_hotset. */
+int embkv_heat_register(sqlite3 *db);
 int embkv_parse_optimizer(const char *val, void *field);
 int embkv_parse_init(const char *val, void *field);
 int embkv_parse_staleness(const char *val, void *field);

@@ -226,6 +226,13 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(ops, "puts", (double)st.puts);
     ok = ok && cJSON_AddNumberToObject(ops, "deletes", (double)st.deletes);
     ok = ok && cJSON_AddNumberToObject(ops, "hot_moves", (double)st.hot_moves);
+    ok = ok && cJSON_AddNumberToObject(ops, "hotset_to_pm", (double)st.hotset_to_pm);
+    cJSON *heat = ok ? cJSON_AddObjectToObject(o, "heat") : NULL;
+    ok = heat != NULL;
+    ok = ok && cJSON_AddBoolToObject(heat, "counting", st.heat_counting != 0);
+    ok = ok && cJSON_AddNumberToObject(heat, "touches", (double)st.heat_touches);
+    ok = ok && cJSON_AddNumberToObject(heat, "agings", (double)st.heat_agings);
+    ok = ok && cJSON_AddNumberToObject(heat, "bytes", (double)st.heat_bytes);
     ok = ok && (dur = cJSON_AddObjectToObject(o, "durability")) != NULL;
     ok = ok && cJSON_AddNumberToObject(dur, "durable_epoch", (double)st.durable_epoch);
     ok = ok && cJSON_AddNumberToObject(dur, "syncs", (double)st.syncs);

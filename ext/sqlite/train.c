@@ -39,9 +39,7 @@ static void train_error(sqlite3_context *ctx, const char *fname, const char *tab
     }
 }
 
-/* The ids argument as an array (sqlite3_malloc'd, *n entries); NULL with an
- * error message in *err (sqlite3_malloc'd) when it is not one of the forms. */
-static int64_t *parse_ids(sqlite3_value *v, size_t *n, char **err)
+int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
 {
     *n = 0;
     *err = NULL;
@@ -148,7 +146,7 @@ static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
 static int64_t *ids_arg(sqlite3_context *ctx, const char *fname, const char *table, sqlite3_value *v, size_t *n)
 {
     char *err = NULL;
-    int64_t *ids = parse_ids(v, n, &err);
+    int64_t *ids = ek_parse_ids(v, n, &err);
     if (!ids) {
         if (err)
             train_error(ctx, fname, table, EMBKV_INVALID, err);

@@ -1,0 +1,255 @@
+/*
+ * test_hotset.c - the access statistics and the hot set through the C API:
+ *  - statistics count nothing until something needs them, then exactly
+ *    (a few ids in a large sketch: the estimate is the count, capped at 15)
+ *    for the read and write calls that count, and embkv_heat_touch;
+ *  - embkv_hottest ranks by the estimate, leaves out rows never counted;
+ *  - embkv_hotset_move brings crafted log-resident rows into the pool (every
+ *    one of them, values unchanged, kept after reopen), the n hottest too,
+ *    and moves displaced keys into their home buckets, each count equal to
+ *    what the index shows afterwards;
+ *  - bad arguments are EMBKV_INVALID.
+ */
+#include "embkv.h"
+#include "embkv_debug.h"
+#include "check.h"
+
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#define DIM 16
+#include "tier_rows.h"
+
+static void test_counts(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/counts", root);
+    embkv_options o = {.dim = DIM, .expected_rows = 4000};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t gen[1000] = {0};
+    int rc;
+    CHECK(load_rows(s, gen, 1000, &rc) == 1000);
+    float v[DIM];
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.heat_counting == 0 && st.heat_touches == 0);
+    /* Not counting yet: reads leave no trace. */
+    for (int k = 0; k < 5; k++)
+        CHECK_RC(embkv_get(s, 7, v, NULL, NULL), EMBKV_OK);
+    uint32_t hits[4];
+    int64_t q[4] = {7, 3, 4, 9};
+    CHECK_RC(embkv_heat_get(s, q, 4, hits), EMBKV_OK);
+    CHECK(hits[0] == 0 && hits[1] == 0 && hits[2] == 0 && hits[3] == 0);
+    size_t nout = 99;
+    int64_t top[8];
+    uint32_t th[8];
+    CHECK_RC(embkv_hottest(s, 8, top, th, &nout), EMBKV_OK);
+    CHECK(nout == 0);
+
+    CHECK_RC(embkv_heat_enable(s), EMBKV_OK);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.heat_counting == 1);
+    for (int k = 0; k < 5; k++)
+        CHECK_RC(embkv_get(s, 7, v, NULL, NULL), EMBKV_OK);
+    int64_t pair[2] = {3, 4};
+    float out[2 * DIM];
+    for (int k = 0; k < 2; k++)
+        CHECK_RC(embkv_get_batch(s, pair, 2, out, NULL, NULL), EMBKV_OK);
+    int64_t nine = 9;
+    for (int k = 0; k < 20; k++)
+        embkv_heat_touch(s, &nine, 1);
+    /* A snapshot read does not count. */
+    CHECK_RC(embkv_get_batch_at(s, NULL, pair, 2, out, NULL, NULL, NULL), EMBKV_OK);
+    CHECK_RC(embkv_heat_get(s, q, 4, hits), EMBKV_OK);
+    CHECK(hits[0] == 5);
+    CHECK(hits[1] == 2 && hits[2] == 2);
+    CHECK(hits[3] == 15);  /* saturated */
+    /* A write counts once. */
+    CHECK_RC(put_gen(s, 11, 2), EMBKV_OK);
+    int64_t eleven = 11;
+    CHECK_RC(embkv_heat_get(s, &eleven, 1, hits), EMBKV_OK);
+    CHECK(hits[0] == 1);
+
+    CHECK_RC(embkv_hottest(s, 3, top, th, &nout), EMBKV_OK);
+    CHECK(nout == 3);
+    CHECK(top[0] == 9 && th[0] == 15);
+    CHECK(top[1] == 7 && th[1] == 5);
+    CHECK((top[2] == 3 || top[2] == 4) && th[2] == 2);
+    /* Only rows counted at all: 9, 7, 3, 4, 11. */
+    CHECK_RC(embkv_hottest(s, 8, top, NULL, &nout), EMBKV_OK);
+    CHECK(nout == 5);
+    CHECK(top[4] == 11);
+    CHECK_RC(embkv_hottest(s, 0, top, th, &nout), EMBKV_OK);
+    CHECK(nout == 0);
+
+    /* Bad arguments. */
+    embkv_moves mv;
+    CHECK_RC(embkv_hotset_move(NULL, q, 1, &mv), EMBKV_INVALID);
+    CHECK_RC(embkv_hotset_move(s, NULL, 3, &mv), EMBKV_INVALID);
+    CHECK_RC(embkv_hotset_move(s, q, 1, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_hottest(s, 5, NULL, NULL, &nout), EMBKV_INVALID);
+    CHECK_RC(embkv_hottest(s, 5, top, NULL, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_heat_get(s, q, 2, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_heat_enable(NULL), EMBKV_INVALID);
+    embkv_heat_touch(NULL, q, 1); /* ignored */
+    /* Without an SSD tier nothing goes to the pool; absent ids are ignored. */
+    int64_t some[3] = {7, 123456789, 7};
+    CHECK_RC(embkv_hotset_move(s, some, 3, &mv), EMBKV_OK);
+    CHECK(mv.to_pm == 0 && mv.to_dram == 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* Keys not in their home bucket move there; the count is what moved. */
+static void test_home(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/home", root);
+    /* A small index, filled close to its load limit: many keys displaced. */
+    embkv_options o = {.dim = DIM, .expected_rows = 2000, .max_load = 0.95};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t nb = embkv_debug_nbuckets(s);
+    size_t n = (size_t)(nb * embkv_debug_slots_per_bucket() * 0.85);
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int rc;
+    CHECK(load_rows(s, gen, n, &rc) == n);
+    CHECK(embkv_debug_nbuckets(s) == nb);
+    int64_t *disp = malloc(n * sizeof *disp);
+    size_t nd = 0;
+    for (size_t id = 0; id < n; id++) {
+        uint64_t b;
+        CHECK_RC(embkv_debug_bucket_of(s, (int64_t)id, &b), EMBKV_OK);
+        if (b != embkv_debug_home(s, (int64_t)id))
+            disp[nd++] = (int64_t)id;
+    }
+    CHECK(nd > 20);
+    embkv_moves mv;
+    CHECK_RC(embkv_hotset_move(s, disp, nd, &mv), EMBKV_OK);
+    size_t home_now = 0;
+    for (size_t i = 0; i < nd; i++) {
+        uint64_t b;
+        CHECK_RC(embkv_debug_bucket_of(s, disp[i], &b), EMBKV_OK);
+        home_now += b == embkv_debug_home(s, disp[i]);
+    }
+    /* A key moved home may displace a colder victim that was home too, so
+     * the displaced ids now home can only be counted from above. */
+    CHECK(mv.home_bucket > 0);
+    CHECK(home_now <= mv.home_bucket);
+    CHECK(mv.to_pm == 0);
+    check_all(s, gen, n);
+    free(disp);
+    free(gen);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* Ids of rows now in the log among 0..n-1, up to want of them, from start. */
+static size_t ssd_rows(embkv_store *s, size_t n, size_t start, size_t want, int64_t *out)
+{
+    size_t k = 0;
+    for (size_t lo = start; lo < n && k < want; lo += 512) {
+        int64_t ids[512];
+        int tier[512];
+        uint8_t found[512];
+        size_t m = n - lo < 512 ? n - lo : 512;
+        for (size_t j = 0; j < m; j++)
+            ids[j] = (int64_t)(lo + j);
+        CHECK_RC(embkv_locate_batch_at(s, NULL, ids, m, tier, found), EMBKV_OK);
+        for (size_t j = 0; j < m && k < want; j++)
+            if (found[j] && tier[j] == EMBKV_TIER_SSD)
+                out[k++] = ids[j];
+    }
+    return k;
+}
+
+static size_t count_tier(embkv_store *s, const int64_t *ids, size_t k, int want)
+{
+    int tier[256];
+    uint8_t found[256];
+    CHECK(k <= 256);
+    CHECK_RC(embkv_locate_batch_at(s, NULL, ids, k, tier, found), EMBKV_OK);
+    size_t c = 0;
+    for (size_t i = 0; i < k; i++)
+        c += found[i] && tier[i] == want;
+    return c;
+}
+
+static void test_to_pm(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/tier", root);
+    const char *sc = getenv("EMBKV_TEST_SCALE");
+    size_t n = sc && atof(sc) > 0 && atof(sc) < 1 ? 100000 : 200000;
+    embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 256u << 20};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int rc;
+    CHECK(load_rows(s, gen, n, &rc) == n);
+    CHECK_RC(embkv_tier_idle(s, 60000), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.rows_ssd > n / 4);
+
+    /* These ids, with repeats and an absent one. */
+    int64_t ids[80];
+    CHECK(ssd_rows(s, n, 0, 64, ids) == 64);
+    for (int i = 0; i < 5; i++)
+        ids[64 + i] = ids[i * 3];
+    ids[69] = (int64_t)n + 5;
+    embkv_moves mv;
+    CHECK_RC(embkv_hotset_move(s, ids, 70, &mv), EMBKV_OK);
+    CHECK(mv.to_pm == 64);
+    CHECK(count_tier(s, ids, 64, EMBKV_TIER_PM) == 64);
+    float out[64 * DIM];
+    uint8_t found[64];
+    CHECK_RC(embkv_get_batch_at(s, NULL, ids, 64, out, NULL, found, NULL), EMBKV_OK);
+    size_t same = 0;
+    for (int i = 0; i < 64; i++)
+        same += found[i] && vec_is(out + i * DIM, ids[i], gen[ids[i]]);
+    CHECK(same == 64);
+
+    /* The n hottest: 32 log rows touched 12 times each stand out (every
+     * other row was counted a few times at most, by the load and reads). */
+    int64_t hot[32];
+    CHECK(ssd_rows(s, n, n / 2, 32, hot) == 32);
+    for (int k = 0; k < 12; k++)
+        embkv_heat_touch(s, hot, 32);
+    int64_t top[32];
+    uint32_t th[32];
+    size_t nout;
+    CHECK_RC(embkv_hottest(s, 32, top, th, &nout), EMBKV_OK);
+    CHECK(nout == 32);
+    size_t ours = 0;
+    for (int i = 0; i < 32; i++)
+        for (int j = 0; j < 32; j++)
+            ours += top[i] == hot[j];
+    CHECK(ours == 32);
+    CHECK(th[31] >= 12);
+    CHECK_RC(embkv_hotset_move(s, top, nout, &mv), EMBKV_OK);
+    CHECK(mv.to_pm == 32);
+    CHECK(count_tier(s, hot, 32, EMBKV_TIER_PM) == 32);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.hotset_to_pm == 96);
+    CHECK(st.rows == n && st.rows_pm + st.rows_ssd == n);
+    check_all(s, gen, n);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* Every row as it was after a reopen (the statistics start from zero
+     * there, so the tier's thread may demote any row again). */
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_all(s, gen, n);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free(gen);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *root = test_tmpdir("hotset");
+    mkdir(root, 0755);
+    test_counts(root);
+    test_home(root);
+    test_to_pm(root);
+    return test_summary("test_hotset");
+}
