@@ -369,9 +369,10 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
             vt_err(v, "read failed: %s", embkv_errmsg());
             return sqlite_rc_of(erc);
         }
-        /* Lookups by id count in the access statistics; a scan reads
-         * every row once and would only flatten them. */
-        if (c->want_vec && c->plan != PLAN_SCAN) embkv_heat_touch(v->store, ids, n);
+        /* Lookups by id count in the access statistics (whatever columns
+         * they read); a scan visits every row once and would only flatten
+         * them. */
+        if (c->plan != PLAN_SCAN) embkv_heat_touch(v->store, ids, n);
     }
     c->lo = lo;
     c->hi = hi;
