@@ -36,6 +36,7 @@ $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
 $(B)/$(1)/tests/%: tests/%.c tests/check.h tests/tier_rows.h $(B)/$(1)/libembkv.a | $(B)/$(1)/tests
 	$$(CC) $$($(1)_CFLAGS) -Itests $$< -o $$@ $(B)/$(1)/libembkv.a $(LDLIBS)
 $(B)/$(1)/tests/test_model_tier: tests/test_model.c
+$(B)/$(1)/tests/test_model_cache: tests/test_model.c
 $(B)/$(1)/ext $(B)/$(1)/tests:
 	mkdir -p $$@
 endef

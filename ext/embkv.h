@@ -78,6 +78,13 @@ typedef struct embkv_options {
      * name another ssd_path. */
     uint64_t ssd_size;
     const char *ssd_path;
+    /* The DRAM cache (0: none): bytes of DRAM for a write-back cache of hot
+     * rows, updated in place and written back at syncs (and when a
+     * snapshot opens, or when 3/4 of it is dirty).  Not kept with the
+     * store: each process's first open decides; a later open in the same
+     * process asking for another size is refused.  At most the machine's
+     * memory. */
+    uint64_t cache_size;
 } embkv_options;
 
 /* A store directory may also hold files whose names begin with this
@@ -283,7 +290,8 @@ int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t
  * first ids win when room runs out; a row whose log record is damaged
  * stays there), then into their home buckets.  *moves counts what happened
  * to these ids: rows now in the pool that were in the log, rows moved into
- * their home bucket, rows brought into the DRAM cache (0: none yet). */
+ * their home bucket, rows brought into the DRAM cache (with one: each
+ * row present ends there, evicting colder clean rows). */
 typedef struct embkv_moves {
     uint64_t home_bucket, to_pm, to_dram;
 } embkv_moves;
@@ -340,7 +348,14 @@ typedef struct embkv_stats {
      * held; rows embkv_hotset_move brought into the pool. */
     int heat_counting;
     uint64_t heat_touches, heat_agings, heat_bytes;
-    uint64_t hotset_to_pm;
+    uint64_t hotset_to_pm, hotset_to_dram;
+    /* The DRAM cache (zero without one): rows it can hold and holds, bytes
+     * mapped, dirty rows; hits and misses of reads and writes that looked
+     * it up; rows admitted, evicted, written back, refused by admission;
+     * whether the kernel took the huge-page advice. */
+    uint64_t cache_capacity_rows, cache_rows, cache_bytes, cache_dirty;
+    uint64_t cache_hits, cache_misses, cache_admissions, cache_evictions, cache_writebacks, cache_refused;
+    int cache_huge_pages;
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 

@@ -24,9 +24,15 @@
  * look-ahead joins the operations, and the kills land while demotion,
  * promotion, compaction and look-ahead run).
  *
+ * test_model_cache (MODEL_CACHE, with MODEL_TIER) adds a DRAM cache about
+ * half the pool's size (about 5% of the rows): rows are read and updated
+ * in the cache, written back at syncs, snapshots and cleaning, and the
+ * kills lose exactly the cache's changes since the last sync.
+ *
  * Seed: fixed by default, overridable with EMBKV_TEST_SEED; printed at the
  * start and at the first failure together with the failing operation.
- * Operations: 3,000,000 * EMBKV_TEST_SCALE (test_model_tier: 1,000,000).
+ * Operations: 3,000,000 * EMBKV_TEST_SCALE (test_model_tier: 1,000,000;
+ * test_model_cache: 500,000).
  */
 #include "embkv.h"
 #include "embkv_debug.h"
@@ -38,7 +44,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef MODEL_TIER
+#if defined(MODEL_CACHE)
+#define DIM 512
+#define NAME "test_model_cache"
+#elif defined(MODEL_TIER)
 #define DIM 512
 #define NAME "test_model_tier"
 #else
@@ -311,7 +320,7 @@ static void open_store(bool create)
     /* Half the reopens pass only dim: zero state_floats means "whatever the
      * store has", so it must not count as a mismatch. */
     embkv_options o = opts;
-    if (!create && rnd_below(&model_rng, 2)) { memset(&o, 0, sizeof o); o.dim = DIM; }
+    if (!create && rnd_below(&model_rng, 2)) { memset(&o, 0, sizeof o); o.dim = DIM; o.cache_size = opts.cache_size; }
     int rc = embkv_open(dir, &o, create ? EMBKV_OPEN_CREATE : 0, &S);
     CHECK_RC(rc, EMBKV_OK);
     if (rc != EMBKV_OK) {
@@ -729,7 +738,9 @@ int main(void)
     const char *es = getenv("EMBKV_TEST_SEED");
     uint64_t seed = es && *es ? strtoull(es, NULL, 0) : 20240611;
     double scale = test_scale();
-#ifdef MODEL_TIER
+#if defined(MODEL_CACHE)
+    uint64_t nops = (uint64_t)(500000 * scale);
+#elif defined(MODEL_TIER)
     uint64_t nops = (uint64_t)(1000000 * scale);
 #else
     uint64_t nops = (uint64_t)(3000000 * scale);
@@ -763,6 +774,9 @@ int main(void)
 #ifdef MODEL_TIER
     opts.pool_size = 32ull << 20;  /* its record space holds about a tenth of the rows */
     opts.ssd_size = 512ull << 20;
+#ifdef MODEL_CACHE
+    opts.cache_size = 16ull << 20;
+#endif
 #else
     opts.pool_size = 64ull << 20;
 #endif
@@ -834,6 +848,13 @@ int main(void)
     /* most rows lived in the log in the second half of the run */
     CHECK(pm_low != SIZE_MAX && pm_low * 5 < mlive);
     CHECK(st.promotions > 0);
+#endif
+#ifdef MODEL_CACHE
+    printf(NAME ": cache %" PRIu64 " of %" PRIu64 " rows, %" PRIu64 " hits %" PRIu64 " misses, %" PRIu64
+           " evictions, %" PRIu64 " write-backs\n",
+           st.cache_rows, st.cache_capacity_rows, st.cache_hits, st.cache_misses, st.cache_evictions,
+           st.cache_writebacks);
+    CHECK(st.cache_hits > 0 && st.cache_evictions > 0 && st.cache_writebacks > 0);
 #endif
     do_reopen();
     CHECK_RC(embkv_close(S), EMBKV_OK);

@@ -247,10 +247,15 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
         ebr_leave();
         atomic_fetch_add(&s->st_hot_to_pm, moves->to_pm);
     }
-    size_t home = 0;
+    size_t home = 0, dram = 0;
     if (rc == EMBKV_OK)
         rc = embkv_hotset(s, u, k, &home);
     moves->home_bucket = home;
+    if (rc == EMBKV_OK && s->cache) {
+        rc = cache_hotset(s, u, k, &dram);
+        moves->to_dram = dram;
+        atomic_fetch_add(&s->st_hot_to_dram, dram);
+    }
     free(u);
     free(was_ssd);
     return rc;

@@ -164,6 +164,12 @@ bool group_held(embkv_store *s)
     return tl_find(s) != NULL;
 }
 
+bool group_logging(embkv_store *s)
+{
+    struct tl_group *g = tl_find(s);
+    return g && g->logging;
+}
+
 void groups_quiesce(embkv_store *s)
 {
     pthread_rwlock_wrlock(&s->snap->groups);
@@ -349,8 +355,20 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
     recompute_floor(s, NULL);
     atomic_fetch_add(&st->nsnap, 1);
     pthread_mutex_unlock(&st->mu);
-    /* Groups running now end before this returns; later ones log. */
-    pthread_rwlock_wrlock(&st->groups);
+    /* Groups running now end before this returns; later ones log.  The
+     * cache's dirty rows go home meanwhile: while a snapshot is open no row
+     * is dirty (cached rows are written through), so the version log
+     * covers every change a snapshot must not see. */
+    if (s->cache) {
+        int rc = cache_flush_quiesce(s);
+        if (rc != EMBKV_OK) {
+            snap->seq = UINT64_MAX;
+            embkv_snapshot_close(snap);
+            return rc;
+        }
+    } else {
+        pthread_rwlock_wrlock(&st->groups);
+    }
     uint64_t seq = atomic_load(&st->next_seq);
     pthread_rwlock_unlock(&st->groups);
     pthread_mutex_lock(&st->mu);
@@ -390,17 +408,22 @@ uint64_t embkv_snapshot_seq(const embkv_snapshot *snap)
 
 /* Replaces locs[i] by the location each id had as of the snapshot where the
  * log knows better.  Must run after the index lookups that produced locs. */
-void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs)
+void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs,
+                  uint8_t *logged)
 {
     struct snapstate *st = s->snap;
+    if (logged)
+        memset(logged, 0, n);
     if (!snap || atomic_load(&st->logged) == 0)
         return;
     for (size_t i = 0; i < n; i++) {
         uint64_t h = embkv__hash(ids[i]);
         vstripe *vs = stripe_for(st, h);
         pthread_mutex_lock(&vs->mu);
-        log_lookup(vs, ids[i], h, snap->seq, &locs[i]);
+        bool hit = log_lookup(vs, ids[i], h, snap->seq, &locs[i]);
         pthread_mutex_unlock(&vs->mu);
+        if (logged)
+            logged[i] = hit;
     }
 }
 

@@ -105,6 +105,15 @@ static int validate_options(const embkv_options *opt, unsigned flags, const char
     if (opt->expected_rows > (1ull << 40))
         return embkv__err(EMBKV_INVALID, "store %s: option expected_rows is too large (%llu)", dir,
                           (unsigned long long)opt->expected_rows);
+    if (opt->cache_size) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        uint64_t mem = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+        if (mem && opt->cache_size > mem)
+            return embkv__err(EMBKV_INVALID,
+                              "store %s: option cache_size (%llu bytes) is larger than this machine's memory "
+                              "(%llu bytes)",
+                              dir, (unsigned long long)opt->cache_size, (unsigned long long)mem);
+    }
     return EMBKV_OK;
 }
 
@@ -296,6 +305,7 @@ static void free_store(embkv_store *s)
     }
     free(s->limbo);
     tier_close(s);
+    cache_free(s->cache);
     heat_free(s->heat);
     train_free(s);
     snap_free(s);
@@ -733,6 +743,15 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
     if ((rc = tier_open(s, opt)) != EMBKV_OK)
         return rc;
+    if (opt && opt->cache_size) {
+        /* Rows the bytes hold: the record, its slot and two table entries. */
+        uint64_t rows = opt->cache_size / ((uint64_t)s->rec_size + 16 + 32);
+        if (!(s->cache = cache_new(rows, s->rec_size)))
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
+                              s->path, (unsigned long long)rows);
+        s->cache_size = opt->cache_size;
+        atomic_fetch_or(&s->heat_live, HEAT_FOR_CACHE);
+    }
 
     /* Chunks must be known before recovery reads records. */
     s->nchunks = 0;
@@ -934,6 +953,17 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
             rc = geometry_matches(o, opt);
             if (rc == EMBKV_OK)
                 rc = tier_check_open(o, opt);
+            if (rc == EMBKV_OK && opt && opt->cache_size && opt->cache_size != o->cache_size)
+                rc = o->cache_size
+                         ? embkv__err(EMBKV_INVALID,
+                                      "store %s is already open in this process with option cache_size %llu; "
+                                      "another open asked for %llu (leave it out, or 0, to share the cache)",
+                                      o->path, (unsigned long long)o->cache_size,
+                                      (unsigned long long)opt->cache_size)
+                         : embkv__err(EMBKV_INVALID,
+                                      "store %s is already open in this process without a cache; option "
+                                      "cache_size %llu needs it closed first",
+                                      o->path, (unsigned long long)opt->cache_size);
             if (rc == EMBKV_OK) {
                 o->refs++;
                 *out = o;

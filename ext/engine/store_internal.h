@@ -96,6 +96,9 @@ typedef struct index_desc {
 #define LOC_SSD (1ull << 63)
 #define LOC_TOMB (1ull << 62)
 #define LOC_FLAGS (LOC_SSD | LOC_TOMB)
+/* Not a stored location: a read path's mark for a row it took from the
+ * DRAM cache (cache.c). */
+#define LOC_CACHED (~0ull)
 
 static inline uint64_t loc_make(uint32_t chunk, uint32_t idx)
 {
@@ -172,6 +175,7 @@ typedef struct store_root {
 #define KEYLOCK_STRIPES 4096
 #define HEAT_FOR_TIER 1u
 #define HEAT_ASKED 2u
+#define HEAT_FOR_CACHE 4u
 
 typedef struct locvec {
     uint64_t *v;
@@ -255,6 +259,11 @@ struct embkv_store {
     struct snapstate *snap;
     atomic_uint_fast64_t snap_floor; /* ebr epoch of the oldest open snapshot */
 
+    /* the DRAM cache (cache.c); NULL without one */
+    struct cache *cache;
+    uint64_t cache_size;       /* as the first open asked */
+    atomic_bool cache_cleaning; /* one cache_clean at a time */
+
     /* training (train.c): options, permits; NULL until configured */
     struct train_state *_Atomic train;
 
@@ -300,7 +309,7 @@ struct embkv_store {
     pthread_mutex_t la_mu;
 
     /* statistics */
-    atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm;
+    atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm, st_hot_to_dram;
     atomic_uint_fast64_t st_resizes, st_syncs;
     double last_sync_ms;
 };
@@ -529,11 +538,57 @@ void groups_resume(embkv_store *s);
 /* Before changing id's index entry from prev, inside a group. */
 int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
 /* locs[i] of ids[i] as of the snapshot, after the index lookups. */
-void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs);
+/* logged (may be NULL): 1 where the version log decided locs[i]. */
+void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs,
+                  uint8_t *logged);
+/* Whether the calling thread's group on s logs (a snapshot was open when
+ * it began). */
+bool group_logging(embkv_store *s);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 void train_free(embkv_store *s);
 uint64_t store_grow_threshold(embkv_store *s);
+
+/* ------------------------------------------------------------- cache.c */
+typedef struct cache cache;
+/* A cache of `rows` records of rec_size bytes; NULL with errno ENOMEM. */
+cache *cache_new(uint64_t rows, uint32_t rec_size);
+void cache_free(cache *c);
+uint64_t cache_capacity(const cache *c);
+/* Lock-free, from any thread: */
+void cache_prefetch(const cache *c, uint64_t h);
+bool cache_contains(cache *c, int64_t id, uint64_t h);
+/* Copies id's cached header, vector and state (each may be NULL); false
+ * when id is not cached. */
+bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
+                uint32_t state_floats);
+void cache_count(cache *c, uint64_t hits, uint64_t misses);
+/* With id's key lock held: the whole record (rec_size bytes) and whether
+ * it is dirty; replace it (dirty or clean); mark it written back; drop
+ * it; admit it (not cached yet: a victim's slot, see cache.c; force skips
+ * the heat comparison).  Each false when id is not (or, admit, not
+ * newly) cached. */
+bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty);
+bool cache_set_locked(cache *c, int64_t id, uint64_t h, const void *rec, bool dirty);
+void cache_clean_locked(cache *c, int64_t id, uint64_t h);
+bool cache_remove_locked(cache *c, int64_t id, uint64_t h);
+bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force);
+uint64_t cache_ndirty(const cache *c);
+/* Ids of the rows dirty now (check each under its lock), with their heat
+ * when heat_of is given (malloc'd arrays). */
+int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s, size_t *n);
+void cache_stats(const cache *c, embkv_stats *st);
+
+/* store_ops.c: writes the dirty cached rows back to their homes (all with
+ * the groups quiesced; the coldest `limit` inside a group). */
+/* Quiesces the groups (groups_quiesce) with every dirty row written back;
+ * on failure the groups are resumed. */
+int cache_flush_quiesce(embkv_store *s);
+/* Inside a group: writes back the coldest dirty rows while more than
+ * 3/4 of the cache is dirty (down to 1/2). */
+int cache_clean(embkv_store *s);
+/* Brings ids into the cache (embkv_hotset_move); *admitted counts them. */
+int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted);
 
 /* ------------------------------------------------------------- tier.c */
 /* Opens (or creates) the store's SSD log as its root and the options say;

@@ -136,6 +136,7 @@ typedef struct write_req {
 } write_req;
 
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
+#define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
 
 static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
 {
@@ -208,7 +209,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
             return EMBKV_BUSY;
     }
     /* Readers of an older snapshot must find the version this replaces. */
-    int lrc = snap_log(s, id, h, have ? f.loc : LOC_NONE);
+    int lrc = w->kind == W_PUT && (w->flags & PUT_NOLOG) ? EMBKV_OK : snap_log(s, id, h, have ? f.loc : LOC_NONE);
     if (lrc != EMBKV_OK)
         return lrc;
     nr->id = id;
@@ -261,6 +262,289 @@ static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombston
     return tombstone ? slab_alloc_tombstone(s, locs) : slab_alloc(s, locs, n);
 }
 
+/* ------------------------------------------------------------ the DRAM cache
+ *
+ * A cached row (cache.c) is read from the cache by every non-snapshot read
+ * and written there in place by writes in groups that do not log; its home
+ * (the record the index names) catches up when it is written back.  While
+ * a snapshot is open no row is dirty (the snapshot's open wrote them back)
+ * and writes of cached rows go through: a new record as for any row, the
+ * cache refreshed with it.  All of it under the row's key lock. */
+
+/* A cached row's record rec as a new home record at newloc (logged for
+ * snapshots when `log`: a write; not for a write-back, which changes no
+ * content).  With the writer lock shared, id's key lock and an epoch. */
+static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uint64_t newloc,
+                            rec_hdr *rec, bool log, retire_buf *rb, bool *consumed)
+{
+    char *scratch = NULL;
+    float *v = rec_vec(rec);
+    write_req w = {.kind = W_PUT, .vec = v, .state = v + s->dim, .flags = PUT_CLOCK | (log ? 0 : PUT_NOLOG),
+                   .clock = rec->clock, .scratch = &scratch};
+    int rc = write_row(s, ix, id, h, newloc, &w, rb, consumed);
+    free(scratch);
+    return rc;
+}
+
+/* Writes back the dirty ones among ids into locs[*used..nlocs): EMBKV_FULL
+ * when the records ran out first.  With the writer lock shared and an
+ * epoch held. */
+static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n, const uint64_t *locs, size_t nlocs,
+                         size_t *used, retire_buf *rb, char *row)
+{
+    index_desc *ix = atomic_load(&s->ix);
+    int rc = EMBKV_OK;
+    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        bool dirty = false;
+        keylock_acquire(s, h);
+        if (cache_get_locked(s->cache, ids[i], h, row, &dirty) && dirty) {
+            if (*used == nlocs) {
+                rc = EMBKV_FULL;
+            } else {
+                bool consumed;
+                int r = cache_write_home(s, ix, ids[i], h, locs[*used], (rec_hdr *)row, false, rb, &consumed);
+                if (consumed) {
+                    (*used)++;
+                    cache_clean_locked(s->cache, ids[i], h);
+                } else if (r != EMBKV_OK) {
+                    rc = r;
+                }
+            }
+        }
+        keylock_release(s, h);
+    }
+    return rc;
+}
+
+/* Records for n write-backs, then the write-backs (the coldest first when
+ * heat is given); *left: dirty rows not written for want of records. */
+static int writeback_batch(embkv_store *s, const int64_t *ids, size_t n, bool quiesced, size_t *left)
+{
+    *left = 0;
+    if (n == 0)
+        return EMBKV_OK;
+    uint64_t *locs = malloc(n * sizeof *locs);
+    char *row = malloc(s->rec_size);
+    retire_buf *rb = malloc(sizeof *rb);
+    int rc = locs && row && rb ? EMBKV_OK : embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
+    size_t got = 0;
+    if (rc == EMBKV_OK) {
+        /* With the groups held a demotion may not run: the pool as it is. */
+        rc = quiesced ? slab_alloc(s, locs, n) : alloc_records(s, locs, n, false);
+        if (rc == EMBKV_OK)
+            got = n;
+        else if (quiesced && rc == EMBKV_FULL) {
+            while (got < n && slab_alloc(s, locs + got, 1) == EMBKV_OK)
+                got++;
+            rc = EMBKV_OK;
+        }
+    }
+    size_t used = 0;
+    if (rc == EMBKV_OK) {
+        rb->nkeep = rb->nnow = rb->ntombs = 0;
+        pthread_rwlock_rdlock(&s->writers);
+        ebr_enter();
+        rc = writeback_ids(s, ids, n, locs, got, &used, rb, row);
+        ebr_leave();
+        retire_flush(s, rb);
+        pthread_rwlock_unlock(&s->writers);
+        if (rc == EMBKV_FULL) {
+            *left = cache_ndirty(s->cache);
+            rc = EMBKV_OK;
+        }
+    }
+    if (used < got)
+        slab_free(s, locs + used, got - used);
+    free(locs);
+    free(row);
+    free(rb);
+    return rc;
+}
+
+int cache_flush_quiesce(embkv_store *s)
+{
+    for (int attempt = 0;; attempt++) {
+        /* Most rows are written back before the groups stop (a COMMIT or
+         * a push waits only for the rest). */
+        int64_t *ids = NULL;
+        size_t n = 0, left = 0;
+        int rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n);
+        if (rc != EMBKV_OK)
+            return embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
+        if (n > 64 && (rc = embkv_group_begin(s)) == EMBKV_OK) {
+            /* Inside a group of its own, like any write (the records must
+             * fall in one epoch with their index entries). */
+            rc = writeback_batch(s, ids, n, false, &left);
+            embkv_group_end(s);
+        }
+        free(ids);
+        if (rc != EMBKV_OK)
+            return rc;
+        groups_quiesce(s);
+        if ((rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n)) != EMBKV_OK) {
+            groups_resume(s);
+            return embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
+        }
+        rc = writeback_batch(s, ids, n, true, &left);
+        free(ids);
+        if (rc == EMBKV_OK && left == 0)
+            return EMBKV_OK;
+        groups_resume(s);
+        if (rc != EMBKV_OK)
+            return rc;
+        if (attempt == 2)
+            return embkv__err(EMBKV_FULL,
+                              "store %s: the pool has no room to write back %llu dirty rows of the cache "
+                              "(each needs a record until the next sync)",
+                              s->path, (unsigned long long)left);
+        /* Room first, outside the groups: demotion may run there. */
+        uint64_t *tmp = malloc((left + 64) * sizeof *tmp);
+        if (!tmp)
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
+        rc = alloc_records(s, tmp, left + 64, false);
+        if (rc == EMBKV_OK)
+            slab_free(s, tmp, left + 64);
+        free(tmp);
+        if (rc != EMBKV_OK)
+            return rc;
+    }
+}
+
+static int cmp_heat_ids(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+int cache_clean(embkv_store *s)
+{
+    cache *c = s->cache;
+    uint64_t cap = cache_capacity(c), nd = cache_ndirty(c);
+    if (!c || nd * 4 <= cap * 3)
+        return EMBKV_OK;
+    if (atomic_exchange(&s->cache_cleaning, true))
+        return EMBKV_OK;  /* another writer cleans */
+    int64_t *ids = NULL;
+    unsigned *hot = NULL;
+    size_t n = 0, left = 0;
+    int rc = cache_dirty_ids(c, &ids, &hot, s, &n);
+    uint64_t (*pair)[2] = rc == EMBKV_OK && n ? malloc(n * sizeof *pair) : NULL;
+    if (pair) {
+        /* The coldest first, down to half dirty. */
+        for (size_t i = 0; i < n; i++) {
+            pair[i][0] = hot[i];
+            pair[i][1] = (uint64_t)ids[i];
+        }
+        qsort(pair, n, sizeof *pair, cmp_heat_ids);
+        size_t k = n > cap / 2 ? n - cap / 2 : 0;
+        for (size_t i = 0; i < k; i++)
+            ids[i] = (int64_t)pair[i][1];
+        rc = writeback_batch(s, ids, k, false, &left);
+    }
+    free(pair);
+    free(ids);
+    free(hot);
+    atomic_store(&s->cache_cleaning, false);
+    return rc;
+}
+
+/* A put's new content over a cached row's record in row. */
+static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row)
+{
+    if (w->flags & EMBKV_PUT_INSERT)
+        return embkv__err(EMBKV_EXISTS, "id %lld already exists", (long long)id);
+    rec_hdr *r = (rec_hdr *)row;
+    float *v = rec_vec(r);
+    memcpy(v, w->vec, 4 * (size_t)s->dim);
+    if (w->state)
+        memcpy(v + s->dim, w->state, 4 * (size_t)s->state_floats);
+    else if (w->flags & EMBKV_PUT_RESET)
+        memset(v + s->dim, 0, 4 * (size_t)s->state_floats);
+    r->clock = (w->flags & PUT_CLOCK) ? w->clock : (w->flags & EMBKV_PUT_RESET) ? 0 : r->clock + 1;
+    r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
+    return EMBKV_OK;
+}
+
+/* Under id's key lock, not logging: a put into the cached row in place.
+ * EMBKV_NOTFOUND when id is not cached. */
+static int cache_put_locked(embkv_store *s, int64_t id, uint64_t h, const write_req *w, char *row)
+{
+    if (!cache_get_locked(s->cache, id, h, row, NULL))
+        return EMBKV_NOTFOUND;
+    int rc = put_content(s, id, w, row);
+    if (rc == EMBKV_OK)
+        cache_set_locked(s->cache, id, h, row, true);
+    return rc;
+}
+
+/* Under id's key lock in a logging group: the write of a cached row goes
+ * through (write_row as for any row, from the cache's content, which may
+ * be newer than the home's), and the cache keeps the new record, clean.
+ * EMBKV_NOTFOUND when id is not cached. */
+static int cache_write_through(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uint64_t newloc,
+                               const write_req *w, retire_buf *rb, bool *consumed, char *row)
+{
+    *consumed = false;
+    if (!cache_get_locked(s->cache, id, h, row, NULL))
+        return EMBKV_NOTFOUND;
+    rec_hdr *r = (rec_hdr *)row;
+    float *v = rec_vec(r);
+    if (w->kind == W_PUT) {
+        int rc = put_content(s, id, w, row);
+        if (rc != EMBKV_OK)
+            return rc;
+    } else {
+        if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
+            return EMBKV_BUSY;
+        r->clock++;
+    }
+    int rc = cache_write_home(s, ix, id, h, newloc, r, true, rb, consumed);
+    if (*consumed)
+        cache_set_locked(s->cache, id, h, rec_at(s, newloc), false);
+    return rc;
+}
+
+/* Read paths: a row a batch read from the pool is admitted when the access
+ * statistics rank it above the victim (cache.c).  Only with its key lock
+ * free and the index still naming the record that was read. */
+static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t loc)
+{
+    if (!keylock_try(s, h))
+        return;
+    uint32_t probes;
+    if (ix_lookup(atomic_load(&s->ix), id, h, &probes) == loc) {
+        rec_hdr *r = rec_at(s, loc);
+        if (r->id == id)
+            cache_admit_locked(s, s->cache, id, h, r, false, false);
+    }
+    keylock_release(s, h);
+}
+
+int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
+{
+    *admitted = 0;
+    if (!s->cache)
+        return EMBKV_OK;
+    ebr_enter();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        keylock_acquire(s, h);
+        uint32_t probes;
+        uint64_t loc = ix_lookup(atomic_load(&s->ix), ids[i], h, &probes);
+        if (loc != LOC_NONE && !(loc & LOC_TOMB) && !cache_contains(s->cache, ids[i], h)) {
+            char *buf = NULL;
+            rec_hdr *r = NULL;
+            if (tier_rec(s, ids[i], loc, &buf, &r, false) == EMBKV_OK && rec_ok(s, r, ids[i]))
+                *admitted += cache_admit_locked(s, s->cache, ids[i], h, r, false, true);
+            free(buf);
+        }
+        keylock_release(s, h);
+    }
+    ebr_leave();
+    return EMBKV_OK;
+}
+
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     if (!s)
@@ -309,15 +593,29 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     retire_buf rb;
     rb.nkeep = rb.nnow = rb.ntombs = 0;
     bool consumed;
+    char *row = s->cache ? malloc(s->rec_size) : NULL;
+    if (s->cache && !row) {
+        embkv_group_end(s);
+        slab_free(s, &loc, 1);
+        return embkv__err(EMBKV_NOMEM, "embkv_put: out of memory");
+    }
     pthread_rwlock_rdlock(&s->writers);
     keylock_acquire(s, h);
     ebr_enter();
-    rc = write_row(s, atomic_load(&s->ix), id, h, loc, &w, &rb, &consumed);
+    index_desc *ix = atomic_load(&s->ix);
+    rc = EMBKV_NOTFOUND;
+    consumed = false;
+    if (s->cache)
+        rc = group_logging(s) ? cache_write_through(s, ix, id, h, loc, &w, &rb, &consumed, row)
+                              : cache_put_locked(s, id, h, &w, row);
+    if (rc == EMBKV_NOTFOUND)  /* not cached */
+        rc = write_row(s, ix, id, h, loc, &w, &rb, &consumed);
     ebr_leave();
     keylock_release(s, h);
     retire_flush(s, &rb);
     pthread_rwlock_unlock(&s->writers);
     embkv_group_end(s);
+    free(row);
     if (!consumed)
         slab_free(s, &loc, 1);
     free(scratch);
@@ -374,6 +672,10 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
     }
     if ((rc = snap_log(s, id, h, f.loc)) != EMBKV_OK)
         goto out;
+    /* A cached copy goes (with its changes since the last write-back):
+     * the home's version is the one the delete replaces. */
+    if (s->cache)
+        cache_remove_locked(s->cache, id, h);
     uint64_t prev = displace(s, &rb, &f, old, epoch);
     if (prev == LOC_NONE) {
         /* Born in this epoch: nothing to return to after a crash. */
@@ -448,6 +750,23 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
         return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
     int rc = EMBKV_OK;
     ebr_enter();
+    if (s->cache) {
+        rec_hdr hd;
+        uint64_t h = embkv__hash(id);
+        bool hit = cache_read(s->cache, id, h, &hd, vec, s->dim, state, s->state_floats);
+        cache_count(s->cache, hit, !hit);
+        if (hit) {
+            ebr_leave();
+            if (info) {
+                info->clock = hd.clock;
+                info->epoch = rec_epoch(&hd);
+                info->tier = EMBKV_TIER_DRAM;
+            }
+            heat_touch(s->heat, h);
+            atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
+            return EMBKV_OK;
+        }
+    }
     uint64_t loc = ix_lookup(atomic_load(&s->ix), id, embkv__hash(id), &(uint32_t){0});
     if (loc == LOC_NONE || (loc & LOC_TOMB)) {
         rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
@@ -592,6 +911,12 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     int rc = EMBKV_OK;
     heat_buf hb;
     hb.n = 0;
+    cache *c = s->cache;
+    uint64_t hits = 0;
+    /* Pool rows worth offering to the cache (admitted after the batch). */
+    enum { OFFERS = 512 };
+    size_t noffer = 0, offer_at[OFFERS];
+    uint64_t offer_loc[OFFERS];
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -599,20 +924,36 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
             PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
+            if (c)
+                cache_prefetch(c, h);
             if (heat_counting(s))
                 heat_add(s, &hb, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            uint32_t probes;
-            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
-            locs[j % RING] = loc;
-            if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
-                prefetch_record(s, loc);
+            if (c && cache_read(c, ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL, 0)) {
+                locs[j % RING] = LOC_CACHED;
+                hits++;
+            } else {
+                uint32_t probes;
+                uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+                locs[j % RING] = loc;
+                if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                    prefetch_record(s, loc);
+            }
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
+            if (loc == LOC_CACHED) {
+                if (found)
+                    found[j] = true;
+                continue;
+            }
+            if (c && noffer < OFFERS && loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD))) {
+                offer_at[noffer] = j;
+                offer_loc[noffer++] = loc;
+            }
             bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
             if ((loc & LOC_SSD) && !(loc & LOC_TOMB)) {
                 if (locvec_push(&ssd_at, j) != EMBKV_OK || locvec_push(&ssd_locs, loc) != EMBKV_OK) {
@@ -644,6 +985,11 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     heat_flush(s, &hb);
     if (ssd_at.n && rc == EMBKV_OK)
         rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out);
+    if (c) {
+        cache_count(c, hits, n - hits);
+        for (size_t k = 0; k < noffer && rc == EMBKV_OK && !damaged; k++)
+            cache_offer_read(s, ids[offer_at[k]], embkv__hash(ids[offer_at[k]]), offer_loc[k]);
+    }
     ebr_leave();
     free(ssd_at.v);
     free(ssd_locs.v);
@@ -661,6 +1007,50 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
 /* embkv_get_batch's pipeline in three passes per block of ids: index
  * lookups, then (under a snapshot) the version log, then the copies, so
  * that the log is read after every index entry it may correct. */
+/* The cached rows among a block of a read (as of snap, or now): those the
+ * version log did not decide are read from the cache (out, info: the
+ * block's rows) and marked LOC_CACHED.  Under a snapshot, a row written
+ * since the log was read went through (snapshot.c: no row is dirty while
+ * one is open), so its log entry is there now: read again, the log wins. */
+static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t m, uint64_t *locs,
+                        const uint8_t *logged, float *out, embkv_rowinfo *info)
+{
+    uint8_t cached[AT_BLOCK];
+    size_t nc = 0;
+    for (size_t j = 0; j < m; j++) {
+        cached[j] = 0;
+        if (logged[j] || locs[j] == LOC_NONE || (locs[j] & LOC_TOMB))
+            continue;
+        uint64_t h = embkv__hash(ids[j]);
+        rec_hdr hd;
+        bool hit = out || info ? cache_read(s->cache, ids[j], h, &hd, out ? out + j * s->dim : NULL, s->dim, NULL, 0)
+                               : cache_contains(s->cache, ids[j], h);
+        if (!hit)
+            continue;
+        cached[j] = 1;
+        nc++;
+        if (info) {
+            info[j].clock = hd.clock;
+            info[j].epoch = rec_epoch(&hd);
+            info[j].tier = EMBKV_TIER_DRAM;
+        }
+    }
+    if (nc && snap) {
+        uint64_t again[AT_BLOCK];
+        uint8_t lg[AT_BLOCK];
+        memcpy(again, locs, m * sizeof *again);
+        snap_resolve(s, snap, ids, m, again, lg);
+        for (size_t j = 0; j < m; j++)
+            if (cached[j] && lg[j]) {
+                cached[j] = 0;
+                locs[j] = again[j];
+            }
+    }
+    for (size_t j = 0; j < m; j++)
+        if (cached[j])
+            locs[j] = LOC_CACHED;
+}
+
 /* get_batch_at and locate_batch_at: with neither out nor info, rows in the
  * log are not read (the index says where they are). */
 static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
@@ -687,7 +1077,10 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
                 locs[j] = ix_lookup(ix, bid[j], hs[j % RING], &probes);
             }
         }
-        snap_resolve(s, snap, bid, m, locs);
+        uint8_t logged[AT_BLOCK];
+        snap_resolve(s, snap, bid, m, locs, logged);
+        if (s->cache)
+            cached_rows(s, snap, bid, m, locs, logged, out ? out + lo * s->dim : NULL, info ? info + lo : NULL);
         free(ssd_buf);
         ssd_buf = NULL;
         int trc = out || info ? tier_read(s, bid, locs, m, &ssd_buf, recs, false) : EMBKV_OK;
@@ -697,6 +1090,14 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
         }
         for (size_t j = 0; j < m; j++) {
             uint64_t loc = locs[j];
+            if (loc == LOC_CACHED) {
+                /* out and info were filled from the cache */
+                if (tiers)
+                    tiers[lo + j] = EMBKV_TIER_DRAM;
+                if (found)
+                    found[lo + j] = 1;
+                continue;
+            }
             bool ok = loc != LOC_NONE && !(loc & LOC_TOMB), ssd = ok && (loc & LOC_SSD);
             if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
@@ -806,11 +1207,31 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
     }
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
-    for (size_t j = 0; j < n; j++)
-        p->locs[j] = ix_lookup(ix, ids[j], embkv__hash(ids[j]), &(uint32_t){0});
+    for (size_t j = 0; j < n; j++) {
+        uint64_t h = embkv__hash(ids[j]);
+        /* A cached row is written from the cache: its home is not read. */
+        p->locs[j] = s->cache && cache_contains(s->cache, ids[j], h) ? LOC_NONE
+                                                                    : ix_lookup(ix, ids[j], h, &(uint32_t){0});
+    }
     if (tier_read(s, ids, p->locs, n, &p->buf, p->recs, true) != EMBKV_OK || !p->buf)
         pre_read_free(p);
     ebr_leave();
+}
+
+/* Under id's key lock, not logging: fn applied to the cached row in place.
+ * EMBKV_NOTFOUND when id is not cached, EMBKV_BUSY when fn skipped it. */
+static int cache_update_locked(embkv_store *s, int64_t id, uint64_t h, const write_req *w, char *row)
+{
+    if (!cache_get_locked(s->cache, id, h, row, NULL))
+        return EMBKV_NOTFOUND;
+    rec_hdr *r = (rec_hdr *)row;
+    float *v = rec_vec(r);
+    if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
+        return EMBKV_BUSY;
+    r->clock++;
+    r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
+    cache_set_locked(s->cache, id, h, row, true);
+    return EMBKV_OK;
 }
 
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
@@ -819,6 +1240,16 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     int rc = (flags & EMBKV_UPDATE_CREATE) ? make_room(s, n) : EMBKV_OK;
     if (rc != EMBKV_OK)
         return rc;
+    cache *c = s->cache;
+    bool logging = c && group_logging(s);
+    char *row = NULL;
+    if (c) {
+        /* Dirty rows are never evicted: past 3/4 dirty the coldest go home. */
+        if (!logging && (rc = cache_clean(s)) != EMBKV_OK)
+            return rc;
+        if (!(row = malloc(s->rec_size)))
+            return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
+    }
     uint64_t *fresh = malloc(n * sizeof *fresh);
     if (!fresh)
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
@@ -829,10 +1260,12 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     pre_read pre;
     pre_read_rows(s, ids, n, &pre);
     size_t next_fresh = 0, updated = 0;
+    uint64_t hits = 0;
     retire_buf *rb = malloc(sizeof *rb);
     if (!rb) {
         slab_free(s, fresh, n);
         free(fresh);
+        free(row);
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
@@ -877,7 +1310,21 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
                 w.pre_loc = pre.locs[j];
             }
             keylock_acquire(s, h);
-            int r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
+            int r = EMBKV_NOTFOUND;
+            consumed = false;
+            if (c) {
+                r = logging ? cache_write_through(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed, row)
+                            : cache_update_locked(s, ids[j], h, &w, row);
+                if (r == EMBKV_OK && !logging)
+                    updated++;  /* in place: no record taken */
+                hits += r != EMBKV_NOTFOUND;
+            }
+            if (r == EMBKV_NOTFOUND) {
+                r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
+                /* The new version may take a colder row's place. */
+                if (c && consumed && !logging)
+                    cache_admit_locked(s, c, ids[j], h, rec_at(s, fresh[next_fresh]), false, false);
+            }
             keylock_release(s, h);
             free(scratch);
             scratch = NULL;
@@ -893,6 +1340,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     heat_flush(s, &hb);
     retire_flush(s, rb);
     pthread_rwlock_unlock(&s->writers);
+    if (c)
+        cache_count(c, hits, n - hits);
+    free(row);
     if (next_fresh < n)
         slab_free(s, fresh + next_fresh, n - next_fresh);
     free(fresh);
@@ -990,9 +1440,22 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
         unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
         rec_hdr *recs[BUCKET_SLOTS];
         char *ssd = NULL;  /* the bucket's log records */
+        /* Cached rows: their current version is the cache's. */
+        for (unsigned i = 0; i < n && s->cache; i++) {
+            rec_hdr hd;
+            float *v = buf + i * row_floats;
+            if (cache_read(s->cache, ids[i], embkv__hash(ids[i]), &hd, v, s->dim, v + s->dim, s->state_floats)) {
+                locs[i] = LOC_CACHED;
+                info[i].clock = hd.clock;
+                info[i].epoch = rec_epoch(&hd);
+                info[i].tier = EMBKV_TIER_DRAM;
+            }
+        }
         rc = tier_read(s, ids, locs, n, &ssd, recs, false);
         /* Copy out so the callback runs outside the epoch and may write. */
         for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
+            if (locs[i] == LOC_CACHED)
+                continue;
             bool logged = locs[i] & LOC_SSD;  /* (checked as it was read) */
             rec_hdr *r = logged ? recs[i] : rec_at(s, locs[i]);
             if (!logged && !rec_ok(s, r, ids[i]))

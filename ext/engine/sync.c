@@ -224,7 +224,17 @@ int embkv_sync(embkv_store *s)
      * entirely or not at all): groups in flight finish in E, later ones
      * write E+1. */
     uint64_t tail = tier_sync_tail(s);  /* log records below it are from epoch E or before */
-    groups_quiesce(s);
+    /* The cache's dirty rows go home in E (with the groups held for the
+     * last of them): the checkpoint holds every change of every group. */
+    if (s->cache) {
+        int frc = cache_flush_quiesce(s);
+        if (frc != EMBKV_OK) {
+            pthread_mutex_unlock(&s->sync_mu);
+            return frc;
+        }
+    } else {
+        groups_quiesce(s);
+    }
     pthread_rwlock_wrlock(&s->writers);
     uint64_t e = atomic_load(&s->cur_epoch);
     atomic_store(&s->cur_epoch, e + 1);
@@ -388,6 +398,8 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->batch_gets = atomic_load(&s->st_batch_gets);
     st->hot_moves = atomic_load(&s->st_hot_moves);
     st->hotset_to_pm = atomic_load(&s->st_hot_to_pm);
+    st->hotset_to_dram = atomic_load(&s->st_hot_to_dram);
+    cache_stats(s->cache, st);
     st->heat_counting = atomic_load(&s->heat_live) != 0;
     st->heat_touches = heat_touches(s->heat);
     st->heat_agings = heat_agings(s->heat);

@@ -29,6 +29,7 @@ typedef struct embkv_tabopts {
     embkv_train_options train;
     uint64_t ssd_size;     /* ssd_size: the SSD tier's bytes (0: none, or the store's) */
     const char *ssd_path;  /* ssd_path: its directory as written, NULL: <store>/log */
+    uint64_t cache_size;   /* cache_size: the DRAM cache's bytes (0: none) */
 } embkv_tabopts;
 
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */

@@ -125,6 +125,9 @@ static const ekopt_def ek_options[] = {
     {"ssd_size", EKO_BYTES, offsetof(embkv_tabopts, ssd_size), 0, 1ull << 50,
      "a size in bytes up to 1024T, such as 4194304, 64M or 200G (0: no SSD tier)", NULL},
     {"ssd_path", EKO_STR, offsetof(embkv_tabopts, ssd_path), 0, 0, "a directory name", NULL},
+    /* DRAM: the process's first open of the store decides (embkv.h). */
+    {"cache_size", EKO_BYTES, offsetof(embkv_tabopts, cache_size), 0, 1ull << 50,
+     "a size in bytes up to 1024T, such as 268435456, 256M or 4G (0: no cache)", NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -330,7 +333,8 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
 static int opt_is_stored(unsigned j)
 {
     return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path") &&
-           strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path");
+           strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path") &&
+           strcmp(ek_options[j].name, "cache_size");
 }
 
 /* After the store is open: take its options, or record the table's. */
@@ -649,6 +653,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * made; another table on the store may have raised it since, so the
      * store's own is taken (0), as a reopen of the store would. */
     eo.ssd_size = create ? v->opts.ssd_size : 0;
+    eo.cache_size = v->opts.cache_size;
     char *ssd_path = NULL;
     if (v->opts.ssd_path) {
         /* Relative to the database file's directory, as path is. */

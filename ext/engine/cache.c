@@ -1,0 +1,594 @@
+/*
+ * cache.c - the DRAM tier: a write-back cache of hot rows (option
+ * cache_size), above the pool and the log.
+ *
+ * What it holds.  A cached row's current version: the whole record
+ * (header, vector, optimizer state) in a DRAM si.  Clean: the row's
+ * home (the record the index points at, in the pool or the log) holds the
+ * same.  Dirty: the home is older; the cache is the only copy of the
+ * changes since the row was last written back (at a checkpoint, when a
+ * snapshot opens, or by the cleaner), which is exactly what a crash must
+ * lose.  Every cached row is in the index (rows are admitted only once
+ * they have a home), so counts, scans and placement keep using the index.
+ *
+ * Who may change what.  A row's si content, its dirty bit, and its
+ * presence in the cache change only under the row's key lock (store_ops.c:
+ * the stripe lock every writer of the row holds), so a writer holding it
+ * sees a stable entry.  The tables and the clock hand of a shard change
+ * under the shard's lock.  Readers take neither: a table probe is checked
+ * against the shard's table version (odd while the table changes; a miss
+ * is only trusted if it did not move), a si copy against the si's
+ * sequence number (odd while its content changes; eviction and reuse bump
+ * it too) and the si's id.  Content is copied in 8-byte atomic words on
+ * both sides, so the seqlock needs no data race to be right.
+ *
+ * Admission and eviction (TinyLFU over CLOCK).  The candidate is compared
+ * with the first eligible victim under the shard's hand: a si not
+ * referenced since the hand last passed (reads and writes set the bit:
+ * rows just pulled, whose push is coming, survive a full turn), clean,
+ * whose key lock can be taken without waiting.  The candidate comes in if
+ * the access sketch (heat.c) estimates it strictly hotter, else it is
+ * refused; hotset moves force it in.  Dirty rows are never evicted: they
+ * are written back first (store_ops.c: cache_clean), so eviction costs no
+ * I/O and no allocation in the middle of a batch.
+ *
+ * Memory.  Slots and their records live in one anonymous mapping advised
+ * MADV_HUGEPAGE: at gigabytes of cache, 4 KiB pages would make every hit a
+ * TLB miss too.  The shard tables are twice the slots, 16 bytes an entry.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "heat.h"
+#include "store_internal.h"
+
+#define CACHE_SHARDS 64
+#define EVICT_SCAN 64   /* slots the hand looks at for one admission */
+
+typedef struct centry {
+    _Atomic int64_t key;
+    _Atomic uint32_t slot1;    /* slot + 1; 0 = empty */
+    uint32_t pad;
+} centry;
+
+typedef struct cslot {
+    _Atomic uint32_t seq;      /* odd while the content changes */
+    _Atomic uint8_t ref;       /* CLOCK reference bit */
+    uint8_t used;              /* under the shard lock */
+    uint16_t pad;
+    _Atomic int64_t id;
+} cslot;
+
+typedef struct cshard {
+    atomic_flag lock;
+    _Atomic uint32_t tver;     /* odd while the table changes */
+    uint32_t base, n;          /* slots [base, base + n) */
+    uint32_t hand, used;
+    uint64_t tmask;
+    centry *tab;
+    char pad[64];
+} cshard;
+
+struct cache {
+    uint64_t capacity;
+    uint32_t rec_size, words;
+    cshard shards[CACHE_SHARDS];
+    cslot *slots;
+    char *recs;                /* capacity * rec_size */
+    size_t map_bytes;
+    void *map;
+    bool huge;
+    _Atomic uint64_t *dirty;   /* one bit per si */
+    size_t dirty_words;
+    atomic_uint_fast64_t ndirty;
+    atomic_uint_fast64_t hits, misses, admissions, evictions, writebacks, refused;
+};
+
+static inline cshard *shard_of(cache *c, uint64_t h) { return &c->shards[h >> 58]; }
+static inline uint64_t *slot_words(const cache *c, uint32_t si)
+{
+    return (uint64_t *)(c->recs + (size_t)si * c->rec_size);
+}
+
+static void shard_lock(cshard *sh)
+{
+    unsigned spins = 0;
+    while (atomic_flag_test_and_set_explicit(&sh->lock, memory_order_acquire))
+        ix_relax(&spins);
+}
+static void shard_unlock(cshard *sh) { atomic_flag_clear_explicit(&sh->lock, memory_order_release); }
+
+cache *cache_new(uint64_t rows, uint32_t rec_size)
+{
+    if (rows < CACHE_SHARDS)
+        rows = CACHE_SHARDS;
+    if (rows > UINT32_MAX - CACHE_SHARDS)
+        rows = UINT32_MAX - CACHE_SHARDS;
+    cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->capacity = rows;
+    c->rec_size = rec_size;
+    c->words = rec_size / 8;
+    size_t slot_bytes = (size_t)rows * sizeof(cslot), rec_bytes = (size_t)rows * rec_size;
+    size_t align = 2u << 20;
+    c->map_bytes = (slot_bytes + rec_bytes + 2 * align) / align * align;
+    c->map = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (c->map == MAP_FAILED) {
+        free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
+#endif
+    /* Records from the first huge page boundary past the slots. */
+    c->slots = c->map;
+    uintptr_t r = ((uintptr_t)c->map + slot_bytes + align - 1) & ~(uintptr_t)(align - 1);
+    c->recs = (char *)r;
+    c->dirty_words = (rows + 63) / 64;
+    c->dirty = calloc(c->dirty_words, sizeof *c->dirty);
+    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, base = 0;
+    bool ok = c->dirty != NULL;
+    for (int i = 0; i < CACHE_SHARDS && ok; i++) {
+        cshard *sh = &c->shards[i];
+        atomic_flag_clear(&sh->lock);
+        sh->base = (uint32_t)base;
+        sh->n = (uint32_t)(per + ((uint64_t)i < extra));
+        base += sh->n;
+        uint64_t t = 16;
+        while (t < 2 * (uint64_t)sh->n)
+            t <<= 1;
+        sh->tmask = t - 1;
+        sh->tab = calloc(t, sizeof *sh->tab);
+        ok = sh->tab != NULL;
+    }
+    if (!ok) {
+        cache_free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return c;
+}
+
+void cache_free(cache *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < CACHE_SHARDS; i++)
+        free(c->shards[i].tab);
+    free((void *)c->dirty);
+    munmap(c->map, c->map_bytes);
+    free(c);
+}
+
+uint64_t cache_capacity(const cache *c) { return c ? c->capacity : 0; }
+
+/* ---------------------------------------------------------------- tables */
+
+static inline uint64_t tab_home(const cshard *sh, uint64_t h) { return (h ^ (h >> 29)) & sh->tmask; }
+
+/* The si of id, or -1; lock-free (the caller checks the table version). */
+static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h)
+{
+    for (uint64_t i = tab_home(sh, h);; i = (i + 1) & sh->tmask) {
+        uint32_t s1 = atomic_load_explicit(&sh->tab[i].slot1, memory_order_relaxed);
+        if (!s1)
+            return -1;
+        if (atomic_load_explicit(&sh->tab[i].key, memory_order_relaxed) == id)
+            return (int64_t)s1 - 1;
+    }
+}
+
+static void tab_insert(cshard *sh, int64_t id, uint64_t h, uint32_t si)
+{
+    uint64_t i = tab_home(sh, h);
+    while (atomic_load_explicit(&sh->tab[i].slot1, memory_order_relaxed))
+        i = (i + 1) & sh->tmask;
+    atomic_store_explicit(&sh->tab[i].key, id, memory_order_relaxed);
+    atomic_store_explicit(&sh->tab[i].slot1, si + 1, memory_order_relaxed);
+}
+
+/* Linear probing's backward-shift delete: no tombstones to age. */
+static void tab_delete(cshard *sh, int64_t id, uint64_t h)
+{
+    uint64_t i = tab_home(sh, h);
+    for (;; i = (i + 1) & sh->tmask) {
+        uint32_t s1 = atomic_load_explicit(&sh->tab[i].slot1, memory_order_relaxed);
+        if (!s1)
+            return;
+        if (atomic_load_explicit(&sh->tab[i].key, memory_order_relaxed) == id)
+            break;
+    }
+    for (uint64_t j = i;;) {
+        j = (j + 1) & sh->tmask;
+        uint32_t s1 = atomic_load_explicit(&sh->tab[j].slot1, memory_order_relaxed);
+        if (!s1)
+            break;
+        int64_t k = atomic_load_explicit(&sh->tab[j].key, memory_order_relaxed);
+        uint64_t home = tab_home(sh, embkv__hash(k));
+        /* j's entry may fill the hole at i unless its home lies in (i, j]. */
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (stays)
+            continue;
+        atomic_store_explicit(&sh->tab[i].key, k, memory_order_relaxed);
+        atomic_store_explicit(&sh->tab[i].slot1, s1, memory_order_relaxed);
+        i = j;
+    }
+    atomic_store_explicit(&sh->tab[i].slot1, 0, memory_order_relaxed);
+}
+
+static inline void tver_begin(cshard *sh)
+{
+    atomic_store_explicit(&sh->tver, atomic_load_explicit(&sh->tver, memory_order_relaxed) + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+}
+static inline void tver_end(cshard *sh)
+{
+    atomic_store_explicit(&sh->tver, atomic_load_explicit(&sh->tver, memory_order_relaxed) + 1, memory_order_release);
+}
+static inline void seq_begin(cslot *cs)
+{
+    atomic_store_explicit(&cs->seq, atomic_load_explicit(&cs->seq, memory_order_relaxed) + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+}
+static inline void seq_end(cslot *cs)
+{
+    atomic_store_explicit(&cs->seq, atomic_load_explicit(&cs->seq, memory_order_relaxed) + 1, memory_order_release);
+}
+
+static inline void words_store(uint64_t *dst, const void *src, uint32_t words)
+{
+    const uint64_t *s = src;
+    for (uint32_t i = 0; i < words; i++)
+        __atomic_store_n(&dst[i], s[i], __ATOMIC_RELAXED);
+}
+static inline void words_load(void *dst, const uint64_t *src, uint32_t from, uint32_t words)
+{
+    uint64_t *d = dst;
+    for (uint32_t i = 0; i < words; i++)
+        d[i] = __atomic_load_n(&src[from + i], __ATOMIC_RELAXED);
+}
+
+/* Bytes [off, off + n) of a si's record, read in whole atomic words. */
+static void bytes_load(void *dst, const uint64_t *w, size_t off, size_t n)
+{
+    size_t first = off / 8, skip = off % 8, done = 0;
+    if (skip == 0 && n % 8 == 0) {
+        words_load(dst, w, (uint32_t)first, (uint32_t)(n / 8));
+        return;
+    }
+    uint64_t tmp[32];
+    for (size_t k = first; done < n;) {
+        size_t m = (skip + (n - done) + 7) / 8;
+        if (m > 32)
+            m = 32;
+        words_load(tmp, w, (uint32_t)k, (uint32_t)m);
+        size_t take = m * 8 - skip < n - done ? m * 8 - skip : n - done;
+        memcpy((char *)dst + done, (char *)tmp + skip, take);
+        done += take;
+        k += m;
+        skip = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- reads */
+
+void cache_prefetch(const cache *c, uint64_t h)
+{
+    const cshard *sh = &c->shards[h >> 58];
+    __builtin_prefetch(&sh->tab[tab_home(sh, h)], 0, 3);
+}
+
+bool cache_contains(cache *c, int64_t id, uint64_t h)
+{
+    cshard *sh = shard_of(c, h);
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
+        if (v & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int64_t si = tab_find(sh, id, h);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
+            return si >= 0;
+    }
+}
+
+bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
+                uint32_t state_floats)
+{
+    cshard *sh = shard_of(c, h);
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
+        if (v & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int64_t si = tab_find(sh, id, h);
+        if (si < 0) {
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
+                return false;
+            continue;
+        }
+        cslot *cs = &c->slots[si];
+        uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
+        if ((sv & 1) || atomic_load_explicit(&cs->id, memory_order_relaxed) != id) {
+            ix_relax(&spins);
+            continue;
+        }
+        const uint64_t *w = slot_words(c, (uint32_t)si);
+        rec_hdr hd;
+        words_load(&hd, w, 0, sizeof hd / 8);
+        if (vec)
+            bytes_load(vec, w, sizeof(rec_hdr), 4 * (size_t)dim);
+        if (state && state_floats)
+            bytes_load(state, w, sizeof(rec_hdr) + 4 * (size_t)dim, 4 * (size_t)state_floats);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&cs->seq, memory_order_relaxed) != sv ||
+            atomic_load_explicit(&cs->id, memory_order_relaxed) != id)
+            continue;
+        if (hdr)
+            *hdr = hd;
+        if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
+            atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+        return true;
+    }
+}
+
+void cache_count(cache *c, uint64_t hits, uint64_t misses)
+{
+    if (hits)
+        atomic_fetch_add_explicit(&c->hits, hits, memory_order_relaxed);
+    if (misses)
+        atomic_fetch_add_explicit(&c->misses, misses, memory_order_relaxed);
+}
+
+/* ------------------------------------------------ under the row's key lock */
+
+/* The si of id (stable while its key lock is held), or -1. */
+static int64_t locked_slot(cache *c, int64_t id, uint64_t h)
+{
+    cshard *sh = shard_of(c, h);
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
+        if (v & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int64_t si = tab_find(sh, id, h);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
+            return si;
+    }
+}
+
+static inline bool bit_get(cache *c, uint32_t si)
+{
+    return (atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1;
+}
+
+bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty)
+{
+    int64_t si = locked_slot(c, id, h);
+    if (si < 0)
+        return false;
+    words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
+    if (dirty)
+        *dirty = bit_get(c, (uint32_t)si);
+    cslot *cs = &c->slots[si];
+    if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
+        atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    return true;
+}
+
+static void set_dirty(cache *c, uint32_t si, bool dirty)
+{
+    uint64_t bit = 1ull << (si % 64);
+    uint64_t old = dirty ? atomic_fetch_or_explicit(&c->dirty[si / 64], bit, memory_order_relaxed)
+                         : atomic_fetch_and_explicit(&c->dirty[si / 64], ~bit, memory_order_relaxed);
+    if (dirty && !(old & bit))
+        atomic_fetch_add_explicit(&c->ndirty, 1, memory_order_relaxed);
+    else if (!dirty && (old & bit))
+        atomic_fetch_sub_explicit(&c->ndirty, 1, memory_order_relaxed);
+}
+
+bool cache_set_locked(cache *c, int64_t id, uint64_t h, const void *rec, bool dirty)
+{
+    int64_t si = locked_slot(c, id, h);
+    if (si < 0)
+        return false;
+    cslot *cs = &c->slots[si];
+    seq_begin(cs);
+    words_store(slot_words(c, (uint32_t)si), rec, c->words);
+    seq_end(cs);
+    set_dirty(c, (uint32_t)si, dirty);
+    return true;
+}
+
+void cache_clean_locked(cache *c, int64_t id, uint64_t h)
+{
+    int64_t si = locked_slot(c, id, h);
+    if (si >= 0) {
+        set_dirty(c, (uint32_t)si, false);
+        atomic_fetch_add_explicit(&c->writebacks, 1, memory_order_relaxed);
+    }
+}
+
+bool cache_remove_locked(cache *c, int64_t id, uint64_t h)
+{
+    cshard *sh = shard_of(c, h);
+    shard_lock(sh);
+    int64_t si = tab_find(sh, id, h);
+    if (si >= 0) {
+        cslot *cs = &c->slots[si];
+        tver_begin(sh);
+        tab_delete(sh, id, h);
+        tver_end(sh);
+        seq_begin(cs);
+        cs->used = 0;
+        sh->used--;
+        seq_end(cs);
+        set_dirty(c, (uint32_t)si, false);
+    }
+    shard_unlock(sh);
+    return si >= 0;
+}
+
+/* A si for a new row: a free one, or a victim's (see the top). */
+static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, bool force)
+{
+    if (sh->used < sh->n) {
+        for (uint32_t k = 0; k < sh->n; k++) {
+            uint32_t si = sh->base + (sh->hand + k) % sh->n;
+            if (!c->slots[si].used) {
+                sh->hand = (sh->hand + k + 1) % sh->n;
+                return si;
+            }
+        }
+    }
+    unsigned cand = heat_estimate(s->heat, cand_h);
+    for (uint32_t k = 0; k < EVICT_SCAN && k < 2 * sh->n; k++) {
+        uint32_t si = sh->base + sh->hand;
+        sh->hand = (sh->hand + 1) % sh->n;
+        cslot *cs = &c->slots[si];
+        if (atomic_load_explicit(&cs->ref, memory_order_relaxed)) {
+            atomic_store_explicit(&cs->ref, 0, memory_order_relaxed);
+            continue;
+        }
+        if (bit_get(c, si))
+            continue;
+        int64_t vid = atomic_load_explicit(&cs->id, memory_order_relaxed);
+        uint64_t vh = embkv__hash(vid);
+        if (!force && cand <= heat_estimate(s->heat, vh)) {
+            atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
+            return -1;
+        }
+        if (!keylock_try(s, vh))
+            continue;
+        /* Under the victim's lock it stays clean. */
+        if (bit_get(c, si)) {
+            keylock_release(s, vh);
+            continue;
+        }
+        tver_begin(sh);
+        tab_delete(sh, vid, vh);
+        tver_end(sh);
+        seq_begin(cs);
+        cs->used = 0;
+        sh->used--;
+        seq_end(cs);
+        keylock_release(s, vh);
+        atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
+        return si;
+    }
+    atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
+    return -1;
+}
+
+bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force)
+{
+    cshard *sh = shard_of(c, h);
+    shard_lock(sh);
+    if (tab_find(sh, id, h) >= 0) {
+        shard_unlock(sh);
+        return false;
+    }
+    int64_t si = take_slot(s, c, sh, h, force);
+    if (si < 0) {
+        shard_unlock(sh);
+        return false;
+    }
+    cslot *cs = &c->slots[si];
+    seq_begin(cs);
+    atomic_store_explicit(&cs->id, id, memory_order_relaxed);
+    words_store(slot_words(c, (uint32_t)si), rec, c->words);
+    cs->used = 1;
+    atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    seq_end(cs);
+    sh->used++;
+    tver_begin(sh);
+    tab_insert(sh, id, h, (uint32_t)si);
+    tver_end(sh);
+    set_dirty(c, (uint32_t)si, dirty);
+    shard_unlock(sh);
+    atomic_fetch_add_explicit(&c->admissions, 1, memory_order_relaxed);
+    return true;
+}
+
+/* ---------------------------------------------------------------- dirty rows */
+
+uint64_t cache_ndirty(const cache *c) { return c ? atomic_load(&c->ndirty) : 0; }
+
+int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s, size_t *n)
+{
+    *n = 0;
+    *ids = NULL;
+    if (heat_of)
+        *heat_of = NULL;
+    size_t cap = atomic_load(&c->ndirty) + 64, k = 0;
+    int64_t *out = malloc(cap * sizeof *out);
+    if (!out)
+        return EMBKV_NOMEM;
+    for (size_t w = 0; w < c->dirty_words; w++) {
+        uint64_t bits = atomic_load_explicit(&c->dirty[w], memory_order_relaxed);
+        while (bits) {
+            uint32_t si = (uint32_t)(w * 64 + (unsigned)__builtin_ctzll(bits));
+            bits &= bits - 1;
+            if (k == cap) {
+                size_t nc = cap * 2;
+                int64_t *p = realloc(out, nc * sizeof *p);
+                if (!p) {
+                    free(out);
+                    return EMBKV_NOMEM;
+                }
+                out = p;
+                cap = nc;
+            }
+            out[k++] = atomic_load_explicit(&c->slots[si].id, memory_order_relaxed);
+        }
+    }
+    if (heat_of && k) {
+        *heat_of = malloc(k * sizeof **heat_of);
+        if (!*heat_of) {
+            free(out);
+            return EMBKV_NOMEM;
+        }
+        for (size_t i = 0; i < k; i++)
+            (*heat_of)[i] = heat_estimate(s->heat, embkv__hash(out[i]));
+    }
+    *ids = out;
+    *n = k;
+    return EMBKV_OK;
+}
+
+void cache_stats(const cache *c, embkv_stats *st)
+{
+    if (!c)
+        return;
+    uint64_t rows = 0;
+    for (int i = 0; i < CACHE_SHARDS; i++) {
+        cshard *sh = (cshard *)&c->shards[i];
+        shard_lock(sh);
+        rows += sh->used;
+        shard_unlock(sh);
+    }
+    st->cache_capacity_rows = c->capacity;
+    st->cache_rows = rows;
+    st->cache_bytes = (uint64_t)c->map_bytes;
+    st->cache_dirty = atomic_load(&c->ndirty);
+    st->cache_hits = atomic_load(&c->hits);
+    st->cache_misses = atomic_load(&c->misses);
+    st->cache_admissions = atomic_load(&c->admissions);
+    st->cache_evictions = atomic_load(&c->evictions);
+    st->cache_writebacks = atomic_load(&c->writebacks);
+    st->cache_refused = atomic_load(&c->refused);
+    st->cache_huge_pages = c->huge;
+}
