@@ -209,23 +209,27 @@ static void test_to_pm(const char *root)
         same += found[i] && vec_is(out + i * DIM, ids[i], gen[ids[i]]);
     CHECK(same == 64);
 
-    /* The n hottest: 32 log rows touched 12 times each stand out (every
-     * other row was counted a few times at most, by the load and reads). */
+    /* The n hottest: 32 log rows touched 12 times each stand out beside
+     * the 64 just moved (a move raises its rows to the top: 15); every
+     * other row was counted a few times at most, by the load and reads. */
     int64_t hot[32];
     CHECK(ssd_rows(s, n, n / 2, 32, hot) == 32);
     for (int k = 0; k < 12; k++)
         embkv_heat_touch(s, hot, 32);
-    int64_t top[32];
-    uint32_t th[32];
+    int64_t top[96];
+    uint32_t th[96];
     size_t nout;
-    CHECK_RC(embkv_hottest(s, 32, top, th, &nout), EMBKV_OK);
-    CHECK(nout == 32);
-    size_t ours = 0;
-    for (int i = 0; i < 32; i++)
+    CHECK_RC(embkv_hottest(s, 96, top, th, &nout), EMBKV_OK);
+    CHECK(nout == 96);
+    size_t ours = 0, moved_before = 0;
+    for (int i = 0; i < 96; i++) {
         for (int j = 0; j < 32; j++)
             ours += top[i] == hot[j];
-    CHECK(ours == 32);
-    CHECK(th[31] >= 12);
+        for (int j = 0; j < 64; j++)
+            moved_before += top[i] == ids[j];
+    }
+    CHECK(ours == 32 && moved_before == 64);
+    CHECK(th[0] == 15 && th[95] >= 12);
     CHECK_RC(embkv_hotset_move(s, top, nout, &mv), EMBKV_OK);
     CHECK(mv.to_pm == 32);
     CHECK(count_tier(s, hot, 32, EMBKV_TIER_PM) == 32);
@@ -238,6 +242,37 @@ static void test_to_pm(const char *root)
     /* Every row as it was after a reopen (the statistics start from zero
      * there, so the tier's thread may demote any row again). */
     CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_all(s, gen, n);
+
+    /* A reopened store learns its pool's limit when a chunk is refused:
+     * a move larger than the free records still happens (it once moved
+     * nothing past a few hundred rows). */
+    enum { MANY = 1000 };
+    int64_t *many = malloc(4 * MANY * sizeof *many);
+    CHECK(ssd_rows(s, n, 0, MANY, many) == MANY);
+    CHECK_RC(embkv_hotset_move(s, many, MANY, &mv), EMBKV_OK);
+    CHECK(mv.to_pm == MANY);
+    size_t in_pm = 0;
+    for (size_t i = 0; i < MANY; i += 200)
+        in_pm += count_tier(s, many + i, 200, EMBKV_TIER_PM);
+    CHECK(in_pm == MANY);
+
+    /* More rows than the pool holds: the first ids win, and the moves do
+     * not push each other out (the pool's rows number about a tenth of n). */
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    size_t want = (size_t)st.rows_pm * 3;
+    int64_t *lots = malloc(want * sizeof *lots);
+    size_t got = ssd_rows(s, n, 0, want, lots);
+    CHECK(got > st.rows_pm);
+    uint64_t dem0 = st.demotions;
+    CHECK_RC(embkv_hotset_move(s, lots, got, &mv), EMBKV_OK);
+    CHECK(mv.to_pm > 0 && mv.to_pm < got);
+    CHECK(count_tier(s, lots, 200, EMBKV_TIER_PM) == 200);                 /* the first */
+    CHECK(count_tier(s, lots + got - 200, 200, EMBKV_TIER_SSD) == 200);    /* the last */
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.demotions - dem0 <= 2 * st.rows_pm);  /* no churn through the log */
+    free(lots);
+    free(many);
     check_all(s, gen, n);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     free(gen);

@@ -619,15 +619,29 @@ void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, re
     promo_offer(s, ids, locs, recs, n, true);
 }
 
-/* Records promotion may take now: all it wants while the pool can still
- * grow, else what is free above the low watermark (tier_worker.c). */
-static size_t promote_room(embkv_store *s)
+/* For explicit moves: what is free above the high watermark (tier_worker.c
+ * keeps that much for writers), more only by demoting colder rows. */
+static size_t move_room(embkv_store *s)
 {
     size_t free_recs, total;
     bool exhausted;
     slab_space(s, &free_recs, &total, &exhausted);
-    size_t low = total / 32 + s->delete_reserve;
-    return !exhausted ? SIZE_MAX : free_recs > low ? free_recs - low : 0;
+    size_t high = total / 16 + s->delete_reserve;
+    return !exhausted ? SIZE_MAX : free_recs > high ? free_recs - high : 0;
+}
+
+/* Records the pool can hold at most, less the high watermark's free part:
+ * more promotions than that would only demote each other. */
+static size_t pool_room_total(embkv_store *s)
+{
+    size_t free_recs, total;
+    bool exhausted;
+    slab_space(s, &free_recs, &total, &exhausted);
+    size_t cap = exhausted || !s->chunk_limit ? total : (size_t)s->chunk_limit * s->recs_per_chunk;
+    if (cap < total)
+        cap = total;
+    size_t keep = cap / 16 + s->delete_reserve;
+    return cap > keep ? cap - keep : 0;
 }
 
 int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
@@ -635,6 +649,10 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
     *moved = 0;
     if (!s->log || !s->promo_cap || n == 0)
         return EMBKV_OK;
+    /* The first ids that fit: the later ones would push them out again. */
+    size_t fit = pool_room_total(s);
+    if (n > fit)
+        n = fit;
     size_t per = s->promo_cap / 2;
     int64_t *cid = malloc(per * sizeof *cid);
     uint64_t *loc = malloc(per * sizeof *loc);
@@ -674,13 +692,23 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
                 recs[j] = (rec_hdr *)(buf + j * s->rec_size);
         }
         ebr_leave();
+        /* The caller says these rows are hot: the sketch is told so, or the
+         * demotions that make room for the next ones would take them. */
+        for (int t = 0; t < (int)HEAT_MAX_COUNT && k; t++)
+            for (size_t j = 0; j < k; j += 256) {
+                uint64_t hh[256];
+                size_t m = k - j < 256 ? k - j : 256;
+                for (size_t q = 0; q < m; q++)
+                    hh[q] = embkv__hash(cid[j + q]);
+                heat_touch_batch(s->heat, hh, m);
+            }
         /* The records are copies: the queue takes them outside the epoch,
          * and promotion (which waits for readers) may run between. */
         for (size_t done = 0; done < k && rc == EMBKV_OK;) {
             size_t took = promo_offer(s, cid + done, loc + done, recs + done, k - done, false);
             done += took;
             size_t m = 0;
-            rc = tier_promote_queued(s, promote_room(s), true, &m);
+            rc = tier_promote_queued(s, move_room(s), true, &m);
             *moved += m;
             if (took == 0 && m == 0)
                 break;  /* the queue stays full: the rest stay in the log */
@@ -755,8 +783,19 @@ int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *mov
     }
     if (k > room)
         k = room;
-    if (k && slab_alloc(s, p, k) != EMBKV_OK)
-        k = 0;  /* no room after all: the rows stay in the log */
+    if (k && slab_alloc(s, p, k) != EMBKV_OK) {
+        /* The pool could not grow by a chunk (a reopened store learns its
+         * limit this way): colder rows make room, then what there is. */
+        size_t got = 0, freed = 0;
+        if (make_room)
+            tier_demote(s, k, &freed);
+        if (slab_alloc(s, p, k) == EMBKV_OK)
+            got = k;
+        else
+            while (got < k && slab_alloc(s, p + got, 1) == EMBKV_OK)
+                got++;
+        k = got;  /* the others stay in the log */
+    }
     size_t m = 0;
     if (k) {
         pthread_rwlock_rdlock(&s->writers);

@@ -41,6 +41,7 @@ typedef struct {
     uint8_t *hits;
     int8_t *tier;
     size_t n, cap, i;
+    char *name;                /* the argument, for the tbl column */
 } heatcur;
 
 #define HEAT_COL_TABLE 3
@@ -75,9 +76,10 @@ static int heat_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
     int at = -1;
     for (int i = 0; i < info->nConstraint; i++) {
         const struct sqlite3_index_constraint *c = &info->aConstraint[i];
-        if (c->iColumn != HEAT_COL_TABLE) continue;
-        /* The table argument given but not usable here: not this plan. */
-        if (c->op != SQLITE_INDEX_CONSTRAINT_EQ || !c->usable) return SQLITE_CONSTRAINT;
+        if (c->iColumn != HEAT_COL_TABLE || c->op != SQLITE_INDEX_CONSTRAINT_EQ) continue;
+        /* The table argument given but not known yet: not this plan.  (A
+         * constraint other than = on it is no argument: xFilter says so.) */
+        if (!c->usable) return SQLITE_CONSTRAINT;
         at = i;
         break;
     }
@@ -103,6 +105,8 @@ static int heat_open(sqlite3_vtab *pv, sqlite3_vtab_cursor **pc)
 
 static void heat_reset(heatcur *c)
 {
+    sqlite3_free(c->name);
+    c->name = NULL;
     free(c->ids);
     free(c->hits);
     free(c->tier);
@@ -188,6 +192,10 @@ static int heat_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, 
         return heat_error(pc->pVtab, SQLITE_ERROR,
                           sqlite3_mprintf("embkv_heat: expected a table name (TEXT): SELECT id, hits, tier FROM "
                                           "embkv_heat('table')"));
+    /* (Named like embkv_stats' argument: 'o.t' for a table of schema o;
+     * SQLite keeps eponymous tables in main, so o.embkv_heat('t') is
+     * main's.) */
+    if (!(c->name = sqlite3_mprintf("%s", name))) return SQLITE_NOMEM;
     embkv_table_ref ref;
     char *err = NULL;
     if (embkv_table_lookup(t->db, name, &ref, &err) != SQLITE_OK) {
@@ -225,7 +233,7 @@ static int heat_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
     case 0: sqlite3_result_int64(ctx, c->ids[c->i]); break;
     case 1: sqlite3_result_int(ctx, c->hits[c->i]); break;
     case 2: sqlite3_result_text(ctx, tier_names[c->tier[c->i]], -1, SQLITE_STATIC); break;
-    default: sqlite3_result_null(ctx); break;
+    default: sqlite3_result_text(ctx, c->name, -1, SQLITE_TRANSIENT); break;
     }
     return SQLITE_OK;
 }
@@ -307,8 +315,20 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         n = got;
         break;
     }
+    case SQLITE_TEXT: {
+        /* A JSON array: ek_parse_ids' hint at "an integer" would mislead
+         * here, where an integer is n. */
+        const char *txt = (const char *)sqlite3_value_text(argv[1]);
+        while (txt && (*txt == ' ' || *txt == '\t' || *txt == '\n' || *txt == '\r')) txt++;
+        if (!txt || *txt != '[') {
+            hot_error(ctx, ref.name, SQLITE_ERROR,
+                      "ids must be a JSON array of integers such as '[42]' or an int64 BLOB (an integer is n, "
+                      "the number of hottest rows)");
+            return;
+        }
+    }
+    /* fall through */
     case SQLITE_BLOB:
-    case SQLITE_TEXT:
         ids = ek_parse_ids(argv[1], &n, &err);
         if (!ids) {
             hot_error(ctx, ref.name, err ? SQLITE_ERROR : SQLITE_NOMEM, err ? err : "out of memory");

@@ -78,6 +78,14 @@ int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
         int k = 0;
         for (cJSON *e = j->child; ids && e; e = e->next, k++) {
             double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+            if (!cJSON_IsNumber(e)) {
+                *err = sqlite3_mprintf("ids element %d is not an integer (it is %s)", k,
+                                       cJSON_IsString(e) ? "a string" : cJSON_IsArray(e) ? "an array"
+                                       : cJSON_IsObject(e) ? "an object" : cJSON_IsBool(e) ? "a boolean" : "null");
+                sqlite3_free(ids);
+                ids = NULL;
+                break;
+            }
             /* cJSON keeps numbers as double: integers beyond 2^53 are not exact. */
             if (!(d == floor(d)) || fabs(d) >= 9007199254740992.0) {
                 *err = sqlite3_mprintf("ids element %d is not an integer of magnitude below 2^53 (use an int64 BLOB for "

@@ -42,6 +42,10 @@ SELECT 'err', count(*) FROM embkv_heat('plain');
 SELECT 'err', count(*) FROM embkv_heat('nosuch');
 SELECT 'err', count(*) FROM embkv_heat(NULL);
 SELECT 'err', count(*) FROM embkv_heat;
+SELECT 'err', count(*) FROM embkv_heat WHERE tbl > 'a';
+SELECT 'err', embkv_hotset('small', '["5"]');
+SELECT 'tbl', id, tbl FROM embkv_heat('small') WHERE id = 5;
+SELECT 'tbl', count(*) FROM embkv_heat WHERE tbl = 'small';
 -- A table larger than its pool: log rows move up, counted exactly.
 CREATE VIRTUAL TABLE big USING embkv(dim=8, pool_size='16M', capacity=300000, ssd_size='64M');
 INSERT INTO big(id, vec) SELECT value, json_array(value, value + 1, value + 2, value + 3, -value, 0.5, 0.25, value % 7)
@@ -62,15 +66,17 @@ SELECT 'moved-heat', count(*) FROM embkv_heat('big') WHERE tier = 'pm' AND id IN
 SELECT 'moved-values', sum(json_extract(embkv_json(vec), '$[1]')) = (SELECT sum(id + 1) FROM cold) FROM big WHERE id IN (SELECT id FROM cold);
 -- again: nothing left to bring into the pool
 SELECT 'to-pm-again', json_extract(embkv_hotset('big', (SELECT json_group_array(id) FROM cold)), '$.to_pm');
--- the n hottest: ten log rows read five times stand out
+-- the n hottest: ten log rows read five times stand out (beside the 20
+-- just moved: a move ranks its rows at the top, 15)
 CREATE TABLE hot AS SELECT id FROM big WHERE tier = 'ssd' ORDER BY id DESC LIMIT 10;
 SELECT 'read-hot', count(*) FROM big WHERE id IN (SELECT id FROM hot);
 SELECT 'read-hot', count(*) FROM big WHERE id IN (SELECT id FROM hot);
 SELECT 'read-hot', count(*) FROM big WHERE id IN (SELECT id FROM hot);
 SELECT 'read-hot', count(*) FROM big WHERE id IN (SELECT id FROM hot);
 SELECT 'read-hot', count(*) FROM big WHERE id IN (SELECT id FROM hot);
-SELECT 'top10', count(*) FROM (SELECT id FROM embkv_heat('big') ORDER BY hits DESC LIMIT 10) WHERE id IN (SELECT id FROM hot);
-SELECT 'hotset-10', json_extract(embkv_hotset('big', 10), '$.to_dram');
+SELECT 'moved-hits', min(hits) FROM embkv_heat('big') WHERE id IN (SELECT id FROM cold);
+SELECT 'top30', count(*) FROM (SELECT id FROM embkv_heat('big') ORDER BY hits DESC LIMIT 30) WHERE id IN (SELECT id FROM hot);
+SELECT 'hotset-30', json_extract(embkv_hotset('big', 30), '$.to_pm');
 SELECT 'hot-in-pm', count(*) FROM big WHERE tier = 'pm' AND id IN (SELECT id FROM hot);
 SELECT 'big-count', count(*), sum(id) FROM big;
 SELECT 'big-stats', json_extract(embkv_stats('big'), '$.ops.hotset_to_pm') >= 20;
