@@ -223,7 +223,7 @@ static void tab_delete(cshard *sh, int64_t id, uint64_t h)
 static inline void tver_begin(cshard *sh)
 {
     atomic_store_explicit(&sh->tver, atomic_load_explicit(&sh->tver, memory_order_relaxed) + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    seq_fence(__ATOMIC_RELEASE);
 }
 static inline void tver_end(cshard *sh)
 {
@@ -232,7 +232,7 @@ static inline void tver_end(cshard *sh)
 static inline void seq_begin(cslot *cs)
 {
     atomic_store_explicit(&cs->seq, atomic_load_explicit(&cs->seq, memory_order_relaxed) + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    seq_fence(__ATOMIC_RELEASE);
 }
 static inline void seq_end(cslot *cs)
 {
@@ -293,7 +293,7 @@ bool cache_contains(cache *c, int64_t id, uint64_t h)
             continue;
         }
         int64_t si = tab_find(sh, id, h);
-        atomic_thread_fence(memory_order_acquire);
+        seq_fence(__ATOMIC_ACQUIRE);
         if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
             return si >= 0;
     }
@@ -312,7 +312,7 @@ bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint
         }
         int64_t si = tab_find(sh, id, h);
         if (si < 0) {
-            atomic_thread_fence(memory_order_acquire);
+            seq_fence(__ATOMIC_ACQUIRE);
             if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
                 return false;
             continue;
@@ -330,7 +330,7 @@ bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint
             bytes_load(vec, w, sizeof(rec_hdr), 4 * (size_t)dim);
         if (state && state_floats)
             bytes_load(state, w, sizeof(rec_hdr) + 4 * (size_t)dim, 4 * (size_t)state_floats);
-        atomic_thread_fence(memory_order_acquire);
+        seq_fence(__ATOMIC_ACQUIRE);
         if (atomic_load_explicit(&cs->seq, memory_order_relaxed) != sv ||
             atomic_load_explicit(&cs->id, memory_order_relaxed) != id)
             continue;
@@ -364,7 +364,7 @@ static int64_t locked_slot(cache *c, int64_t id, uint64_t h)
             continue;
         }
         int64_t si = tab_find(sh, id, h);
-        atomic_thread_fence(memory_order_acquire);
+        seq_fence(__ATOMIC_ACQUIRE);
         if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
             return si;
     }

@@ -169,6 +169,25 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(o, "pending_writes", (double)ref.pending_writes);
     ok = ok && cJSON_AddNumberToObject(o, "record_bytes", (double)st.record_bytes);
     ok = ok && (tiers = cJSON_AddObjectToObject(o, "tiers")) != NULL;
+    if (ok && st.cache_capacity_rows) {
+        /* The DRAM cache, when the table has one. */
+        cJSON *dram = cJSON_AddObjectToObject(tiers, "dram");
+        uint64_t looked = st.cache_hits + st.cache_misses;
+        ok = dram != NULL;
+        ok = ok && cJSON_AddNumberToObject(dram, "rows", (double)st.cache_rows);
+        ok = ok && cJSON_AddNumberToObject(dram, "capacity_rows", (double)st.cache_capacity_rows);
+        ok = ok && cJSON_AddNumberToObject(dram, "bytes", (double)st.cache_bytes);
+        ok = ok && cJSON_AddBoolToObject(dram, "huge_pages", st.cache_huge_pages != 0);
+        ok = ok && cJSON_AddNumberToObject(dram, "dirty_rows", (double)st.cache_dirty);
+        ok = ok && cJSON_AddNumberToObject(dram, "hits", (double)st.cache_hits);
+        ok = ok && cJSON_AddNumberToObject(dram, "misses", (double)st.cache_misses);
+        ok = ok && cJSON_AddNumberToObject(dram, "hit_rate", looked ? (double)st.cache_hits / (double)looked : 0.0);
+        ok = ok && cJSON_AddNumberToObject(dram, "admissions", (double)st.cache_admissions);
+        ok = ok && cJSON_AddNumberToObject(dram, "refused", (double)st.cache_refused);
+        ok = ok && cJSON_AddNumberToObject(dram, "evictions", (double)st.cache_evictions);
+        ok = ok && cJSON_AddNumberToObject(dram, "write_backs", (double)st.cache_writebacks);
+        ok = ok && cJSON_AddNumberToObject(dram, "migrations", (double)st.hotset_to_dram);
+    }
     ok = ok && (pm = cJSON_AddObjectToObject(tiers, "pm")) != NULL;
     ok = ok && cJSON_AddNumberToObject(pm, "rows", (double)st.rows_pm);
     ok = ok && cJSON_AddNumberToObject(pm, "bytes", (double)st.pool_used_bytes);
@@ -227,6 +246,7 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(ops, "deletes", (double)st.deletes);
     ok = ok && cJSON_AddNumberToObject(ops, "hot_moves", (double)st.hot_moves);
     ok = ok && cJSON_AddNumberToObject(ops, "hotset_to_pm", (double)st.hotset_to_pm);
+    ok = ok && cJSON_AddNumberToObject(ops, "hotset_to_dram", (double)st.hotset_to_dram);
     cJSON *heat = ok ? cJSON_AddObjectToObject(o, "heat") : NULL;
     ok = heat != NULL;
     ok = ok && cJSON_AddBoolToObject(heat, "counting", st.heat_counting != 0);

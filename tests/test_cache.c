@@ -1,0 +1,461 @@
+/*
+ * test_cache.c - the DRAM cache (option cache_size) through the C API:
+ *  - exact optimizer arithmetic through cached rows: the same pulls,
+ *    pushes, puts and deletes on a store with a small cache and on one
+ *    without give bit-identical rows, states and clocks (sgd, adagrad,
+ *    adam), across evictions, write-backs, syncs and reopens;
+ *  - snapshots: a snapshot opened over dirty cached rows sees them as they
+ *    were, whatever is pushed while it is open; reads without one see the
+ *    newest; the tier of a cached row is EMBKV_TIER_DRAM;
+ *  - SIGKILL of pushes from 4 threads on overlapping hot ids, with a
+ *    checkpoint thread (50 kills, 20 under EMBKV_TEST_SCALE < 1): after
+ *    each reopen every push is there entirely or not at all (each thread's
+ *    own counter row says how many of its pushes the checkpoint holds; the
+ *    clock of every hot row must then be exactly their sum, its values the
+ *    optimizer's arithmetic of those pushes);
+ *  - the option's errors: more than the machine's memory, another size in
+ *    a second open of the same store.
+ */
+#include "embkv.h"
+#include "check.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIM 8
+#define ROWS 2000
+
+static double scale(void)
+{
+    const char *e = getenv("EMBKV_TEST_SCALE");
+    double s = e && *e ? atof(e) : 1.0;
+    return s > 0 ? s : 1.0;
+}
+
+static void configure(embkv_store *s, int optimizer)
+{
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.optimizer = optimizer;
+    t.lr = 0.05;
+    t.init = EMBKV_INIT_UNIFORM;
+    t.init_a = -1;
+    t.init_b = 1;
+    t.seed = 7;
+    if (optimizer == EMBKV_ADAM)
+        t.eps = 1e-8;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+}
+
+static embkv_store *open_with(const char *dir, int optimizer, uint64_t cache_size, bool create)
+{
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.optimizer = optimizer;
+    embkv_options o = {.dim = DIM, .state_floats = embkv_train_state_floats(&t, DIM), .expected_rows = 4 * ROWS,
+                       .cache_size = cache_size};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, create ? EMBKV_OPEN_CREATE : 0, &s), EMBKV_OK);
+    if (s)
+        configure(s, optimizer);
+    return s;
+}
+
+/* Every row of a and b equal, bit for bit, with its state and clock. */
+static size_t rows_differ(embkv_store *a, embkv_store *b, uint32_t sf)
+{
+    size_t wrong = 0;
+    float va[DIM], vb[DIM], sa[3 * DIM], sb[3 * DIM];
+    for (int64_t id = 0; id < 4 * ROWS; id++) {
+        embkv_rowinfo ia, ib;
+        int ra = embkv_get(a, id, va, sa, &ia), rb = embkv_get(b, id, vb, sb, &ib);
+        if (ra != rb) {
+            wrong++;
+            continue;
+        }
+        if (ra == EMBKV_OK && (memcmp(va, vb, sizeof va) || memcmp(sa, sb, sf * sizeof(float)) || ia.clock != ib.clock))
+            wrong++;
+    }
+    return wrong;
+}
+
+/* Skewed ids: most of a batch from a few hundred rows. */
+static int64_t skewed(rng_t *r)
+{
+    return (int64_t)rnd_below(r, rnd_below(r, rnd_below(r, 2 * ROWS) + 1) + 1);
+}
+
+static void test_same_as_uncached(const char *root, int optimizer)
+{
+    static const char *const names[] = {"sgd", "adagrad", "adam"};
+    char da[600], db[600];
+    snprintf(da, sizeof da, "%s/%s-cached", root, names[optimizer]);
+    snprintf(db, sizeof db, "%s/%s-plain", root, names[optimizer]);
+    /* A few rows per shard (of 64): eviction is constant. */
+    uint64_t cache_bytes = 64 * 512;
+    embkv_store *a = open_with(da, optimizer, cache_bytes, true), *b = open_with(db, optimizer, 0, true);
+    embkv_session *sa, *sb;
+    CHECK_RC(embkv_session_open(a, &sa), EMBKV_OK);
+    CHECK_RC(embkv_session_open(b, &sb), EMBKV_OK);
+    uint32_t sf = embkv_state_floats(a);
+    rng_t r = {1000 + (uint64_t)optimizer};
+    enum { B = 64 };
+    int64_t ids[B];
+    float outa[B * DIM], outb[B * DIM], grads[B * DIM];
+    size_t pull_wrong = 0;
+    int steps = (int)(600 * scale());
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < B; i++)
+            ids[i] = skewed(&r);
+        CHECK_RC(embkv_pull(sa, ids, B, outa), EMBKV_OK);
+        CHECK_RC(embkv_pull(sb, ids, B, outb), EMBKV_OK);
+        pull_wrong += memcmp(outa, outb, sizeof outa) != 0;
+        for (int i = 0; i < B * DIM; i++)
+            grads[i] = (float)((int)rnd_below(&r, 2001) - 1000) / 512.0f;
+        size_t na, nb;
+        CHECK_RC(embkv_push(sa, ids, B, grads, 0, &na), EMBKV_OK);
+        CHECK_RC(embkv_push(sb, ids, B, grads, 0, &nb), EMBKV_OK);
+        CHECK(na == nb);
+        /* Now and then a put (keeping or resetting the state) and a delete. */
+        if (step % 7 == 3) {
+            int64_t id = skewed(&r);
+            float v[DIM];
+            for (int k = 0; k < DIM; k++)
+                v[k] = (float)step + (float)k / 4;
+            unsigned fl = step % 14 == 3 ? EMBKV_PUT_RESET : 0;
+            CHECK_RC(embkv_put(a, id, v, NULL, fl), EMBKV_OK);
+            CHECK_RC(embkv_put(b, id, v, NULL, fl), EMBKV_OK);
+        }
+        if (step % 11 == 5) {
+            int64_t id = skewed(&r);
+            CHECK(embkv_delete(a, id) == embkv_delete(b, id));
+        }
+        if (step % 50 == 49 && step + 1 < steps)
+            CHECK_RC(embkv_sync(a), EMBKV_OK);
+        if (step % 170 == 169) {
+            embkv_session_close(sa);
+            CHECK_RC(embkv_close(a), EMBKV_OK);
+            a = open_with(da, optimizer, cache_bytes, false);
+            CHECK_RC(embkv_session_open(a, &sa), EMBKV_OK);
+        }
+    }
+    CHECK(pull_wrong == 0);
+    CHECK(rows_differ(a, b, sf) == 0);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(a, &st), EMBKV_OK);
+    printf("%s: cache %llu of %llu rows, %llu hits %llu misses, %llu evictions, %llu write-backs, %llu dirty\n",
+           names[optimizer], (unsigned long long)st.cache_rows, (unsigned long long)st.cache_capacity_rows,
+           (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
+           (unsigned long long)st.cache_evictions, (unsigned long long)st.cache_writebacks,
+           (unsigned long long)st.cache_dirty);
+    CHECK(st.cache_capacity_rows >= 64 && st.cache_capacity_rows < 400);
+    CHECK(st.cache_hits > 0 && st.cache_evictions > 0 && st.cache_writebacks > 0);
+    /* The dirty rows of the last steps survive a clean close. */
+    CHECK(st.cache_dirty > 0);
+    embkv_session_close(sa);
+    CHECK_RC(embkv_close(a), EMBKV_OK);
+    a = open_with(da, optimizer, 0, false);
+    CHECK(rows_differ(a, b, sf) == 0);
+    CHECK_RC(embkv_check(a), EMBKV_OK);
+    embkv_session_close(sb);
+    CHECK_RC(embkv_close(a), EMBKV_OK);
+    CHECK_RC(embkv_close(b), EMBKV_OK);
+}
+
+/* sgd with lr 1 and gradients of ones: a row pushed c times from v0 holds
+ * v0 - c in every component, exactly. */
+static float v0_of(int64_t id) { return (float)(1000 + id % 100); }
+
+static bool row_consistent(int64_t id, const float *v, uint64_t clock)
+{
+    for (int k = 0; k < DIM; k++)
+        if (v[k] != v0_of(id) - (float)clock)
+            return false;
+    return true;
+}
+
+static embkv_store *open_ones(const char *dir, bool create, uint64_t cache_bytes)
+{
+    embkv_options o = {.dim = DIM, .expected_rows = 4 * ROWS, .cache_size = cache_bytes};
+    embkv_store *s = NULL;
+    int rc = embkv_open(dir, &o, create ? EMBKV_OPEN_CREATE : 0, &s);
+    if (rc != EMBKV_OK)
+        return NULL;
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.lr = 1;
+    if (embkv_train_configure(s, &t) != EMBKV_OK) {
+        embkv_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void put_ones(embkv_store *s, int64_t n)
+{
+    float v[DIM];
+    for (int64_t id = 0; id < n; id++) {
+        for (int k = 0; k < DIM; k++)
+            v[k] = v0_of(id);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+}
+
+static void test_snapshot(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/snap", root);
+    embkv_store *s = open_ones(dir, true, 1u << 20);
+    CHECK(s != NULL);
+    put_ones(s, 300);
+    embkv_session *ss;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    int64_t ids[32];
+    float ones[32 * DIM], out[32 * DIM];
+    for (int i = 0; i < 32 * DIM; i++)
+        ones[i] = 1;
+    for (int i = 0; i < 32; i++)
+        ids[i] = i;
+    /* Pulled and pushed twice: cached and dirty. */
+    for (int k = 0; k < 2; k++) {
+        CHECK_RC(embkv_pull(ss, ids, 32, out), EMBKV_OK);
+        CHECK_RC(embkv_push(ss, ids, 32, ones, 0, NULL), EMBKV_OK);
+    }
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_rows >= 32 && st.cache_dirty >= 32);
+    int tier[32];
+    uint8_t found[32];
+    CHECK_RC(embkv_locate_batch_at(s, NULL, ids, 32, tier, found), EMBKV_OK);
+    size_t dram = 0;
+    for (int i = 0; i < 32; i++)
+        dram += found[i] && tier[i] == EMBKV_TIER_DRAM;
+    CHECK(dram == 32);
+
+    embkv_snapshot *snap;
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_dirty == 0);  /* written back when the snapshot opened */
+    for (int k = 0; k < 3; k++)
+        CHECK_RC(embkv_push(ss, ids, 32, ones, 0, NULL), EMBKV_OK);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_dirty == 0);  /* written through while it is open */
+    embkv_rowinfo info[32];
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 32, out, info, found, NULL), EMBKV_OK);
+    size_t as_of_snap = 0;
+    for (int i = 0; i < 32; i++)
+        as_of_snap += found[i] && info[i].clock == 2 && row_consistent(ids[i], out + i * DIM, 2);
+    CHECK(as_of_snap == 32);
+    CHECK_RC(embkv_get_batch_at(s, NULL, ids, 32, out, info, found, NULL), EMBKV_OK);
+    size_t newest = 0;
+    for (int i = 0; i < 32; i++)
+        newest += found[i] && info[i].clock == 5 && info[i].tier == EMBKV_TIER_DRAM &&
+                  row_consistent(ids[i], out + i * DIM, 5);
+    CHECK(newest == 32);
+    embkv_snapshot_close(snap);
+    /* In place again once no snapshot is open. */
+    CHECK_RC(embkv_push(ss, ids, 32, ones, 0, NULL), EMBKV_OK);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_dirty >= 32);
+    /* A snapshot opened now, a delete and an update while it is open. */
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    CHECK_RC(embkv_delete(s, 3), EMBKV_OK);
+    float nine[DIM] = {9, 9, 9, 9, 9, 9, 9, 9};
+    CHECK_RC(embkv_put(s, 4, nine, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 32, out, info, found, NULL), EMBKV_OK);
+    as_of_snap = 0;
+    for (int i = 0; i < 32; i++)
+        as_of_snap += found[i] && info[i].clock == 6 && row_consistent(ids[i], out + i * DIM, 6);
+    CHECK(as_of_snap == 32);
+    embkv_snapshot_close(snap);
+    float v[DIM];
+    embkv_rowinfo one;
+    CHECK_RC(embkv_get(s, 3, v, NULL, NULL), EMBKV_NOTFOUND);
+    CHECK_RC(embkv_get(s, 4, v, NULL, &one), EMBKV_OK);
+    CHECK(memcmp(v, nine, sizeof v) == 0 && one.clock == 7);
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    s = open_ones(dir, false, 0);
+    CHECK_RC(embkv_get(s, 4, v, NULL, &one), EMBKV_OK);
+    CHECK(memcmp(v, nine, sizeof v) == 0 && one.clock == 7);
+    CHECK_RC(embkv_get(s, 5, v, NULL, &one), EMBKV_OK);
+    CHECK(one.clock == 6 && row_consistent(5, v, 6));
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* ---- kills during concurrent pushes and checkpoints ------------------- */
+
+#define THREADS 4
+#define HOT 256             /* ids 0..HOT-1: shared by the threads */
+#define COUNTER(t) (HOT + (t))  /* each thread's own row: one update per push */
+#define PUSH_IDS 24
+
+static embkv_store *KS;
+static atomic_int kstop;
+
+/* Thread t's push number k (from 1): its ids, distinct, its counter row
+ * first.  The same function gives the parent the expected clocks. */
+static void push_ids(int t, uint64_t k, int64_t *ids)
+{
+    rng_t r = {((uint64_t)t << 40) ^ (k * 0x9E3779B97F4A7C15ull)};
+    ids[0] = COUNTER(t);
+    int n = 1;
+    while (n < PUSH_IDS) {
+        int64_t id = (int64_t)rnd_below(&r, HOT);
+        bool dup = false;
+        for (int i = 1; i < n; i++)
+            dup |= ids[i] == id;
+        if (!dup)
+            ids[n++] = id;
+    }
+}
+
+static void *pusher(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    embkv_session *ss;
+    if (embkv_session_open(KS, &ss) != EMBKV_OK)
+        _exit(6);
+    int64_t ids[PUSH_IDS];
+    float ones[PUSH_IDS * DIM];
+    for (int i = 0; i < PUSH_IDS * DIM; i++)
+        ones[i] = 1;
+    for (uint64_t k = 1; !atomic_load(&kstop); k++) {
+        push_ids(t, k, ids);
+        if (embkv_push(ss, ids, PUSH_IDS, ones, 0, NULL) != EMBKV_OK)
+            _exit(7);
+    }
+    return NULL;
+}
+
+static void *checkpointer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&kstop)) {
+        if (embkv_sync(KS) != EMBKV_OK)
+            _exit(8);
+        usleep(2000);
+    }
+    return NULL;
+}
+
+static void kill_round(const char *dir, int round)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        KS = open_ones(dir, false, 64u << 10);  /* about 100 rows: evictions too */
+        if (!KS)
+            _exit(3);
+        pthread_t th[THREADS], cp;
+        for (int t = 0; t < THREADS; t++)
+            pthread_create(&th[t], NULL, pusher, (void *)(intptr_t)t);
+        pthread_create(&cp, NULL, checkpointer, NULL);
+        for (;;)
+            pause();
+    }
+    rng_t pr = {(uint64_t)round * 31 + 17};
+    usleep((useconds_t)(30000 + rnd_below(&pr, 150000)));
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st));
+
+    embkv_store *s = open_ones(dir, false, 0);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    /* How many of each thread's pushes the checkpoint holds. */
+    uint64_t count[THREADS], want[HOT] = {0};
+    float v[DIM];
+    embkv_rowinfo info;
+    for (int t = 0; t < THREADS; t++) {
+        CHECK_RC(embkv_get(s, COUNTER(t), v, NULL, &info), EMBKV_OK);
+        count[t] = info.clock;
+        CHECK(row_consistent(COUNTER(t), v, info.clock));
+    }
+    /* The clocks add up over the rounds: done[t] and base[id] are what the
+     * previous round's check found. */
+    static uint64_t done[THREADS];
+    static uint64_t base[HOT];
+    int64_t ids[PUSH_IDS];
+    for (int t = 0; t < THREADS; t++)
+        CHECK(count[t] >= done[t]);
+    /* Each round's child numbers its pushes from 1 again: the expected
+     * clock of a hot row is its clock after the last round plus the pushes
+     * of this round that touched it. */
+    for (int t = 0; t < THREADS; t++)
+        for (uint64_t k = 1; k <= count[t] - done[t]; k++) {
+            push_ids(t, k, ids);
+            for (int i = 1; i < PUSH_IDS; i++)
+                want[ids[i]]++;
+        }
+    size_t wrong = 0;
+    for (int64_t id = 0; id < HOT; id++) {
+        CHECK_RC(embkv_get(s, id, v, NULL, &info), EMBKV_OK);
+        uint64_t expect = base[id] + want[id];
+        if (info.clock != expect || !row_consistent(id, v, expect))
+            wrong++;
+        base[id] = info.clock;
+    }
+    if (wrong)
+        fprintf(stderr, "kill round %d: %zu hot rows are not the sum of whole pushes\n", round, wrong);
+    CHECK(wrong == 0);
+    for (int t = 0; t < THREADS; t++)
+        done[t] = count[t];
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+static void test_kills(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/kills", root);
+    embkv_store *s = open_ones(dir, true, 0);
+    CHECK(s != NULL);
+    put_ones(s, HOT + THREADS);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    int rounds = scale() < 1 ? 20 : 50;
+    for (int round = 0; round < rounds; round++)
+        kill_round(dir, round);
+    printf("%d kills during pushes from %d threads and checkpoints: every push whole or absent\n", rounds, THREADS);
+}
+
+static void test_errors(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/err", root);
+    embkv_options huge = {.dim = DIM, .cache_size = 1ull << 50};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &huge, EMBKV_OPEN_CREATE, &s), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "option cache_size") && strstr(embkv_errmsg(), "memory"));
+    embkv_options o = {.dim = DIM, .cache_size = 1u << 20};
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    embkv_store *s2;
+    embkv_options other = {.dim = DIM, .cache_size = 2u << 20};
+    CHECK_RC(embkv_open(dir, &other, 0, &s2), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "cache_size 1048576") && strstr(embkv_errmsg(), "2097152"));
+    CHECK_RC(embkv_open(dir, &o, 0, &s2), EMBKV_OK);  /* the same: shared */
+    CHECK(s2 == s);
+    embkv_options none = {.dim = DIM};
+    CHECK_RC(embkv_open(dir, &none, 0, &s2), EMBKV_OK);  /* left out: the store's */
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *root = test_tmpdir("cache");
+    mkdir(root, 0755);
+    test_errors(root);
+    for (int opt = EMBKV_SGD; opt <= EMBKV_ADAM; opt++)
+        test_same_as_uncached(root, opt);
+    test_snapshot(root);
+    test_kills(root);
+    return test_summary("test_cache");
+}
