@@ -282,6 +282,23 @@ void cache_prefetch(const cache *c, uint64_t h)
     __builtin_prefetch(&sh->tab[tab_home(sh, h)], 0, 3);
 }
 
+void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw)
+{
+    /* A probe without the version check: a hint for the line fetches. */
+    const cshard *sh = shard_of(c, h);
+    int64_t si = tab_find(sh, id, h);
+    if (si < 0)
+        return;
+    const char *p = (const char *)slot_words(c, (uint32_t)si);
+    __builtin_prefetch(&c->slots[si], 0, 3);
+    for (uint32_t off = 0; off < c->rec_size; off += 64) {
+        if (rw)
+            __builtin_prefetch(p + off, 1, 3);
+        else
+            __builtin_prefetch(p + off, 0, 3);
+    }
+}
+
 bool cache_contains(cache *c, int64_t id, uint64_t h)
 {
     cshard *sh = shard_of(c, h);
@@ -389,9 +406,36 @@ bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty)
     return true;
 }
 
+static void set_dirty(cache *c, uint32_t si, bool dirty);
+
+int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec)
+{
+    int64_t si = locked_slot(c, id, h);
+    if (si >= 0) {
+        words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
+        cslot *cs = &c->slots[si];
+        if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
+            atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    }
+    return si;
+}
+
+void cache_store_locked(cache *c, int64_t si, const void *rec, bool dirty)
+{
+    cslot *cs = &c->slots[si];
+    seq_begin(cs);
+    words_store(slot_words(c, (uint32_t)si), rec, c->words);
+    seq_end(cs);
+    set_dirty(c, (uint32_t)si, dirty);
+}
+
 static void set_dirty(cache *c, uint32_t si, bool dirty)
 {
     uint64_t bit = 1ull << (si % 64);
+    /* Already so (the common case: a hot row pushed again): no write to
+     * the shared word. */
+    if (((atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) & bit) != 0) == dirty)
+        return;
     uint64_t old = dirty ? atomic_fetch_or_explicit(&c->dirty[si / 64], bit, memory_order_relaxed)
                          : atomic_fetch_and_explicit(&c->dirty[si / 64], ~bit, memory_order_relaxed);
     if (dirty && !(old & bit))

@@ -557,6 +557,8 @@ void cache_free(cache *c);
 uint64_t cache_capacity(const cache *c);
 /* Lock-free, from any thread: */
 void cache_prefetch(const cache *c, uint64_t h);
+/* After cache_prefetch, a few ids later: the row's slot and record. */
+void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw);
 bool cache_contains(cache *c, int64_t id, uint64_t h);
 /* Copies id's cached header, vector and state (each may be NULL); false
  * when id is not cached. */
@@ -570,6 +572,10 @@ void cache_count(cache *c, uint64_t hits, uint64_t misses);
  * newly) cached. */
 bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty);
 bool cache_set_locked(cache *c, int64_t id, uint64_t h, const void *rec, bool dirty);
+/* The same in two steps with one lookup: the slot (-1: not cached), then
+ * its new content. */
+int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec);
+void cache_store_locked(cache *c, int64_t slot, const void *rec, bool dirty);
 void cache_clean_locked(cache *c, int64_t id, uint64_t h);
 bool cache_remove_locked(cache *c, int64_t id, uint64_t h);
 bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force);

@@ -808,17 +808,26 @@ int embkv_exists(embkv_store *s, int64_t id)
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found)
 {
     uint64_t hs[RING];
+    uint8_t cached[RING];
     size_t absent = 0;
+    cache *c = s->cache;
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
+            /* A cached row is in the index: its bucket need not be read. */
+            cached[i % RING] = c && cache_contains(c, ids[i], h);
+            if (!cached[i % RING])
+                PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;
+            if (cached[j % RING]) {
+                found[j] = 1;
+                continue;
+            }
             uint32_t probes;
             uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
             found[j] = loc != LOC_NONE && !(loc & LOC_TOMB);
@@ -931,9 +940,9 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            if (c && cache_read(c, ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL, 0)) {
-                locs[j % RING] = LOC_CACHED;
-                hits++;
+            if (c && cache_contains(c, ids[j], hs[j % RING])) {
+                locs[j % RING] = LOC_CACHED;  /* read below, its lines on the way */
+                cache_prefetch_row(c, ids[j], hs[j % RING], 0);
             } else {
                 uint32_t probes;
                 uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
@@ -946,9 +955,15 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             if (loc == LOC_CACHED) {
-                if (found)
-                    found[j] = true;
-                continue;
+                if (cache_read(c, ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL, 0)) {
+                    hits++;
+                    if (found)
+                        found[j] = true;
+                    continue;
+                }
+                /* evicted meanwhile: from its home (one lookup, unprefetched) */
+                uint32_t probes;
+                loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
             }
             if (c && noffer < OFFERS && loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD))) {
                 offer_at[noffer] = j;
@@ -1222,7 +1237,8 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
  * EMBKV_NOTFOUND when id is not cached, EMBKV_BUSY when fn skipped it. */
 static int cache_update_locked(embkv_store *s, int64_t id, uint64_t h, const write_req *w, char *row)
 {
-    if (!cache_get_locked(s->cache, id, h, row, NULL))
+    int64_t at = cache_load_locked(s->cache, id, h, row);
+    if (at < 0)
         return EMBKV_NOTFOUND;
     rec_hdr *r = (rec_hdr *)row;
     float *v = rec_vec(r);
@@ -1230,7 +1246,7 @@ static int cache_update_locked(embkv_store *s, int64_t id, uint64_t h, const wri
         return EMBKV_BUSY;
     r->clock++;
     r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
-    cache_set_locked(s->cache, id, h, row, true);
+    cache_store_locked(s->cache, at, row, true);
     return EMBKV_OK;
 }
 
@@ -1250,22 +1266,43 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         if (!(row = malloc(s->rec_size)))
             return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
-    uint64_t *fresh = malloc(n * sizeof *fresh);
-    if (!fresh)
+    /* Rows cached now are updated in place (no record, no bucket read):
+     * records are taken for the others, and one more on the way for a row
+     * evicted meanwhile. */
+    uint8_t *hint = c && !logging ? malloc(n) : NULL;
+    size_t want = n;
+    if (hint) {
+        want = 0;
+        for (size_t j = 0; j < n && j < 8; j++)
+            cache_prefetch(c, embkv__hash(ids[j]));
+        for (size_t j = 0; j < n; j++) {
+            if (j + 8 < n)
+                cache_prefetch(c, embkv__hash(ids[j + 8]));
+            hint[j] = cache_contains(c, ids[j], embkv__hash(ids[j]));
+            want += !hint[j];
+        }
+    } else if (c && !logging) {
+        free(row);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
-    if ((rc = alloc_records(s, fresh, n, false)) != EMBKV_OK) {
-        free(fresh);
-        return rc;
     }
+    uint64_t *fresh = malloc(n * sizeof *fresh);
+    if (!fresh || (want && (rc = alloc_records(s, fresh, want, false)) != EMBKV_OK)) {
+        free(hint);
+        free(row);
+        free(fresh);
+        return fresh ? rc : embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
+    }
+    size_t nfresh = want;
     pre_read pre;
     pre_read_rows(s, ids, n, &pre);
     size_t next_fresh = 0, updated = 0;
     uint64_t hits = 0;
     retire_buf *rb = malloc(sizeof *rb);
     if (!rb) {
-        slab_free(s, fresh, n);
+        slab_free(s, fresh, nfresh);
         free(fresh);
         free(row);
+        free(hint);
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
@@ -1284,26 +1321,35 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
+            if (!hint || !hint[i])
+                PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
+            else
+                cache_prefetch(c, h);
             if (heat_counting(s))
                 heat_add(s, &hb, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            uint32_t probes;
-            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
-            if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
-                prefetch_record(s, loc);
-            /* The fresh record this row will most likely be written to. */
-            size_t k = next_fresh + PF_RECORD < n ? next_fresh + PF_RECORD : n - 1;
-            const char *fr = (const char *)rec_at(s, fresh[k]);
-            for (size_t off = 0; off < s->rec_size; off += 64)
-                __builtin_prefetch(fr + off, 1, 3);
+            if (hint && hint[j])
+                cache_prefetch_row(c, ids[j], hs[j % RING], 1);
+            if (!hint || !hint[j]) {
+                uint32_t probes;
+                uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+                if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                    prefetch_record(s, loc);
+                /* The fresh record this row will most likely be written to. */
+                if (nfresh) {
+                    size_t k = next_fresh + PF_RECORD < nfresh ? next_fresh + PF_RECORD : nfresh - 1;
+                    const char *fr = (const char *)rec_at(s, fresh[k]);
+                    for (size_t off = 0; off < s->rec_size; off += 64)
+                        __builtin_prefetch(fr + off, 1, 3);
+                }
+            }
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;
             uint64_t h = hs[j % RING];
-            bool consumed;
+            bool consumed = false;
             w.index = j;
             if (pre.recs) {
                 w.pre = pre.recs[j];
@@ -1311,14 +1357,23 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             }
             keylock_acquire(s, h);
             int r = EMBKV_NOTFOUND;
-            consumed = false;
-            if (c) {
-                r = logging ? cache_write_through(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed, row)
-                            : cache_update_locked(s, ids[j], h, &w, row);
-                if (r == EMBKV_OK && !logging)
+            if (c && !logging) {
+                r = cache_update_locked(s, ids[j], h, &w, row);
+                if (r == EMBKV_OK)
                     updated++;  /* in place: no record taken */
-                hits += r != EMBKV_NOTFOUND;
             }
+            if (r == EMBKV_NOTFOUND && next_fresh == nfresh) {
+                /* evicted since the count: one more record, as the pool has it */
+                if (slab_alloc(s, &fresh[nfresh], 1) == EMBKV_OK)
+                    nfresh++;
+                else
+                    r = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld (a cached row was evicted "
+                                   "during the batch and the pool is full)", s->path, (long long)ids[j]);
+            }
+            if (r == EMBKV_NOTFOUND && c && logging)
+                r = cache_write_through(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed, row);
+            if (r != EMBKV_NOTFOUND && c)
+                hits++;
             if (r == EMBKV_NOTFOUND) {
                 r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
                 /* The new version may take a colder row's place. */
@@ -1343,8 +1398,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     if (c)
         cache_count(c, hits, n - hits);
     free(row);
-    if (next_fresh < n)
-        slab_free(s, fresh + next_fresh, n - next_fresh);
+    free(hint);
+    if (next_fresh < nfresh)
+        slab_free(s, fresh + next_fresh, nfresh - next_fresh);
     free(fresh);
     free(rb);
     pre_read_free(&pre);
