@@ -80,7 +80,7 @@ typedef struct embkv_options {
     const char *ssd_path;
     /* The DRAM cache (0: none): bytes of DRAM for a write-back cache of hot
      * rows, updated in place and written back at syncs (and when a
-     * snapshot opens, or when 3/4 of it is dirty).  Not kept with the
+     * snapshot opens, or when 15/16 of it is dirty).  Not kept with the
      * store: each process's first open decides; a later open in the same
      * process asking for another size is refused.  At most the machine's
      * memory. */

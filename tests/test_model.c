@@ -739,7 +739,8 @@ int main(void)
     uint64_t seed = es && *es ? strtoull(es, NULL, 0) : 20240611;
     double scale = test_scale();
 #if defined(MODEL_CACHE)
-    uint64_t nops = (uint64_t)(500000 * scale);
+    /* (at least 250,000: fewer leave too few rows for most to be in the log) */
+    uint64_t nops = (uint64_t)(500000 * (scale < 0.5 ? 0.5 : scale));
 #elif defined(MODEL_TIER)
     uint64_t nops = (uint64_t)(1000000 * scale);
 #else

@@ -65,7 +65,8 @@ typedef struct cshard {
     atomic_flag lock;
     _Atomic uint32_t tver;     /* odd while the table changes */
     uint32_t base, n;          /* slots [base, base + n) */
-    uint32_t hand, used;
+    uint32_t hand;
+    _Atomic uint32_t used;     /* changed under the lock, read without it as a hint */
     uint64_t tmask;
     centry *tab;
     char pad[64];
@@ -84,6 +85,9 @@ struct cache {
     size_t dirty_words;
     atomic_uint_fast64_t ndirty;
     atomic_uint_fast64_t hits, misses, admissions, evictions, writebacks, refused;
+    /* The heat of the last victim the hand weighed a candidate against:
+     * a candidate no hotter is refused before the shard is touched. */
+    _Atomic unsigned bar;
 };
 
 static inline cshard *shard_of(cache *c, uint64_t h) { return &c->shards[h >> 58]; }
@@ -239,17 +243,30 @@ static inline void seq_end(cslot *cs)
     atomic_store_explicit(&cs->seq, atomic_load_explicit(&cs->seq, memory_order_relaxed) + 1, memory_order_release);
 }
 
+/* Slot content is copied in 8-byte atomic words under ThreadSanitizer (so
+ * the seqlock's racing copies are visible to it as the atomics they are),
+ * and with memcpy otherwise: the copy a torn read makes is thrown away by
+ * the sequence check either way, and memcpy moves a row in a few vector
+ * instructions. */
 static inline void words_store(uint64_t *dst, const void *src, uint32_t words)
 {
+#ifdef EMBKV_TSAN
     const uint64_t *s = src;
     for (uint32_t i = 0; i < words; i++)
         __atomic_store_n(&dst[i], s[i], __ATOMIC_RELAXED);
+#else
+    memcpy(dst, src, (size_t)words * 8);
+#endif
 }
 static inline void words_load(void *dst, const uint64_t *src, uint32_t from, uint32_t words)
 {
+#ifdef EMBKV_TSAN
     uint64_t *d = dst;
     for (uint32_t i = 0; i < words; i++)
         d[i] = __atomic_load_n(&src[from + i], __ATOMIC_RELAXED);
+#else
+    memcpy(dst, src + from, (size_t)words * 8);
+#endif
 }
 
 /* Bytes [off, off + n) of a si's record, read in whole atomic words. */
@@ -478,7 +495,7 @@ bool cache_remove_locked(cache *c, int64_t id, uint64_t h)
         tver_end(sh);
         seq_begin(cs);
         cs->used = 0;
-        sh->used--;
+        atomic_fetch_sub_explicit(&sh->used, 1, memory_order_relaxed);
         seq_end(cs);
         set_dirty(c, (uint32_t)si, false);
     }
@@ -489,7 +506,7 @@ bool cache_remove_locked(cache *c, int64_t id, uint64_t h)
 /* A si for a new row: a free one, or a victim's (see the top). */
 static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, bool force)
 {
-    if (sh->used < sh->n) {
+    if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n) {
         for (uint32_t k = 0; k < sh->n; k++) {
             uint32_t si = sh->base + (sh->hand + k) % sh->n;
             if (!c->slots[si].used) {
@@ -511,7 +528,10 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
             continue;
         int64_t vid = atomic_load_explicit(&cs->id, memory_order_relaxed);
         uint64_t vh = embkv__hash(vid);
-        if (!force && cand <= heat_estimate(s->heat, vh)) {
+        unsigned vheat = heat_estimate(s->heat, vh);
+        if (atomic_load_explicit(&c->bar, memory_order_relaxed) != vheat)
+            atomic_store_explicit(&c->bar, vheat, memory_order_relaxed);
+        if (!force && cand <= vheat) {
             atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
             return -1;
         }
@@ -527,7 +547,7 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
         tver_end(sh);
         seq_begin(cs);
         cs->used = 0;
-        sh->used--;
+        atomic_fetch_sub_explicit(&sh->used, 1, memory_order_relaxed);
         seq_end(cs);
         keylock_release(s, vh);
         atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
@@ -537,8 +557,21 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
     return -1;
 }
 
+bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h)
+{
+    const cshard *sh = shard_of(c, h);
+    if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n)
+        return true;
+    if (heat_estimate(s->heat, h) > atomic_load_explicit(&c->bar, memory_order_relaxed))
+        return true;
+    atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
+    return false;
+}
+
 bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force)
 {
+    if (!force && !cache_worth_admitting(s, c, h))
+        return false;
     cshard *sh = shard_of(c, h);
     shard_lock(sh);
     if (tab_find(sh, id, h) >= 0) {
@@ -557,7 +590,7 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
     cs->used = 1;
     atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
     seq_end(cs);
-    sh->used++;
+    atomic_fetch_add_explicit(&sh->used, 1, memory_order_relaxed);
     tver_begin(sh);
     tab_insert(sh, id, h, (uint32_t)si);
     tver_end(sh);
@@ -621,7 +654,7 @@ void cache_stats(const cache *c, embkv_stats *st)
     for (int i = 0; i < CACHE_SHARDS; i++) {
         cshard *sh = (cshard *)&c->shards[i];
         shard_lock(sh);
-        rows += sh->used;
+        rows += atomic_load_explicit(&sh->used, memory_order_relaxed);
         shard_unlock(sh);
     }
     st->cache_capacity_rows = c->capacity;

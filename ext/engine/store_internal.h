@@ -579,19 +579,20 @@ void cache_store_locked(cache *c, int64_t slot, const void *rec, bool dirty);
 void cache_clean_locked(cache *c, int64_t id, uint64_t h);
 bool cache_remove_locked(cache *c, int64_t id, uint64_t h);
 bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force);
+/* The cheap first test of admission (no lock): a free slot in the row's
+ * shard, or hotter than the last victim weighed. */
+bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h);
 uint64_t cache_ndirty(const cache *c);
 /* Ids of the rows dirty now (check each under its lock), with their heat
  * when heat_of is given (malloc'd arrays). */
 int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s, size_t *n);
 void cache_stats(const cache *c, embkv_stats *st);
 
-/* store_ops.c: writes the dirty cached rows back to their homes (all with
- * the groups quiesced; the coldest `limit` inside a group). */
-/* Quiesces the groups (groups_quiesce) with every dirty row written back;
+/* store_ops.c: the cache's write-backs.  Quiesces the groups (groups_quiesce) with every dirty row written back;
  * on failure the groups are resumed. */
 int cache_flush_quiesce(embkv_store *s);
-/* Inside a group: writes back the coldest dirty rows while more than
- * 3/4 of the cache is dirty (down to 1/2). */
+/* Inside a group: writes back the coldest dirty rows once more than 15/16
+ * of the cache is dirty (down to 3/4). */
 int cache_clean(embkv_store *s);
 /* Brings ids into the cache (embkv_hotset_move); *admitted counts them. */
 int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted);

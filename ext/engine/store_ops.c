@@ -22,6 +22,7 @@
 
 #define PF_BUCKET 16  /* ids ahead whose home bucket is prefetched */
 #define PF_RECORD 6   /* ids ahead whose record is prefetched */
+#define PF_CACHE 4    /* with a cache: ids after its table line was fetched, the probe */
 
 /* All of a bucket (rw: 0 to read, 1 to write; a constant): the fingerprints
  * are in its first line, the matching slot may be in any of the four. */
@@ -411,17 +412,14 @@ int cache_flush_quiesce(embkv_store *s)
     }
 }
 
-static int cmp_heat_ids(const void *a, const void *b)
-{
-    const uint64_t *x = a, *y = b;
-    return (x[0] > y[0]) - (x[0] < y[0]);
-}
-
 int cache_clean(embkv_store *s)
 {
     cache *c = s->cache;
     uint64_t cap = cache_capacity(c), nd = cache_ndirty(c);
-    if (!c || nd * 4 <= cap * 3)
+    /* Only when clean victims run short: in a steady state the cache holds
+     * the hot set, admission refuses the cold misses, and a dirty row costs
+     * nothing until the next checkpoint writes it back once. */
+    if (!c || nd * 16 <= cap * 15)
         return EMBKV_OK;
     if (atomic_exchange(&s->cache_cleaning, true))
         return EMBKV_OK;  /* another writer cleans */
@@ -429,20 +427,18 @@ int cache_clean(embkv_store *s)
     unsigned *hot = NULL;
     size_t n = 0, left = 0;
     int rc = cache_dirty_ids(c, &ids, &hot, s, &n);
-    uint64_t (*pair)[2] = rc == EMBKV_OK && n ? malloc(n * sizeof *pair) : NULL;
-    if (pair) {
-        /* The coldest first, down to half dirty. */
-        for (size_t i = 0; i < n; i++) {
-            pair[i][0] = hot[i];
-            pair[i][1] = (uint64_t)ids[i];
-        }
-        qsort(pair, n, sizeof *pair, cmp_heat_ids);
-        size_t k = n > cap / 2 ? n - cap / 2 : 0;
-        for (size_t i = 0; i < k; i++)
-            ids[i] = (int64_t)pair[i][1];
-        rc = writeback_batch(s, ids, k, false, &left);
+    int64_t *pick = rc == EMBKV_OK && n ? malloc(n * sizeof *pick) : NULL;
+    if (pick) {
+        /* The coldest first (estimates are 0..15: a counting sort), down
+         * to three quarters dirty. */
+        size_t k = n > cap * 3 / 4 ? n - cap * 3 / 4 : 0, m = 0;
+        for (unsigned est = 0; est <= HEAT_MAX_COUNT && m < k; est++)
+            for (size_t i = 0; i < n && m < k; i++)
+                if (hot[i] == est)
+                    pick[m++] = ids[i];
+        rc = writeback_batch(s, pick, m, false, &left);
     }
-    free(pair);
+    free(pick);
     free(ids);
     free(hot);
     atomic_store(&s->cache_cleaning, false);
@@ -510,7 +506,7 @@ static int cache_write_through(embkv_store *s, index_desc *ix, int64_t id, uint6
  * free and the index still naming the record that was read. */
 static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t loc)
 {
-    if (!keylock_try(s, h))
+    if (!cache_worth_admitting(s, s->cache, h) || !keylock_try(s, h))
         return;
     uint32_t probes;
     if (ix_lookup(atomic_load(&s->ix), id, h, &probes) == loc) {
@@ -928,21 +924,32 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     uint64_t offer_loc[OFFERS];
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
+    uint8_t cached[RING];
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
             if (c)
                 cache_prefetch(c, h);
+            else
+                PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
             if (heat_counting(s))
                 heat_add(s, &hb, h);
         }
+        /* With a cache, a few ids later: the cache's answer decides whether
+         * the row's slot or its bucket is fetched. */
+        if (c && i >= PF_CACHE && i - PF_CACHE < n) {
+            size_t j = i - PF_CACHE;
+            cached[j % RING] = cache_contains(c, ids[j], hs[j % RING]);
+            if (cached[j % RING])
+                cache_prefetch_row(c, ids[j], hs[j % RING], 0);
+            else
+                PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
+        }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            if (c && cache_contains(c, ids[j], hs[j % RING])) {
+            if (c && cached[j % RING]) {
                 locs[j % RING] = LOC_CACHED;  /* read below, its lines on the way */
-                cache_prefetch_row(c, ids[j], hs[j % RING], 0);
             } else {
                 uint32_t probes;
                 uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
@@ -1260,7 +1267,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     bool logging = c && group_logging(s);
     char *row = NULL;
     if (c) {
-        /* Dirty rows are never evicted: past 3/4 dirty the coldest go home. */
+        /* Dirty rows are never evicted: past 15/16 dirty the coldest go home. */
         if (!logging && (rc = cache_clean(s)) != EMBKV_OK)
             return rc;
         if (!(row = malloc(s->rec_size)))
@@ -1325,7 +1332,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
             else
                 cache_prefetch(c, h);
-            if (heat_counting(s))
+            /* A cached row's update is not counted again: its read was (a
+             * pull before the push), and its slot's reference bit is set. */
+            if (heat_counting(s) && (!hint || !hint[i]))
                 heat_add(s, &hb, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
