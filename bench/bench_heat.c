@@ -16,7 +16,11 @@
  *                   heat_estimate; every miss admitted
  *   sample-k+adm    the same, a miss admitted only if heat_admit(missed,
  *                   victim) (TinyLFU)
- *   clock+adm       CLOCK's victim, heat_admit admission
+ *   clock+adm       CLOCK's victim, heat_admit admission (the DRAM
+ *                   cache's policy, engine/cache.c)
+ *   lfu             exact access counts since the start (a 32-bit count
+ *                   per id, no aging), the victim the lowest of 16
+ *                   sampled residents, every miss admitted
  * The sketch is touched with the batch (heat_touch_batch) before the
  * batch's ids are looked up, as the read path would.  Hit rates: phase 1's
  * second half (steady state), phase 2 in eighths, phase 2's second half;
@@ -46,7 +50,7 @@ static uint32_t *trace[2];          /* id indexes, per phase */
 static size_t A;                    /* accesses per phase */
 static double sketch_mult = 1.0;
 
-enum kind { LRU, CLOCK, SAMPLE, CLOCK_ADM };
+enum kind { LRU, CLOCK, SAMPLE, CLOCK_ADM, LFU };
 
 typedef struct policy {
     const char *name;
@@ -63,6 +67,7 @@ typedef struct sim {
     uint8_t *ref;       /* CLOCK bits */
     uint32_t hand;
     heat *h;
+    uint32_t *count;    /* LFU: accesses per id */
     rng r;
 } sim;
 
@@ -102,9 +107,20 @@ static uint32_t sample_victim(sim *s, int k)
     return best;
 }
 
+static uint32_t lfu_victim(sim *s, int k)
+{
+    uint32_t best = (uint32_t)rng_below(&s->r, C);
+    for (int i = 1; i < k; i++) {
+        uint32_t x = (uint32_t)rng_below(&s->r, C);
+        if (s->count[s->id_at[x]] < s->count[s->id_at[best]]) best = x;
+    }
+    return best;
+}
+
 /* One access; true on a hit. */
 static inline bool access1(sim *s, const policy *p, uint32_t id)
 {
+    if (s->count) s->count[id]++;
     uint32_t x = s->slot_of[id];
     if (x != NONE) {
         if (p->kind == LRU) { lru_unlink(s, x); lru_front(s, x); }
@@ -121,6 +137,7 @@ static inline bool access1(sim *s, const policy *p, uint32_t id)
             x = clock_victim(s);
             if (!heat_admit(s->h, hashes[id], hashes[s->id_at[x]])) { s->ref[x] = 0; return false; }
             break;
+        case LFU: x = lfu_victim(s, p->k); break;
         case SAMPLE:
             x = sample_victim(s, p->k);
             if (p->admit && !heat_admit(s->h, hashes[id], hashes[s->id_at[x]])) return false;
@@ -157,6 +174,7 @@ static void run_policy(const policy *p, result *res)
         s.ref = xmalloc(C);
         memset(s.ref, 0, C);
     }
+    if (p->kind == LFU) s.count = calloc(N, sizeof *s.count);
     bool sketch = p->kind == SAMPLE || p->kind == CLOCK_ADM;
     if (sketch) {
         s.h = heat_new((uint64_t)((double)C * sketch_mult));
@@ -186,7 +204,7 @@ static void run_policy(const policy *p, result *res)
     res->rate = 2.0 * (double)A / dt;
     res->agings = s.h ? heat_agings(s.h) : 0;
     if (s.h) heat_free(s.h);
-    free(s.slot_of); free(s.id_at); free(s.prev); free(s.next); free(s.ref);
+    free(s.slot_of); free(s.id_at); free(s.prev); free(s.next); free(s.ref); free(s.count);
 }
 
 /* ------------------------------------------------------ raw sketch rates */
@@ -305,6 +323,7 @@ int main(int argc, char **argv)
         { "sample-8+adm", SAMPLE, 8, true },
         { "sample-16+adm", SAMPLE, 16, true },
         { "clock+adm", CLOCK_ADM, 0, true },
+        { "lfu", LFU, 16, false },
     };
     enum { NP = sizeof pols / sizeof *pols };
     result res[NP];
@@ -331,11 +350,14 @@ int main(int argc, char **argv)
     free(uni);
     free(zip);
 
-    const result *lru = &res[0], *s8 = &res[3], *s8a = &res[5], *s16a = &res[6], *ck = &res[1], *cka = &res[7];
+    const result *lru = &res[0], *s8 = &res[3], *s8a = &res[5], *s16a = &res[6], *ck = &res[1], *cka = &res[7],
+                 *lfu = &res[8];
     printf("\nRESULT ids=%zu cache=%zu zipf=%.2f lru=%.4f clock=%.4f sample8=%.4f sample8_adm=%.4f sample16_adm=%.4f "
-           "clock_adm=%.4f top_c=%.4f p2_lru=%.4f p2_sample8_adm=%.4f p2_first8th_lru=%.4f p2_first8th_sample8_adm=%.4f\n",
+           "clock_adm=%.4f lfu=%.4f top_c=%.4f p2_lru=%.4f p2_sample8_adm=%.4f p2_clock_adm=%.4f p2_lfu=%.4f "
+           "p2_first8th_lru=%.4f p2_first8th_sample8_adm=%.4f\n",
            N, C, zs, lru->p1_steady, ck->p1_steady, s8->p1_steady, s8a->p1_steady, s16a->p1_steady, cka->p1_steady,
-           top / norm, lru->p2_steady, s8a->p2_steady, lru->p2_eighth[0], s8a->p2_eighth[0]);
+           lfu->p1_steady, top / norm, lru->p2_steady, s8a->p2_steady, cka->p2_steady, lfu->p2_steady,
+           lru->p2_eighth[0], s8a->p2_eighth[0]);
     free(hashes);
     free(trace[0]);
     free(trace[1]);
