@@ -126,7 +126,10 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
         return NULL;
     }
 #ifdef MADV_HUGEPAGE
-    c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
+    /* (EMBKV_CACHE_SMALL_PAGES, for benchmarks: measure without them.) */
+    const char *small = getenv("EMBKV_CACHE_SMALL_PAGES");
+    if (!small || !*small || *small == '0')
+        c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
 #endif
     /* Records from the first huge page boundary past the slots. */
     c->slots = c->map;
