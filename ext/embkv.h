@@ -164,7 +164,7 @@ uint64_t embkv_count(embkv_store *s);
 /* Look-ahead (stores with an SSD tier): the ids of batches about to be
  * read.  Returns at once with *queued (may be NULL) set to the number of
  * rows whose reads it queued: the SSD-resident ones among ids, each once,
- * not those in the pool, absent or already staged.  A background thread
+ * not those in the pool or the DRAM cache, absent or already staged.  A background thread
  * reads them from the log (one io_uring batch as deep as what is queued)
  * into a DRAM stage of 32 MiB of rows (at least 1024, at most 262144); the
  * next read of such a row (embkv_get_batch, a pull, any read path) takes it

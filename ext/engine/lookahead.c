@@ -337,7 +337,10 @@ int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n; i++) {
         uint32_t probes;
-        locs[i] = ix_lookup(ix, ids[i], embkv__hash(ids[i]), &probes);
+        uint64_t h = embkv__hash(ids[i]);
+        /* A cached row is in memory whatever its home (the cache is read
+         * first). */
+        locs[i] = s->cache && cache_contains(s->cache, ids[i], h) ? LOC_NONE : ix_lookup(ix, ids[i], h, &probes);
     }
     ebr_leave();
     size_t k = 0;
