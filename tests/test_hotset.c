@@ -7,7 +7,8 @@
  *  - embkv_hotset_move brings crafted log-resident rows into the pool (every
  *    one of them, values unchanged, kept after reopen), the n hottest too,
  *    and moves displaced keys into their home buckets, each count equal to
- *    what the index shows afterwards;
+ *    what the index shows afterwards; with a DRAM cache, the n hottest
+ *    go into it;
  *  - bad arguments are EMBKV_INVALID.
  */
 #include "embkv.h"
@@ -278,6 +279,41 @@ static void test_to_pm(const char *root)
     free(gen);
 }
 
+/* With a DRAM cache: the n hottest go into it, each counted once. */
+static void test_to_dram(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/dram", root);
+    embkv_options o = {.dim = DIM, .expected_rows = 4000, .cache_size = 1u << 20};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t gen[2000] = {0};
+    int rc;
+    CHECK(load_rows(s, gen, 2000, &rc) == 2000);
+    /* Loading admitted nothing: puts do not. */
+    int64_t hot[40];
+    for (int i = 0; i < 40; i++)
+        hot[i] = 1000 + 7 * i;
+    CHECK(count_tier(s, hot, 40, EMBKV_TIER_DRAM) == 0);
+    for (int k = 0; k < 9; k++)
+        embkv_heat_touch(s, hot, 40);
+    int64_t top[40];
+    size_t nout;
+    CHECK_RC(embkv_hottest(s, 40, top, NULL, &nout), EMBKV_OK);
+    CHECK(nout == 40);
+    embkv_moves mv;
+    CHECK_RC(embkv_hotset_move(s, top, nout, &mv), EMBKV_OK);
+    CHECK(mv.to_dram == 40 && mv.to_pm == 0);
+    CHECK(count_tier(s, hot, 40, EMBKV_TIER_DRAM) == 40);
+    CHECK_RC(embkv_hotset_move(s, top, nout, &mv), EMBKV_OK);
+    CHECK(mv.to_dram == 0);  /* there already */
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.hotset_to_dram == 40 && st.cache_rows == 40);
+    check_all(s, gen, 2000);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -286,5 +322,6 @@ int main(void)
     test_counts(root);
     test_home(root);
     test_to_pm(root);
+    test_to_dram(root);
     return test_summary("test_hotset");
 }
