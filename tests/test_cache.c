@@ -445,6 +445,110 @@ static void test_errors(const char *root)
     CHECK_RC(embkv_close(s2), EMBKV_OK);
     CHECK_RC(embkv_close(s2), EMBKV_OK);
     CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* Open without a cache first, then with one: the store takes it then
+     * (the order of two tables sharing a store does not matter). */
+    CHECK_RC(embkv_open(dir, &none, 0, &s), EMBKV_OK);
+    float v[DIM] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_capacity_rows == 0);
+    CHECK_RC(embkv_open(dir, &o, 0, &s2), EMBKV_OK);
+    CHECK(s2 == s);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.cache_capacity_rows > 0);
+    int64_t one = 1;
+    embkv_moves mv;
+    CHECK_RC(embkv_hotset_move(s, &one, 1, &mv), EMBKV_OK);
+    CHECK(mv.to_dram == 1);
+    CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_OK);  /* in place */
+    embkv_rowinfo info;
+    CHECK_RC(embkv_get(s, 1, NULL, NULL, &info), EMBKV_OK);
+    CHECK(info.clock == 1 && info.tier == EMBKV_TIER_DRAM);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir, &none, 0, &s), EMBKV_OK);
+    CHECK_RC(embkv_get(s, 1, NULL, NULL, &info), EMBKV_OK);
+    CHECK(info.clock == 1);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* The pool's room: a write to the cache takes, up front, the record its
+ * write-back will need, so a pool too small for the writes fails them as
+ * it would without a cache, and a checkpoint never runs out of room (it
+ * once failed for good, every later read failing with it, and a close
+ * lost the writes). */
+static void test_full_pool(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    embkv_options o = {.dim = 64, .pool_size = 16u << 20, .expected_rows = 20000, .cache_size = 1u << 30};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.init = EMBKV_INIT_ZEROS;
+    t.lr = 1;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+    embkv_session *ss;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    enum { B = 1000 };
+    int64_t ids[B];
+    float *out = malloc((size_t)B * 64 * sizeof *out), *g = malloc((size_t)B * 64 * sizeof *g);
+    for (int i = 0; i < B * 64; i++)
+        g[i] = 1;
+    /* Rows for about half the pool's records, then a checkpoint. */
+    int64_t rows = 0;
+    for (int b = 0; b < 16; b++) {
+        for (int i = 0; i < B; i++)
+            ids[i] = rows + i;
+        CHECK_RC(embkv_pull(ss, ids, B, out), EMBKV_OK);
+        rows += B;
+    }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    /* Epochs of pushes over every row with no checkpoint between: the ones
+     * that fit succeed, the others fail whole (no row changed). */
+    uint64_t ok_pushes = 0, failed = 0;
+    for (int epoch = 0; epoch < 3; epoch++)
+        for (int64_t lo = 0; lo + B <= rows; lo += B) {
+            for (int i = 0; i < B; i++)
+                ids[i] = lo + i;
+            int rc = embkv_push(ss, ids, B, g, 0, NULL);
+            if (rc == EMBKV_OK)
+                ok_pushes++;
+            else
+                failed += rc == EMBKV_FULL;
+        }
+    CHECK(ok_pushes > 0 && failed > 0);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    uint64_t clocks = 0;
+    for (int64_t id = 0; id < rows; id++) {
+        embkv_rowinfo info;
+        float v[64];
+        CHECK_RC(embkv_get(s, id, v, NULL, &info), EMBKV_OK);
+        clocks += info.clock;
+        CHECK(v[0] == -(float)info.clock);
+    }
+    CHECK(clocks == ok_pushes * B);  /* every push whole or not at all */
+    embkv_snapshot *snap;
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    embkv_snapshot_close(snap);
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    uint64_t again = 0;
+    for (int64_t id = 0; id < rows; id++) {
+        embkv_rowinfo info;
+        CHECK_RC(embkv_get(s, id, NULL, NULL, &info), EMBKV_OK);
+        again += info.clock;
+    }
+    CHECK(again == clocks);
+    printf("full pool: %lld rows, %llu pushes kept, %llu refused for room\n", (long long)rows,
+           (unsigned long long)ok_pushes, (unsigned long long)failed);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free(out);
+    free(g);
 }
 
 int main(void)
@@ -456,6 +560,7 @@ int main(void)
     for (int opt = EMBKV_SGD; opt <= EMBKV_ADAM; opt++)
         test_same_as_uncached(root, opt);
     test_snapshot(root);
+    test_full_pool(root);
     test_kills(root);
     return test_summary("test_cache");
 }

@@ -3,7 +3,7 @@
  * cache_size), above the pool and the log.
  *
  * What it holds.  A cached row's current version: the whole record
- * (header, vector, optimizer state) in a DRAM si.  Clean: the row's
+ * (header, vector, optimizer state) in a DRAM slot.  Clean: the row's
  * home (the record the index points at, in the pool or the log) holds the
  * same.  Dirty: the home is older; the cache is the only copy of the
  * changes since the row was last written back (at a checkpoint, when a
@@ -11,19 +11,19 @@
  * lose.  Every cached row is in the index (rows are admitted only once
  * they have a home), so counts, scans and placement keep using the index.
  *
- * Who may change what.  A row's si content, its dirty bit, and its
+ * Who may change what.  A row's slot content, its dirty bit, and its
  * presence in the cache change only under the row's key lock (store_ops.c:
  * the stripe lock every writer of the row holds), so a writer holding it
  * sees a stable entry.  The tables and the clock hand of a shard change
  * under the shard's lock.  Readers take neither: a table probe is checked
  * against the shard's table version (odd while the table changes; a miss
- * is only trusted if it did not move), a si copy against the si's
+ * is only trusted if it did not move), a slot copy against the slot's
  * sequence number (odd while its content changes; eviction and reuse bump
- * it too) and the si's id.  Content is copied in 8-byte atomic words on
+ * it too) and the slot's id.  Content is copied in 8-byte atomic words on
  * both sides, so the seqlock needs no data race to be right.
  *
  * Admission and eviction (TinyLFU over CLOCK).  The candidate is compared
- * with the first eligible victim under the shard's hand: a si not
+ * with the first eligible victim under the shard's hand: a slot not
  * referenced since the hand last passed (reads and writes set the bit:
  * rows just pulled, whose push is coming, survive a full turn), clean,
  * whose key lock can be taken without waiting.  The candidate comes in if
@@ -59,6 +59,7 @@ typedef struct cslot {
     uint8_t used;              /* under the shard lock */
     uint16_t pad;
     _Atomic int64_t id;
+    uint64_t wb;               /* dirty: the pool record its write-back fills */
 } cslot;
 
 typedef struct cshard {
@@ -81,7 +82,7 @@ struct cache {
     size_t map_bytes;
     void *map;
     bool huge;
-    _Atomic uint64_t *dirty;   /* one bit per si */
+    _Atomic uint64_t *dirty;   /* one bit per slot */
     size_t dirty_words;
     atomic_uint_fast64_t ndirty;
     atomic_uint_fast64_t hits, misses, admissions, evictions, writebacks, refused;
@@ -177,7 +178,7 @@ uint64_t cache_capacity(const cache *c) { return c ? c->capacity : 0; }
 
 static inline uint64_t tab_home(const cshard *sh, uint64_t h) { return (h ^ (h >> 29)) & sh->tmask; }
 
-/* The si of id, or -1; lock-free (the caller checks the table version). */
+/* The slot of id, or -1; lock-free (the caller checks the table version). */
 static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h)
 {
     for (uint64_t i = tab_home(sh, h);; i = (i + 1) & sh->tmask) {
@@ -272,7 +273,7 @@ static inline void words_load(void *dst, const uint64_t *src, uint32_t from, uin
 #endif
 }
 
-/* Bytes [off, off + n) of a si's record, read in whole atomic words. */
+/* Bytes [off, off + n) of a slot's record, read in whole atomic words. */
 static void bytes_load(void *dst, const uint64_t *w, size_t off, size_t n)
 {
     size_t first = off / 8, skip = off % 8, done = 0;
@@ -316,6 +317,23 @@ void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw)
             __builtin_prefetch(p + off, 1, 3);
         else
             __builtin_prefetch(p + off, 0, 3);
+    }
+}
+
+int cache_state(cache *c, int64_t id, uint64_t h)
+{
+    cshard *sh = shard_of(c, h);
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
+        if (v & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int64_t si = tab_find(sh, id, h);
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
+            return si < 0 ? 0 : 1 + (int)((atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1);
     }
 }
 
@@ -389,7 +407,7 @@ void cache_count(cache *c, uint64_t hits, uint64_t misses)
 
 /* ------------------------------------------------ under the row's key lock */
 
-/* The si of id (stable while its key lock is held), or -1. */
+/* The slot of id (stable while its key lock is held), or -1. */
 static int64_t locked_slot(cache *c, int64_t id, uint64_t h)
 {
     cshard *sh = shard_of(c, h);
@@ -412,43 +430,6 @@ static inline bool bit_get(cache *c, uint32_t si)
     return (atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1;
 }
 
-bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty)
-{
-    int64_t si = locked_slot(c, id, h);
-    if (si < 0)
-        return false;
-    words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
-    if (dirty)
-        *dirty = bit_get(c, (uint32_t)si);
-    cslot *cs = &c->slots[si];
-    if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
-        atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
-    return true;
-}
-
-static void set_dirty(cache *c, uint32_t si, bool dirty);
-
-int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec)
-{
-    int64_t si = locked_slot(c, id, h);
-    if (si >= 0) {
-        words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
-        cslot *cs = &c->slots[si];
-        if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
-            atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
-    }
-    return si;
-}
-
-void cache_store_locked(cache *c, int64_t si, const void *rec, bool dirty)
-{
-    cslot *cs = &c->slots[si];
-    seq_begin(cs);
-    words_store(slot_words(c, (uint32_t)si), rec, c->words);
-    seq_end(cs);
-    set_dirty(c, (uint32_t)si, dirty);
-}
-
 static void set_dirty(cache *c, uint32_t si, bool dirty)
 {
     uint64_t bit = 1ull << (si % 64);
@@ -464,31 +445,50 @@ static void set_dirty(cache *c, uint32_t si, bool dirty)
         atomic_fetch_sub_explicit(&c->ndirty, 1, memory_order_relaxed);
 }
 
-bool cache_set_locked(cache *c, int64_t id, uint64_t h, const void *rec, bool dirty)
+int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec)
 {
     int64_t si = locked_slot(c, id, h);
-    if (si < 0)
-        return false;
+    if (si >= 0) {
+        if (rec)
+            words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
+        cslot *cs = &c->slots[si];
+        if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
+            atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    }
+    return si;
+}
+
+bool cache_slot_dirty(cache *c, int64_t si) { return bit_get(c, (uint32_t)si); }
+
+void cache_store_locked(cache *c, int64_t si, const void *rec)
+{
     cslot *cs = &c->slots[si];
     seq_begin(cs);
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
     seq_end(cs);
-    set_dirty(c, (uint32_t)si, dirty);
-    return true;
 }
 
-void cache_clean_locked(cache *c, int64_t id, uint64_t h)
+void cache_mark_dirty_locked(cache *c, int64_t si, uint64_t wb)
 {
-    int64_t si = locked_slot(c, id, h);
-    if (si >= 0) {
-        set_dirty(c, (uint32_t)si, false);
-        atomic_fetch_add_explicit(&c->writebacks, 1, memory_order_relaxed);
-    }
+    c->slots[si].wb = wb;
+    set_dirty(c, (uint32_t)si, true);
 }
 
-bool cache_remove_locked(cache *c, int64_t id, uint64_t h)
+uint64_t cache_mark_clean_locked(cache *c, int64_t si)
+{
+    uint64_t wb = c->slots[si].wb;
+    c->slots[si].wb = LOC_NONE;
+    set_dirty(c, (uint32_t)si, false);
+    atomic_fetch_add_explicit(&c->writebacks, 1, memory_order_relaxed);
+    return wb;
+}
+
+uint64_t cache_slot_wb(cache *c, int64_t si) { return c->slots[si].wb; }
+
+uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h)
 {
     cshard *sh = shard_of(c, h);
+    uint64_t wb = LOC_NONE;
     shard_lock(sh);
     int64_t si = tab_find(sh, id, h);
     if (si >= 0) {
@@ -500,13 +500,16 @@ bool cache_remove_locked(cache *c, int64_t id, uint64_t h)
         cs->used = 0;
         atomic_fetch_sub_explicit(&sh->used, 1, memory_order_relaxed);
         seq_end(cs);
+        if (bit_get(c, (uint32_t)si))
+            wb = cs->wb;
+        cs->wb = LOC_NONE;
         set_dirty(c, (uint32_t)si, false);
     }
     shard_unlock(sh);
-    return si >= 0;
+    return wb;
 }
 
-/* A si for a new row: a free one, or a victim's (see the top). */
+/* A slot for a new row: a free one, or a victim's (see the top). */
 static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, bool force)
 {
     if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n) {
@@ -571,7 +574,7 @@ bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h)
     return false;
 }
 
-bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force)
+bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool force)
 {
     if (!force && !cache_worth_admitting(s, c, h))
         return false;
@@ -597,7 +600,8 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
     tver_begin(sh);
     tab_insert(sh, id, h, (uint32_t)si);
     tver_end(sh);
-    set_dirty(c, (uint32_t)si, dirty);
+    cs->wb = LOC_NONE;
+    set_dirty(c, (uint32_t)si, false);
     shard_unlock(sh);
     atomic_fetch_add_explicit(&c->admissions, 1, memory_order_relaxed);
     return true;

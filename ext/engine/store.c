@@ -117,6 +117,30 @@ static int validate_options(const embkv_options *opt, unsigned flags, const char
     return EMBKV_OK;
 }
 
+/* Gives an open store its DRAM cache: at open, or when a later open in the
+ * process asks for one (a table sharing the store with one that had
+ * none).  The groups are held while the pointer is set: every write that
+ * began without a cache has ended, and every later one sees it, so no
+ * write can miss a row the cache has taken. */
+static int cache_attach(embkv_store *s, uint64_t bytes)
+{
+    if (group_held(s))
+        return embkv__err(EMBKV_BUSY, "store %s: option cache_size: the store cannot take a cache inside a write "
+                          "group of the same thread", s->path);
+    /* Rows the bytes hold: the record, its slot and two table entries. */
+    uint64_t rows = bytes / ((uint64_t)s->rec_size + 24 + 32);
+    cache *c = cache_new(rows, s->rec_size);
+    if (!c)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
+                          s->path, (unsigned long long)rows);
+    groups_quiesce(s);
+    s->cache = c;
+    s->cache_size = bytes;
+    atomic_fetch_or(&s->heat_live, HEAT_FOR_CACHE);
+    groups_resume(s);
+    return EMBKV_OK;
+}
+
 static int geometry_matches(const embkv_store *s, const embkv_options *opt)
 {
     if (!opt)
@@ -743,15 +767,8 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the access statistics", s->path);
     if ((rc = tier_open(s, opt)) != EMBKV_OK)
         return rc;
-    if (opt && opt->cache_size) {
-        /* Rows the bytes hold: the record, its slot and two table entries. */
-        uint64_t rows = opt->cache_size / ((uint64_t)s->rec_size + 16 + 32);
-        if (!(s->cache = cache_new(rows, s->rec_size)))
-            return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
-                              s->path, (unsigned long long)rows);
-        s->cache_size = opt->cache_size;
-        atomic_fetch_or(&s->heat_live, HEAT_FOR_CACHE);
-    }
+    if (opt && opt->cache_size && (rc = cache_attach(s, opt->cache_size)) != EMBKV_OK)
+        return rc;
 
     /* Chunks must be known before recovery reads records. */
     s->nchunks = 0;
@@ -953,17 +970,13 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
             rc = geometry_matches(o, opt);
             if (rc == EMBKV_OK)
                 rc = tier_check_open(o, opt);
-            if (rc == EMBKV_OK && opt && opt->cache_size && opt->cache_size != o->cache_size)
-                rc = o->cache_size
-                         ? embkv__err(EMBKV_INVALID,
-                                      "store %s is already open in this process with option cache_size %llu; "
-                                      "another open asked for %llu (leave it out, or 0, to share the cache)",
-                                      o->path, (unsigned long long)o->cache_size,
-                                      (unsigned long long)opt->cache_size)
-                         : embkv__err(EMBKV_INVALID,
-                                      "store %s is already open in this process without a cache; option "
-                                      "cache_size %llu needs it closed first",
-                                      o->path, (unsigned long long)opt->cache_size);
+            if (rc == EMBKV_OK && opt && opt->cache_size && o->cache_size && opt->cache_size != o->cache_size)
+                rc = embkv__err(EMBKV_INVALID,
+                                "store %s is already open in this process with option cache_size %llu; another "
+                                "open asked for %llu (leave it out, or 0, to share the cache)",
+                                o->path, (unsigned long long)o->cache_size, (unsigned long long)opt->cache_size);
+            else if (rc == EMBKV_OK && opt && opt->cache_size && !o->cache_size)
+                rc = cache_attach(o, opt->cache_size);
             if (rc == EMBKV_OK) {
                 o->refs++;
                 *out = o;

@@ -260,8 +260,8 @@ struct embkv_store {
     atomic_uint_fast64_t snap_floor; /* ebr epoch of the oldest open snapshot */
 
     /* the DRAM cache (cache.c); NULL without one */
-    struct cache *cache;
-    uint64_t cache_size;       /* as the first open asked */
+    struct cache *_Atomic cache; /* set once (store.c: cache_attach), read once per call */
+    uint64_t cache_size;       /* as the open that made it asked */
     atomic_bool cache_cleaning; /* one cache_clean at a time */
 
     /* training (train.c): options, permits; NULL until configured */
@@ -560,25 +560,30 @@ void cache_prefetch(const cache *c, uint64_t h);
 /* After cache_prefetch, a few ids later: the row's slot and record. */
 void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw);
 bool cache_contains(cache *c, int64_t id, uint64_t h);
+/* 0: not cached, 1: cached clean, 2: cached dirty (a hint, lock-free). */
+int cache_state(cache *c, int64_t id, uint64_t h);
 /* Copies id's cached header, vector and state (each may be NULL); false
  * when id is not cached. */
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats);
 void cache_count(cache *c, uint64_t hits, uint64_t misses);
-/* With id's key lock held: the whole record (rec_size bytes) and whether
- * it is dirty; replace it (dirty or clean); mark it written back; drop
- * it; admit it (not cached yet: a victim's slot, see cache.c; force skips
- * the heat comparison).  Each false when id is not (or, admit, not
- * newly) cached. */
-bool cache_get_locked(cache *c, int64_t id, uint64_t h, void *rec, bool *dirty);
-bool cache_set_locked(cache *c, int64_t id, uint64_t h, const void *rec, bool dirty);
-/* The same in two steps with one lookup: the slot (-1: not cached), then
- * its new content. */
+/* With id's key lock held.  The slot of id (-1: not cached), the whole
+ * record copied to rec (rec_size bytes; may be NULL); then, by slot:
+ * whether it is dirty, its new content, and the turns between clean and
+ * dirty.  A row turns dirty with a pool record reserved for its
+ * write-back (wb), so that a checkpoint never needs room the pool may not
+ * have; turning clean hands wb back (filled by the write-back, or to be
+ * freed).  Removing a row hands back its wb (LOC_NONE when clean). */
 int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec);
-void cache_store_locked(cache *c, int64_t slot, const void *rec, bool dirty);
-void cache_clean_locked(cache *c, int64_t id, uint64_t h);
-bool cache_remove_locked(cache *c, int64_t id, uint64_t h);
-bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool dirty, bool force);
+bool cache_slot_dirty(cache *c, int64_t slot);
+uint64_t cache_slot_wb(cache *c, int64_t slot);
+void cache_store_locked(cache *c, int64_t slot, const void *rec);
+void cache_mark_dirty_locked(cache *c, int64_t slot, uint64_t wb);
+uint64_t cache_mark_clean_locked(cache *c, int64_t slot);
+uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h);
+/* A clean row not cached yet (false: refused, or cached already); force
+ * skips the heat comparison (cache.c). */
+bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool force);
 /* The cheap first test of admission (no lock): a free slot in the row's
  * shard, or hotter than the last victim weighed. */
 bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h);
@@ -591,8 +596,8 @@ void cache_stats(const cache *c, embkv_stats *st);
 /* store_ops.c: the cache's write-backs.  Quiesces the groups (groups_quiesce) with every dirty row written back;
  * on failure the groups are resumed. */
 int cache_flush_quiesce(embkv_store *s);
-/* Inside a group: writes back the coldest dirty rows once more than 15/16
- * of the cache is dirty (down to 3/4). */
+/* Outside any group of the thread: once more than 15/16 of the cache is
+ * dirty, quiesces the groups and writes back the coldest (down to 3/4). */
 int cache_clean(embkv_store *s);
 /* Brings ids into the cache (embkv_hotset_move); *admitted counts them. */
 int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted);

@@ -265,14 +265,19 @@ static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombston
 
 /* ------------------------------------------------------------ the DRAM cache
  *
- * A cached row (cache.c) is read from the cache by every non-snapshot read
- * and written there in place by writes in groups that do not log; its home
- * (the record the index names) catches up when it is written back.  While
- * a snapshot is open no row is dirty (the snapshot's open wrote them back)
- * and writes of cached rows go through: a new record as for any row, the
- * cache refreshed with it.  All of it under the row's key lock. */
+ * A cached row (cache.c) is read from the cache by every read that is not
+ * a snapshot's, and written there in place; its home (the record the
+ * index names) catches up when it is written back, into the pool record
+ * the row reserved when it turned dirty (so that a write costs the pool
+ * what it costs without a cache, up front, and a checkpoint never needs
+ * room).  Write-backs happen only with the groups quiesced (syncs, a
+ * snapshot's open, the cleaner), so within a group no row turns clean:
+ * the records a batch reserves for its rows can only be too many.  While
+ * a snapshot is open no row is dirty (its open wrote them back) and a
+ * write of a clean cached row goes through: a new record as for any row,
+ * the cache refreshed with it.  All of it under the row's key lock. */
 
-/* A cached row's record rec as a new home record at newloc (logged for
+/* A cached row's record rec as its new home at newloc (logged for
  * snapshots when `log`: a write; not for a write-back, which changes no
  * content).  With the writer lock shared, id's key lock and an epoch. */
 static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uint64_t newloc,
@@ -287,77 +292,46 @@ static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t
     return rc;
 }
 
-/* Writes back the dirty ones among ids into locs[*used..nlocs): EMBKV_FULL
- * when the records ran out first.  With the writer lock shared and an
- * epoch held. */
-static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n, const uint64_t *locs, size_t nlocs,
-                         size_t *used, retire_buf *rb, char *row)
+static int cmp_heat_of(const void *a, const void *b)
 {
-    index_desc *ix = atomic_load(&s->ix);
+    const uint64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* With the groups quiesced: writes back the dirty rows among ids (each
+ * into its reserved record). */
+static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
+{
+    char *row = malloc(s->rec_size);
+    retire_buf *rb = malloc(sizeof *rb);
+    if (!row || !rb) {
+        free(row);
+        free(rb);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
+    }
+    rb->nkeep = rb->nnow = rb->ntombs = 0;
     int rc = EMBKV_OK;
+    pthread_rwlock_rdlock(&s->writers);
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
         uint64_t h = embkv__hash(ids[i]);
-        bool dirty = false;
         keylock_acquire(s, h);
-        if (cache_get_locked(s->cache, ids[i], h, row, &dirty) && dirty) {
-            if (*used == nlocs) {
-                rc = EMBKV_FULL;
-            } else {
-                bool consumed;
-                int r = cache_write_home(s, ix, ids[i], h, locs[*used], (rec_hdr *)row, false, rb, &consumed);
-                if (consumed) {
-                    (*used)++;
-                    cache_clean_locked(s->cache, ids[i], h);
-                } else if (r != EMBKV_OK) {
-                    rc = r;
-                }
-            }
+        int64_t at = cache_load_locked(s->cache, ids[i], h, row);
+        if (at >= 0 && cache_slot_dirty(s->cache, at)) {
+            bool consumed;
+            int r = cache_write_home(s, ix, ids[i], h, cache_slot_wb(s->cache, at), (rec_hdr *)row, false, rb,
+                                     &consumed);
+            if (consumed)
+                cache_mark_clean_locked(s->cache, at);
+            else if (r != EMBKV_OK)
+                rc = r;
         }
         keylock_release(s, h);
     }
-    return rc;
-}
-
-/* Records for n write-backs, then the write-backs (the coldest first when
- * heat is given); *left: dirty rows not written for want of records. */
-static int writeback_batch(embkv_store *s, const int64_t *ids, size_t n, bool quiesced, size_t *left)
-{
-    *left = 0;
-    if (n == 0)
-        return EMBKV_OK;
-    uint64_t *locs = malloc(n * sizeof *locs);
-    char *row = malloc(s->rec_size);
-    retire_buf *rb = malloc(sizeof *rb);
-    int rc = locs && row && rb ? EMBKV_OK : embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
-    size_t got = 0;
-    if (rc == EMBKV_OK) {
-        /* With the groups held a demotion may not run: the pool as it is. */
-        rc = quiesced ? slab_alloc(s, locs, n) : alloc_records(s, locs, n, false);
-        if (rc == EMBKV_OK)
-            got = n;
-        else if (quiesced && rc == EMBKV_FULL) {
-            while (got < n && slab_alloc(s, locs + got, 1) == EMBKV_OK)
-                got++;
-            rc = EMBKV_OK;
-        }
-    }
-    size_t used = 0;
-    if (rc == EMBKV_OK) {
-        rb->nkeep = rb->nnow = rb->ntombs = 0;
-        pthread_rwlock_rdlock(&s->writers);
-        ebr_enter();
-        rc = writeback_ids(s, ids, n, locs, got, &used, rb, row);
-        ebr_leave();
-        retire_flush(s, rb);
-        pthread_rwlock_unlock(&s->writers);
-        if (rc == EMBKV_FULL) {
-            *left = cache_ndirty(s->cache);
-            rc = EMBKV_OK;
-        }
-    }
-    if (used < got)
-        slab_free(s, locs + used, got - used);
-    free(locs);
+    ebr_leave();
+    retire_flush(s, rb);
+    pthread_rwlock_unlock(&s->writers);
     free(row);
     free(rb);
     return rc;
@@ -365,51 +339,18 @@ static int writeback_batch(embkv_store *s, const int64_t *ids, size_t n, bool qu
 
 int cache_flush_quiesce(embkv_store *s)
 {
-    for (int attempt = 0;; attempt++) {
-        /* Most rows are written back before the groups stop (a COMMIT or
-         * a push waits only for the rest). */
-        int64_t *ids = NULL;
-        size_t n = 0, left = 0;
-        int rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n);
-        if (rc != EMBKV_OK)
-            return embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
-        if (n > 64 && (rc = embkv_group_begin(s)) == EMBKV_OK) {
-            /* Inside a group of its own, like any write (the records must
-             * fall in one epoch with their index entries). */
-            rc = writeback_batch(s, ids, n, false, &left);
-            embkv_group_end(s);
-        }
-        free(ids);
-        if (rc != EMBKV_OK)
-            return rc;
-        groups_quiesce(s);
-        if ((rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n)) != EMBKV_OK) {
-            groups_resume(s);
-            return embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
-        }
-        rc = writeback_batch(s, ids, n, true, &left);
-        free(ids);
-        if (rc == EMBKV_OK && left == 0)
-            return EMBKV_OK;
+    groups_quiesce(s);
+    int64_t *ids = NULL;
+    size_t n = 0;
+    int rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n);
+    if (rc != EMBKV_OK)
+        rc = embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
+    else
+        rc = writeback_ids(s, ids, n);
+    free(ids);
+    if (rc != EMBKV_OK)
         groups_resume(s);
-        if (rc != EMBKV_OK)
-            return rc;
-        if (attempt == 2)
-            return embkv__err(EMBKV_FULL,
-                              "store %s: the pool has no room to write back %llu dirty rows of the cache "
-                              "(each needs a record until the next sync)",
-                              s->path, (unsigned long long)left);
-        /* Room first, outside the groups: demotion may run there. */
-        uint64_t *tmp = malloc((left + 64) * sizeof *tmp);
-        if (!tmp)
-            return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
-        rc = alloc_records(s, tmp, left + 64, false);
-        if (rc == EMBKV_OK)
-            slab_free(s, tmp, left + 64);
-        free(tmp);
-        if (rc != EMBKV_OK)
-            return rc;
-    }
+    return rc;
 }
 
 int cache_clean(embkv_store *s)
@@ -419,26 +360,30 @@ int cache_clean(embkv_store *s)
     /* Only when clean victims run short: in a steady state the cache holds
      * the hot set, admission refuses the cold misses, and a dirty row costs
      * nothing until the next checkpoint writes it back once. */
-    if (!c || nd * 16 <= cap * 15)
+    if (!c || nd * 16 <= cap * 15 || group_held(s))
         return EMBKV_OK;
     if (atomic_exchange(&s->cache_cleaning, true))
         return EMBKV_OK;  /* another writer cleans */
+    groups_quiesce(s);
     int64_t *ids = NULL;
     unsigned *hot = NULL;
-    size_t n = 0, left = 0;
+    size_t n = 0;
     int rc = cache_dirty_ids(c, &ids, &hot, s, &n);
-    int64_t *pick = rc == EMBKV_OK && n ? malloc(n * sizeof *pick) : NULL;
-    if (pick) {
-        /* The coldest first (estimates are 0..15: a counting sort), down
-         * to three quarters dirty. */
-        size_t k = n > cap * 3 / 4 ? n - cap * 3 / 4 : 0, m = 0;
-        for (unsigned est = 0; est <= HEAT_MAX_COUNT && m < k; est++)
-            for (size_t i = 0; i < n && m < k; i++)
-                if (hot[i] == est)
-                    pick[m++] = ids[i];
-        rc = writeback_batch(s, pick, m, false, &left);
+    uint64_t (*pair)[2] = rc == EMBKV_OK && n ? malloc(n * sizeof *pair) : NULL;
+    if (pair) {
+        /* The coldest first, down to three quarters dirty. */
+        for (size_t i = 0; i < n; i++) {
+            pair[i][0] = hot[i];
+            pair[i][1] = (uint64_t)ids[i];
+        }
+        qsort(pair, n, sizeof *pair, cmp_heat_of);
+        size_t k = n > cap * 3 / 4 ? n - cap * 3 / 4 : 0;
+        for (size_t i = 0; i < k; i++)
+            ids[i] = (int64_t)pair[i][1];
+        rc = writeback_ids(s, ids, k);
     }
-    free(pick);
+    groups_resume(s);
+    free(pair);
     free(ids);
     free(hot);
     atomic_store(&s->cache_cleaning, false);
@@ -462,43 +407,51 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
     return EMBKV_OK;
 }
 
-/* Under id's key lock, not logging: a put into the cached row in place.
- * EMBKV_NOTFOUND when id is not cached. */
-static int cache_put_locked(embkv_store *s, int64_t id, uint64_t h, const write_req *w, char *row)
+/* Under id's key lock, a write (put or update) of a cached row: in place,
+ * or, in a logging group over a clean row, through to a new record.  The
+ * record at *spare (LOC_NONE: none) is taken when the row turns dirty or
+ * goes through (*spare then LOC_NONE).  EMBKV_NOTFOUND when id is not
+ * cached, EMBKV_BUSY when fn skipped it. */
+static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, const write_req *w,
+                              bool logging, uint64_t *spare, retire_buf *rb, char *row)
 {
-    if (!cache_get_locked(s->cache, id, h, row, NULL))
-        return EMBKV_NOTFOUND;
-    int rc = put_content(s, id, w, row);
-    if (rc == EMBKV_OK)
-        cache_set_locked(s->cache, id, h, row, true);
-    return rc;
-}
-
-/* Under id's key lock in a logging group: the write of a cached row goes
- * through (write_row as for any row, from the cache's content, which may
- * be newer than the home's), and the cache keeps the new record, clean.
- * EMBKV_NOTFOUND when id is not cached. */
-static int cache_write_through(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uint64_t newloc,
-                               const write_req *w, retire_buf *rb, bool *consumed, char *row)
-{
-    *consumed = false;
-    if (!cache_get_locked(s->cache, id, h, row, NULL))
+    int64_t at = cache_load_locked(s->cache, id, h, row);
+    if (at < 0)
         return EMBKV_NOTFOUND;
     rec_hdr *r = (rec_hdr *)row;
     float *v = rec_vec(r);
+    bool dirty = cache_slot_dirty(s->cache, at);
+    if (!dirty && *spare == LOC_NONE)
+        return embkv__err(EMBKV_FULL, "store %s: id %lld: no record reserved for its write-back", s->path,
+                          (long long)id);
+    int rc;
     if (w->kind == W_PUT) {
-        int rc = put_content(s, id, w, row);
-        if (rc != EMBKV_OK)
+        if ((rc = put_content(s, id, w, row)) != EMBKV_OK)
             return rc;
     } else {
         if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
             return EMBKV_BUSY;
         r->clock++;
+        r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
     }
-    int rc = cache_write_home(s, ix, id, h, newloc, r, true, rb, consumed);
-    if (*consumed)
-        cache_set_locked(s->cache, id, h, rec_at(s, newloc), false);
-    return rc;
+    if (logging && !dirty) {
+        /* A snapshot may be open: the change goes through, logged. */
+        bool consumed;
+        rc = cache_write_home(s, ix, id, h, *spare, r, true, rb, &consumed);
+        if (consumed) {
+            cache_store_locked(s->cache, at, rec_at(s, *spare));
+            *spare = LOC_NONE;
+        }
+        return rc;
+    }
+    /* (A dirty row in a logging group: no snapshot is open now, nor can
+     * one open before this group ends and the row is written back.) */
+    cache_store_locked(s->cache, at, row);
+    if (!dirty) {
+        cache_mark_dirty_locked(s->cache, at, *spare);
+        *spare = LOC_NONE;
+    }
+    return EMBKV_OK;
 }
 
 /* Read paths: a row a batch read from the pool is admitted when the access
@@ -512,7 +465,7 @@ static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t lo
     if (ix_lookup(atomic_load(&s->ix), id, h, &probes) == loc) {
         rec_hdr *r = rec_at(s, loc);
         if (r->id == id)
-            cache_admit_locked(s, s->cache, id, h, r, false, false);
+            cache_admit_locked(s, s->cache, id, h, r, false);
     }
     keylock_release(s, h);
 }
@@ -532,7 +485,7 @@ int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
             char *buf = NULL;
             rec_hdr *r = NULL;
             if (tier_rec(s, ids[i], loc, &buf, &r, false) == EMBKV_OK && rec_ok(s, r, ids[i]))
-                *admitted += cache_admit_locked(s, s->cache, ids[i], h, r, false, true);
+                *admitted += cache_admit_locked(s, s->cache, ids[i], h, r, true);
             free(buf);
         }
         keylock_release(s, h);
@@ -574,7 +527,9 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         return embkv__err(EMBKV_INVALID, "embkv_put: %s is NULL", s ? "vec" : "store");
     if ((flags & EMBKV_PUT_INSERT) && (flags & EMBKV_PUT_UPDATE))
         return embkv__err(EMBKV_INVALID, "embkv_put: EMBKV_PUT_INSERT and EMBKV_PUT_UPDATE together");
-    int rc = embkv_group_begin(s);
+    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    if (rc == EMBKV_OK)
+        rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
         return rc;
     rc = make_room(s, 1);
@@ -601,9 +556,11 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     index_desc *ix = atomic_load(&s->ix);
     rc = EMBKV_NOTFOUND;
     consumed = false;
-    if (s->cache)
-        rc = group_logging(s) ? cache_write_through(s, ix, id, h, loc, &w, &rb, &consumed, row)
-                              : cache_put_locked(s, id, h, &w, row);
+    if (s->cache) {
+        uint64_t spare = loc;
+        rc = cache_write_locked(s, ix, id, h, &w, group_logging(s), &spare, &rb, row);
+        consumed = spare == LOC_NONE;
+    }
     if (rc == EMBKV_NOTFOUND)  /* not cached */
         rc = write_row(s, ix, id, h, loc, &w, &rb, &consumed);
     ebr_leave();
@@ -670,8 +627,12 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         goto out;
     /* A cached copy goes (with its changes since the last write-back):
      * the home's version is the one the delete replaces. */
-    if (s->cache)
-        cache_remove_locked(s->cache, id, h);
+    if (s->cache) {
+        /* its reserved record was never visible: free now */
+        uint64_t wb = cache_remove_locked(s->cache, id, h);
+        if (wb != LOC_NONE)
+            slab_free(s, &wb, 1);
+    }
     uint64_t prev = displace(s, &rb, &f, old, epoch);
     if (prev == LOC_NONE) {
         /* Born in this epoch: nothing to return to after a crash. */
@@ -1189,7 +1150,9 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
         return embkv__err(EMBKV_INVALID, "embkv_update_batch: NULL argument");
     if (n == 0)
         return EMBKV_OK;
-    int rc = embkv_group_begin(s);
+    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    if (rc == EMBKV_OK)
+        rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
         return rc;
     rc = update_batch_in_group(s, ids, n, fn, ctx, flags, nupdated);
@@ -1240,23 +1203,6 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
     ebr_leave();
 }
 
-/* Under id's key lock, not logging: fn applied to the cached row in place.
- * EMBKV_NOTFOUND when id is not cached, EMBKV_BUSY when fn skipped it. */
-static int cache_update_locked(embkv_store *s, int64_t id, uint64_t h, const write_req *w, char *row)
-{
-    int64_t at = cache_load_locked(s->cache, id, h, row);
-    if (at < 0)
-        return EMBKV_NOTFOUND;
-    rec_hdr *r = (rec_hdr *)row;
-    float *v = rec_vec(r);
-    if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
-        return EMBKV_BUSY;
-    r->clock++;
-    r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
-    cache_store_locked(s->cache, at, row, true);
-    return EMBKV_OK;
-}
-
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                                  unsigned flags, size_t *nupdated)
 {
@@ -1266,16 +1212,12 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     cache *c = s->cache;
     bool logging = c && group_logging(s);
     char *row = NULL;
-    if (c) {
-        /* Dirty rows are never evicted: past 15/16 dirty the coldest go home. */
-        if (!logging && (rc = cache_clean(s)) != EMBKV_OK)
-            return rc;
-        if (!(row = malloc(s->rec_size)))
-            return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
-    }
-    /* Rows cached now are updated in place (no record, no bucket read):
-     * records are taken for the others, and one more on the way for a row
-     * evicted meanwhile. */
+    if (c && !(row = malloc(s->rec_size)))
+        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
+    /* A dirty cached row is updated in place (no record, no bucket read);
+     * every other row takes a record: a new version, or a clean cached row
+     * the one its write-back will fill.  No row turns clean during the
+     * group (cache.c), so the count can only be too high. */
     uint8_t *hint = c && !logging ? malloc(n) : NULL;
     size_t want = n;
     if (hint) {
@@ -1285,8 +1227,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         for (size_t j = 0; j < n; j++) {
             if (j + 8 < n)
                 cache_prefetch(c, embkv__hash(ids[j + 8]));
-            hint[j] = cache_contains(c, ids[j], embkv__hash(ids[j]));
-            want += !hint[j];
+            int st = cache_state(c, ids[j], embkv__hash(ids[j]));
+            hint[j] = st != 0;
+            want += st != 2;
         }
     } else if (c && !logging) {
         free(row);
@@ -1366,36 +1309,32 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             }
             keylock_acquire(s, h);
             int r = EMBKV_NOTFOUND;
-            if (c && !logging) {
-                r = cache_update_locked(s, ids[j], h, &w, row);
-                if (r == EMBKV_OK)
-                    updated++;  /* in place: no record taken */
+            uint64_t spare = next_fresh < nfresh ? fresh[next_fresh] : LOC_NONE;
+            if (c) {
+                r = cache_write_locked(s, ix, ids[j], h, &w, logging, &spare, rb, row);
+                if (r != EMBKV_NOTFOUND) {
+                    hits++;
+                    if (r == EMBKV_OK)
+                        updated++;
+                    if (spare == LOC_NONE && next_fresh < nfresh)
+                        next_fresh++;  /* taken for its write-back, or went through */
+                }
             }
-            if (r == EMBKV_NOTFOUND && next_fresh == nfresh) {
-                /* evicted since the count: one more record, as the pool has it */
-                if (slab_alloc(s, &fresh[nfresh], 1) == EMBKV_OK)
-                    nfresh++;
-                else
-                    r = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld (a cached row was evicted "
-                                   "during the batch and the pool is full)", s->path, (long long)ids[j]);
-            }
-            if (r == EMBKV_NOTFOUND && c && logging)
-                r = cache_write_through(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed, row);
-            if (r != EMBKV_NOTFOUND && c)
-                hits++;
+            if (r == EMBKV_NOTFOUND && spare == LOC_NONE)  /* cannot happen: counted above */
+                r = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld", s->path, (long long)ids[j]);
             if (r == EMBKV_NOTFOUND) {
-                r = write_row(s, ix, ids[j], h, fresh[next_fresh], &w, rb, &consumed);
+                r = write_row(s, ix, ids[j], h, spare, &w, rb, &consumed);
                 /* The new version may take a colder row's place. */
                 if (c && consumed && !logging)
-                    cache_admit_locked(s, c, ids[j], h, rec_at(s, fresh[next_fresh]), false, false);
+                    cache_admit_locked(s, c, ids[j], h, rec_at(s, spare), false);
+                if (consumed) {
+                    next_fresh++;
+                    updated++;
+                }
             }
             keylock_release(s, h);
             free(scratch);
             scratch = NULL;
-            if (consumed) {
-                next_fresh++;
-                updated++;
-            }
             if (r != EMBKV_OK && r != EMBKV_BUSY)
                 rc = r;
         }

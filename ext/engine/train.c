@@ -647,8 +647,11 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     }
     free(slot_of);
     /* The rows it creates and its updates are one write group: seen by
-     * snapshots and kept by checkpoints entirely or not at all. */
-    int rc = embkv_group_begin(s);
+     * snapshots and kept by checkpoints entirely or not at all.  (A cache
+     * short of clean rows is cleaned first, outside the group.) */
+    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    if (rc == EMBKV_OK)
+        rc = embkv_group_begin(s);
     if (rc != EMBKV_OK) {
         free(uids);
         free(ugrad);
