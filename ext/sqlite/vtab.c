@@ -678,7 +678,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         /* The option is at fault when the path names something that is not
          * a store of this version; a damaged or busy store is not an option
          * error. */
-        int path_fault = v->opts.path && !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path "))) &&
+        int path_fault = v->opts.path &&
+                         !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path ") ||
+                                    strstr(emsg, "cache_size"))) &&
                          (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
         /* A pool too large for its filesystem: pool_size sized it, or
          * capacity did (bits 2 and 3 of given, in ek_options' order). */
