@@ -7,7 +7,7 @@
  *   bench_ltm load <embkv|rocksdb|lmdb> DIR --rows N
  *   bench_ltm run  <embkv|rocksdb|lmdb> DIR --rows N [--mode read|train]
  *                  [--batches B] [--warmup W] [--seconds S] [--warmup-seconds S]
- *                  [--perm-seed K] [--cache-mb M] [--lmdb-readahead]
+ *                  [--perm-seed K] [--cache-mb M] [--lmdb-readahead] [--lookahead K] [--dram-mb M]
  *
  * Ids are 0..N-1.  Batches of 512 ids are drawn Zipf(0.99) over the ranks;
  * rank r maps to id perm(r - 1), a fixed pseudo-random permutation of
@@ -74,6 +74,7 @@ typedef struct opts {
     int lmdb_readahead;
     size_t pool_mb;      /* load embkv with an SSD tier: the pool (PM tier) this big */
     size_t lookahead;    /* run embkv with embkv_lookahead this many batches ahead */
+    size_t dram_mb;      /* run embkv with a DRAM cache (cache_size) this big */
 } opts;
 
 /* ---------------------------------------------------- id permutation */
@@ -536,7 +537,8 @@ static void open_engine(eng *e, const opts *o)
     e->kind = o->engine;
     if (o->engine == E_EMBKV) {
         snprintf(path, sizeof path, "%s/store", o->dir);
-        embkv_options eo = {.dim = DIM, .state_floats = adagrad_state_floats(), .expected_rows = o->rows};
+        embkv_options eo = {.dim = DIM, .state_floats = adagrad_state_floats(), .expected_rows = o->rows,
+                            .cache_size = (uint64_t)o->dram_mb << 20};
         ek(embkv_open(path, &eo, 0, &e->s), "embkv_open");
         if (o->train) {
             embkv_train_options to;
@@ -911,6 +913,13 @@ static void run(const opts *o)
                    s1.demotions - s0.demotions, s1.promotions - s0.promotions, s1.compactions - s0.compactions,
                    s1.write_amplification);
             snprintf(advice, sizeof advice, "ssd-la%zu", K);
+            if (s1.cache_capacity_rows) {
+                uint64_t h = s1.cache_hits - s0.cache_hits, m = s1.cache_misses - s0.cache_misses;
+                printf("DRAM cache: %zu MiB, %" PRIu64 " of %" PRIu64 " rows, hit rate %.1f%%, %" PRIu64
+                       " dirty\n", o->dram_mb, s1.cache_rows, s1.cache_capacity_rows,
+                       h + m ? 100.0 * (double)h / (double)(h + m) : 0.0, s1.cache_dirty);
+                snprintf(advice, sizeof advice, "ssd-la%zu-dram%zu", K, o->dram_mb);
+            }
         }
     }
     double dev_reads_row = z.have_disk ? (double)(z.reads - a.reads) / rows : NAN;
@@ -961,7 +970,7 @@ static void usage(void)
     die("usage: bench_ltm load <embkv|rocksdb|lmdb> DIR --rows N\n"
         "       bench_ltm run <embkv|rocksdb|lmdb> DIR --rows N [--mode read|train] [--batches B] [--warmup W]\n"
         "                 [--seconds S] [--warmup-seconds S] [--perm-seed K] [--cache-mb M] [--lmdb-readahead]\n"
-        "                 [--lookahead K]\n"
+        "                 [--lookahead K] [--dram-mb M]\n"
         "       (load embkv --pool-mb M: a pool of M MiB and an SSD tier for the rest)");
 }
 
@@ -989,6 +998,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--cache-mb")) o.cache_mb = parse_size(a, v);
         else if (!strcmp(a, "--pool-mb")) o.pool_mb = parse_size(a, v);
         else if (!strcmp(a, "--lookahead")) o.lookahead = parse_size(a, v);
+        else if (!strcmp(a, "--dram-mb")) o.dram_mb = parse_size(a, v);
         else if (!strcmp(a, "--mode")) {
             if (!strcmp(v, "read")) o.train = 0;
             else if (!strcmp(v, "train")) o.train = 1;

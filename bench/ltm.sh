@@ -25,7 +25,8 @@
 # pool holds LTM_SSD_POOL MiB (default 640: the index of 8M rows takes 256
 # MiB of it, the record space at most half) and whose log holds the rest, e.g.
 # LTM_RUNS="embkv:ssd-la0:train embkv:ssd-la1:train embkv:ssd-la4:train
-# rocksdb:-:train".
+# rocksdb:-:train"; embkv:ssd-la4-dram256:train adds a DRAM cache of 256 MiB
+# (cache_size), inside the same memory limit.
 #
 # Knobs: LTM_ROWS (default 8000000), LTM_MEM (memory limit, default 1G;
 # RocksDB's block cache gets half of it), LTM_BATCHES (measured batches of
@@ -159,7 +160,10 @@ run_one() {  # engine advice mode
     local envs=() set=$e extra=()
     if [[ $adv == ssd-la* ]]; then
         set=embkv-ssd
-        extra=(--lookahead "${adv#ssd-la}")
+        local la=${adv#ssd-la}
+        extra=(--lookahead "${la%%-*}")
+        # ssd-laK-dramM: with a DRAM cache of M MiB (inside the same limit)
+        if [[ $la == *-dram* ]]; then extra+=(--dram-mb "${la#*-dram}"); fi
     elif [[ $e == embkv ]]; then
         envs=(EMBKV_POOL_ADVICE="$adv")
     fi
@@ -209,9 +213,9 @@ function f(line, k,   i, n, a) { n = split(line, a, " "); for (i = 2; i <= n; i+
 END {
     print ""
     split("read train", modes, " ")
-    split("embkv(random) embkv(normal) embkv(ssd-la0) embkv(ssd-la1) embkv(ssd-la4)", ours, " ")
+    split("embkv(random) embkv(normal) embkv(ssd-la0) embkv(ssd-la1) embkv(ssd-la4) embkv(ssd-la4-dram256)", ours, " ")
     split("rocksdb lmdb", base, " ")
-    for (mi = 1; mi <= 2; mi++) for (oi = 1; oi <= 5; oi++) for (bi = 1; bi <= 2; bi++) {
+    for (mi = 1; mi <= 2; mi++) for (oi = 1; oi <= 6; oi++) for (bi = 1; bi <= 2; bi++) {
         a = rate[ours[oi] "/" modes[mi]]; b = rate[base[bi] "/" modes[mi]]
         if (a != "" && b != "" && b > 0)
             printf "%-5s %s / %s: %.2f\n", modes[mi], ours[oi], base[bi], a / b

@@ -704,6 +704,12 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
             }
         /* The records are copies: the queue takes them outside the epoch,
          * and promotion (which waits for readers) may run between. */
+        /* A reopened store learns the pool's limit only when a chunk is
+         * refused: its room is asked for first, and made by demotion. */
+        if (k && slab_room_for(s, k, 0) == EMBKV_FULL) {
+            size_t freed = 0;
+            tier_demote(s, k, &freed);
+        }
         for (size_t done = 0; done < k && rc == EMBKV_OK;) {
             size_t took = promo_offer(s, cid + done, loc + done, recs + done, k - done, false);
             done += took;
@@ -783,19 +789,8 @@ int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *mov
     }
     if (k > room)
         k = room;
-    if (k && slab_alloc(s, p, k) != EMBKV_OK) {
-        /* The pool could not grow by a chunk (a reopened store learns its
-         * limit this way): colder rows make room, then what there is. */
-        size_t got = 0, freed = 0;
-        if (make_room)
-            tier_demote(s, k, &freed);
-        if (slab_alloc(s, p, k) == EMBKV_OK)
-            got = k;
-        else
-            while (got < k && slab_alloc(s, p + got, 1) == EMBKV_OK)
-                got++;
-        k = got;  /* the others stay in the log */
-    }
+    if (k && slab_alloc(s, p, k) != EMBKV_OK)
+        k = 0;  /* no room after all: the rows stay in the log */
     size_t m = 0;
     if (k) {
         pthread_rwlock_rdlock(&s->writers);
