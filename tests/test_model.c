@@ -837,6 +837,16 @@ int main(void)
         }
     }
 
+#ifdef MODEL_TIER
+    {
+        /* One sample at the end too: a short run may have had no scan in
+         * its second half. */
+        embkv_tier_idle(S, 10000);
+        embkv_stats fin;
+        CHECK_RC(embkv_stats_get(S, &fin), EMBKV_OK);
+        if (fin.rows && fin.rows_pm < pm_low) pm_low = fin.rows_pm;
+    }
+#endif
     op_name = "final verify";
     full_verify();
     uint64_t nb = embkv_debug_nbuckets(S);
