@@ -774,14 +774,22 @@ size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            /* A cached row is in the index: its bucket need not be read. */
-            cached[i % RING] = c && cache_contains(c, ids[i], h);
-            if (!cached[i % RING])
+            if (c)
+                cache_prefetch(c, h);
+            else
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
+        }
+        /* A cached row is in the index: its bucket need not be read (the
+         * cache's line, fetched a few ids ago, says). */
+        if (c && i >= PF_CACHE && i - PF_CACHE < n) {
+            size_t j = i - PF_CACHE;
+            cached[j % RING] = cache_contains(c, ids[j], hs[j % RING]);
+            if (!cached[j % RING])
+                PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
         }
         if (i >= PF_BUCKET) {
             size_t j = i - PF_BUCKET;
-            if (cached[j % RING]) {
+            if (c && cached[j % RING]) {
                 found[j] = 1;
                 continue;
             }
