@@ -526,9 +526,21 @@ static void do_sync(void)
     CHECK(b.durable_epoch >= a.durable_epoch);
 }
 
+#ifdef MODEL_CACHE
+/* The cache's counters are per open: summed over the run's opens. */
+static uint64_t cache_evictions_before;
+#endif
+
 static void do_reopen(void)
 {
     op_name = "close+reopen";
+#ifdef MODEL_CACHE
+    {
+        embkv_stats cs;
+        CHECK_RC(embkv_stats_get(S, &cs), EMBKV_OK);
+        cache_evictions_before += cs.cache_evictions;
+    }
+#endif
     uint64_t nb = embkv_debug_nbuckets(S);
     CHECK_RC(embkv_close(S), EMBKV_OK);
     cur_gen++;  /* a clean close syncs */
@@ -690,6 +702,13 @@ static void child_run(uint64_t i, uint64_t nops)
 static void kill_round(uint64_t i, uint64_t nops, int round)
 {
     op_name = "kill round";
+#ifdef MODEL_CACHE
+    {
+        embkv_stats cs;
+        CHECK_RC(embkv_stats_get(S, &cs), EMBKV_OK);
+        cache_evictions_before += cs.cache_evictions;
+    }
+#endif
     CHECK_RC(embkv_close(S), EMBKV_OK);
     S = NULL;
     cur_gen++;
@@ -874,7 +893,8 @@ int main(void)
            " evictions, %" PRIu64 " write-backs\n",
            st.cache_rows, st.cache_capacity_rows, st.cache_hits, st.cache_misses, st.cache_evictions,
            st.cache_writebacks);
-    CHECK(st.cache_hits > 0 && st.cache_evictions > 0 && st.cache_writebacks > 0);
+    CHECK(st.cache_hits > 0 && st.cache_writebacks > 0);
+    CHECK(cache_evictions_before + st.cache_evictions > 0);
 #endif
     do_reopen();
     CHECK_RC(embkv_close(S), EMBKV_OK);
