@@ -81,9 +81,10 @@ typedef struct embkv_options {
     /* The DRAM cache (0: none): bytes of DRAM for a write-back cache of hot
      * rows, updated in place and written back at syncs (and when a
      * snapshot opens, or when 15/16 of it is dirty).  Not kept with the
-     * store: each process's first open decides; a later open in the same
-     * process asking for another size is refused.  At most the machine's
-     * memory. */
+     * store: the first open in the process that asks for a cache decides
+     * its size (a store open without one takes it then); a later open
+     * asking for another size is refused, 0 shares it.  At most the
+     * machine's memory; at least 64 rows. */
     uint64_t cache_size;
 } embkv_options;
 

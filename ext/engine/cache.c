@@ -320,7 +320,10 @@ void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw)
     }
 }
 
-int cache_state(cache *c, int64_t id, uint64_t h)
+/* The slot of id, or -1, from a probe no table change overlapped (a
+ * lock-free reader's trusted answer; stable for a holder of id's key
+ * lock, since only such a holder adds or drops id). */
+static int64_t stable_find(cache *c, int64_t id, uint64_t h)
 {
     cshard *sh = shard_of(c, h);
     unsigned spins = 0;
@@ -333,26 +336,22 @@ int cache_state(cache *c, int64_t id, uint64_t h)
         int64_t si = tab_find(sh, id, h);
         seq_fence(__ATOMIC_ACQUIRE);
         if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
-            return si < 0 ? 0 : 1 + (int)((atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1);
+            return si;
     }
 }
 
-bool cache_contains(cache *c, int64_t id, uint64_t h)
+static inline bool bit_get(cache *c, uint32_t si)
 {
-    cshard *sh = shard_of(c, h);
-    unsigned spins = 0;
-    for (;;) {
-        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
-        if (v & 1) {
-            ix_relax(&spins);
-            continue;
-        }
-        int64_t si = tab_find(sh, id, h);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
-            return si >= 0;
-    }
+    return (atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1;
 }
+
+int cache_state(cache *c, int64_t id, uint64_t h)
+{
+    int64_t si = stable_find(c, id, h);
+    return si < 0 ? 0 : 1 + (int)bit_get(c, (uint32_t)si);
+}
+
+bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
 
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats)
@@ -407,29 +406,6 @@ void cache_count(cache *c, uint64_t hits, uint64_t misses)
 
 /* ------------------------------------------------ under the row's key lock */
 
-/* The slot of id (stable while its key lock is held), or -1. */
-static int64_t locked_slot(cache *c, int64_t id, uint64_t h)
-{
-    cshard *sh = shard_of(c, h);
-    unsigned spins = 0;
-    for (;;) {
-        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
-        if (v & 1) {
-            ix_relax(&spins);
-            continue;
-        }
-        int64_t si = tab_find(sh, id, h);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
-            return si;
-    }
-}
-
-static inline bool bit_get(cache *c, uint32_t si)
-{
-    return (atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1;
-}
-
 static void set_dirty(cache *c, uint32_t si, bool dirty)
 {
     uint64_t bit = 1ull << (si % 64);
@@ -447,7 +423,7 @@ static void set_dirty(cache *c, uint32_t si, bool dirty)
 
 int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec)
 {
-    int64_t si = locked_slot(c, id, h);
+    int64_t si = stable_find(c, id, h);
     if (si >= 0) {
         if (rec)
             words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);

@@ -182,14 +182,6 @@ int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t
 
 /* ------------------------------------------------- moves up the hierarchy */
 
-static int cmp_id_at(const void *a, const void *b)
-{
-    const int64_t *x = a, *y = b;
-    if (x[0] != y[0])
-        return x[0] < y[0] ? -1 : 1;
-    return (x[1] > y[1]) - (x[1] < y[1]);
-}
-
 int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves)
 {
     if (moves)
@@ -200,29 +192,14 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
         return EMBKV_OK;
     /* Each id once, in the order given (the first are the hottest when
      * room runs out). */
-    int64_t (*pair)[2] = malloc(n * sizeof *pair);
     int64_t *u = malloc(n * sizeof *u);
     uint8_t *was_ssd = calloc(n, 1);
-    if (!pair || !u || !was_ssd) {
-        free(pair);
+    size_t k = 0;
+    if (!u || !was_ssd || ids_distinct(ids, n, u, NULL, &k) != EMBKV_OK) {
         free(u);
         free(was_ssd);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory moving %zu rows", s->path, n);
     }
-    for (size_t i = 0; i < n; i++) {
-        pair[i][0] = ids[i];
-        pair[i][1] = (int64_t)i;
-    }
-    qsort(pair, n, sizeof *pair, cmp_id_at);
-    uint8_t *keep = was_ssd; /* reused: 1 for the first of each id */
-    for (size_t i = 0; i < n; i++)
-        keep[pair[i][1]] = i == 0 || pair[i][0] != pair[i - 1][0];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (keep[i])
-            u[k++] = ids[i];
-    free(pair);
-    memset(was_ssd, 0, n);
 
     int rc = EMBKV_OK;
     if (s->log) {

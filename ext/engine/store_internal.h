@@ -547,6 +547,10 @@ bool group_logging(embkv_store *s);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 void train_free(embkv_store *s);
+/* train.c: the distinct ids of a batch in first-seen order, uniq[0..*nu),
+ * and for each position i, slot_of[i] = its index in uniq (slot_of may be
+ * NULL).  EMBKV_NOMEM when the scratch table cannot be had. */
+int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu);
 uint64_t store_grow_threshold(embkv_store *s);
 
 /* ------------------------------------------------------------- cache.c */

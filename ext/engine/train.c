@@ -354,9 +354,7 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
 
 /* ------------------------------------------------------------ batches */
 
-/* Distinct ids of a batch in first-seen order: uniq[0..*nu) and, for each
- * position i, slot_of[i] = its index in uniq. */
-static int distinct_ids(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu)
+int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu)
 {
     size_t cap = 16;
     while (cap < 2 * n)
@@ -374,7 +372,8 @@ static int distinct_ids(const int64_t *ids, size_t n, int64_t *uniq, size_t *slo
             table[h] = k;
             uniq[k++] = ids[i];
         }
-        slot_of[i] = table[h];
+        if (slot_of)
+            slot_of[i] = table[h];
     }
     free(table);
     *nu = k;
@@ -390,7 +389,7 @@ static int read_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, 
     int64_t *uniq = malloc(n * sizeof *uniq);
     size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
     int rc = EMBKV_OK;
-    if (!uniq || !slot_of || distinct_ids(ids, n, uniq, slot_of, &nu) != EMBKV_OK) {
+    if (!uniq || !slot_of || ids_distinct(ids, n, uniq, slot_of, &nu) != EMBKV_OK) {
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
     } else if (nu == n) {
         rc = embkv_get_batch(s, ids, n, out, found, missing);
@@ -498,7 +497,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
             if (o.init == EMBKV_INIT_NONE)
                 rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)",
                                 (long long)miss[0]);
-            else if (distinct_ids(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
+            else if (ids_distinct(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
                 rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
             else
                 rc = create_rows(s, t, &o, umiss, nu);
@@ -633,7 +632,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     int64_t *uids = malloc(n * sizeof *uids);
     size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
     double *ugrad = calloc(n * (size_t)dim, sizeof *ugrad);
-    if (!uids || !slot_of || !ugrad || distinct_ids(ids, n, uids, slot_of, &nu) != EMBKV_OK) {
+    if (!uids || !slot_of || !ugrad || ids_distinct(ids, n, uids, slot_of, &nu) != EMBKV_OK) {
         free(uids);
         free(slot_of);
         free(ugrad);
@@ -711,7 +710,7 @@ int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nrele
     if (n && ss->n) {
         int64_t *uniq = malloc(n * sizeof *uniq);
         size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
-        int rc = uniq && slot_of ? distinct_ids(ids, n, uniq, slot_of, &nu) : EMBKV_NOMEM;
+        int rc = uniq && slot_of ? ids_distinct(ids, n, uniq, slot_of, &nu) : EMBKV_NOMEM;
         if (rc == EMBKV_OK) {
             size_t back = release_ids(ss, train_of(ss->s), uniq, nu);
             if (nreleased)
