@@ -86,6 +86,14 @@ typedef struct embkv_options {
      * asking for another size is refused, 0 shares it.  At most the
      * machine's memory; at least 64 rows. */
     uint64_t cache_size;
+    /* Background hot-set migration (0: none): a thread that, about once a
+     * second, ranks the hottest rows and moves them up as
+     * embkv_hotset_move does, at most migrate_rate rows per second (each
+     * step of a row counts: log to pool, into its home bucket, into the
+     * cache).  It considers as many rows as 7/8 of the cache holds, or
+     * without a cache half of what the pool holds.  Not kept with the
+     * store; like cache_size, the first open asking for it decides. */
+    uint64_t migrate_rate;
 } embkv_options;
 
 /* A store directory may also hold files whose names begin with this
@@ -253,16 +261,20 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
 int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap,
                    size_t *n);
 
-/* While any pin is held the index does not resize: inserts keep going into
- * the current array (until it is 98% full, then EMBKV_BUSY), and growth
- * happens after the last unpin.  embkv_scan pins for its own duration. */
+/* While any pin is held the index does not resize (inserts keep going into
+ * the current array; a thread holding a pin gets EMBKV_BUSY once it is 98%
+ * full, others wait for the last unpin) and no row moves between buckets
+ * (embkv_hotset, migration), so a pinned embkv_scan_ids cursor sees every
+ * row present throughout exactly once.  embkv_scan pins for its own
+ * duration. */
 void embkv_scan_pin(embkv_store *s);
 void embkv_scan_unpin(embkv_store *s);
 
 /* Hotness-aware placement (PetPS): move each listed id into its home bucket
  * if it is displaced, evicting a displaced victim when the home bucket is
- * full.  Concurrent readers keep seeing every row. *moved (may be NULL) gets
- * the number moved. */
+ * full.  Concurrent readers keep seeing every row.  While a scan pin is
+ * held nothing moves (a scan would miss a row or see it twice): the call
+ * stops there.  *moved (may be NULL) gets the number moved. */
 int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved);
 
 /* Access statistics: an approximate, aging count of each row's recent
@@ -357,6 +369,9 @@ typedef struct embkv_stats {
     uint64_t cache_capacity_rows, cache_rows, cache_bytes, cache_dirty;
     uint64_t cache_hits, cache_misses, cache_admissions, cache_evictions, cache_writebacks, cache_refused;
     int cache_huge_pages;
+    /* Background migration (migrate_rate): the rate, rounds done, row
+     * moves made, moves that failed (a full pool, a damaged record). */
+    uint64_t migrate_rate, migrate_rounds, migrate_moved, migrate_errors;
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 

@@ -28,7 +28,11 @@
  * rows just pulled, whose push is coming, survive a full turn), clean,
  * whose key lock can be taken without waiting.  The candidate comes in if
  * the access sketch (heat.c) estimates it strictly hotter, else it is
- * refused; hotset moves force it in.  Dirty rows are never evicted: they
+ * refused.  Hotset moves force it in: the hand goes on past victims at
+ * least as hot (up to EVICT_SCAN slots) instead of refusing at the first,
+ * but a move never evicts a row as hot as the one it brings, or a
+ * background migration that brings the hottest rows first would, in a
+ * full shard, churn them out again with the colder ones after.  Dirty rows are never evicted: they
  * are written back first (store_ops.c: cache_clean), so eviction costs no
  * I/O and no allocation in the middle of a batch.
  *
@@ -513,7 +517,9 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
         unsigned vheat = heat_estimate(s->heat, vh);
         if (atomic_load_explicit(&c->bar, memory_order_relaxed) != vheat)
             atomic_store_explicit(&c->bar, vheat, memory_order_relaxed);
-        if (!force && cand <= vheat) {
+        if (cand <= vheat) {
+            if (force)
+                continue;  /* a move passes over rows as hot as it */
             atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
             return -1;
         }

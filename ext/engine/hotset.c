@@ -33,8 +33,17 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
     for (size_t i = 0; i < n; i++) {
         uint64_t h = embkv__hash(ids[i]);
         keylock_acquire(s, h);
-        m += (size_t)ix_move_home(s, ix, ids[i], h);
+        /* A scan walks the buckets in order: a row moved home behind it
+         * would be missed, a victim pushed ahead of it seen twice.  While
+         * one is pinned, no row moves (see embkv_scan_pin). */
+        atomic_fetch_add(&s->moves_inflight, 1);
+        bool scanning = atomic_load(&s->scan_pins) > 0;
+        if (!scanning)
+            m += (size_t)ix_move_home(s, ix, ids[i], h);
+        atomic_fetch_sub(&s->moves_inflight, 1);
         keylock_release(s, h);
+        if (scanning)
+            break;
     }
     pthread_mutex_unlock(&s->move_mu);
     pthread_rwlock_unlock(&s->writers);
@@ -188,6 +197,12 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
         memset(moves, 0, sizeof *moves);
     if (!s || !moves || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_hotset_move: NULL argument");
+    return hotset_move(s, ids, n, moves, true);
+}
+
+int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves, bool raise)
+{
+    memset(moves, 0, sizeof *moves);
     if (n == 0)
         return EMBKV_OK;
     /* Each id once, in the order given (the first are the hottest when
@@ -229,6 +244,9 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
         rc = embkv_hotset(s, u, k, &home);
     moves->home_bucket = home;
     if (rc == EMBKV_OK && s->cache) {
+        /* Admission passes over rows as hot as the one it brings. */
+        for (unsigned t = 0; raise && t < HEAT_MAX_COUNT; t++)
+            embkv_heat_touch(s, u, k);
         rc = cache_hotset(s, u, k, &dram);
         moves->to_dram = dram;
         atomic_fetch_add(&s->st_hot_to_dram, dram);

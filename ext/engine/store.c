@@ -343,6 +343,8 @@ static void free_store(embkv_store *s)
     pthread_mutex_destroy(&s->tw_mu);
     pthread_cond_destroy(&s->tw_cond);
     pthread_cond_destroy(&s->tw_done);
+    pthread_mutex_destroy(&s->mg_mu);
+    pthread_cond_destroy(&s->mg_cond);
     pthread_mutex_destroy(&s->la_mu);
     free(s->path);
     free(s);
@@ -368,6 +370,8 @@ static embkv_store *alloc_store(void)
     pthread_mutex_init(&s->tw_mu, NULL);
     pthread_cond_init(&s->tw_cond, NULL);
     pthread_cond_init(&s->tw_done, NULL);
+    pthread_mutex_init(&s->mg_mu, NULL);
+    pthread_cond_init(&s->mg_cond, NULL);
     pthread_mutex_init(&s->la_mu, NULL);
     s->lockfd = -1;
     if (snap_init(s) != EMBKV_OK) {
@@ -977,6 +981,13 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
                                 o->path, (unsigned long long)o->cache_size, (unsigned long long)opt->cache_size);
             else if (rc == EMBKV_OK && opt && opt->cache_size && !o->cache_size)
                 rc = cache_attach(o, opt->cache_size);
+            if (rc == EMBKV_OK && opt && opt->migrate_rate && o->mg_started && opt->migrate_rate != o->mg_rate)
+                rc = embkv__err(EMBKV_INVALID,
+                                "store %s is already open in this process with option migrate_rate %llu; another "
+                                "open asked for %llu (leave it out, or 0, to share the migration)",
+                                o->path, (unsigned long long)o->mg_rate, (unsigned long long)opt->migrate_rate);
+            else if (rc == EMBKV_OK && opt && opt->migrate_rate)
+                rc = migrate_start(o, opt->migrate_rate);
             if (rc == EMBKV_OK) {
                 o->refs++;
                 *out = o;
@@ -1052,7 +1063,11 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         rc = publish_pool(s);
     if (rc == EMBKV_OK)
         rc = tier_worker_start(s);
+    if (rc == EMBKV_OK && opt && opt->migrate_rate)
+        rc = migrate_start(s, opt->migrate_rate);
     if (rc != EMBKV_OK) {
+        migrate_stop(s);
+        tier_worker_stop(s);
         if (s->pop)
             pmemobj_close(s->pop);
         if (s->creating) {
@@ -1100,6 +1115,7 @@ int embkv_close(embkv_store *s)
     /* Still under the registry lock: an open of this directory from another
      * thread must wait for the flock to go, not take it for another process.
      * The tier's threads first: nothing moves rows during the last sync. */
+    migrate_stop(s);
     tier_worker_stop(s);
     la_close(s);
     int rc = embkv_sync(s);

@@ -228,7 +228,8 @@ struct embkv_store {
     atomic_uint_fast64_t rows;     /* live rows */
     atomic_uint_fast64_t entries;  /* used slots including tombstones */
     atomic_uint_fast64_t index_slots; /* buckets * slots of the current index */
-    atomic_uint scan_pins;     /* scans running: the index must not resize */
+    atomic_uint scan_pins;     /* scans running: the index must not resize, rows not move */
+    atomic_uint moves_inflight; /* embkv_hotset moves under way (a pin waits them out) */
     atomic_int grow_pending;   /* a resize waits for the pins: no new ones */
 
     /* slab */
@@ -304,6 +305,14 @@ struct embkv_store {
     uint64_t tw_rounds;
     pthread_mutex_t tw_mu;
     pthread_cond_t tw_cond, tw_done;
+    /* the hot-set migration thread (migrate.c): rows per second it may
+     * move (0: not running), its rounds, rows moved, failed moves */
+    pthread_t mg_thread;
+    bool mg_started, mg_stop;
+    pthread_mutex_t mg_mu;
+    pthread_cond_t mg_cond;
+    uint64_t mg_rate;
+    atomic_uint_fast64_t st_mg_rounds, st_mg_moved, st_mg_errors;
     /* look-ahead (lookahead.c): NULL until the first embkv_lookahead */
     struct lookahead *_Atomic la;
     pthread_mutex_t la_mu;
@@ -586,7 +595,8 @@ void cache_mark_dirty_locked(cache *c, int64_t slot, uint64_t wb);
 uint64_t cache_mark_clean_locked(cache *c, int64_t slot);
 uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h);
 /* A clean row not cached yet (false: refused, or cached already); force
- * skips the heat comparison (cache.c). */
+ * evicts any strictly colder clean row, not only the first under the hand
+ * (cache.c). */
 bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const void *rec, bool force);
 /* The cheap first test of admission (no lock): a free slot in the row's
  * shard, or hotter than the last victim weighed. */
@@ -662,8 +672,15 @@ int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned);
 bool compact_urgent(embkv_store *s);
 
 /* ------------------------------------------------------------- tier_worker.c */
+/* embkv_hotset_move's work; raise tells the sketch the rows are as hot as
+ * can be first (an application's move: it says they are), which a
+ * background migration, moving what the sketch ranked, does not. */
+int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves, bool raise);
 int tier_worker_start(embkv_store *s);
 void tier_worker_stop(embkv_store *s);
+/* The hot-set migration thread (migrate.c); stop before the tier's. */
+int migrate_start(embkv_store *s, uint64_t rate);
+void migrate_stop(embkv_store *s);
 
 /* ------------------------------------------------------------- lookahead.c */
 /* Copies into out + j * rec_size the rows among ids/locs[0..k) that

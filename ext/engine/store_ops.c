@@ -1409,6 +1409,11 @@ void embkv_scan_pin(embkv_store *s)
         while (atomic_load(&s->grow_pending))
             sched_yield();
     }
+    /* A move between buckets under way finishes first; later ones see the
+     * pin and wait (hotset.c).  Both sides are sequentially consistent:
+     * either the move sees the pin or the pin sees the move. */
+    while (atomic_load(&s->moves_inflight) > 0)
+        sched_yield();
     scan_pins_here++;
     /* A resize that started before the pin finishes before we go on. */
     pthread_rwlock_rdlock(&s->writers);

@@ -399,6 +399,10 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->hot_moves = atomic_load(&s->st_hot_moves);
     st->hotset_to_pm = atomic_load(&s->st_hot_to_pm);
     st->hotset_to_dram = atomic_load(&s->st_hot_to_dram);
+    st->migrate_rate = s->mg_started ? s->mg_rate : 0;
+    st->migrate_rounds = atomic_load(&s->st_mg_rounds);
+    st->migrate_moved = atomic_load(&s->st_mg_moved);
+    st->migrate_errors = atomic_load(&s->st_mg_errors);
     cache_stats(s->cache, st);
     st->heat_counting = atomic_load(&s->heat_live) != 0;
     st->heat_touches = heat_touches(s->heat);

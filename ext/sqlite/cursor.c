@@ -242,17 +242,21 @@ static int add_changed_ids(ekcur *c, ekvtab *v)
 static int collect_all(ekcur *c, ekvtab *v)
 {
     int erc = EMBKV_BUSY;
+    /* Pinned: no resize, and no row moving between buckets (migration)
+     * behind the cursor, which would drop it or list it twice. */
+    embkv_scan_pin(v->store);
     for (int attempt = 0; attempt < 3 && erc == EMBKV_BUSY; attempt++) {
         uint64_t pos = 0;
         c->nids = 0;
         for (;;) {
-            if (ids_reserve(c, c->nids + SCAN_IDS) != SQLITE_OK) return SQLITE_NOMEM;
+            if (ids_reserve(c, c->nids + SCAN_IDS) != SQLITE_OK) { embkv_scan_unpin(v->store); return SQLITE_NOMEM; }
             size_t n = 0;
             erc = embkv_scan_ids(v->store, &pos, c->b.ids + c->nids, SCAN_IDS, &n);
             if (erc != EMBKV_OK || n == 0) break;
             c->nids += n;
         }
     }
+    embkv_scan_unpin(v->store);
     if (erc == EMBKV_BUSY) { /* the index keeps growing under us: a one-pass scan */
         c->nids = 0;
         erc = embkv_scan(v->store, scan_collect, c);

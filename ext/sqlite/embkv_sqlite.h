@@ -30,6 +30,8 @@ typedef struct embkv_tabopts {
     uint64_t ssd_size;     /* ssd_size: the SSD tier's bytes (0: none, or the store's) */
     const char *ssd_path;  /* ssd_path: its directory as written, NULL: <store>/log */
     uint64_t cache_size;   /* cache_size: the DRAM cache's bytes (0: none) */
+    uint32_t migrate;      /* migrate: 1 for 'auto' (background hot-set migration), 0 for 'off' */
+    uint64_t migrate_rate; /* migrate_rate: its bound in rows per second */
 } embkv_tabopts;
 
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */

@@ -247,6 +247,15 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(ops, "hot_moves", (double)st.hot_moves);
     ok = ok && cJSON_AddNumberToObject(ops, "hotset_to_pm", (double)st.hotset_to_pm);
     ok = ok && cJSON_AddNumberToObject(ops, "hotset_to_dram", (double)st.hotset_to_dram);
+    if (ok && st.migrate_rate) {
+        /* migrate='auto': its moves are also in hot_moves and hotset_*. */
+        cJSON *mg = cJSON_AddObjectToObject(o, "migration");
+        ok = mg != NULL;
+        ok = ok && cJSON_AddNumberToObject(mg, "rate", (double)st.migrate_rate);
+        ok = ok && cJSON_AddNumberToObject(mg, "rounds", (double)st.migrate_rounds);
+        ok = ok && cJSON_AddNumberToObject(mg, "moved", (double)st.migrate_moved);
+        ok = ok && cJSON_AddNumberToObject(mg, "errors", (double)st.migrate_errors);
+    }
     cJSON *heat = ok ? cJSON_AddObjectToObject(o, "heat") : NULL;
     ok = heat != NULL;
     ok = ok && cJSON_AddBoolToObject(heat, "counting", st.heat_counting != 0);

@@ -99,6 +99,19 @@ typedef struct ekopt_def {
     int (*parse)(const char *val, void *field);
 } ekopt_def;
 
+static int parse_migrate(const char *val, void *field)
+{
+    if (!sqlite3_stricmp(val, "off")) *(uint32_t *)field = 0;
+    else if (!sqlite3_stricmp(val, "auto")) *(uint32_t *)field = 1;
+    else return -1;
+    return 0;
+}
+
+/* Rows per second moved by migrate='auto' when migrate_rate is left out:
+ * a cache of a few hundred thousand rows fills within seconds, and the
+ * moves take a small part of a core. */
+#define MIGRATE_DEFAULT_RATE 50000
+
 static const ekopt_def ek_options[] = {
     {"dim", EKO_U32, offsetof(embkv_tabopts, dim), 1, EMBKV_MAX_DIM, "an integer from 1 to 8192", NULL},
     {"path", EKO_STR, offsetof(embkv_tabopts, path), 0, 0, "a directory name", NULL},
@@ -128,6 +141,10 @@ static const ekopt_def ek_options[] = {
     /* DRAM: the process's first open of the store decides (embkv.h). */
     {"cache_size", EKO_BYTES, offsetof(embkv_tabopts, cache_size), 0, 1ull << 50,
      "a size in bytes up to 1024T, such as 268435456, 256M or 4G (0: no cache)", NULL},
+    /* Background migration: like the cache, the process's first open. */
+    {"migrate", EKO_CUSTOM, offsetof(embkv_tabopts, migrate), 0, 0, "off or auto", parse_migrate},
+    {"migrate_rate", EKO_U64, offsetof(embkv_tabopts, migrate_rate), 1, 1000000000,
+     "rows per second from 1 to 1000000000", NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -277,6 +294,11 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         *err = sqlite3_mprintf("option dim is required, e.g. USING embkv(dim=64)");
         return SQLITE_ERROR;
     }
+    if (v->opts.migrate_rate && !v->opts.migrate) {
+        *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is not given");
+        return SQLITE_ERROR;
+    }
+    if (v->opts.migrate && !v->opts.migrate_rate) v->opts.migrate_rate = MIGRATE_DEFAULT_RATE;
     embkv_train_opts_end(&v->opts.train);
     v->given = seen;
     return SQLITE_OK;
@@ -334,7 +356,8 @@ static int opt_is_stored(unsigned j)
 {
     return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path") &&
            strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path") &&
-           strcmp(ek_options[j].name, "cache_size");
+           strcmp(ek_options[j].name, "cache_size") && strcmp(ek_options[j].name, "migrate") &&
+           strcmp(ek_options[j].name, "migrate_rate");
 }
 
 /* After the store is open: take its options, or record the table's. */
@@ -654,6 +677,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * store's own is taken (0), as a reopen of the store would. */
     eo.ssd_size = create ? v->opts.ssd_size : 0;
     eo.cache_size = v->opts.cache_size;
+    eo.migrate_rate = v->opts.migrate ? v->opts.migrate_rate : 0;
     char *ssd_path = NULL;
     if (v->opts.ssd_path) {
         /* Relative to the database file's directory, as path is. */
@@ -680,7 +704,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
          * error. */
         int path_fault = v->opts.path &&
                          !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path ") ||
-                                    strstr(emsg, "cache_size"))) &&
+                                    strstr(emsg, "cache_size") || strstr(emsg, "migrate_rate"))) &&
                          (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
         /* A pool too large for its filesystem: pool_size sized it, or
          * capacity did (bits 2 and 3 of given, in ek_options' order). */

@@ -1,0 +1,165 @@
+/*
+ * migrate.c - background hot-set migration (PetPS's migration thread):
+ * what embkv_hotset_move does when asked, done continuously at a rate the
+ * application bounds (embkv_options.migrate_rate, rows per second).
+ *
+ * A round ranks the hottest rows (embkv_hottest: one pass over the index)
+ * and moves them up in chunks, hottest first: log to pool, displaced key to
+ * its home bucket, into the DRAM cache.  Rows already where they belong
+ * cost a probe and count nothing, so the rate bounds the work that matters
+ * (records copied, buckets rewritten, cache admissions), and the thread
+ * sleeps whenever the rows it moved since the round began run ahead of
+ * rate x time.  The ranking is the expensive part on a large table, so
+ * rounds begin at most once per MG_PERIOD_MS, and never sooner than ten
+ * times the last ranking's duration after it: at most a tenth of a core
+ * goes to ranking whatever the table's size.
+ *
+ * How many rows a round considers (the hot set's size): with a cache, 7/8
+ * of its rows (the rest stays for what admission brings in between
+ * rounds); without one, half of what the pool's records hold (hot rows in
+ * the pool, in their home bucket); at most MG_MAX_HOT either way.
+ *
+ * The thread only calls the public operations, which take their own locks,
+ * so it needs no lock of its own beyond its sleep.  A failed move (a full
+ * pool, a damaged log record) is counted and the round ends; the next one
+ * tries again.  Statistics must count for a ranking to mean anything, so
+ * starting the thread turns them on.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "store_internal.h"
+
+#define MG_PERIOD_MS 1000
+#define MG_CHUNK 256
+#define MG_MAX_HOT (4u << 20)
+
+static uint64_t mg_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Sleeps ns or until stopped; false once the thread must stop. */
+static bool mg_sleep(embkv_store *s, uint64_t ns)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    uint64_t t = (uint64_t)until.tv_nsec + ns % 1000000000ull;
+    until.tv_sec += (time_t)(ns / 1000000000ull + t / 1000000000ull);
+    until.tv_nsec = (long)(t % 1000000000ull);
+    pthread_mutex_lock(&s->mg_mu);
+    while (!s->mg_stop) {
+        if (pthread_cond_timedwait(&s->mg_cond, &s->mg_mu, &until) == ETIMEDOUT)
+            break;
+    }
+    bool go_on = !s->mg_stop;
+    pthread_mutex_unlock(&s->mg_mu);
+    return go_on;
+}
+
+static size_t hot_target(embkv_store *s)
+{
+    uint64_t n;
+    if (s->cache) {
+        n = cache_capacity(s->cache) / 8 * 7;
+    } else {
+        /* The slab learns its chunk limit late (a reopened pool only when
+         * a chunk is refused); the pool's bytes bound it from the start. */
+        uint64_t cap = (uint64_t)s->chunk_limit * s->recs_per_chunk, by_size = s->pool_size / s->rec_size;
+        n = (cap < by_size ? cap : by_size) / 2;
+    }
+    return (size_t)(n > MG_MAX_HOT ? MG_MAX_HOT : n < 1 ? 1 : n);
+}
+
+/* One round: rank, then move at the rate.  Returns the ranking's time. */
+static uint64_t mg_round(embkv_store *s, int64_t *ids, size_t cap)
+{
+    uint64_t t0 = mg_now_ns();
+    size_t want = hot_target(s), n = 0;
+    if (want > cap)
+        want = cap;
+    if (embkv_hottest(s, want, ids, NULL, &n) != EMBKV_OK) {
+        atomic_fetch_add(&s->st_mg_errors, 1);
+        return mg_now_ns() - t0;
+    }
+    uint64_t t1 = mg_now_ns(), rate = s->mg_rate, moved = 0;
+    for (size_t at = 0; at < n; at += MG_CHUNK) {
+        embkv_moves mv;
+        size_t k = n - at < MG_CHUNK ? n - at : MG_CHUNK;
+        if (hotset_move(s, ids + at, k, &mv, false) != EMBKV_OK) {
+            atomic_fetch_add(&s->st_mg_errors, 1);
+            break;
+        }
+        uint64_t m = mv.to_pm + mv.home_bucket + mv.to_dram;
+        moved += m;
+        atomic_fetch_add(&s->st_mg_moved, m);
+        /* Ahead of rate x elapsed: wait until the rate catches up. */
+        uint64_t due_ns = (uint64_t)((double)moved / (double)rate * 1e9), el = mg_now_ns() - t1;
+        if (due_ns > el && !mg_sleep(s, due_ns - el))
+            break;
+    }
+    atomic_fetch_add(&s->st_mg_rounds, 1);
+    return t1 - t0;
+}
+
+static void *mg_main(void *arg)
+{
+    embkv_store *s = arg;
+    int64_t *ids = NULL;
+    size_t cap = 0;
+    uint64_t wait_ns = MG_PERIOD_MS * 1000000ull;
+    while (mg_sleep(s, wait_ns)) {
+        size_t want = hot_target(s);
+        if (want > cap) {
+            int64_t *p = realloc(ids, want * sizeof *ids);
+            if (p) {
+                ids = p;
+                cap = want;
+            }
+        }
+        if (!cap) {
+            atomic_fetch_add(&s->st_mg_errors, 1);
+            continue;
+        }
+        uint64_t start = mg_now_ns(), rank_ns = mg_round(s, ids, cap);
+        uint64_t spent = mg_now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
+        if (10 * rank_ns > next)
+            next = 10 * rank_ns;
+        wait_ns = next > spent ? next - spent : 0;
+        if (wait_ns < 1000000)
+            wait_ns = 1000000;
+    }
+    free(ids);
+    return NULL;
+}
+
+int migrate_start(embkv_store *s, uint64_t rate)
+{
+    if (s->mg_started || rate == 0)
+        return EMBKV_OK;
+    s->mg_rate = rate;
+    s->mg_stop = false;
+    embkv_heat_enable(s);
+    int e = pthread_create(&s->mg_thread, NULL, mg_main, s);
+    if (e != 0)
+        return embkv__err(EMBKV_NOMEM, "store %s: cannot start the migration thread (option migrate_rate): %s",
+                          s->path, strerror(e));
+    s->mg_started = true;
+    return EMBKV_OK;
+}
+
+void migrate_stop(embkv_store *s)
+{
+    if (!s->mg_started)
+        return;
+    pthread_mutex_lock(&s->mg_mu);
+    s->mg_stop = true;
+    pthread_cond_broadcast(&s->mg_cond);
+    pthread_mutex_unlock(&s->mg_mu);
+    pthread_join(s->mg_thread, NULL);
+    s->mg_started = false;
+}
