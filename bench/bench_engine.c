@@ -3,7 +3,7 @@
  * read-modify-write of an embedding table, against a plain C baseline.
  *
  *   bench_engine DIR [--rows N] [--batches B] [--batch-size S] [--reps R]
- *                    [--pool-mb M]
+ *                    [--pool-mb M] [--ssd-mb M] [--cache-pct P]
  *
  * DIR is the store's directory; it must be absent or empty, and is removed
  * at the end.  Data: N rows (default 2,000,000) with distinct random 63-bit
@@ -22,6 +22,12 @@
  *     followed by a timed embkv_sync.
  * Both sides apply the same updates in the same order; at the end every row
  * of the store is compared with the baseline's array.
+ *
+ * --cache-pct P gives the store a DRAM cache of P% of the rows and, before
+ * the timed phases, moves the hot set into it: one untimed pass of batch
+ * gets feeds the access statistics, then embkv_hotset_move takes the
+ * hottest rows the cache holds (7/8 of it, as the background migration
+ * does).
  */
 #include "embkv.h"
 #include "embkv_debug.h"
@@ -77,10 +83,11 @@ static const char *fs_name(const char *path)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_engine DIR [--rows N] [--batches B] [--batch-size S] "
-                    "[--reps R] [--pool-mb M] [--ssd-mb M]\n"
+                    "[--reps R] [--pool-mb M] [--ssd-mb M] [--cache-pct P]\n"
                     "  --ssd-mb: an SSD tier of M MiB (its log in DIR/log) configured, the pool\n"
                     "            half again as large, so that the rows still fit in it: what\n"
-                    "            having a tier costs the in-memory paths\n");
+                    "            having a tier costs the in-memory paths\n"
+                    "  --cache-pct: a DRAM cache of P%% of the rows, the hot set moved into it\n");
     exit(2);
 }
 
@@ -88,7 +95,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *dir = NULL;
-    size_t rows = 2000000, nbatches = 2000, bsize = 512, reps = 3, pool_mb = 0, ssd_mb = 0;
+    size_t rows = 2000000, nbatches = 2000, bsize = 512, reps = 3, pool_mb = 0, ssd_mb = 0, cache_pct = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-') { if (dir) usage(); dir = a; continue; }
@@ -100,9 +107,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--reps")) reps = parse_size(a, v);
         else if (!strcmp(a, "--pool-mb")) pool_mb = parse_size(a, v);
         else if (!strcmp(a, "--ssd-mb")) ssd_mb = parse_size(a, v);
+        else if (!strcmp(a, "--cache-pct")) cache_pct = parse_size(a, v);
         else usage();
     }
-    if (!dir || rows < 1 || nbatches < 1 || bsize < 1 || reps < 1 || reps > MAX_REPS) usage();
+    if (!dir || rows < 1 || nbatches < 1 || bsize < 1 || reps < 1 || reps > MAX_REPS || cache_pct > 100) usage();
     if (!dir_absent_or_empty(dir)) die("%s exists and is not empty; give a fresh directory", dir);
     const size_t dim = DIM, vbytes = dim * sizeof(float);
 
@@ -144,7 +152,9 @@ int main(int argc, char **argv)
      * out of the record space: half again as large holds the same rows. */
     if (ssd_mb) pool_mb = pool_mb * 3 / 2;
     embkv_options opt = {.dim = (uint32_t)dim, .expected_rows = rows,
-                         .pool_size = (uint64_t)pool_mb << 20, .ssd_size = (uint64_t)ssd_mb << 20};
+                         .pool_size = (uint64_t)pool_mb << 20, .ssd_size = (uint64_t)ssd_mb << 20,
+                         /* a cached row: its record, a slot, two table entries */
+                         .cache_size = (uint64_t)rows * cache_pct / 100 * (32 + vbytes + 56)};
     embkv_store *s;
     t0 = now_s();
     ck(embkv_open(dir, &opt, EMBKV_OPEN_CREATE, &s), "embkv_open");
@@ -163,6 +173,24 @@ int main(int argc, char **argv)
     ck(embkv_sync(s), "embkv_sync");
     printf("  %-44s %8.2f ms\n", "embkv_sync after load", (now_s() - t0) * 1e3);
     if (embkv_count(s) != rows) die("embkv_count %" PRIu64 " != %zu", embkv_count(s), rows);
+    if (cache_pct) {
+        t0 = now_s();
+        ck(embkv_heat_enable(s), "embkv_heat_enable");
+        for (size_t b = 0; b < nbatches; b++)
+            ck(embkv_get_batch(s, d.bids + b * bsize, bsize, out, NULL, NULL), "embkv_get_batch");
+        embkv_stats cs;
+        ck(embkv_stats_get(s, &cs), "embkv_stats_get");
+        size_t want = (size_t)cs.cache_capacity_rows / 8 * 7, got = 0;
+        int64_t *hot = malloc(want * sizeof *hot);
+        if (!hot) die("out of memory");
+        ck(embkv_hottest(s, want, hot, NULL, &got), "embkv_hottest");
+        embkv_moves mv;
+        ck(embkv_hotset_move(s, hot, got, &mv), "embkv_hotset_move");
+        free(hot);
+        ck(embkv_stats_get(s, &cs), "embkv_stats_get");
+        printf("  cache of %zu%%: %" PRIu64 " rows of %" PRIu64 ", hot set moved in (%" PRIu64 " rows) in %.2f s\n",
+               cache_pct, cs.cache_rows, cs.cache_capacity_rows, mv.to_dram, now_s() - t0);
+    }
 
     /* ---- verification pass (also warms caches and page tables) */
     size_t bad = 0, missing = 0;
@@ -312,12 +340,16 @@ int main(int argc, char **argv)
         printf("  (the 0.5 x goal is for /dev/shm; on this file system: %.3f)\n", get_vs_pf);
     embkv_stats est;
     ck(embkv_stats_get(s, &est), "embkv_stats_get");
+    if (cache_pct)
+        printf("  cache: hit rate %.3f over the run (%" PRIu64 " hits, %" PRIu64 " misses)\n",
+               est.cache_hits + est.cache_misses ? (double)est.cache_hits / (double)(est.cache_hits + est.cache_misses) : 0.0,
+               est.cache_hits, est.cache_misses);
     if (ssd_mb)
         printf("  SSD tier: %" PRIu64 " rows in the log, %" PRIu64 " demotions (0: every row stayed in memory)\n",
                est.rows_ssd, est.demotions);
-    printf("RESULT ssd_mb=%zu fs=%s rows=%zu batch=%zu get_best=%.0f get_median=%.0f bl_nopf_best=%.0f "
+    printf("RESULT ssd_mb=%zu cache_pct=%zu fs=%s rows=%zu batch=%zu get_best=%.0f get_median=%.0f bl_nopf_best=%.0f "
            "bl_pf_best=%.0f rmw_best=%.0f rmw_median=%.0f bl_rmw_best=%.0f put=%.0f sync_ms=%.2f\n",
-           ssd_mb, fs_name(embkv_path(s)), rows, bsize, (double)total / timing_best(&g_em),
+           ssd_mb, cache_pct, fs_name(embkv_path(s)), rows, bsize, (double)total / timing_best(&g_em),
            (double)total / timing_median(&g_em), (double)total / timing_best(&g_bl),
            (double)total / timing_best(&g_pf), (double)total / timing_best(&u_em),
            (double)total / timing_median(&u_em), (double)total / timing_best(&u_bl),
