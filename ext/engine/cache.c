@@ -26,7 +26,11 @@
  * with the first eligible victim under the shard's hand: a slot not
  * referenced since the hand last passed (reads and writes set the bit:
  * rows just pulled, whose push is coming, survive a full turn), clean,
- * whose key lock can be taken without waiting.  The candidate comes in if
+ * whose key lock can be taken without waiting, and not pulled within the
+ * last PULL_WINDOW pulls (MTrainS: rows in use stay; the window bounds
+ * what a pull that is never pushed can shield), unless the shard has
+ * nothing else to offer: the shield orders victims, it never pins a
+ * cache smaller than the pulls in flight.  The candidate comes in if
  * the access sketch (heat.c) estimates it strictly hotter, else it is
  * refused.  Hotset moves force it in: the hand goes on past victims at
  * least as hot (up to EVICT_SCAN slots) instead of refusing at the first,
@@ -50,6 +54,14 @@
 
 #define CACHE_SHARDS 64
 #define EVICT_SCAN 64   /* slots the hand looks at for one admission */
+/* How long a pulled row is shielded from eviction, in pulls of the store:
+ * a trainer pushes what it pulled within about workers x (staleness + 1)
+ * pulls, and a row pulled and never pushed (a reader, a session that
+ * ended) must not stay pinned. */
+#define PULL_WINDOW 128
+
+/* The cache whose pull this thread is inside (cache_pull_begin). */
+static _Thread_local cache *pull_of;
 
 typedef struct centry {
     _Atomic int64_t key;
@@ -61,7 +73,7 @@ typedef struct cslot {
     _Atomic uint32_t seq;      /* odd while the content changes */
     _Atomic uint8_t ref;       /* CLOCK reference bit */
     uint8_t used;              /* under the shard lock */
-    uint16_t pad;
+    _Atomic uint16_t pulled;   /* pull_tick of its last pull (low bits); 0 never */
     _Atomic int64_t id;
     uint64_t wb;               /* dirty: the pool record its write-back fills */
 } cslot;
@@ -91,11 +103,36 @@ struct cache {
     atomic_uint_fast64_t ndirty;
     atomic_uint_fast64_t hits, misses, admissions, evictions, writebacks, refused;
     /* The heat of the last victim the hand weighed a candidate against:
-     * a candidate no hotter is refused before the shard is touched. */
+     * a candidate no hotter is refused before the shard is touched (and
+     * the bar sinks a step per 64 such refusals: cache_worth_admitting). */
     _Atomic unsigned bar;
+    /* Pulls of the store so far (cache_pull_end): a row pulled within the
+     * last PULL_WINDOW of them is not evicted, its push being due. */
+    _Atomic uint32_t pull_tick;
 };
 
 static inline cshard *shard_of(cache *c, uint64_t h) { return &c->shards[h >> 58]; }
+
+void cache_pull_begin(cache *c) { pull_of = c; }
+
+void cache_pull_end(cache *c)
+{
+    pull_of = NULL;
+    if (c)
+        atomic_fetch_add_explicit(&c->pull_tick, 1, memory_order_relaxed);
+}
+
+static inline uint16_t pull_stamp(cache *c)
+{
+    uint16_t t = (uint16_t)atomic_load_explicit(&c->pull_tick, memory_order_relaxed);
+    return t ? t : 1;
+}
+
+static inline bool pull_shielded(cache *c, const cslot *cs)
+{
+    uint16_t p = atomic_load_explicit(&cs->pulled, memory_order_relaxed);
+    return p && (uint16_t)(pull_stamp(c) - p) < PULL_WINDOW;
+}
 static inline uint64_t *slot_words(const cache *c, uint32_t si)
 {
     return (uint64_t *)(c->recs + (size_t)si * c->rec_size);
@@ -396,6 +433,8 @@ bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint
             *hdr = hd;
         if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
             atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+        if (pull_of == c)
+            atomic_store_explicit(&cs->pulled, pull_stamp(c), memory_order_relaxed);
         return true;
     }
 }
@@ -502,6 +541,11 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
         }
     }
     unsigned cand = heat_estimate(s->heat, cand_h);
+    /* Pulled rows are passed over first; only a shard with nothing else
+     * to give (all its candidates pulled lately) gives one of them: the
+     * shield must not pin a cache smaller than the pulls in flight. */
+    bool shield = true, shielded = false;
+again:
     for (uint32_t k = 0; k < EVICT_SCAN && k < 2 * sh->n; k++) {
         uint32_t si = sh->base + sh->hand;
         sh->hand = (sh->hand + 1) % sh->n;
@@ -512,6 +556,10 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
         }
         if (bit_get(c, si))
             continue;
+        if (shield && pull_shielded(c, cs)) {
+            shielded = true;
+            continue;
+        }
         int64_t vid = atomic_load_explicit(&cs->id, memory_order_relaxed);
         uint64_t vh = embkv__hash(vid);
         unsigned vheat = heat_estimate(s->heat, vh);
@@ -541,6 +589,10 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
         atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
         return si;
     }
+    if (shield && shielded) {
+        shield = false;
+        goto again;
+    }
     atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
     return -1;
 }
@@ -550,9 +602,17 @@ bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h)
     const cshard *sh = shard_of(c, h);
     if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n)
         return true;
-    if (heat_estimate(s->heat, h) > atomic_load_explicit(&c->bar, memory_order_relaxed))
+    unsigned bar = atomic_load_explicit(&c->bar, memory_order_relaxed);
+    if (heat_estimate(s->heat, h) > bar)
         return true;
-    atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
+    /* The bar is one victim's heat, and only a candidate that gets past it
+     * weighs another victim: once a row at the sketch's top was weighed
+     * nothing would come in again, whatever the workload turns to.  So
+     * every 64 refusals it comes down a step, until a victim weighed sets
+     * it again. */
+    if ((atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed) & 63) == 63 && bar)
+        atomic_compare_exchange_strong_explicit(&c->bar, &bar, bar - 1, memory_order_relaxed,
+                                                memory_order_relaxed);
     return false;
 }
 
@@ -577,6 +637,7 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
     cs->used = 1;
     atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    atomic_store_explicit(&cs->pulled, pull_of == c ? pull_stamp(c) : 0, memory_order_relaxed);
     seq_end(cs);
     atomic_fetch_add_explicit(&sh->used, 1, memory_order_relaxed);
     tver_begin(sh);

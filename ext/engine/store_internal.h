@@ -580,6 +580,11 @@ int cache_state(cache *c, int64_t id, uint64_t h);
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats);
 void cache_count(cache *c, uint64_t hits, uint64_t misses);
+/* Around a pull's reads (this thread): rows it reads or admits are not
+ * evicted for the next PULL_WINDOW pulls of the store (cache.c).  end
+ * counts the pull; both take NULL (no cache). */
+void cache_pull_begin(cache *c);
+void cache_pull_end(cache *c);
 /* With id's key lock held.  The slot of id (-1: not cached), the whole
  * record copied to rec (rec_size bytes; may be NULL); then, by slot:
  * whether it is dirty, its new content, and the turns between clean and

@@ -480,6 +480,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
 
     uint8_t *found = malloc(n);
     size_t missing = 0;
+    cache_pull_begin(s->cache);
     if (!found)
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
     else
@@ -515,6 +516,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
         free(umiss);
         free(slot_of);
     }
+    cache_pull_end(s->cache);
     free(found);
     if (rc != EMBKV_OK)
         return_taken(ss, t, st, taken);
