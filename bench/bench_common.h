@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/vfs.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -368,6 +369,21 @@ static inline int rm_entry(const char *path, const struct stat *sb, int type, st
 }
 
 /* rm -rf path (does not follow symlinks). */
+/* The file system a path is on, by name (figures differ a lot between them). */
+static inline const char *fs_name(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf)) return "?";
+    switch ((unsigned long)sf.f_type) {
+    case 0x01021994ul: return "tmpfs";
+    case 0xEF53ul: return "ext2/3/4";
+    case 0x58465342ul: return "xfs";
+    case 0x9123683Eul: return "btrfs";
+    case 0x794C7630ul: return "overlayfs";
+    default: return "other";
+    }
+}
+
 static inline void rm_rf(const char *path)
 {
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -33,7 +33,6 @@
 #include "embkv_debug.h"
 #include "bench_common.h"
 
-#include <sys/vfs.h>
 
 #define DIM 64
 #define ZIPF_S 0.99
@@ -64,19 +63,6 @@ static void ck(int rc, const char *what)
     if (rc != EMBKV_OK) die("%s failed (rc %d): %s", what, rc, embkv_errmsg());
 }
 
-static const char *fs_name(const char *path)
-{
-    struct statfs sf;
-    if (statfs(path, &sf)) return "?";
-    switch ((unsigned long)sf.f_type) {
-    case 0x01021994ul: return "tmpfs";
-    case 0xEF53ul: return "ext2/3/4";
-    case 0x58465342ul: return "xfs";
-    case 0x9123683Eul: return "btrfs";
-    case 0x794C7630ul: return "overlayfs";
-    default: return "other";
-    }
-}
 
 /* ------------------------------------------------------------------ main */
 
