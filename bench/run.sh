@@ -4,6 +4,7 @@
 #   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
+#   bench_train, bench_train.py, bench_recovery, bench_ctr.py (below)
 # Everything printed is also written to build/bench-results.txt.  Pools live
 # in per-run directories that are removed on exit, failure or interrupt.
 # BENCH_ROWS / BENCH_BATCHES override the data size (default 2M rows, 2000
@@ -177,6 +178,20 @@ if [[ -x $BIN/bench_train && -f build/embkv.so ]]; then
         run "bench_train.py (/dev/shm)" /usr/bin/python3 bench/bench_train.py "$SHM_ROOT/trainpy" \
             --ext build/embkv --rows "$ROWS" --batches "$BATCHES"
         rm -rf "$SHM_ROOT/trainpy"
+    fi
+fi
+
+# Reopen after a clean close and after SIGKILL, and checkpoint cost, against
+# the rows changed since the last checkpoint: on /dev/shm and on the
+# ordinary file system.  BENCH_RECOVERY_ROWS adds a larger run (dim 16:
+# 20000000 needs about 7 GiB of /dev/shm).
+if [[ -x $BIN/bench_recovery ]]; then
+    run "bench_recovery (/dev/shm)" "$BIN/bench_recovery" "$SHM_ROOT/recovery" --rows "$ROWS"
+    mkdir -p "$FS_ROOT"
+    run "bench_recovery ($FS_ROOT)" "$BIN/bench_recovery" "$FS_ROOT/recovery" --rows "$ROWS"
+    if [[ -n ${BENCH_RECOVERY_ROWS:-} ]]; then
+        run "bench_recovery, $BENCH_RECOVERY_ROWS rows of dim 16 (/dev/shm)" "$BIN/bench_recovery" \
+            "$SHM_ROOT/recovery-big" --rows "$BENCH_RECOVERY_ROWS" --dim 16 --reps 1
     fi
 fi
 
