@@ -139,8 +139,8 @@ int main(int argc, char **argv)
     if (ssd_mb) pool_mb = pool_mb * 3 / 2;
     embkv_options opt = {.dim = (uint32_t)dim, .expected_rows = rows,
                          .pool_size = (uint64_t)pool_mb << 20, .ssd_size = (uint64_t)ssd_mb << 20,
-                         /* a cached row: its record, a slot, two table entries */
-                         .cache_size = (uint64_t)rows * cache_pct / 100 * (32 + vbytes + 56)};
+                         /* a cached row: its record, a slot, up to four table entries */
+                         .cache_size = (uint64_t)rows * cache_pct / 100 * (32 + vbytes + 88)};
     embkv_store *s;
     t0 = now_s();
     ck(embkv_open(dir, &opt, EMBKV_OPEN_CREATE, &s), "embkv_open");

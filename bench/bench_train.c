@@ -233,7 +233,7 @@ int main(int argc, char **argv)
     double t_cache[3], hit[3];
     for (int k = 0; k < 3; k++) {
         uint64_t rec = 32 + 4 * DIM;  /* sgd: no state */
-        embkv_options oc = {.dim = DIM, .cache_size = (uint64_t)(frac[k] * (double)rows) * (rec + 48)};
+        embkv_options oc = {.dim = DIM, .cache_size = (uint64_t)(frac[k] * (double)rows) * (rec + 88)};
         ck(embkv_open(store_dir, &oc, 0, &s), "embkv_open (cache)");
         configure(s, EMBKV_STALENESS_UNLIMITED);
         run_trainers(s, &d, grad, 1);

@@ -83,8 +83,8 @@ def bench_embkv(dirpath, ext, ids, vecs, rows_of, grads, nbatches, staleness, ca
     conn.enable_load_extension(True)
     conn.load_extension(ext)
     path = os.path.join(dirpath, f"t_{staleness}")
-    # A cached row takes its record, a slot and two table entries.
-    cache = f", cache_size={int(len(ids) * cache_frac) * (DIM * 4 + 32 + 56)}" if cache_frac else ""
+    # A cached row takes its record, a slot and up to four table entries.
+    cache = f", cache_size={int(len(ids) * cache_frac) * (DIM * 4 + 32 + 88)}" if cache_frac else ""
     conn.execute(f"CREATE VIRTUAL TABLE t USING embkv(dim={DIM}, path='{path}', capacity={len(ids)}, "
                  f"optimizer='sgd', lr={LR}, staleness={staleness}{cache})")
     t0 = time.perf_counter()

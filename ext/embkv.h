@@ -88,13 +88,19 @@ typedef struct embkv_options {
     uint64_t cache_size;
     /* Background hot-set migration (0: none): a thread that, about once a
      * second, ranks the hottest rows and moves them up as
-     * embkv_hotset_move does, at most migrate_rate rows per second (each
-     * step of a row counts: log to pool, into its home bucket, into the
-     * cache).  It considers as many rows as 7/8 of the cache holds, or
-     * without a cache half of what the pool holds.  Not kept with the
-     * store; like cache_size, the first open asking for it decides. */
+     * embkv_hotset_move does, at most migrate_rate moves per second
+     * (each step of a row counts: log to pool, into its home bucket, into
+     * the cache; never more than rate x time since it started, at most
+     * one second's worth at once).  It considers as many rows as 7/8 of
+     * the cache holds, or without a cache half of what the pool holds.
+     * Not kept with the store: it runs while the store is open in the
+     * process, and a later open giving a rate sets it (EMBKV_MIGRATE_ANY:
+     * the running migration at its rate, or one at the default rate). */
     uint64_t migrate_rate;
 } embkv_options;
+
+#define EMBKV_MIGRATE_ANY UINT64_MAX
+#define EMBKV_MIGRATE_DEFAULT_RATE 50000
 
 /* A store directory may also hold files whose names begin with this
  * prefix: they belong to the application using the store (the SQLite
@@ -153,7 +159,10 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state,
 int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
               unsigned flags);
 int embkv_delete(embkv_store *s, int64_t id);
-/* Put with an explicit clock (putting a row back as it was). */
+/* Put with an explicit clock (putting a row back as it was, importing
+ * one): insert or replace, the row's clock set to `clock`; state NULL
+ * keeps the existing state (zeros for a new row).  A write group of its
+ * own, like embkv_put. */
 int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock);
 /* For callers that must not fail half-way (a transaction commit, rows
  * created by a pull), before writing anything: embkv_grow_index_for grows
@@ -224,6 +233,14 @@ int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
  * NULL) 1/0 per id. */
 int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
                        float *out, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
+/* embkv_get_batch_at with the optimizer state: state (may be NULL) gets
+ * state_floats floats per id (zeros for an absent one), from the same
+ * version as the row's vector and info; a record read for its vector or
+ * state is verified whole (id and checksum).  With embkv_put_clock it
+ * copies a table row for row: vector, state and clock (the SQLite
+ * binding's embkv_export reads through it). */
+int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
+                      float *out, float *state, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
 /* Where each row is as of a snapshot (snap NULL: now): tier (may be NULL)
  * gets its embkv_tier, -1 when absent; found (may be NULL) 1/0.  A row in
  * the SSD log is not read, so counting, listing ids and grouping by tier

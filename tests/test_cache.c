@@ -589,7 +589,7 @@ static void test_pulled_stay(const char *root)
     char dir[600];
     snprintf(dir, sizeof dir, "%s/pulled", root);
     /* About 256 rows: 4 slots a shard. */
-    embkv_store *s = open_with(dir, EMBKV_SGD, 256 * (32 + 4 * DIM + 56), true);
+    embkv_store *s = open_with(dir, EMBKV_SGD, 256 * (32 + 4 * DIM + 88), true);
     float v[DIM] = {0};
     for (int64_t id = 0; id < ROWS; id++)
         CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);

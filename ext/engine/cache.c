@@ -146,6 +146,23 @@ static void shard_lock(cshard *sh)
 }
 static void shard_unlock(cshard *sh) { atomic_flag_clear_explicit(&sh->lock, memory_order_release); }
 
+/* A shard's table: at least twice its slots, a power of two. */
+static uint64_t tab_entries(uint64_t slots)
+{
+    uint64_t t = 16;
+    while (t < 2 * slots)
+        t <<= 1;
+    return t;
+}
+
+uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size)
+{
+    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, b = rows * ((uint64_t)rec_size + sizeof(cslot));
+    for (uint64_t i = 0; i < CACHE_SHARDS; i++)
+        b += tab_entries(per + (i < extra)) * sizeof(centry);
+    return b;
+}
+
 cache *cache_new(uint64_t rows, uint32_t rec_size)
 {
     if (rows < CACHE_SHARDS)
@@ -187,9 +204,7 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
         sh->base = (uint32_t)base;
         sh->n = (uint32_t)(per + ((uint64_t)i < extra));
         base += sh->n;
-        uint64_t t = 16;
-        while (t < 2 * (uint64_t)sh->n)
-            t <<= 1;
+        uint64_t t = tab_entries(sh->n);
         sh->tmask = t - 1;
         sh->tab = calloc(t, sizeof *sh->tab);
         ok = sh->tab != NULL;

@@ -7,12 +7,13 @@
  * and moves them up in chunks, hottest first: log to pool, displaced key to
  * its home bucket, into the DRAM cache.  Rows already where they belong
  * cost a probe and count nothing, so the rate bounds the work that matters
- * (records copied, buckets rewritten, cache admissions), and the thread
- * sleeps whenever the rows it moved since the round began run ahead of
- * rate x time.  The ranking is the expensive part on a large table, so
- * rounds begin at most once per MG_PERIOD_MS, and never sooner than ten
- * times the last ranking's duration after it: at most a tenth of a core
- * goes to ranking whatever the table's size.
+ * (records copied, buckets rewritten, cache admissions); a token bucket
+ * (below) keeps the moves within rate x time since the thread started,
+ * with at most one second's worth at once.  The ranking is the expensive
+ * part on a large table, so rounds begin at most once per MG_PERIOD_MS,
+ * and never sooner than ten times the last ranking's duration after it:
+ * at most a tenth of a core goes to ranking whatever the table's size;
+ * and none while nothing is counted.
  *
  * How many rows a round considers (the hot set's size): with a cache, 7/8
  * of its rows (the rest stays for what admission brings in between
@@ -30,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "heat.h"
 #include "store_internal.h"
 
 #define MG_PERIOD_MS 1000
@@ -69,39 +71,79 @@ static size_t hot_target(embkv_store *s)
     } else {
         /* The slab learns its chunk limit late (a reopened pool only when
          * a chunk is refused); the pool's bytes bound it from the start. */
-        uint64_t cap = (uint64_t)s->chunk_limit * s->recs_per_chunk, by_size = s->pool_size / s->rec_size;
+        uint64_t cap = s->chunk_limit ? (uint64_t)s->chunk_limit * s->recs_per_chunk : UINT64_MAX,
+                 by_size = s->pool_size / s->rec_size;
         n = (cap < by_size ? cap : by_size) / 2;
     }
     return (size_t)(n > MG_MAX_HOT ? MG_MAX_HOT : n < 1 ? 1 : n);
 }
 
-/* One round: rank, then move at the rate.  Returns the ranking's time. */
-static uint64_t mg_round(embkv_store *s, int64_t *ids, size_t cap)
+/* The rate's token bucket: a move costs a token; tokens accrue at the
+ * rate from the thread's start, up to one second's worth (at least enough
+ * for one chunk).  A chunk of k ids is charged its worst case, three moves
+ * an id, before it runs and refunded what it did not move, so the moves
+ * never run ahead of rate x time, whatever a chunk turns out to do. */
+typedef struct bucket_of_moves {
+    double tokens;
+    uint64_t last_ns;
+} bucket_of_moves;
+
+static double bom_cap(uint64_t rate)
+{
+    double one_second = (double)rate;
+    return one_second > 3.0 * MG_CHUNK ? one_second : 3.0 * MG_CHUNK;
+}
+
+static void bom_refill(bucket_of_moves *b, uint64_t rate)
+{
+    uint64_t now = mg_now_ns();
+    b->tokens += (double)rate * (double)(now - b->last_ns) * 1e-9;
+    if (b->tokens > bom_cap(rate))
+        b->tokens = bom_cap(rate);
+    b->last_ns = now;
+}
+
+/* One round: rank, then move within the rate.  Returns the ranking's
+ * time; *whole says whether every ranked row was offered a move. */
+static uint64_t mg_round(embkv_store *s, int64_t *ids, size_t cap, bucket_of_moves *b, bool *whole)
 {
     uint64_t t0 = mg_now_ns();
     size_t want = hot_target(s), n = 0;
+    *whole = false;
     if (want > cap)
         want = cap;
     if (embkv_hottest(s, want, ids, NULL, &n) != EMBKV_OK) {
         atomic_fetch_add(&s->st_mg_errors, 1);
         return mg_now_ns() - t0;
     }
-    uint64_t t1 = mg_now_ns(), rate = s->mg_rate, moved = 0;
-    for (size_t at = 0; at < n; at += MG_CHUNK) {
+    uint64_t t1 = mg_now_ns();
+    size_t at = 0;
+    while (at < n) {
+        uint64_t rate = atomic_load_explicit(&s->mg_rate, memory_order_relaxed);
+        bom_refill(b, rate);
+        if (b->tokens < 3.0) {
+            if (!mg_sleep(s, (uint64_t)((3.0 - b->tokens) / (double)rate * 1e9) + 1000))
+                break;
+            continue;
+        }
+        size_t k = (size_t)(b->tokens / 3.0);
+        if (k > MG_CHUNK)
+            k = MG_CHUNK;
+        if (k > n - at)
+            k = n - at;
+        b->tokens -= 3.0 * (double)k;
         embkv_moves mv;
-        size_t k = n - at < MG_CHUNK ? n - at : MG_CHUNK;
         if (hotset_move(s, ids + at, k, &mv, false) != EMBKV_OK) {
             atomic_fetch_add(&s->st_mg_errors, 1);
+            b->tokens += 3.0 * (double)k;
             break;
         }
         uint64_t m = mv.to_pm + mv.home_bucket + mv.to_dram;
-        moved += m;
+        b->tokens += 3.0 * (double)k - (double)m;
         atomic_fetch_add(&s->st_mg_moved, m);
-        /* Ahead of rate x elapsed: wait until the rate catches up. */
-        uint64_t due_ns = (uint64_t)((double)moved / (double)rate * 1e9), el = mg_now_ns() - t1;
-        if (due_ns > el && !mg_sleep(s, due_ns - el))
-            break;
+        at += k;
     }
+    *whole = at >= n;
     atomic_fetch_add(&s->st_mg_rounds, 1);
     return t1 - t0;
 }
@@ -111,8 +153,20 @@ static void *mg_main(void *arg)
     embkv_store *s = arg;
     int64_t *ids = NULL;
     size_t cap = 0;
-    uint64_t wait_ns = MG_PERIOD_MS * 1000000ull;
+    uint64_t wait_ns = MG_PERIOD_MS * 1000000ull, seen = UINT64_MAX;
+    bool whole = false;
+    bucket_of_moves b = {0, mg_now_ns()};
     while (mg_sleep(s, wait_ns)) {
+        /* Nothing counted since a round that offered every ranked row a
+         * move: the ranking would be the same, and every row is in place
+         * (a row only leaves its place when something is counted).  An
+         * idle table costs no ranking. */
+        uint64_t touches = heat_touches(s->heat);
+        if (whole && touches == seen) {
+            wait_ns = MG_PERIOD_MS * 1000000ull;
+            continue;
+        }
+        seen = touches;
         size_t want = hot_target(s);
         if (want > cap) {
             int64_t *p = realloc(ids, want * sizeof *ids);
@@ -125,7 +179,7 @@ static void *mg_main(void *arg)
             atomic_fetch_add(&s->st_mg_errors, 1);
             continue;
         }
-        uint64_t start = mg_now_ns(), rank_ns = mg_round(s, ids, cap);
+        uint64_t start = mg_now_ns(), rank_ns = mg_round(s, ids, cap, &b, &whole);
         uint64_t spent = mg_now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
         if (10 * rank_ns > next)
             next = 10 * rank_ns;
@@ -139,9 +193,16 @@ static void *mg_main(void *arg)
 
 int migrate_start(embkv_store *s, uint64_t rate)
 {
-    if (s->mg_started || rate == 0)
+    if (rate == 0)
         return EMBKV_OK;
-    s->mg_rate = rate;
+    if (s->mg_started) {
+        /* A later open: its rate is the store's from now on; one that
+         * asks for migration at any rate shares the running one. */
+        if (rate != EMBKV_MIGRATE_ANY)
+            atomic_store(&s->mg_rate, rate);
+        return EMBKV_OK;
+    }
+    atomic_store(&s->mg_rate, rate == EMBKV_MIGRATE_ANY ? EMBKV_MIGRATE_DEFAULT_RATE : rate);
     s->mg_stop = false;
     embkv_heat_enable(s);
     int e = pthread_create(&s->mg_thread, NULL, mg_main, s);

@@ -127,8 +127,11 @@ static int cache_attach(embkv_store *s, uint64_t bytes)
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: option cache_size: the store cannot take a cache inside a write "
                           "group of the same thread", s->path);
-    /* Rows the bytes hold: the record, its slot and two table entries. */
+    /* Rows the bytes hold: the record, its slot and two to four table
+     * entries (the tables round up to powers of two). */
     uint64_t rows = bytes / ((uint64_t)s->rec_size + 24 + 32);
+    while (rows > 64 && cache_bytes_for(rows, s->rec_size) > bytes)
+        rows -= rows / 64 ? rows / 64 : 1;
     cache *c = cache_new(rows, s->rec_size);
     if (!c)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
@@ -293,6 +296,13 @@ static int probe_pool(const char *pool, const char *dir)
         sigfillset(&all);
         sigprocmask(SIG_UNBLOCK, &all, NULL);
         signal(SIGALRM, SIG_DFL);
+        /* A fault kills it, whatever handler the process had (a sanitizer's
+         * or a runtime's may exit with a status instead). */
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        signal(SIGILL, SIG_DFL);
+        signal(SIGFPE, SIG_DFL);
+        signal(SIGABRT, SIG_DFL);
         alarm(timeout);
         PMEMobjpool *pop = pmemobj_open(pool, EMBKV_LAYOUT);
         if (!pop)
@@ -313,6 +323,10 @@ static int probe_pool(const char *pool, const char *dir)
     if (WIFSIGNALED(st))
         return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj's metadata in it crashes the "
                           "library (signal %d when a probe process opened it)", dir, POOL_FILE, WTERMSIG(st));
+    if (!WIFEXITED(st) || (WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 2))
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj's metadata in it crashes the "
+                          "library (exit status %d of a probe process that opened it)", dir, POOL_FILE,
+                          WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     return EMBKV_OK;
 }
 
@@ -981,12 +995,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
                                 o->path, (unsigned long long)o->cache_size, (unsigned long long)opt->cache_size);
             else if (rc == EMBKV_OK && opt && opt->cache_size && !o->cache_size)
                 rc = cache_attach(o, opt->cache_size);
-            if (rc == EMBKV_OK && opt && opt->migrate_rate && o->mg_started && opt->migrate_rate != o->mg_rate)
-                rc = embkv__err(EMBKV_INVALID,
-                                "store %s is already open in this process with option migrate_rate %llu; another "
-                                "open asked for %llu (leave it out, or 0, to share the migration)",
-                                o->path, (unsigned long long)o->mg_rate, (unsigned long long)opt->migrate_rate);
-            else if (rc == EMBKV_OK && opt && opt->migrate_rate)
+            if (rc == EMBKV_OK && opt && opt->migrate_rate)
                 rc = migrate_start(o, opt->migrate_rate);
             if (rc == EMBKV_OK) {
                 o->refs++;

@@ -311,7 +311,7 @@ struct embkv_store {
     bool mg_started, mg_stop;
     pthread_mutex_t mg_mu;
     pthread_cond_t mg_cond;
-    uint64_t mg_rate;
+    _Atomic uint64_t mg_rate;
     atomic_uint_fast64_t st_mg_rounds, st_mg_moved, st_mg_errors;
     /* look-ahead (lookahead.c): NULL until the first embkv_lookahead */
     struct lookahead *_Atomic la;
@@ -580,6 +580,8 @@ int cache_state(cache *c, int64_t id, uint64_t h);
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats);
 void cache_count(cache *c, uint64_t hits, uint64_t misses);
+/* Bytes a cache of rows rows takes (tiers.dram.bytes when full). */
+uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size);
 /* Around a pull's reads (this thread): rows it reads or admits are not
  * evicted for the next PULL_WINDOW pulls of the store (cache.c).  end
  * counts the pull; both take NULL (no cache). */

@@ -464,7 +464,9 @@ static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t lo
     uint32_t probes;
     if (ix_lookup(atomic_load(&s->ix), id, h, &probes) == loc) {
         rec_hdr *r = rec_at(s, loc);
-        if (r->id == id)
+        /* Whole: the batch checked only the id, and the cache's copy is
+         * served to the reads that verify records. */
+        if (rec_ok(s, r, id))
             cache_admit_locked(s, s->cache, id, h, r, false);
     }
     keylock_release(s, h);
@@ -1004,7 +1006,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
  * since the log was read went through (snapshot.c: no row is dirty while
  * one is open), so its log entry is there now: read again, the log wins. */
 static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t m, uint64_t *locs,
-                        const uint8_t *logged, float *out, embkv_rowinfo *info)
+                        const uint8_t *logged, float *out, float *state, embkv_rowinfo *info)
 {
     uint8_t cached[AT_BLOCK];
     size_t nc = 0;
@@ -1014,8 +1016,10 @@ static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_
             continue;
         uint64_t h = embkv__hash(ids[j]);
         rec_hdr hd;
-        bool hit = out || info ? cache_read(s->cache, ids[j], h, &hd, out ? out + j * s->dim : NULL, s->dim, NULL, 0)
-                               : cache_contains(s->cache, ids[j], h);
+        bool hit = out || state || info
+                       ? cache_read(s->cache, ids[j], h, &hd, out ? out + j * s->dim : NULL, s->dim,
+                                    state ? state + j * s->state_floats : NULL, s->state_floats)
+                       : cache_contains(s->cache, ids[j], h);
         if (!hit)
             continue;
         cached[j] = 1;
@@ -1042,14 +1046,15 @@ static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_
             locs[j] = LOC_CACHED;
 }
 
-/* get_batch_at and locate_batch_at: with neither out nor info, rows in the
- * log are not read (the index says where they are). */
+/* get_batch_at, get_rows_at and locate_batch_at: with neither out, state
+ * nor info, rows in the log are not read (the index says where they are). */
 static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
-                     embkv_rowinfo *info, int *tiers, uint8_t *found, size_t *nmissing)
+                     float *state, embkv_rowinfo *info, int *tiers, uint8_t *found, size_t *nmissing)
 {
     uint64_t locs[AT_BLOCK];
     rec_hdr *recs[AT_BLOCK];
-    size_t missing = 0, vbytes = 4 * (size_t)s->dim;
+    size_t missing = 0, vbytes = 4 * (size_t)s->dim, sbytes = 4 * (size_t)s->state_floats;
+    bool read = out || state || info;
     char *ssd_buf = NULL;  /* the block's log records */
     ebr_enter();
     for (size_t lo = 0; lo < n; lo += AT_BLOCK) {
@@ -1071,10 +1076,11 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
         uint8_t logged[AT_BLOCK];
         snap_resolve(s, snap, bid, m, locs, logged);
         if (s->cache)
-            cached_rows(s, snap, bid, m, locs, logged, out ? out + lo * s->dim : NULL, info ? info + lo : NULL);
+            cached_rows(s, snap, bid, m, locs, logged, out ? out + lo * s->dim : NULL,
+                        state ? state + lo * s->state_floats : NULL, info ? info + lo : NULL);
         free(ssd_buf);
         ssd_buf = NULL;
-        int trc = out || info ? tier_read(s, bid, locs, m, &ssd_buf, recs, false) : EMBKV_OK;
+        int trc = read ? tier_read(s, bid, locs, m, &ssd_buf, recs, false) : EMBKV_OK;
         if (trc != EMBKV_OK) {
             ebr_leave();
             return trc;
@@ -1093,11 +1099,11 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
             if (j + PF_RECORD < m && locs[j + PF_RECORD] != LOC_NONE &&
                 !(locs[j + PF_RECORD] & (LOC_TOMB | LOC_SSD)))
                 prefetch_record(s, locs[j + PF_RECORD]);
-            const rec_hdr *r = ssd ? (out || info ? recs[j] : NULL) : ok ? rec_at(s, loc) : NULL;
-            /* With the vector read, the whole record is verified; an
-             * existence read (count, ids, a DELETE finding its rows) checks
-             * the id, so that a damaged row can still be deleted. */
-            if (r && !ssd && (out ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
+            const rec_hdr *r = ssd ? (read ? recs[j] : NULL) : ok ? rec_at(s, loc) : NULL;
+            /* With the vector or state read, the whole record is verified;
+             * an existence read (count, ids, a DELETE finding its rows)
+             * checks the id, so that a damaged row can still be deleted. */
+            if (r && !ssd && (out || state ? !rec_ok(s, r, bid[j]) : r->id != bid[j])) {
                 ebr_leave();
                 free(ssd_buf);
                 return rec_damaged(s, bid[j]);
@@ -1107,6 +1113,12 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
                     memcpy(out + (lo + j) * s->dim, rec_vec((rec_hdr *)r), vbytes);
                 else
                     memset(out + (lo + j) * s->dim, 0, vbytes);
+            }
+            if (state && sbytes) {
+                if (ok)
+                    memcpy(state + (lo + j) * s->state_floats, rec_vec((rec_hdr *)r) + s->dim, sbytes);
+                else
+                    memset(state + (lo + j) * s->state_floats, 0, sbytes);
             }
             if (info) {
                 if (ok)
@@ -1135,7 +1147,15 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
-    return get_batch(s, snap, ids, n, out, info, NULL, found, nmissing);
+    return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing);
+}
+
+int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
+                      float *state, embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
+{
+    if (!s || (n && !ids))
+        return embkv__err(EMBKV_INVALID, "embkv_get_rows_at: NULL argument");
+    return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing);
 }
 
 int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, int *tier,
@@ -1143,7 +1163,7 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
-    return get_batch(s, snap, ids, n, NULL, NULL, tier, found, NULL);
+    return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);
 }
 
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,

@@ -31,7 +31,7 @@ typedef struct embkv_tabopts {
     const char *ssd_path;  /* ssd_path: its directory as written, NULL: <store>/log */
     uint64_t cache_size;   /* cache_size: the DRAM cache's bytes (0: none) */
     uint32_t migrate;      /* migrate: 1 for 'auto' (background hot-set migration), 0 for 'off' */
-    uint64_t migrate_rate; /* migrate_rate: its bound in rows per second */
+    uint64_t migrate_rate; /* migrate_rate: its bound in moves per second (0: not given) */
 } embkv_tabopts;
 
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */
@@ -71,6 +71,9 @@ int embkv_train_register(sqlite3 *db);
 int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
 /* heat.c: embkv_heat (a table-valued function) and embkv_hotset. */
 int embkv_heat_register(sqlite3 *db);
+/* export.c: embkv_export and embkv_import (a portable file of every row
+ * with its clock and optimizer state). */
+int embkv_export_register(sqlite3 *db);
 int embkv_parse_optimizer(const char *val, void *field);
 int embkv_parse_init(const char *val, void *field);
 int embkv_parse_staleness(const char *val, void *field);

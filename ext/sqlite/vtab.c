@@ -107,10 +107,6 @@ static int parse_migrate(const char *val, void *field)
     return 0;
 }
 
-/* Rows per second moved by migrate='auto' when migrate_rate is left out:
- * a cache of a few hundred thousand rows fills within seconds, and the
- * moves take a small part of a core. */
-#define MIGRATE_DEFAULT_RATE 50000
 
 static const ekopt_def ek_options[] = {
     {"dim", EKO_U32, offsetof(embkv_tabopts, dim), 1, EMBKV_MAX_DIM, "an integer from 1 to 8192", NULL},
@@ -144,7 +140,7 @@ static const ekopt_def ek_options[] = {
     /* Background migration: like the cache, the process's first open. */
     {"migrate", EKO_CUSTOM, offsetof(embkv_tabopts, migrate), 0, 0, "off or auto", parse_migrate},
     {"migrate_rate", EKO_U64, offsetof(embkv_tabopts, migrate_rate), 1, 1000000000,
-     "rows per second from 1 to 1000000000", NULL},
+     "moves per second from 1 to 1000000000", NULL},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -298,7 +294,6 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is not given");
         return SQLITE_ERROR;
     }
-    if (v->opts.migrate && !v->opts.migrate_rate) v->opts.migrate_rate = MIGRATE_DEFAULT_RATE;
     embkv_train_opts_end(&v->opts.train);
     v->given = seen;
     return SQLITE_OK;
@@ -677,7 +672,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * store's own is taken (0), as a reopen of the store would. */
     eo.ssd_size = create ? v->opts.ssd_size : 0;
     eo.cache_size = v->opts.cache_size;
-    eo.migrate_rate = v->opts.migrate ? v->opts.migrate_rate : 0;
+    /* Without a rate: the store's running migration, or one at the
+     * engine's default rate (50000 moves a second). */
+    eo.migrate_rate = !v->opts.migrate ? 0 : v->opts.migrate_rate ? v->opts.migrate_rate : EMBKV_MIGRATE_ANY;
     char *ssd_path = NULL;
     if (v->opts.ssd_path) {
         /* Relative to the database file's directory, as path is. */

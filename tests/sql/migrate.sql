@@ -4,7 +4,7 @@
 .headers off
 .mode list
 .nullvalue NULL
-CREATE VIRTUAL TABLE item USING embkv(dim=4, cache_size='64K', migrate='auto', migrate_rate=100000);
+CREATE VIRTUAL TABLE item USING embkv(dim=4, path='item.store', cache_size='64K', migrate='auto', migrate_rate=100000);
 INSERT INTO item(id, vec) SELECT value, json_array(value, 1, 2, 3) FROM generate_series(1, 3000);
 SELECT 'tiers', tier, count(*) FROM item GROUP BY tier;
 SELECT 'migration', json_extract(embkv_stats('item'), '$.migration.rate');
@@ -18,6 +18,14 @@ SELECT 'rounds', json_extract(embkv_stats('item'), '$.migration.rounds') >= 1,
        json_extract(embkv_stats('item'), '$.migration.errors');
 SELECT 'values', id, embkv_json(vec) FROM item WHERE id IN (97, 2910) ORDER BY id;
 SELECT 'count', count(*), sum(id) FROM item;
+-- other tables on the same store: without a rate they share the running
+-- migration, with one they set it
+CREATE VIRTUAL TABLE item2 USING embkv(dim=4, path='item.store', migrate='auto');
+SELECT 'shared', json_extract(embkv_stats('item2'), '$.migration.rate');
+CREATE VIRTUAL TABLE item3 USING embkv(dim=4, path='item.store', migrate='auto', migrate_rate=2000);
+SELECT 'set', json_extract(embkv_stats('item'), '$.migration.rate'), json_extract(embkv_stats('item2'), '$.migration.rate');
+DROP TABLE item3;
+DROP TABLE item2;
 -- @reopen
 -- the option is part of the table's declaration: a new process runs the
 -- migration again (its counts start over), every row as before

@@ -1,0 +1,488 @@
+"""embkv_export / embkv_import from Python.
+
+- An export taken while another connection pushes continuously is the
+  table after exactly one number of pushes: every push is one write group
+  over all rows (and creates one new row), so in a consistent export every
+  old row has the same clock K, the same vector and an accumulator of
+  exactly K, and the new rows are exactly those of pushes 1..K.
+- A round trip of 100,000 rows (adam: 2*dim+1 state floats, clocks 0..5):
+  the imported table has every row's vector and clock bit for bit, and its
+  own export is the first file row for row (so the state too); every row's
+  crc is zlib.crc32 of the documented bytes, so any reader can check it.
+  A pool too small for the file (no SSD tier) is refused before writing.
+- Rows in the SSD log and in the DRAM cache export with their state, and
+  an import into a small pool with an SSD tier demotes as it goes.
+- SIGKILL during an import (rows already visible to readers): the table
+  reopens as it was before; an import that returned is durable.
+- Damaged files (cut at many lengths, single bytes flipped anywhere or in
+  a row's vector or state, NaN and Inf with a valid crc) give a clean
+  error naming the file, and change nothing; never a crash.  Two exports
+  racing for one name: one wins, the other says the file exists, and no
+  temporary file is left.
+
+Run by tests/run.sh through tests/python_run.sh, or by hand:
+    EMBKV_EXT=build/embkv /usr/bin/python3 tests/python/test_export.py -v
+"""
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import zlib
+
+import numpy as np
+
+from embkv_test import EXT, TempDirTest, connect
+
+
+def ids_blob(ids):
+    return np.asarray(ids, dtype=np.int64).tobytes()
+
+
+def file_rows(path):
+    """{id: (clock, vec bytes, state bytes or None, crc)} of an export."""
+    c = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    try:
+        return {r[0]: r[1:] for r in c.execute("SELECT id, clock, vec, state, crc FROM embkv_rows")}
+    finally:
+        c.close()
+
+
+def file_meta(path):
+    c = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    try:
+        return dict(c.execute("SELECT key, value FROM embkv_meta"))
+    finally:
+        c.close()
+
+
+def table_rows(conn, table):
+    return {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, clock, vec FROM %s" % table)}
+
+
+class TestConsistentExport(TempDirTest):
+    N = 3000
+    DIM = 8
+
+    def test_export_while_pushing(self):
+        n, dim = self.N, self.DIM
+        a = connect(self.db, check_same_thread=False)
+        a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, optimizer=adagrad, lr=0.5, init=zeros, "
+                  "capacity=20000)" % dim)
+        a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
+        a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
+        stop = threading.Event()
+        errors = []
+        pushes = [0]
+
+        def pusher():
+            try:
+                b = connect(self.db, check_same_thread=False)
+                k = 0
+                while not stop.is_set() and k < 100000:
+                    k += 1
+                    # push k: every old row, and a new row n + k, in one group
+                    ids = np.append(np.arange(n, dtype=np.int64), n + k)
+                    grads = np.ones((n + 1, dim), dtype=np.float32)
+                    b.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads.tobytes())).fetchone()
+                    pushes[0] = k
+                b.close()
+            except Exception as e:  # reported by the test thread
+                errors.append(e)
+
+        th = threading.Thread(target=pusher)
+        th.start()
+        seen = set()
+        deadline = time.time() + 60
+        i = 0
+        try:
+            while (len(seen) < 4 or i < 6) and time.time() < deadline and not errors:
+                while pushes[0] == 0 and not errors:
+                    time.sleep(0.001)
+                i += 1
+                path = os.path.join(self.dir, "e%d.export" % i)
+                (rows,) = a.execute("SELECT embkv_export('t', ?)", (path,)).fetchone()
+                got = file_rows(path)
+                self.assertEqual(rows, len(got))
+                k = self.check_one_state(got)
+                seen.add(k)
+                os.unlink(path)
+        finally:
+            stop.set()
+            th.join()
+        if errors:
+            raise errors[0]
+        self.assertGreaterEqual(len(seen), 2, "every export saw the same push count: %s" % sorted(seen))
+        # quiet now: an export is the table exactly, and imports back
+        path = os.path.join(self.dir, "final.export")
+        a.execute("SELECT embkv_export('t', ?)", (path,)).fetchone()
+        k = self.check_one_state(file_rows(path))
+        self.assertEqual(k, pushes[0])
+        a.execute("CREATE VIRTUAL TABLE u USING embkv(dim=%d, optimizer=adagrad, lr=0.5, capacity=20000)" % dim)
+        (got,) = a.execute("SELECT embkv_import('u', ?)", (path,)).fetchone()
+        self.assertEqual(got, n + k)
+        self.assertEqual(table_rows(a, "u"), table_rows(a, "t"))
+        a.close()
+
+    def check_one_state(self, rows):
+        """The push count K the export shows, after checking that every row
+        is as K pushes leave it."""
+        n, dim = self.N, self.DIM
+        base = [rows[i] for i in range(n)]
+        clocks = {r[0] for r in base}
+        self.assertEqual(len(clocks), 1, "old rows from several push counts: %s" % sorted(clocks)[:10])
+        k = clocks.pop()
+        self.assertEqual(len({r[1] for r in base}), 1, "old rows with different vectors")
+        acc = np.full(dim, k, dtype=np.float32).tobytes()
+        self.assertTrue(all(r[2] == acc for r in base), "an accumulator is not %d" % k)
+        self.assertEqual(sorted(set(rows) - set(range(n))), list(range(n + 1, n + k + 1)))
+        new_acc = np.ones(dim, dtype=np.float32).tobytes()
+        self.assertTrue(all(rows[i][2] == new_acc for i in range(n + 1, n + k + 1)))
+        return k
+
+
+class TestRoundTrip(TempDirTest):
+    def test_100k_rows_bit_for_bit(self):
+        dim, n = 16, 100000
+        c = connect(self.db)
+        opts = "dim=%d, optimizer=adam, lr=0.01, init='normal(0,0.5)', seed=11, capacity=150000" % dim
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(%s)" % opts)
+        rng = np.random.default_rng(5)
+        ids = np.unique(rng.integers(-2 ** 62, 2 ** 62, size=n + 1000, dtype=np.int64))[:n]
+        ids = np.append(ids[:-2], [-2 ** 63, 2 ** 63 - 1])
+        rng.shuffle(ids)
+        for lo in range(0, n, 20000):
+            c.execute("SELECT length(embkv_pull('t', ?))", (ids[lo:lo + 20000].tobytes(),)).fetchone()
+        # pushes on random subsets: clocks 0..5, adam's moments all different
+        for step in range(5):
+            sub = ids[rng.random(n) < 0.5]
+            g = rng.standard_normal((len(sub), dim)).astype(np.float32)
+            c.execute("SELECT embkv_push('t', ?, ?)", (sub.tobytes(), g.tobytes())).fetchone()
+        f1 = os.path.join(self.dir, "t.export")
+        (rows,) = c.execute("SELECT embkv_export('t', ?)", (f1,)).fetchone()
+        self.assertEqual(rows, n)
+        meta = file_meta(f1)
+        self.assertEqual((meta["format"], meta["format_version"], meta["dim"], meta["state_floats"], meta["rows"],
+                          meta["optimizer"]), ("embkv-export", 1, dim, 2 * dim + 1, n, "adam"))
+        exported = file_rows(f1)
+        src = table_rows(c, "t")
+        self.assertEqual(set(exported), set(int(i) for i in ids))
+        clocks = {}
+        for i, (clock, vec, state, crc) in exported.items():
+            self.assertEqual((clock, vec), src[i])
+            self.assertEqual(len(state), 4 * (2 * dim + 1))
+            self.assertEqual(crc, zlib.crc32(struct.pack("<qq", i, clock) + vec + state))
+            clocks[clock] = clocks.get(clock, 0) + 1
+        self.assertGreaterEqual(len(clocks), 5)
+        # into a fresh table: vectors and clocks bit for bit; its export is
+        # the same file row for row (the state)
+        c.execute("CREATE VIRTUAL TABLE u USING embkv(%s)" % opts)
+        (got,) = c.execute("SELECT embkv_import('u', ?)", (f1,)).fetchone()
+        self.assertEqual(got, n)
+        self.assertEqual(table_rows(c, "u"), src)
+        f2 = os.path.join(self.dir, "u.export")
+        c.execute("SELECT embkv_export('u', ?)", (f2,)).fetchone()
+        self.assertEqual(file_rows(f2), exported)
+        # a pool too small for the file (and no SSD tier): refused before
+        # anything is written, saying what to do
+        c.execute("CREATE VIRTUAL TABLE small USING embkv(%s, pool_size='16M')" % opts.replace(", capacity=150000", ""))
+        with self.assertRaises(sqlite3.Error) as cm:
+            c.execute("SELECT embkv_import('small', ?)", (f1,)).fetchone()
+        self.assertRegex(str(cm.exception), r"^embkv_import: table small: file '.*t.export' holds 100000 rows "
+                         r"\(100000 of them new to the table\): .*larger capacity or pool_size")
+        self.assertEqual(c.execute("SELECT count(*) FROM small").fetchone()[0], 0)
+        # and the state acts the same: one more push on both
+        sub = ids[:5000]
+        g = rng.standard_normal((len(sub), dim)).astype(np.float32).tobytes()
+        for tab in ("t", "u"):
+            c.execute("SELECT embkv_push(?, ?, ?)", (tab, sub.tobytes(), g)).fetchone()
+        self.assertEqual(table_rows(c, "u"), table_rows(c, "t"))
+        c.close()
+
+
+class TestTiers(TempDirTest):
+    def test_rows_in_the_log_and_the_cache(self):
+        """Rows in the SSD log and in the DRAM cache export with their state
+        (the snapshot read of whole records), and an import into a small
+        pool demotes as it goes."""
+        dim, n = 32, 30000
+        c = connect(self.db)
+        opts = ("dim=%d, optimizer=adagrad, lr=0.5, init='uniform(-1,1)', seed=2, pool_size='16M', "
+                "ssd_size='128M', cache_size='1M', capacity=%d" % (dim, n))
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(%s)" % opts)
+        ids = np.arange(n, dtype=np.int64) * 3 - n
+        g = np.random.default_rng(3).standard_normal((5000, dim)).astype(np.float32)
+        for lo in range(0, n, 5000):
+            b = ids[lo:lo + 5000]
+            c.execute("SELECT length(embkv_pull('t', ?))", (b.tobytes(),)).fetchone()
+            c.execute("SELECT embkv_push('t', ?, ?)", (b.tobytes(), g[:len(b)].tobytes())).fetchone()
+        hot = ids[:2000]
+        for _ in range(3):  # some rows cached (and dirty), pushed again
+            c.execute("SELECT length(embkv_pull('t', ?))", (hot.tobytes(),)).fetchone()
+            c.execute("SELECT embkv_push('t', ?, ?)", (hot.tobytes(), g[:2000].tobytes())).fetchone()
+        tiers = dict(c.execute("SELECT tier, count(*) FROM t GROUP BY tier"))
+        self.assertGreater(tiers.get("ssd", 0), 1000, tiers)
+        self.assertGreater(tiers.get("dram", 0), 0, tiers)
+        f1 = os.path.join(self.dir, "t.export")
+        c.execute("SELECT embkv_export('t', ?)", (f1,)).fetchone()
+        rows = file_rows(f1)
+        self.assertEqual(len(rows), n)
+        self.assertEqual({i: r[:2] for i, r in rows.items()}, table_rows(c, "t"))
+        for i in (int(ids[0]), int(ids[-1])):  # adagrad's accumulator: the squares summed
+            pushes = 4 if i in set(hot.tolist()) else 1
+            k = int(np.nonzero(ids == i)[0][0]) % 5000
+            acc = np.frombuffer(rows[i][2], dtype=np.float32)
+            want = g[k].astype(np.float32) ** 2 * pushes
+            self.assertTrue(np.allclose(acc, want, rtol=1e-5), (i, acc[:3], want[:3]))
+        c.execute("CREATE VIRTUAL TABLE u USING embkv(%s)" % opts.replace("cache_size='1M'", "cache_size='2M'")
+                  .replace("seed=2", "seed=2, path='u.embkv'"))
+        (got,) = c.execute("SELECT embkv_import('u', ?)", (f1,)).fetchone()
+        self.assertEqual(got, n)
+        self.assertGreater(dict(c.execute("SELECT tier, count(*) FROM u GROUP BY tier")).get("ssd", 0), 1000)
+        f2 = os.path.join(self.dir, "u.export")
+        c.execute("SELECT embkv_export('u', ?)", (f2,)).fetchone()
+        self.assertEqual(file_rows(f2), rows)
+        c.close()
+
+
+# A process that imports argv[3] into table t of database argv[1] while a
+# thread prints the row count it sees, over and over.
+IMPORTING_CHILD = r"""
+import sqlite3, sys, threading
+db, ext, path = sys.argv[1:4]
+def connect():
+    c = sqlite3.connect(db, isolation_level=None, check_same_thread=False, timeout=30)
+    c.enable_load_extension(True)
+    c.load_extension(ext)
+    return c
+a, b = connect(), connect()
+b.execute("SELECT count(*) FROM t").fetchone()
+def watch():
+    while True:
+        print("count", b.execute("SELECT count(*) FROM t").fetchone()[0], flush=True)
+threading.Thread(target=watch, daemon=True).start()
+print("imported", a.execute("SELECT embkv_import('t', ?)", (path,)).fetchone()[0], flush=True)
+"""
+
+
+class TestCrash(TempDirTest):
+    def test_killed_import_leaves_the_table_as_before(self):
+        """SIGKILL while the rows come in (some already visible to the
+        child's readers): the table reopens as it was before the import;
+        an import that returned is durable."""
+        dim, n, before = 16, 200000, 10
+        src = connect(os.path.join(self.dir, "src.db"))
+        src.execute("CREATE VIRTUAL TABLE s USING embkv(dim=%d, init='normal(0,1)', capacity=%d)" % (dim, n))
+        for lo in range(0, n, 50000):
+            src.execute("SELECT length(embkv_pull('s', ?))", (ids_blob(range(lo, lo + 50000)),)).fetchone()
+        path = os.path.join(self.dir, "s.export")
+        src.execute("SELECT embkv_export('s', ?)", (path,)).fetchone()
+        src.close()
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, capacity=%d)" % (dim, n + before))
+        c.execute("BEGIN")
+        for i in range(before):  # rows the import replaces: their clocks and values must come back
+            c.execute("INSERT INTO t(id, vec) VALUES (?, ?)", (i, np.full(dim, -i, np.float32).tobytes()))
+        c.execute("COMMIT")
+        c.execute("UPDATE t SET vec = vec WHERE id < 5")
+        want = table_rows(c, "t")
+        c.close()
+        killed_partial = 0
+        for attempt in range(3):
+            child = subprocess.Popen([sys.executable, "-c", IMPORTING_CHILD, self.db, EXT, path],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            seen = []
+            try:
+                for line in child.stdout:
+                    word, num = line.split()
+                    seen.append(int(num))
+                    if word == "imported":
+                        break
+                    if before < int(num) < n:  # part of the import is in
+                        child.send_signal(signal.SIGKILL)
+                        break
+            finally:
+                child.kill()
+                child.wait(60)
+                err = child.stderr.read()
+                child.stdout.close()
+                child.stderr.close()
+            self.assertTrue(seen, err)
+            c = connect(self.db)
+            self.assertEqual(table_rows(c, "t"), want, "after a kill at %d rows" % seen[-1])
+            c.close()
+            killed_partial += child.returncode == -signal.SIGKILL
+        self.assertGreater(killed_partial, 0)
+        # uninterrupted: the import is durable when it returns (a kill then
+        # changes nothing)
+        child = subprocess.Popen([sys.executable, "-c", IMPORTING_CHILD, self.db, EXT, path],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for line in child.stdout:
+                if line.startswith("imported"):
+                    self.assertEqual(line.split(), ["imported", str(n)])
+                    child.send_signal(signal.SIGKILL)
+                    break
+        finally:
+            child.kill()
+            child.wait(60)
+            child.stdout.close()
+            child.stderr.close()
+        c = connect(self.db)
+        got = table_rows(c, "t")
+        self.assertEqual(len(got), n)
+        self.assertEqual(got, {i: r[:2] for i, r in file_rows(path).items()})
+        c.close()
+
+
+class TestBadFiles(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        # Hundreds of imports, each ending in a checkpoint: on tmpfs when
+        # there is one (an msync of the pool costs ~0.1 s on a disk here).
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = tempfile.mkdtemp(prefix="embkv-py-", dir="/dev/shm")
+            self.db = os.path.join(self.dir, "test.db")
+        self.c = connect(self.db)
+        self.c.execute("CREATE VIRTUAL TABLE src USING embkv(dim=4, optimizer=adagrad, lr=0.5, init='uniform(-1,1)')")
+        ids = np.arange(-150, 150, dtype=np.int64)
+        self.c.execute("SELECT length(embkv_pull('src', ?))", (ids.tobytes(),)).fetchone()
+        g = np.random.default_rng(1).standard_normal((300, 4)).astype(np.float32)
+        self.c.execute("SELECT embkv_push('src', ?, ?)", (ids.tobytes(), g.tobytes())).fetchone()
+        self.good = os.path.join(self.dir, "good.export")
+        self.c.execute("SELECT embkv_export('src', ?)", (self.good,)).fetchone()
+        self.c.execute("CREATE VIRTUAL TABLE dst USING embkv(dim=4, optimizer=adagrad, lr=0.5)")
+        self.want = table_rows(self.c, "src")
+
+    def tearDown(self):
+        self.c.close()
+        super().tearDown()
+
+    def attempt(self, path):
+        """Imports path into dst: a clean error (dst unchanged) or the
+        original rows exactly; then empties dst.  Returns the message or
+        None."""
+        try:
+            (n,) = self.c.execute("SELECT embkv_import('dst', ?)", (path,)).fetchone()
+        except sqlite3.Error as e:
+            msg = str(e)
+            self.assertTrue(msg.startswith("embkv_import: table dst: "), msg)
+            self.assertIn(os.path.basename(path), msg)
+            self.assertEqual(self.c.execute("SELECT count(*) FROM dst").fetchone()[0], 0, msg)
+            return msg
+        self.assertEqual(n, len(self.want))
+        self.assertEqual(table_rows(self.c, "dst"), self.want)
+        self.c.execute("DELETE FROM dst")
+        return None
+
+    def test_truncated(self):
+        with open(self.good, "rb") as f:
+            data = f.read()
+        path = os.path.join(self.dir, "cut.export")
+        failed = 0
+        for size in sorted({0, 1, 99, 100, 512, 4096, 4097, len(data) // 2, len(data) - 4096, len(data) - 1}):
+            with open(path, "wb") as f:
+                f.write(data[:size])
+            failed += self.attempt(path) is not None
+        self.assertGreaterEqual(failed, 8)
+
+    def test_flipped_bytes(self):
+        with open(self.good, "rb") as f:
+            data = f.read()
+        path = os.path.join(self.dir, "flip.export")
+        rnd = random.Random(7)
+        flips = int(os.environ.get("EMBKV_EXPORT_FLIPS", "300"))
+        kinds = {"ok": 0}
+        for _ in range(flips):
+            d = bytearray(data)
+            at = rnd.randrange(len(d))
+            d[at] ^= rnd.randrange(1, 256)
+            with open(path, "wb") as f:
+                f.write(d)
+            msg = self.attempt(path)
+            if msg is None:
+                kinds["ok"] += 1
+            else:
+                key = "crc" if "crc" in msg else "malformed" if "malformed" in msg else "other"
+                kinds[key] = kinds.get(key, 0) + 1
+        # flips in free space or informative meta import the rows exactly;
+        # the others are caught (by the crc, or by SQLite's own checks)
+        self.assertGreater(flips - kinds["ok"], flips // 10, kinds)
+
+    def test_flipped_row_bytes(self):
+        """A byte changed in a row's vector or state is always caught, by
+        that row's crc, before anything is written."""
+        with open(self.good, "rb") as f:
+            data = f.read()
+        rows = file_rows(self.good)
+        path = os.path.join(self.dir, "row.export")
+        rnd = random.Random(3)
+        for i in sorted(rows)[::10]:
+            col = rnd.choice((1, 2))  # vec or state
+            at = data.find(rows[i][col])
+            self.assertGreater(at, 0)
+            d = bytearray(data)
+            d[at + rnd.randrange(len(rows[i][col]))] ^= 1 << rnd.randrange(8)
+            with open(path, "wb") as f:
+                f.write(d)
+            msg = self.attempt(path)
+            self.assertIsNotNone(msg)
+            self.assertIn("is damaged: row id %d: its crc" % i, msg)
+
+    def test_non_finite_values_with_valid_crc(self):
+        for what, col in (("nan", "vec"), ("inf", "state")):
+            path = os.path.join(self.dir, "%s.export" % what)
+            shutil.copy(self.good, path)
+            f = sqlite3.connect(path)
+            (i, clock, vec, state) = f.execute("SELECT id, clock, vec, state FROM embkv_rows LIMIT 1 OFFSET 7").fetchone()
+            v = bytearray(vec if col == "vec" else state)
+            v[4:8] = struct.pack("<f", float(what))
+            vec, state = (bytes(v), state) if col == "vec" else (vec, bytes(v))
+            crc = zlib.crc32(struct.pack("<qq", i, clock) + vec + state)
+            f.execute("UPDATE embkv_rows SET vec = ?, state = ?, crc = ? WHERE id = ?", (vec, state, crc, i))
+            f.commit()
+            f.close()
+            msg = self.attempt(path)
+            self.assertIsNotNone(msg)
+            self.assertIn("row id %d: %s element 1 is %s" % (i, col, "NaN" if what == "nan" else "infinite"), msg)
+
+    def test_racing_exports_to_one_name(self):
+        path = os.path.join(self.dir, "race.export")
+        results = []
+
+        def go():
+            c = connect(self.db)
+            try:
+                results.append(c.execute("SELECT embkv_export('src', ?)", (path,)).fetchone()[0])
+            except sqlite3.Error as e:
+                results.append(str(e))
+            finally:
+                c.close()
+
+        for _ in range(5):
+            ths = [threading.Thread(target=go) for _ in range(3)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            wins = [r for r in results if r == 300]
+            self.assertEqual(len(wins), 1, results)
+            for r in results:
+                if r != 300:
+                    self.assertRegex(r, "file '.*race.export' (already exists|was created by someone else)")
+            self.assertEqual(file_rows(path), file_rows(self.good))
+            self.assertEqual([f for f in os.listdir(self.dir) if "embkv-tmp" in f], [])
+            os.unlink(path)
+            results.clear()
+
+
+if __name__ == "__main__":
+    unittest.main()
