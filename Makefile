@@ -47,7 +47,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers all deps test test-c test-sql test-python plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
+.PHONY: check-headers all deps test test-c test-sql test-python test-crash crash-soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -79,6 +79,13 @@ test: deps
 test-c: deps
 	@$(MAKE) --no-print-directory plain-tests asan-tests tsan-tests
 	@bash tests/run.sh c
+# The SIGKILL harness alone (tests/crash/), and its long run:
+# CRASH_ROUNDS kills (default 10000, about 80 minutes here).
+test-crash: deps
+	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
+	@bash tests/run.sh crash
+crash-soak: deps all
+	@bash tests/python_run.sh tests/crash/crash_sql.py --rounds $(or $(CRASH_ROUNDS),10000)
 test-sql test-python: deps
 	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
 	@bash tests/run.sh $(patsubst test-%,%,$@)

@@ -2,14 +2,16 @@
 # Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
 # threaded ones) under TSan; the SQL tests through the sqlite3 shell against
 # expected output; the Python tests.  Ends with "N passed, N failed".
-# An argument picks one group: c, sql or python (each also run against the
-# sanitizer builds); none runs them all.
+# An argument picks one group: c, sql, python or crash (each also run
+# against the sanitizer builds); none runs them all.  The crash group is
+# the SIGKILL harness (tests/crash/: 100 kills, 30 more against the
+# sanitized extension; EMBKV_CRASH_ROUNDS changes the first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 group=${1:-all}
 case $group in
-    all | c | sql | python) ;;
-    *) echo "usage: tests/run.sh [c|sql|python]" >&2; exit 2 ;;
+    all | c | sql | python | crash) ;;
+    *) echo "usage: tests/run.sh [c|sql|python|crash]" >&2; exit 2 ;;
 esac
 want() { [[ $group == all || $group == "$1" ]]; }
 passed=0 failed=0 failures=()
@@ -50,6 +52,11 @@ if want python && [[ -d tests/python ]]; then
     done
 fi
 
+if want crash && [[ -f tests/crash/crash_sql.py ]]; then
+    run_one "crash/crash_sql" bash tests/python_run.sh tests/crash/crash_sql.py \
+        --rounds "${EMBKV_CRASH_ROUNDS:-100}"
+fi
+
 # The SQL and Python tests again against the extension built with
 # ASan+UBSan, its runtimes preloaded into the shell or Python that loads it
 # (Python's own allocations are not leak-checked: it frees little at exit).
@@ -63,6 +70,9 @@ if [[ -f build/asan/embkv.so ]]; then
         run_one "asan-python/$(basename "$t" .py)" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
             ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 bash tests/python_run.sh "$t"
     done
+    want crash && [[ -f tests/crash/crash_sql.py ]] && \
+        run_one "asan-crash/crash_sql" env EMBKV_EXT="$PWD/build/asan/embkv" EMBKV_PRELOAD="$asan_rt" \
+            ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 bash tests/python_run.sh tests/crash/crash_sql.py --rounds 30
 fi
 
 ((failed)) && printf 'failed: %s\n' "${failures[*]}"
