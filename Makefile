@@ -74,6 +74,7 @@ check-headers:
 test: deps
 	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so
 	@bash tests/run.sh
+	@bash tests/fuzz/run.sh short
 
 # One group of `make test` at a time (each with its sanitizer runs).
 test-c: deps
@@ -122,3 +123,5 @@ demo-train: deps all
 
 clean:
 	rm -rf $(B)
+
+include tests/fuzz/fuzz.mk
