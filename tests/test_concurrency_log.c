@@ -93,7 +93,7 @@ int main(void)
         size_t at = atomic_load(&appended), m = total - at < 1000 ? total - at : 1000;
         for (size_t i = 0; i < m; i++)
             fill(buf + i * REC, at + i);
-        CHECK_RC(log_append(L, buf, m, locs + at), EMBKV_OK);
+        CHECK_RC(log_append(L, buf, m, locs + at, false), EMBKV_OK);
         atomic_store(&appended, at + m);
         /* Release records far behind (3 segments' worth), then delete the
          * segments that became empty: readers stay above the mark. */

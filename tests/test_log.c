@@ -95,7 +95,7 @@ static int append_n(embkv_log *l, uint32_t rec, size_t first, size_t n, uint64_t
     unsigned char *buf = malloc((size_t)rec * n + 1);
     for (size_t i = 0; i < n; i++)
         fill(buf + i * rec, rec, first + i, salt);
-    int rc = log_append(l, buf, n, locs);
+    int rc = log_append(l, buf, n, locs, false);
     free(buf);
     return rc;
 }
@@ -176,14 +176,15 @@ static void test_roundtrip(uint32_t rec, bool no_uring, const char *name)
     free(locs);
 }
 
-/* ssd_size: a batch that does not fit appends nothing. */
+/* ssd_size: a batch that does not fit appends nothing; new rows stop one
+ * segment short of it, which only compaction may fill. */
 static void test_full(void)
 {
     const char *dir = test_tmpdir("full");
     uint32_t rec = 1024;
     uint64_t per_seg = (SEG / LOG_BLOCK - 1) * (LOG_BLOCK / rec);
     embkv_log *l;
-    CHECK_RC(open_log(dir, rec, 2ull * SEG, false, &l), EMBKV_OK);
+    CHECK_RC(open_log(dir, rec, 3ull * SEG, false, &l), EMBKV_OK);
     uint64_t *locs = malloc(3 * per_seg * sizeof *locs);
     CHECK_RC(append_n(l, rec, 0, per_seg + 10, locs, 7), EMBKV_OK);
     log_stats before, after;
@@ -198,6 +199,17 @@ static void test_full(void)
     CHECK_RC(append_n(l, rec, per_seg + 10, room, locs + per_seg + 10, 7), EMBKV_OK);
     CHECK_RC(append_n(l, rec, per_seg + 10 + room, 1, locs + per_seg + 10 + room, 7), EMBKV_FULL);
     CHECK(verify_all(l, rec, locs, per_seg + 10 + room, 7, 3) == 0);
+    /* Compaction's segment: its appends go on to ssd_size itself. */
+    size_t at = per_seg + 10 + room;
+    unsigned char *buf = malloc((size_t)rec * per_seg);
+    for (size_t i = 0; i < per_seg; i++)
+        fill(buf + i * rec, rec, at + i, 7);
+    CHECK_RC(log_append(l, buf, per_seg, locs + at, true), EMBKV_OK);
+    CHECK_RC(log_append(l, buf, 1, locs + at + per_seg, true), EMBKV_FULL);
+    log_stats_get(l, &after);
+    CHECK(after.segments == 3 && after.file_bytes == 3ull * SEG);
+    CHECK(verify_all(l, rec, locs, at + per_seg, 7, 3) == 0);
+    free(buf);
     log_close(l);
     free(locs);
 }

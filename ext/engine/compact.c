@@ -140,7 +140,7 @@ int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
     size_t m = 0;
     if (c.n && rc == EMBKV_OK) {
         pthread_mutex_lock(&s->demote_mu);
-        rc = log_append(s->log, c.recs, c.n, nl);
+        rc = log_append(s->log, c.recs, c.n, nl, true);
         if (rc == EMBKV_OK && (rc = log_sync(s->log)) != EMBKV_OK)
             for (size_t i = 0; i < c.n; i++)
                 log_release(s->log, nl[i]);

@@ -676,7 +676,7 @@ static int append_part(embkv_log *l, segment *g, const char *recs, size_t n, uin
     return EMBKV_OK;
 }
 
-int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs)
+int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool for_compaction)
 {
     if (n == 0)
         return EMBKV_OK;
@@ -686,7 +686,11 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs)
     uint64_t room = g ? fits_in(l, (g->size - atomic_load(&g->end)) / LOG_BLOCK) : 0;
     uint64_t per_seg = fits_in(l, l->seg_bytes / LOG_BLOCK - 1);
     uint64_t new_segs = n > room ? (n - room + per_seg - 1) / per_seg : 0;
-    if (l->max_bytes && l->file_bytes + new_segs * l->seg_bytes > l->max_bytes) {
+    /* (A log too small for a reserve, under two segments, has none.) */
+    uint64_t limit = l->max_bytes;
+    if (!for_compaction && limit >= 2 * l->seg_bytes)
+        limit -= l->seg_bytes;
+    if (l->max_bytes && l->file_bytes + new_segs * l->seg_bytes > limit) {
         pthread_mutex_unlock(&l->write_mu);
         return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments, %llu more needed, ssd_size %llu",
                           l->what, (unsigned long long)l->file_bytes,

@@ -74,9 +74,13 @@ void log_expect_end(embkv_log *l, uint64_t end);
 /* Appends n records (n * record_bytes bytes at recs) as one batch of large
  * sequential writes and stores their locations in locs.  Starts a new
  * segment when the current one is full.  EMBKV_FULL (naming ssd_size) when
- * the log would grow past max_bytes; nothing is appended then.  One
- * appender at a time per log (callers serialise); readers run alongside. */
-int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs);
+ * the log would grow past max_bytes; nothing is appended then.  The last
+ * segment's worth of max_bytes is compaction's (for_compaction): new rows
+ * stop one segment short of it, so a full log can always be compacted (a
+ * log whose every byte was taken by demotions could never make room
+ * again).  One appender at a time per log (callers serialise); readers
+ * run alongside. */
+int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool for_compaction);
 
 /* A position: every record appended so far has a location below it and
  * every later one a location at or above it (locations compare as

@@ -529,7 +529,7 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
     ebr_leave();
     if (k == 0)
         goto out;
-    if ((rc = log_append(s->log, buf, k, q)) != EMBKV_OK)
+    if ((rc = log_append(s->log, buf, k, q, false)) != EMBKV_OK)
         goto out;
     /* Durable before any index entry points at it. */
     if ((rc = log_sync(s->log)) != EMBKV_OK) {
