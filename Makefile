@@ -47,7 +47,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers all deps test test-c test-sql test-python test-crash crash-soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
+.PHONY: check-headers all deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
 all: $(B)/libembkv.a $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -85,6 +85,10 @@ test-c: deps
 test-crash: deps
 	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
 	@bash tests/run.sh crash
+# 8 threads of mixed work on one table for SOAK_SECONDS (default 600),
+# memory and the store's files sampled (bench/soak.py).
+soak: deps all
+	@/usr/bin/python3 bench/soak.py /dev/shm/embkv-soak.$$$$ --seconds $(or $(SOAK_SECONDS),600)
 crash-soak: deps all
 	@bash tests/python_run.sh tests/crash/crash_sql.py --rounds $(or $(CRASH_ROUNDS),10000)
 test-sql test-python: deps

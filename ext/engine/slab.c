@@ -77,8 +77,10 @@ static int add_chunk(embkv_store *s)
          * index of every row stays in the pool: it keeps room to grow. */
         s->pool_exhausted = true;
         return embkv__err(EMBKV_FULL, "store %s: pool full: its record space is at its limit (%u chunks of %u "
-                          "bytes), the rest of the pool is kept for the index", s->path, s->chunk_limit,
-                          s->chunk_bytes);
+                          "bytes), the rest of the pool is kept for the index; the versions of rows replaced "
+                          "since the last checkpoint stay in it until the next one, whatever moves to the SSD "
+                          "tier: checkpoint more often, or give the pool more room (pool_size)",
+                          s->path, s->chunk_limit, s->chunk_bytes);
     }
     uint32_t c = s->nchunks;
     if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
