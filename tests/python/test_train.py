@@ -584,10 +584,11 @@ class TestPermitsPerId(Base):
         try:
             a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, init='zeros', staleness=0, wait_ms=200)")
             a.execute("SELECT embkv_pull('t', ?)", (np.arange(5000, dtype=np.int64).tobytes(),))
-            t0 = time.monotonic()
             b.execute("SELECT embkv_pull('t', ?)", (np.arange(1000000, 1000100, dtype=np.int64).tobytes(),))
             b.execute("SELECT embkv_pull('t', ?)", (np.arange(2000000, 2005000, dtype=np.int64).tobytes(),))
-            self.assertLess(time.monotonic() - t0, 0.15)
+            # (counted, not timed: a loaded machine makes any time bound flaky)
+            stats = json.loads(b.execute("SELECT embkv_stats('t')").fetchone()[0])["training"]
+            self.assertEqual((stats["permit_waits"], stats["permit_timeouts"]), (0, 0))
             with self.assertRaisesRegex(sqlite3.OperationalError, "id 4999: staleness bound 0 reached"):
                 b.execute("SELECT embkv_pull('t', '[4999]')")
             stats = json.loads(b.execute("SELECT embkv_stats('t')").fetchone()[0])["training"]
