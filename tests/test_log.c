@@ -204,7 +204,11 @@ static void test_full(void)
     unsigned char *buf = malloc((size_t)rec * per_seg);
     for (size_t i = 0; i < per_seg; i++)
         fill(buf + i * rec, rec, at + i, 7);
-    CHECK_RC(log_append(l, buf, per_seg, locs + at, true), EMBKV_OK);
+    CHECK_RC(log_append(l, buf, per_seg - 100, locs + at, true), EMBKV_OK);
+    /* Past the new rows' limit now, but room in the head segment is
+     * anyone's (a demotion refused there wedged a loaded test). */
+    CHECK_RC(log_append(l, buf + (per_seg - 100) * rec, 60, locs + at + per_seg - 100, false), EMBKV_OK);
+    CHECK_RC(log_append(l, buf + (per_seg - 40) * rec, 40, locs + at + per_seg - 40, true), EMBKV_OK);
     CHECK_RC(log_append(l, buf, 1, locs + at + per_seg, true), EMBKV_FULL);
     log_stats_get(l, &after);
     CHECK(after.segments == 3 && after.file_bytes == 3ull * SEG);

@@ -690,7 +690,9 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
     uint64_t limit = l->max_bytes;
     if (!for_compaction && limit >= 2 * l->seg_bytes)
         limit -= l->seg_bytes;
-    if (l->max_bytes && l->file_bytes + new_segs * l->seg_bytes > limit) {
+    /* (Room left in the head segment is anyone's: only new segments
+     * count against the limit, and compaction may have gone past it.) */
+    if (l->max_bytes && new_segs && l->file_bytes + new_segs * l->seg_bytes > limit) {
         pthread_mutex_unlock(&l->write_mu);
         return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments, %llu more needed, ssd_size %llu",
                           l->what, (unsigned long long)l->file_bytes,
