@@ -9,6 +9,11 @@
 #                  repository's) so that later long runs go on from it.
 #   run.sh long store vec ...   only the targets named.
 #
+# A long run goes in rounds of FUZZ_ROUND_SECONDS (default 300), each a
+# fresh process on the corpus so far (libpmemobj's leak on failed opens,
+# see lsan.supp, would otherwise reach libFuzzer's RSS limit); executions
+# and new units are summed over the rounds.
+#
 # Targets run FUZZ_JOBS at a time (default: the number of cores).  Each
 # prints its executions; a crash, a sanitizer report, a leak, a hang
 # (-timeout) or running out of memory fails the run (exit status 1), and
@@ -28,7 +33,7 @@ esac
 
 # Build what is missing (a no-op when `make fuzz` or a previous pass did);
 # a make of its own, not the calling make's jobserver.
-jobs=$(nproc 2>/dev/null || echo 2)
+jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
 build() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -j"$jobs" "$@" fuzz-build; }
 if ! build -s >/dev/null 2>&1; then
     echo "fuzz: the build of the targets failed" >&2
@@ -72,16 +77,31 @@ run_target() {  # name -> writes $tmp/<name>.log and $tmp/<name>.rc
         mkdir -p "$corpus"
         [[ -d $seeds ]] && cp -rn "$seeds"/. "$corpus"/
     fi
-    local args=(-max_total_time="$secs" -timeout=30 -rss_limit_mb=3072 -max_len=4096
-                -print_final_stats=1 -artifact_prefix="$art/")
+    local args=(-timeout=30 -rss_limit_mb=3072 -max_len=4096 -print_final_stats=1 -artifact_prefix="$art/")
     [[ -f tests/fuzz/$name.dict ]] && args+=(-dict="tests/fuzz/$name.dict")
     # A cache_size option may ask for more than libFuzzer's default limit
     # on one allocation; the engine maps it lazily (what counts is RSS).
     # It caps files with RLIMIT_FSIZE itself: a pool past the cap must fail
     # as on a full disk, not stop the fuzzer (libFuzzer's SIGXFSZ handler).
     [[ $name == options ]] && args+=(-malloc_limit_mb=65536 -handle_xfsz=0)
-    "$bin" "${args[@]}" "$corpus" >"$tmp/$name.log" 2>&1
-    echo $? >"$tmp/$name.rc"
+    # Long runs go in rounds of a fresh process each, on the corpus so far:
+    # libpmemobj 1.12 leaks its runtime state (8 MB for a 16 MiB pool) on
+    # every pmemobj_open that fails (a truncated pool, say), which would
+    # otherwise add up to libFuzzer's RSS limit within minutes.
+    local left=$secs round=${FUZZ_ROUND_SECONDS:-300} rc=0 t
+    [[ $mode == short ]] && round=$secs
+    : >"$tmp/$name.log"
+    touch "$tmp/$name.start"
+    local start=$SECONDS
+    while ((left > 0)); do
+        t=$((left < round ? left : round))
+        "$bin" "${args[@]}" -max_total_time="$t" "$corpus" >>"$tmp/$name.log" 2>&1
+        rc=$?
+        ((rc != 0)) && break
+        left=$((left - t))
+    done
+    echo "$((SECONDS - start))" >"$tmp/$name.wall"
+    echo "$rc" >"$tmp/$name.rc"
 }
 
 t0=$SECONDS
@@ -106,17 +126,20 @@ failed=0
 for name in "${targets[@]}"; do
     rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo 2)
     log=$tmp/$name.log
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" 2>/dev/null | tail -1)
-    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" 2>/dev/null | tail -1)
-    added=$(sed -n 's/^stat::new_units_added: *//p' "$log" 2>/dev/null | tail -1)
+    # Summed over the rounds of a long run.
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    added=$(sed -n 's/^stat::new_units_added: *//p' "$log" 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    rounds=$(grep -c '^stat::number_of_executed_units' "$log" 2>/dev/null)
+    wall=$(cat "$tmp/$name.wall" 2>/dev/null || echo 0)
     if [[ $rc == 0 ]]; then
-        printf 'ok    fuzz/%-10s %9s executions (%s/s, %s new units)\n' "$name" "${execs:-?}" "${rate:-?}" "${added:-0}"
+        printf 'ok    fuzz/%-10s %9s executions in %s s (%s/s, %s new units%s)\n' "$name" "$execs" "$wall" \
+            "$((execs / (wall > 0 ? wall : 1)))" "$added" "$( ((rounds > 1)) && echo ", $rounds rounds")"
     else
         failed=$((failed + 1))
         printf 'FAIL  fuzz/%-10s %9s executions (exit %s)\n' "$name" "${execs:-?}" "$rc"
         [[ -f $log ]] && grep -v '^#[0-9]' "$log" | tail -60 | sed 's/^/      /'
-        art=$(ls -t build/fuzz/artifacts/"$name"/ 2>/dev/null | head -1)
-        [[ -n $art ]] && echo "      input: build/fuzz/artifacts/$name/$art (rerun: build/fuzz/fuzz_$name <input>)"
+        find build/fuzz/artifacts/"$name" -type f -newer "$tmp/$name.start" 2>/dev/null |
+            sed "s|^|      input: |; s|\$| (rerun: build/fuzz/fuzz_$name <input>)|"
     fi
 done
 echo "fuzz: ${#targets[@]} targets, $failed failed ($((SECONDS - t0)) s)"
