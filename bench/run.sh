@@ -99,35 +99,30 @@ for where in shm fs; do
     RUNLOG=/dev/null
 done
 
-# The same on /dev/shm with an SSD tier configured (a pool half again as
-# large, so that every row stays in it): what the tier costs the in-memory
-# paths (access statistics, the tier's checks), as ratios to the run above.
-avail=$(free_mb "$SHM_ROOT")
-if ((avail < POOL_MB * 3 / 2 + 512 + 256)); then
-    echo; echo "skipping bench_engine with an SSD tier: $avail MiB free on /dev/shm"
-else
-    RUNLOG=$SHM_ROOT/engine-tier.log
-    run "bench_engine with an SSD tier ($SHM_ROOT)" \
-        "$BIN/bench_engine" "$SHM_ROOT/engine-tier" --rows "$ROWS" --batches "$BATCHES" \
-        --batch-size "$BATCH_SIZE" --pool-mb "$POOL_MB" --ssd-mb 512
-    results+=("tier $(grep '^RESULT ' "$RUNLOG" || true)")
-    rm -rf "$SHM_ROOT/engine-tier" "$RUNLOG"
+# bench_engine once more on /dev/shm with options: tag, MiB of /dev/shm it
+# needs, label, then the extra arguments; its RESULT line is kept as tag.
+engine_variant() {
+    local tag=$1 need=$2 label=$3; shift 3
+    local avail; avail=$(free_mb "$SHM_ROOT")
+    if ((avail < need)); then
+        echo; echo "skipping bench_engine $label: $avail MiB free on /dev/shm"
+        return
+    fi
+    RUNLOG=$SHM_ROOT/engine-$tag.log
+    run "bench_engine $label ($SHM_ROOT)" \
+        "$BIN/bench_engine" "$SHM_ROOT/engine-$tag" --rows "$ROWS" --batches "$BATCHES" \
+        --batch-size "$BATCH_SIZE" --pool-mb "$POOL_MB" "$@"
+    results+=("$tag $(grep '^RESULT ' "$RUNLOG" || true)")
+    rm -rf "$SHM_ROOT/engine-$tag" "$RUNLOG"
     RUNLOG=/dev/null
-fi
-# And with a DRAM cache of 10% of the rows, the hot set moved into it:
-# batch get against the prefetched baseline gather of the same run.
-avail=$(free_mb "$SHM_ROOT")
-if ((avail < POOL_MB + 512 + 256)); then
-    echo; echo "skipping bench_engine with a cache: $avail MiB free on /dev/shm"
-else
-    RUNLOG=$SHM_ROOT/engine-cache.log
-    run "bench_engine with a cache of 10% of the rows, hot set in it ($SHM_ROOT)" \
-        "$BIN/bench_engine" "$SHM_ROOT/engine-cache" --rows "$ROWS" --batches "$BATCHES" \
-        --batch-size "$BATCH_SIZE" --pool-mb "$POOL_MB" --cache-pct 10
-    results+=("cache $(grep '^RESULT ' "$RUNLOG" || true)")
-    rm -rf "$SHM_ROOT/engine-cache" "$RUNLOG"
-    RUNLOG=/dev/null
-fi
+}
+# With an SSD tier configured (a pool half again as large, so that every
+# row stays in it): what the tier costs the in-memory paths (access
+# statistics, the tier's checks), as ratios to the run above.
+engine_variant tier $((POOL_MB * 3 / 2 + 512 + 256)) "with an SSD tier" --ssd-mb 512
+# With a DRAM cache of 10% of the rows, the hot set moved into it: batch
+# get against the prefetched baseline gather of the same run.
+engine_variant cache $((POOL_MB + 512 + 256)) "with a cache of 10% of the rows, hot set in it" --cache-pct 10
 field() {  # where, name: a RESULT field of one run
     printf '%s\n' "${results[@]}" | awk -v w="$1" -v k="$2" '$1 == w { for (i = 2; i <= NF; i++) if (index($i, k "=") == 1) { sub(/.*=/, "", $i); print $i } }'
 }

@@ -33,18 +33,6 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static size_t count_tier(embkv_store *s, const int64_t *ids, size_t k, int want)
-{
-    int tier[256];
-    uint8_t found[256];
-    CHECK(k <= 256);
-    CHECK_RC(embkv_locate_batch_at(s, NULL, ids, k, tier, found), EMBKV_OK);
-    size_t c = 0;
-    for (size_t i = 0; i < k; i++)
-        c += found[i] && tier[i] == want;
-    return c;
-}
-
 /* Polls until count_tier reaches k or secs pass; the count reached. */
 static size_t wait_tier(embkv_store *s, const int64_t *ids, size_t k, int want, double secs)
 {
@@ -87,24 +75,6 @@ static void test_to_dram(const char *root)
     CHECK(st.cache_rows <= st.cache_capacity_rows);
     check_all(s, gen, 2000);
     CHECK_RC(embkv_close(s), EMBKV_OK);
-}
-
-static size_t ssd_rows(embkv_store *s, size_t n, size_t start, size_t want, int64_t *out)
-{
-    size_t k = 0;
-    for (size_t lo = start; lo < n && k < want; lo += 256) {
-        int64_t ids[256];
-        int tier[256];
-        uint8_t found[256];
-        size_t m = n - lo < 256 ? n - lo : 256;
-        for (size_t j = 0; j < m; j++)
-            ids[j] = (int64_t)(lo + j);
-        CHECK_RC(embkv_locate_batch_at(s, NULL, ids, m, tier, found), EMBKV_OK);
-        for (size_t j = 0; j < m && k < want; j++)
-            if (found[j] && tier[j] == EMBKV_TIER_SSD)
-                out[k++] = ids[j];
-    }
-    return k;
 }
 
 static void test_to_pm(const char *root)

@@ -144,37 +144,6 @@ static void test_home(const char *root)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
-/* Ids of rows now in the log among 0..n-1, up to want of them, from start. */
-static size_t ssd_rows(embkv_store *s, size_t n, size_t start, size_t want, int64_t *out)
-{
-    size_t k = 0;
-    for (size_t lo = start; lo < n && k < want; lo += 512) {
-        int64_t ids[512];
-        int tier[512];
-        uint8_t found[512];
-        size_t m = n - lo < 512 ? n - lo : 512;
-        for (size_t j = 0; j < m; j++)
-            ids[j] = (int64_t)(lo + j);
-        CHECK_RC(embkv_locate_batch_at(s, NULL, ids, m, tier, found), EMBKV_OK);
-        for (size_t j = 0; j < m && k < want; j++)
-            if (found[j] && tier[j] == EMBKV_TIER_SSD)
-                out[k++] = ids[j];
-    }
-    return k;
-}
-
-static size_t count_tier(embkv_store *s, const int64_t *ids, size_t k, int want)
-{
-    int tier[256];
-    uint8_t found[256];
-    CHECK(k <= 256);
-    CHECK_RC(embkv_locate_batch_at(s, NULL, ids, k, tier, found), EMBKV_OK);
-    size_t c = 0;
-    for (size_t i = 0; i < k; i++)
-        c += found[i] && tier[i] == want;
-    return c;
-}
-
 static void test_to_pm(const char *root)
 {
     char dir[600];

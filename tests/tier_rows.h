@@ -1,7 +1,9 @@
 /*
  * tier_rows.h - rows for the SSD tier's tests (test_tier, test_tier_bg):
  * vectors derived from (id, generation), a model gen[id] (0: absent) and
- * checks of every row by every read path.  Include after defining DIM.
+ * checks of every row by every read path, and where rows are (ssd_rows,
+ * count_tier: test_hotset, test_concurrency_migrate).  Include after
+ * defining DIM.
  */
 #ifndef EMBKV_TEST_TIER_ROWS_H
 #define EMBKV_TEST_TIER_ROWS_H
@@ -140,6 +142,38 @@ static inline void count_equal(embkv_store *s, size_t n, const uint64_t *a, cons
     free(v);
     free(found);
     free(info);
+}
+
+/* Ids of rows now in the log among 0..n-1, up to want of them, from start. */
+static inline size_t ssd_rows(embkv_store *s, size_t n, size_t start, size_t want, int64_t *out)
+{
+    size_t k = 0;
+    for (size_t lo = start; lo < n && k < want; lo += 512) {
+        int64_t ids[512];
+        int tier[512];
+        uint8_t found[512];
+        size_t m = n - lo < 512 ? n - lo : 512;
+        for (size_t j = 0; j < m; j++)
+            ids[j] = (int64_t)(lo + j);
+        CHECK_RC(embkv_locate_batch_at(s, NULL, ids, m, tier, found), EMBKV_OK);
+        for (size_t j = 0; j < m && k < want; j++)
+            if (found[j] && tier[j] == EMBKV_TIER_SSD)
+                out[k++] = ids[j];
+    }
+    return k;
+}
+
+/* How many of ids (at most 256) are present in tier want. */
+static inline size_t count_tier(embkv_store *s, const int64_t *ids, size_t k, int want)
+{
+    int tier[256];
+    uint8_t found[256];
+    CHECK(k <= 256);
+    CHECK_RC(embkv_locate_batch_at(s, NULL, ids, k, tier, found), EMBKV_OK);
+    size_t c = 0;
+    for (size_t i = 0; i < k; i++)
+        c += found[i] && tier[i] == want;
+    return c;
 }
 
 #endif

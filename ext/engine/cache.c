@@ -726,9 +726,7 @@ void cache_stats(const cache *c, embkv_stats *st)
     st->cache_rows = rows;
     /* What the rows take when the cache is full (the mapping is reserved
      * in 2 MiB pages beyond that, untouched). */
-    st->cache_bytes = c->capacity * ((uint64_t)c->rec_size + sizeof(cslot));
-    for (int i = 0; i < CACHE_SHARDS; i++)
-        st->cache_bytes += (c->shards[i].tmask + 1) * sizeof(centry);
+    st->cache_bytes = cache_bytes_for(c->capacity, c->rec_size);
     st->cache_dirty = atomic_load(&c->ndirty);
     st->cache_hits = atomic_load(&c->hits);
     st->cache_misses = atomic_load(&c->misses);

@@ -227,6 +227,12 @@ void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n)
         account(h, n, raised);
 }
 
+void heat_saturate_batch(heat *h, const uint64_t *hashes, size_t n)
+{
+    for (unsigned t = 0; t < HEAT_MAX_COUNT; t++)
+        heat_touch_batch(h, hashes, n);
+}
+
 unsigned heat_estimate(const heat *h, uint64_t hash)
 {
     _Atomic uint64_t *blk = block_of(h, hash);

@@ -50,6 +50,9 @@ void heat_touch(heat *h, uint64_t hash);
 /* n accesses; the same counts as n heat_touch calls, faster (the table
  * lines are prefetched ahead and the shared counters updated once). */
 void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n);
+/* As many touches as take each hash to HEAT_MAX_COUNT: for callers that
+ * know the rows are hot (explicit moves up the hierarchy). */
+void heat_saturate_batch(heat *h, const uint64_t *hashes, size_t n);
 
 /* The approximate recent access count, 0..HEAT_MAX_COUNT. */
 unsigned heat_estimate(const heat *h, uint64_t hash);

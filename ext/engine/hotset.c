@@ -245,8 +245,13 @@ int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves
     moves->home_bucket = home;
     if (rc == EMBKV_OK && s->cache) {
         /* Admission passes over rows as hot as the one it brings. */
-        for (unsigned t = 0; raise && t < HEAT_MAX_COUNT; t++)
-            embkv_heat_touch(s, u, k);
+        for (size_t j = 0; raise && j < k && atomic_load_explicit(&s->heat_live, memory_order_relaxed); j += 256) {
+            uint64_t hh[256];
+            size_t m = k - j < 256 ? k - j : 256;
+            for (size_t q = 0; q < m; q++)
+                hh[q] = embkv__hash(u[j + q]);
+            heat_saturate_batch(s->heat, hh, m);
+        }
         rc = cache_hotset(s, u, k, &dram);
         moves->to_dram = dram;
         atomic_fetch_add(&s->st_hot_to_dram, dram);

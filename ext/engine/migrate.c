@@ -38,13 +38,6 @@
 #define MG_CHUNK 256
 #define MG_MAX_HOT (4u << 20)
 
-static uint64_t mg_now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* Sleeps ns or until stopped; false once the thread must stop. */
 static bool mg_sleep(embkv_store *s, uint64_t ns)
 {
@@ -96,7 +89,7 @@ static double bom_cap(uint64_t rate)
 
 static void bom_refill(bucket_of_moves *b, uint64_t rate)
 {
-    uint64_t now = mg_now_ns();
+    uint64_t now = tier_now_ns();
     b->tokens += (double)rate * (double)(now - b->last_ns) * 1e-9;
     if (b->tokens > bom_cap(rate))
         b->tokens = bom_cap(rate);
@@ -107,16 +100,16 @@ static void bom_refill(bucket_of_moves *b, uint64_t rate)
  * time; *whole says whether every ranked row was offered a move. */
 static uint64_t mg_round(embkv_store *s, int64_t *ids, size_t cap, bucket_of_moves *b, bool *whole)
 {
-    uint64_t t0 = mg_now_ns();
+    uint64_t t0 = tier_now_ns();
     size_t want = hot_target(s), n = 0;
     *whole = false;
     if (want > cap)
         want = cap;
     if (embkv_hottest(s, want, ids, NULL, &n) != EMBKV_OK) {
         atomic_fetch_add(&s->st_mg_errors, 1);
-        return mg_now_ns() - t0;
+        return tier_now_ns() - t0;
     }
-    uint64_t t1 = mg_now_ns();
+    uint64_t t1 = tier_now_ns();
     size_t at = 0;
     while (at < n) {
         uint64_t rate = atomic_load_explicit(&s->mg_rate, memory_order_relaxed);
@@ -155,7 +148,7 @@ static void *mg_main(void *arg)
     size_t cap = 0;
     uint64_t wait_ns = MG_PERIOD_MS * 1000000ull, seen = UINT64_MAX;
     bool whole = false;
-    bucket_of_moves b = {0, mg_now_ns()};
+    bucket_of_moves b = {0, tier_now_ns()};
     while (mg_sleep(s, wait_ns)) {
         /* Nothing counted since a round that offered every ranked row a
          * move: the ranking would be the same, and every row is in place
@@ -179,8 +172,8 @@ static void *mg_main(void *arg)
             atomic_fetch_add(&s->st_mg_errors, 1);
             continue;
         }
-        uint64_t start = mg_now_ns(), rank_ns = mg_round(s, ids, cap, &b, &whole);
-        uint64_t spent = mg_now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
+        uint64_t start = tier_now_ns(), rank_ns = mg_round(s, ids, cap, &b, &whole);
+        uint64_t spent = tier_now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
         if (10 * rank_ns > next)
             next = 10 * rank_ns;
         wait_ns = next > spent ? next - spent : 0;

@@ -694,14 +694,13 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
         ebr_leave();
         /* The caller says these rows are hot: the sketch is told so, or the
          * demotions that make room for the next ones would take them. */
-        for (int t = 0; t < (int)HEAT_MAX_COUNT && k; t++)
-            for (size_t j = 0; j < k; j += 256) {
-                uint64_t hh[256];
-                size_t m = k - j < 256 ? k - j : 256;
-                for (size_t q = 0; q < m; q++)
-                    hh[q] = embkv__hash(cid[j + q]);
-                heat_touch_batch(s->heat, hh, m);
-            }
+        for (size_t j = 0; j < k; j += 256) {
+            uint64_t hh[256];
+            size_t m = k - j < 256 ? k - j : 256;
+            for (size_t q = 0; q < m; q++)
+                hh[q] = embkv__hash(cid[j + q]);
+            heat_saturate_batch(s->heat, hh, m);
+        }
         /* The records are copies: the queue takes them outside the epoch,
          * and promotion (which waits for readers) may run between. */
         /* A reopened store learns the pool's limit only when a chunk is

@@ -260,15 +260,22 @@ typedef struct exporter {
     int code;
 } exporter;
 
-/* Records the failure (the first one wins); returns -1. */
+/* Records a failure in *why and *code, the first one winning (the
+ * exporter's and the importer's); returns -1. */
+static int fail_v(char **why, int *code, int c, const char *fmt, va_list ap)
+{
+    if (*why || *code) return -1;
+    *why = sqlite3_vmprintf(fmt, ap);
+    *code = *why ? c : SQLITE_NOMEM;
+    return -1;
+}
+
 static int ex_fail(exporter *e, int code, const char *fmt, ...)
 {
-    if (e->why || e->code) return -1;
     va_list ap;
     va_start(ap, fmt);
-    e->why = sqlite3_vmprintf(fmt, ap);
+    fail_v(&e->why, &e->code, code, fmt, ap);
     va_end(ap);
-    e->code = e->why ? code : SQLITE_NOMEM;
     return -1;
 }
 
@@ -674,12 +681,10 @@ typedef struct importer {
 
 static int im_fail(importer *m, int code, const char *fmt, ...)
 {
-    if (m->why || m->code) return -1;
     va_list ap;
     va_start(ap, fmt);
-    m->why = sqlite3_vmprintf(fmt, ap);
+    fail_v(&m->why, &m->code, code, fmt, ap);
     va_end(ap);
-    m->code = m->why ? code : SQLITE_NOMEM;
     return -1;
 }
 
