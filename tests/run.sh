@@ -30,7 +30,7 @@ run_one() {  # name, command...
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 
 if want c; then
     for t in build/plain/tests/test_*; do run_one "plain/$(basename "$t")" "$t"; done
