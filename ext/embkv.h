@@ -331,6 +331,38 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
  * changed since the previous sync. */
 int embkv_sync(embkv_store *s);
 
+/* Online backup: a copy of the store as of one checkpoint, taken while
+ * every kind of work goes on, written as a new store in directory dir
+ * (absent, or empty; not inside the store or its SSD tier) that
+ * embkv_open opens like any other.  Like SQLite's backup API, in steps:
+ *   begin   syncs (the checkpoint copied is that sync's, every write
+ *           group entirely or not at all, all tiers) and creates the copy,
+ *           with this store's dim, state floats, pool size and SSD size,
+ *           in a temporary directory beside dir;
+ *   step    copies up to `rows` rows (0: all that are left) with their
+ *           vectors, optimizer state and clocks; *done (may be NULL) 1
+ *           when none is left.  Steps may run on any thread, one at a time;
+ *   finish  when done: syncs, verifies and closes the copy and renames it
+ *           to dir (never over a directory that is not empty), filling
+ *           *info (may be NULL); otherwise, or after a failed step, it
+ *           removes the copy and says why.  Always frees the backup.
+ * A crash leaves dir complete or absent; the temporary directory it may
+ * leave is removed by the next backup to dir.  Extra memory: one chunk
+ * of at most 4 MiB of rows, and the ids changed since begin.  Until
+ * finish, the versions the checkpoint needs are kept (pool space, as for
+ * any open snapshot) and rows do not move between buckets (embkv_hotset,
+ * migration skip their moves).  A row whose record is damaged fails the
+ * step, naming it. */
+typedef struct embkv_backup embkv_backup;
+typedef struct embkv_backup_info {
+    uint64_t epoch;   /* the checkpoint copied (durable_epoch of embkv_stats) */
+    uint64_t rows;    /* rows in the copy */
+    uint64_t bytes;   /* bytes of its files */
+} embkv_backup_info;
+int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out);
+int embkv_backup_step(embkv_backup *b, size_t rows, int *done);
+int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info);
+
 /* Verify the index and records (checksums, overflow counters, row count).
  * Returns EMBKV_CORRUPT with a message naming the first problem. */
 int embkv_check(embkv_store *s);

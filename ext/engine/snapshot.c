@@ -334,14 +334,9 @@ static void recompute_floor(embkv_store *s, uint64_t *min_seq)
         *min_seq = mseq;
 }
 
-int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
+int snap_register(embkv_store *s, embkv_snapshot **out)
 {
-    if (!s || !out)
-        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
     *out = NULL;
-    if (group_held(s))
-        return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
-                          "thread", s->path);
     embkv_snapshot *snap = calloc(1, sizeof *snap);
     if (!snap)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a snapshot", s->path);
@@ -355,25 +350,47 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
     recompute_floor(s, NULL);
     atomic_fetch_add(&st->nsnap, 1);
     pthread_mutex_unlock(&st->mu);
+    *out = snap;
+    return EMBKV_OK;
+}
+
+void snap_fix(embkv_snapshot *snap)
+{
+    struct snapstate *st = snap->s->snap;
+    uint64_t seq = atomic_load(&st->next_seq);
+    pthread_mutex_lock(&st->mu);
+    snap->seq = seq;
+    pthread_mutex_unlock(&st->mu);
+}
+
+int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
+{
+    if (!s || !out)
+        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
+    *out = NULL;
+    if (group_held(s))
+        return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
+                          "thread", s->path);
+    embkv_snapshot *snap;
+    int rc = snap_register(s, &snap);
+    if (rc != EMBKV_OK)
+        return rc;
     /* Groups running now end before this returns; later ones log.  The
      * cache's dirty rows go home meanwhile: while a snapshot is open no row
      * is dirty (cached rows are written through), so the version log
      * covers every change a snapshot must not see. */
     if (s->cache) {
-        int rc = cache_flush_quiesce(s);
+        rc = cache_flush_quiesce(s);
         if (rc != EMBKV_OK) {
             snap->seq = UINT64_MAX;
             embkv_snapshot_close(snap);
             return rc;
         }
     } else {
-        pthread_rwlock_wrlock(&st->groups);
+        groups_quiesce(s);
     }
-    uint64_t seq = atomic_load(&st->next_seq);
-    pthread_rwlock_unlock(&st->groups);
-    pthread_mutex_lock(&st->mu);
-    snap->seq = seq;
-    pthread_mutex_unlock(&st->mu);
+    snap_fix(snap);
+    groups_resume(s);
     *out = snap;
     return EMBKV_OK;
 }

@@ -230,6 +230,7 @@ struct embkv_store {
     atomic_uint_fast64_t index_slots; /* buckets * slots of the current index */
     atomic_uint scan_pins;     /* scans running: the index must not resize, rows not move */
     atomic_uint moves_inflight; /* embkv_hotset moves under way (a pin waits them out) */
+    atomic_uint move_pins;     /* no row moves between buckets (a backup's cursor), resizes may go on */
     atomic_int grow_pending;   /* a resize waits for the pins: no new ones */
 
     /* slab */
@@ -544,6 +545,16 @@ bool group_held(embkv_store *s);
 /* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
 void groups_quiesce(embkv_store *s);
 void groups_resume(embkv_store *s);
+/* A snapshot in two steps, for a caller that must fix it at a moment of
+ * its own choosing (backup.c: at a sync's epoch switch): snap_register
+ * lists it (the groups begun from then on log their changes), snap_fix,
+ * called with the groups quiesced, fixes what it sees. */
+int snap_register(embkv_store *s, embkv_snapshot **out);
+void snap_fix(embkv_snapshot *snap);
+/* embkv_sync that also fixes snap (registered, not fixed) at its epoch
+ * switch: snap then sees exactly what the sync made durable, the epoch
+ * *durable (may be NULL). */
+int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable);
 /* Before changing id's index entry from prev, inside a group. */
 int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
 /* locs[i] of ids[i] as of the snapshot, after the index lookups. */
@@ -555,6 +566,10 @@ void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids
 bool group_logging(embkv_store *s);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
+/* hotset.c: while a move pin is held no row moves between buckets (a
+ * cursor that restarts after a resize instead of holding it off). */
+void move_pin(embkv_store *s);
+void move_unpin(embkv_store *s);
 void train_free(embkv_store *s);
 /* train.c: the distinct ids of a batch in first-seen order, uniq[0..*nu),
  * and for each position i, slot_of[i] = its index in uniq (slot_of may be

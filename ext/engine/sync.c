@@ -215,6 +215,11 @@ int embkv_sync(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_sync: store is NULL");
+    return sync_fixing(s, NULL, NULL);
+}
+
+int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
+{
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: embkv_sync inside a write group of the same thread", s->path);
     pthread_mutex_lock(&s->sync_mu);
@@ -235,6 +240,8 @@ int embkv_sync(embkv_store *s)
     } else {
         groups_quiesce(s);
     }
+    if (snap)
+        snap_fix(snap);
     pthread_rwlock_wrlock(&s->writers);
     uint64_t e = atomic_load(&s->cur_epoch);
     atomic_store(&s->cur_epoch, e + 1);
@@ -256,8 +263,11 @@ int embkv_sync(embkv_store *s)
     else if (rc == EMBKV_OK)
         rc = flush_dirty(s, s->dirty[e & 1]);
     if (rc == EMBKV_OK) {
-        s->root->durable_epoch = e;
+        /* (stats read it beside a sync) */
+        __atomic_store_n(&s->root->durable_epoch, e, __ATOMIC_RELAXED);
         pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);
+        if (durable)
+            *durable = e;
         /* Versions replaced during E and rows deleted during E are garbage. */
         purge_tombstones(s, tombs, ntombs);
         retire_now(s, pend.v, pend.n);
@@ -273,7 +283,8 @@ int embkv_sync(embkv_store *s)
     }
     free(pend.v);
     free(tombs);
-    s->last_sync_ms = now_ms() - t0;
+    double took = now_ms() - t0;
+    __atomic_store(&s->last_sync_ms, &took, __ATOMIC_RELAXED);
     atomic_fetch_add(&s->st_syncs, 1);
     pthread_mutex_unlock(&s->sync_mu);
     return rc;
@@ -389,9 +400,9 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->pool_used_bytes = (uint64_t)s->nchunks * s->chunk_bytes + st->buckets * BUCKET_BYTES;
     pthread_mutex_unlock(&s->slab_mu);
     st->resizes = atomic_load(&s->st_resizes);
-    st->durable_epoch = s->root->durable_epoch;
+    st->durable_epoch = __atomic_load_n(&s->root->durable_epoch, __ATOMIC_RELAXED);
     st->syncs = atomic_load(&s->st_syncs);
-    st->last_sync_ms = s->last_sync_ms;
+    __atomic_load(&s->last_sync_ms, &st->last_sync_ms, __ATOMIC_RELAXED);
     st->gets = atomic_load(&s->st_gets);
     st->puts = atomic_load(&s->st_puts);
     st->deletes = atomic_load(&s->st_deletes);

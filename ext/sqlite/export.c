@@ -1,8 +1,10 @@
 /*
- * export.c - moving a table to another machine or a serving system:
+ * export.c - copies of a table that leave the store:
  *   embkv_export(table, file)  -> rows written to a new file
  *   embkv_import(table, file)  -> rows put into the table
- * Both are SQLITE_DIRECTONLY (they touch files and write the store).  This
+ *   embkv_backup(table, dir)   -> a checkpoint copied as a new store (the
+ *                                 engine's embkv_backup_*, at the end)
+ * All are SQLITE_DIRECTONLY (they touch files and write the store).  This
  * file owns the export format, its writer and its reader; the engine gives
  * it a snapshot read of whole rows (embkv_get_rows_at: vector, optimizer
  * state and clock of one version) and a put that sets the clock
@@ -213,7 +215,8 @@ static int args(sqlite3_context *ctx, const char *fname, sqlite3_value **argv, e
     }
     *file = sqlite3_value_type(argv[1]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[1]) : NULL;
     if (!*file || !**file) {
-        fail(ctx, fname, ref->name, SQLITE_ERROR, "argument 2 must be a file name (non-empty TEXT), got %s",
+        fail(ctx, fname, ref->name, SQLITE_ERROR, "argument 2 must be a %s name (non-empty TEXT), got %s",
+             strcmp(fname, "embkv_backup") ? "file" : "directory",
              *file ? "an empty string" : type_name(sqlite3_value_type(argv[1])));
         return -1;
     }
@@ -1005,11 +1008,62 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     importer_free(&m);
 }
 
+/* ------------------------------------------------------------------------
+ * embkv_backup(table, dir): the engine's online backup (embkv_backup_begin:
+ * a checkpoint and a copy of it as a new store in dir), in steps of
+ * BACKUP_STEP rows.  The commit lock is held only for the checkpoint, as
+ * embkv_checkpoint holds it: COMMITs and training go on while rows are
+ * copied.  Returns {"rows": n, "checkpoint": epoch, "bytes": b, "ms": t}.
+ */
+#define BACKUP_STEP 65536
+
+static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    const char *dir;
+    if (args(ctx, "embkv_backup", argv, &ref, &dir)) return;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    embkv_backup *b = NULL;
+    pthread_mutex_t *held = ekreg_commit_lock(ref.store);
+    int erc = embkv_backup_begin(ref.store, dir, &b);
+    ekreg_commit_unlock(held);
+    int done = 0;
+    while (erc == EMBKV_OK && !done) erc = embkv_backup_step(b, BACKUP_STEP, &done);
+    char why[600] = "";
+    if (erc != EMBKV_OK) snprintf(why, sizeof why, "%s", embkv_errmsg());
+    embkv_backup_info info;
+    if (b) {
+        int frc = embkv_backup_finish(b, &info);
+        if (erc == EMBKV_OK && frc != EMBKV_OK) {
+            erc = frc;
+            snprintf(why, sizeof why, "%s", embkv_errmsg());
+        }
+    }
+    if (erc != EMBKV_OK) {
+        const char *msg = strncmp(why, "embkv_backup: ", 14) ? why : why + 14;
+        fail(ctx, "embkv_backup", ref.name, code_of(erc), "%s", msg);
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    char *json = sqlite3_mprintf("{\"rows\":%llu,\"checkpoint\":%llu,\"bytes\":%llu,\"ms\":%.1f}",
+                                 (unsigned long long)info.rows, (unsigned long long)info.epoch,
+                                 (unsigned long long)info.bytes, ms);
+    if (!json) {
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    sqlite3_result_text(ctx, json, -1, sqlite3_free);
+}
+
 int embkv_export_register(sqlite3 *db)
 {
     /* Files and writes to the store: never from views, triggers or schema. */
     const int flags = SQLITE_UTF8 | SQLITE_DIRECTONLY;
     int rc = sqlite3_create_function_v2(db, "embkv_export", 2, flags, NULL, fn_export, NULL, NULL, NULL);
     if (rc == SQLITE_OK) rc = sqlite3_create_function_v2(db, "embkv_import", 2, flags, NULL, fn_import, NULL, NULL, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_create_function_v2(db, "embkv_backup", 2, flags, NULL, fn_backup, NULL, NULL, NULL);
     return rc;
 }

@@ -1,4 +1,7 @@
-"""embkv_export / embkv_import from Python.
+"""embkv_export / embkv_import (and embkv_backup) from Python.
+
+- A backup taken while another connection pushes opens (CREATE ... path=)
+  as the table after exactly one push count, optimizer state included.
 
 - An export taken while another connection pushes continuously is the
   table after exactly one number of pushes: every push is one write group
@@ -23,6 +26,7 @@
 Run by tests/run.sh through tests/python_run.sh, or by hand:
     EMBKV_EXT=build/embkv /usr/bin/python3 tests/python/test_export.py -v
 """
+import json
 import os
 import random
 import shutil
@@ -146,6 +150,75 @@ class TestConsistentExport(TempDirTest):
         new_acc = np.ones(dim, dtype=np.float32).tobytes()
         self.assertTrue(all(rows[i][2] == new_acc for i in range(n + 1, n + k + 1)))
         return k
+
+
+class TestConsistentBackup(TempDirTest):
+    """embkv_backup while another connection pushes (every push one group
+    over all old rows plus one new row): each backup, opened as a table of
+    its own, is the table after exactly one push count K, optimizer state
+    included (read back through an export of the restored table); the
+    checkpoint it names is one embkv_checkpoint reports afterwards."""
+
+    N = TestConsistentExport.N
+    DIM = TestConsistentExport.DIM
+    check_one_state = TestConsistentExport.check_one_state
+
+    def test_backup_while_pushing(self):
+        n, dim = self.N, self.DIM
+        a = connect(self.db, check_same_thread=False)
+        a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, optimizer=adagrad, lr=0.5, init=zeros, "
+                  "capacity=20000, cache_size='256K')" % dim)
+        a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
+        a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
+        stop = threading.Event()
+        errors = []
+        pushes = [0]
+
+        def pusher():
+            try:
+                b = connect(self.db, check_same_thread=False)
+                k = 0
+                while not stop.is_set() and k < 100000:
+                    k += 1
+                    ids = np.append(np.arange(n, dtype=np.int64), n + k)
+                    grads = np.ones((n + 1, dim), dtype=np.float32)
+                    b.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads.tobytes())).fetchone()
+                    pushes[0] = k
+                b.close()
+            except Exception as e:
+                errors.append(e)
+
+        th = threading.Thread(target=pusher)
+        th.start()
+        seen, checkpoints = set(), []
+        try:
+            for i in range(5):
+                while pushes[0] == 0 and not errors:
+                    time.sleep(0.001)
+                if errors:
+                    break
+                path = os.path.join(self.dir, "b%d" % i)
+                (info,) = a.execute("SELECT embkv_backup('t', ?)", (path,)).fetchone()
+                info = json.loads(info)
+                checkpoints.append(info["checkpoint"])
+                a.execute("CREATE VIRTUAL TABLE r%d USING embkv(dim=%d, optimizer=adagrad, lr=0.5, path='%s')"
+                          % (i, dim, path))
+                ex = os.path.join(self.dir, "r%d.export" % i)
+                a.execute("SELECT embkv_export('r%d', ?)" % i, (ex,)).fetchone()
+                got = file_rows(ex)
+                self.assertEqual(info["rows"], len(got))
+                seen.add(self.check_one_state(got))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            th.join()
+        if errors:
+            raise errors[0]
+        self.assertGreaterEqual(len(seen), 2, "every backup saw the same push count: %s" % sorted(seen))
+        self.assertEqual(checkpoints, sorted(checkpoints))
+        (now,) = a.execute("SELECT embkv_checkpoint('t')").fetchone()
+        self.assertGreater(now, checkpoints[-1])
+        a.close()
 
 
 class TestRoundTrip(TempDirTest):
