@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/bench_export.sh: embkv_export / embkv_import throughput against cp.
+# bench/bench_export.sh: embkv_export / embkv_import / embkv_backup
+# throughput against cp.
 #
 # Builds a table of EXPORT_ROWS rows (default 1,000,000) of dim EXPORT_DIM
 # (default 64) with optimizer EXPORT_OPTIMIZER (default sgd; adagrad adds
@@ -8,7 +9,9 @@
 #   export   SELECT embkv_export(t, file)              (a new SQLite file)
 #   import   SELECT embkv_import(u, file)              (into a fresh table,
 #            ending with its checkpoint)
-#   cp       of the export file, and of the source store's pool file
+#   backup   SELECT embkv_backup(t, dir)              (a new store)
+#   cp       of the export file, of the backup directory (cp -r) and of
+#            the source store's pool file
 # and prints MB/s (10^6 bytes per second) of each, the export's and the
 # import's against cp of the same file, and the file's bytes per row
 # against the raw row (id, clock, vec, state).  Needs build/embkv.so
@@ -73,6 +76,21 @@ size = os.path.getsize(out)
 c.execute("CREATE VIRTUAL TABLE u USING embkv(%s, path='u.embkv')" % opts)
 (m,), t_imp = timed(lambda: c.execute("SELECT embkv_import('u', ?)", (out,)).fetchone())
 assert m == rows, m
+bdir = os.path.join(root, "t.backup")
+(binfo,), t_bak = timed(lambda: c.execute("SELECT embkv_backup('t', ?)", (bdir,)).fetchone())
+import json
+binfo = json.loads(binfo)
+assert binfo["rows"] == rows, binfo
+bbytes = binfo["bytes"]
+
+
+def cp_tree(src, dst):
+    _, s = timed(lambda: subprocess.run(["cp", "-r", src, dst], check=True))
+    subprocess.run(["rm", "-rf", dst], check=True)
+    return s
+
+
+t_cpb = min(cp_tree(bdir, bdir + ".copy") for _ in range(3))
 t_cp = min(cp(out, out + ".copy") for _ in range(3))
 pool = os.path.join(root, "t.embkv", "store.pool")
 psize = os.path.getsize(pool)
@@ -85,6 +103,10 @@ print("  embkv_export  %8.3f s  %8.1f MB/s of file   %8.0f rows/s" % (t_exp, siz
 print("  embkv_import  %8.3f s  %8.1f MB/s of file   %8.0f rows/s" % (t_imp, size / MB / t_imp, rows / t_imp))
 print("  cp export     %8.3f s  %8.1f MB/s   (best of 3)" % (t_cp, size / MB / t_cp))
 print("  cp pool file  %8.3f s  %8.1f MB/s   (%.1f MB, best of 3)" % (t_pool, psize / MB / t_pool, psize / MB))
+print("  embkv_backup  %8.3f s  %8.1f MB/s of store files (%.1f MB), %.1f MB/s of rows (%d bytes each), %.0f rows/s"
+      % (t_bak, bbytes / MB / t_bak, bbytes / MB, rows * raw / MB / t_bak, raw, rows / t_bak))
+print("  cp -r backup  %8.3f s  %8.1f MB/s   (best of 3)" % (t_cpb, bbytes / MB / t_cpb))
+print("  backup / cp -r of the same bytes: %.3fx the throughput (%.1fx the time)" % (t_cpb / t_bak, t_bak / t_cpb))
 print("  export / cp of the same bytes: %.3fx the throughput (%.1fx the time)" % (t_cp / t_exp, t_exp / t_cp))
 print("  import / cp of the same bytes: %.3fx the throughput (%.1fx the time)" % (t_cp / t_imp, t_imp / t_cp))
 print("  export time / cp of the pool:  %.2fx" % (t_exp / t_pool))
