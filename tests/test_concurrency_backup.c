@@ -132,7 +132,7 @@ static void test_targets(void)
     CHECK(info.rows == 100);
     CHECK(info.bytes > 0);
     CHECK_RC(run_backup(s, dir, 0, &info), EMBKV_INVALID);
-    CHECK(strstr(embkv_errmsg(), "is not empty") != NULL);
+    CHECK(strstr(embkv_errmsg(), "already holds an embkv store") != NULL);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 

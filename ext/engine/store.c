@@ -169,6 +169,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
             !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
+            !strcmp(e->d_name, DIRTY_FILE) ||
             !strcmp(e->d_name, SSD_PATH_FILE) ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
@@ -339,8 +340,8 @@ static void free_store(embkv_store *s)
     for (int i = 0; i < 2; i++) {
         free(s->pending[i].v);
         free(s->tombs[i]);
-        free((void *)s->dirty[i]);
     }
+    dirtymap_close(s);
     free(s->limbo);
     tier_close(s);
     cache_free(s->cache);
@@ -442,15 +443,22 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
     return EMBKV_OK;
 }
 
-/* Roll every row back to its version as of the durable epoch. */
-static int recover(embkv_store *s, index_desc *ix)
+/* Roll every row back to its version as of the durable epoch.  With the
+ * dirty map (marked), only the buckets on pages written since then can
+ * hold newer versions: the others are not read past their seqlock (a
+ * writer killed between locking a bucket and changing a slot leaves it
+ * odd), so the cost follows what changed. */
+static int recover(embkv_store *s, index_desc *ix, bool marked)
 {
     uint32_t durable = (uint32_t)s->root->durable_epoch;
     char *ssd = NULL;  /* the log record being inspected */
     int rc = EMBKV_OK;
     for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
         bucket *bk = &ix->buckets[b];
-        bk->version = 0;
+        if (bk->version & 1)
+            bk->version = 0;
+        if (marked && !dirtymap_marked(s, bk))
+            continue;
         for (unsigned i = 0; i < BUCKET_SLOTS && rc == EMBKV_OK; i++) {
             if (!(bk->used & (1u << i)))
                 continue;
@@ -772,13 +780,11 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     atomic_store(&s->ix, ix);
     atomic_store(&s->index_slots, ix->nbuckets * BUCKET_SLOTS);
 
-    s->dirty_words = ((s->pool_size >> 12) + 64) / 64;
-    for (int i = 0; i < 2; i++) {
-        s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t));
-        if (!s->dirty[i])
-            return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
-    }
     s->is_pmem = pmem_is_pmem(s->pool_base, s->pool_size);
+    s->dirty_words = ((s->pool_size >> 12) + 64) / 64;
+    bool marked;
+    if ((rc = dirtymap_open(s, &marked)) != EMBKV_OK)
+        return rc;
     advise_pool(s);
     uint64_t expect = s->pool_size / s->rec_size;
     if (!(s->heat = heat_new(expect < 1024 ? 1024 : expect)))
@@ -797,7 +803,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         return rc;
     bool was_clean = r->clean != 0;
     if (!r->clean) {
-        rc = recover(s, ix);
+        rc = recover(s, ix, marked);
         if (rc != EMBKV_OK)
             return rc;
         s->recovered = 1;
@@ -808,6 +814,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     } else if (rc != EMBKV_OK) {
         return rc;
     }
+    dirtymap_reset(s);  /* the pool is as of its durable epoch */
     count_entries(s, ix);
     tier_sync_done(s);  /* segments no row points at any more */
     uint64_t rows = atomic_load(&s->rows);
@@ -1209,6 +1216,10 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
                 ix_insert(nix, bk->slots[i].key, embkv__hash(bk->slots[i].key), bk->slots[i].loc, NULL);
     }
     pmemobj_persist(s->pop, nix->buckets, nb * BUCKET_BYTES);
+    /* Its slots came from buckets marked in this epoch or before: a
+     * recovery once the root names it must visit all of it (marked before
+     * the switch, which a crash may follow at once). */
+    persist_range(s, nix->buckets, nb * BUCKET_BYTES);
     int rc = EMBKV_OK;
     TX_BEGIN(s->pop) {
         pmemobj_tx_add_range_direct(&r->nbuckets, sizeof r->nbuckets);

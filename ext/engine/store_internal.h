@@ -35,6 +35,7 @@
 #define LOG_DIR "log"          /* the SSD log's default directory */
 #define SSD_PATH_FILE "ssd-path" /* an ssd_path outside the store: its tag and path, for embkv_destroy */
 #define POOL_SEAL "store.sealed" /* the pool as a clean close left it (store.c: probe_pool) */
+#define DIRTY_FILE "store.dirty" /* pages written since the durable epoch (sync.c: the dirty map) */
 
 /* Seqlock fences.  ThreadSanitizer does not model fences; every field a
  * seqlock guards is accessed atomically, so its build can drop them. */
@@ -254,6 +255,9 @@ struct embkv_store {
     /* dirty pages since the last sync, one bitmap per epoch parity */
     atomic_uint_fast64_t *dirty[2];
     size_t dirty_words;
+    void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[], or NULL (DRAM) */
+    size_t dirty_map_len;
+    bool sync_failed;          /* the last sync failed: the next flushes both bitmaps */
     pthread_mutex_t sync_mu;
     pthread_mutex_t move_mu;   /* one backward move at a time (move_seq) */
 
@@ -536,6 +540,19 @@ void permits_free(permit_table *pt);
 int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited);
 void permit_return(permit_table *pt, int64_t id);
 unsigned permit_count(permit_table *pt, int64_t id);
+
+/* sync.c: the dirty map.  dirty[] lives in DIRTY_FILE (a shared mapping,
+ * so it survives a killed process); dirtymap_open sets *usable when the
+ * file's bitmaps describe this pool since its durable epoch (recovery may
+ * then visit only the buckets on marked pages), and falls back to DRAM
+ * bitmaps (usable false) when the file cannot be used. */
+int dirtymap_open(embkv_store *s, bool *usable);
+void dirtymap_close(embkv_store *s);
+/* Whether the page holding addr was written since the durable epoch
+ * (in either bitmap). */
+bool dirtymap_marked(const embkv_store *s, const void *addr);
+/* After recovery: the pool is as of its durable epoch, nothing marked. */
+void dirtymap_reset(embkv_store *s);
 
 /* ------------------------------------------------------------- snapshot.c */
 int snap_init(embkv_store *s);

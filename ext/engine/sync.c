@@ -7,6 +7,14 @@
  * touch in a bitmap of the current epoch and embkv_sync msyncs exactly those
  * pages: its cost follows what changed, not the size of the table.
  *
+ * The bitmaps live in a shared mapping of the file store.dirty: a killed
+ * process leaves them in the page cache, so recovery after a crash reads
+ * only the index buckets on pages marked since the durable epoch, and its
+ * cost follows what changed, not the table.  A bitmap is cleared only after
+ * its epoch is durable, so at any moment the two of them cover every page
+ * written since the durable epoch.  (On real persistent memory nothing is
+ * marked, and recovery visits every bucket.)
+ *
  * Epochs: every write is stamped with the current write epoch E.  A row's
  * version from before E (its durable version) is kept, linked as `prev`,
  * until sync E completes; recovery after a crash follows `prev` for every
@@ -14,13 +22,17 @@
  * the last completed sync.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <libpmem.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "heat.h"
 #include "store_internal.h"
@@ -167,15 +179,16 @@ static void flush_run(embkv_store *s, size_t first, size_t npages, int *rc)
         *rc = embkv__err(EMBKV_IO, "store %s: msync: %s", s->path, strerror(errno));
 }
 
-/* msync every page marked in bitmap bm, coalescing adjacent pages, and clear it. */
+/* msync every page marked in bitmap bm, coalescing adjacent pages (the
+ * bits stay until the epoch is durable: clear_dirty). */
 static int flush_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
 {
     size_t run_start = 0, run_len = 0;
     int rc = EMBKV_OK;
     for (size_t w = 0; w < s->dirty_words; w++) {
-        if (!atomic_load_explicit(&bm[w], memory_order_relaxed))
+        uint64_t bits = atomic_load_explicit(&bm[w], memory_order_relaxed);
+        if (!bits)
             continue;
-        uint64_t bits = atomic_exchange(&bm[w], 0);
         while (bits) {
             size_t p = w * 64 + (size_t)__builtin_ctzll(bits);
             bits &= bits - 1;
@@ -190,6 +203,94 @@ static int flush_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
     }
     flush_run(s, run_start, run_len, &rc);
     return rc;
+}
+
+static void clear_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
+{
+    for (size_t w = 0; w < s->dirty_words; w++)
+        if (atomic_load_explicit(&bm[w], memory_order_relaxed))
+            atomic_store_explicit(&bm[w], 0, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------- the dirty map */
+
+#define DIRTY_MAGIC "embkv-dirtymap\0"  /* 16 bytes with its NUL */
+#define DIRTY_HDR 4096
+
+typedef struct dirty_hdr {
+    char magic[16];
+    uint64_t pool_size, words;
+    uint64_t pool_uuid;        /* the pool's libpmemobj uuid (its low half) */
+    uint64_t marking;          /* 1: this pool's writes are marked here */
+} dirty_hdr;
+
+int dirtymap_open(embkv_store *s, bool *usable)
+{
+    *usable = false;
+    size_t bytes = s->dirty_words * sizeof(uint64_t);
+    size_t len = DIRTY_HDR + 2 * ((bytes + 4095) & ~(size_t)4095);
+    dirty_hdr want;
+    memset(&want, 0, sizeof want);
+    memcpy(want.magic, DIRTY_MAGIC, sizeof want.magic);
+    want.pool_size = s->pool_size;
+    want.words = s->dirty_words;
+    want.pool_uuid = pmemobj_oid(s->root).pool_uuid_lo;
+    want.marking = s->is_pmem ? 0 : 1;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", s->path, DIRTY_FILE);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    void *map = MAP_FAILED;
+    if (fd >= 0) {
+        struct stat st;
+        dirty_hdr got;
+        bool same = fstat(fd, &st) == 0 && (size_t)st.st_size == len &&
+                    pread(fd, &got, sizeof got, 0) == (ssize_t)sizeof got && !memcmp(&got, &want, sizeof got);
+        if (same || ftruncate(fd, 0) == 0) {
+            if (ftruncate(fd, (off_t)len) == 0)
+                map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            *usable = same && map != MAP_FAILED && !s->is_pmem;
+        }
+        close(fd);
+    }
+    if (map == MAP_FAILED) {
+        /* (A read-only or full file system: DRAM bitmaps, full recovery.) */
+        for (int i = 0; i < 2; i++)
+            if (!(s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t))))
+                return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+        return EMBKV_OK;
+    }
+    s->dirty_map = map;
+    s->dirty_map_len = len;
+    memcpy(map, &want, sizeof want);
+    s->dirty[0] = (atomic_uint_fast64_t *)((char *)map + DIRTY_HDR);
+    s->dirty[1] = (atomic_uint_fast64_t *)((char *)map + DIRTY_HDR + (len - DIRTY_HDR) / 2);
+    return EMBKV_OK;
+}
+
+void dirtymap_close(embkv_store *s)
+{
+    if (s->dirty_map) {
+        munmap(s->dirty_map, s->dirty_map_len);
+        s->dirty_map = NULL;
+    } else {
+        for (int i = 0; i < 2; i++)
+            free((void *)s->dirty[i]);
+    }
+    s->dirty[0] = s->dirty[1] = NULL;
+}
+
+bool dirtymap_marked(const embkv_store *s, const void *addr)
+{
+    size_t p = (size_t)((const char *)addr - s->pool_base) >> PAGE_SHIFT;
+    uint64_t bit = 1ull << (p & 63);
+    return ((atomic_load_explicit(&s->dirty[0][p >> 6], memory_order_relaxed) |
+             atomic_load_explicit(&s->dirty[1][p >> 6], memory_order_relaxed)) & bit) != 0;
+}
+
+void dirtymap_reset(embkv_store *s)
+{
+    clear_dirty(s, s->dirty[0]);
+    clear_dirty(s, s->dirty[1]);
 }
 
 /* Remove the index entries of rows deleted in an epoch that is now durable. */
@@ -260,20 +361,30 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     int rc = tier_sync_log(s, e, tail);
     if (rc == EMBKV_OK && s->is_pmem)
         pmem_drain();
-    else if (rc == EMBKV_OK)
+    else if (rc == EMBKV_OK) {
         rc = flush_dirty(s, s->dirty[e & 1]);
+        /* After a failed sync its pages may not all be on disk (and the
+         * epoch after it writes into the same bitmap). */
+        if (rc == EMBKV_OK && s->sync_failed)
+            rc = flush_dirty(s, s->dirty[(e + 1) & 1]);
+    }
     if (rc == EMBKV_OK) {
         /* (stats read it beside a sync) */
         __atomic_store_n(&s->root->durable_epoch, e, __ATOMIC_RELAXED);
         pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);
         if (durable)
             *durable = e;
+        /* Epoch e is durable: its pages need not be marked any more. */
+        if (!s->is_pmem)
+            clear_dirty(s, s->dirty[e & 1]);
+        s->sync_failed = false;
         /* Versions replaced during E and rows deleted during E are garbage. */
         purge_tombstones(s, tombs, ntombs);
         retire_now(s, pend.v, pend.n);
         reclaim(s, false);
         tier_sync_done(s);
     } else {
+        s->sync_failed = true;
         /* The epoch is not durable: keep its old versions for recovery by
          * carrying them into the next epoch's lists. */
         pthread_mutex_lock(&s->retire_mu);
