@@ -49,8 +49,10 @@ static inline uint64_t next_bucket(const index_desc *ix, uint64_t b, uint64_t st
 /* Writes a key into free slot i of a locked bucket. */
 static inline void touched(const index_desc *ix, const bucket *bk)
 {
-    if (ix->owner)
+    if (ix->owner) {
         persist_range(ix->owner, bk, BUCKET_BYTES);
+        mark_bucket(ix->owner, bk);
+    }
 }
 
 static void place(const index_desc *ix, bucket *bk, unsigned i, int64_t id, uint8_t fp, uint64_t loc)

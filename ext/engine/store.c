@@ -444,8 +444,8 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
 }
 
 /* Roll every row back to its version as of the durable epoch.  With the
- * dirty map (marked), only the buckets on pages written since then can
- * hold newer versions: the others are not read past their seqlock (a
+ * dirty map (marked), only the buckets marked since then can hold newer
+ * versions: the others are not read past their seqlock (a
  * writer killed between locking a bucket and changing a slot leaves it
  * odd), so the cost follows what changed. */
 static int recover(embkv_store *s, index_desc *ix, bool marked)
@@ -1220,6 +1220,8 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
      * recovery once the root names it must visit all of it (marked before
      * the switch, which a crash may follow at once). */
     persist_range(s, nix->buckets, nb * BUCKET_BYTES);
+    for (uint64_t b = 0; b < nb; b++)
+        mark_bucket(s, &nix->buckets[b]);
     int rc = EMBKV_OK;
     TX_BEGIN(s->pop) {
         pmemobj_tx_add_range_direct(&r->nbuckets, sizeof r->nbuckets);

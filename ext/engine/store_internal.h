@@ -255,7 +255,9 @@ struct embkv_store {
     /* dirty pages since the last sync, one bitmap per epoch parity */
     atomic_uint_fast64_t *dirty[2];
     size_t dirty_words;
-    void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[], or NULL (DRAM) */
+    atomic_uint_fast64_t *bdirty[2]; /* index buckets written in each epoch (mark_bucket) */
+    size_t bdirty_words;
+    void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[] and bdirty[], or NULL (DRAM) */
     size_t dirty_map_len;
     bool sync_failed;          /* the last sync failed: the next flushes both bitmaps */
     pthread_mutex_t sync_mu;
@@ -548,9 +550,12 @@ unsigned permit_count(permit_table *pt, int64_t id);
  * bitmaps (usable false) when the file cannot be used. */
 int dirtymap_open(embkv_store *s, bool *usable);
 void dirtymap_close(embkv_store *s);
-/* Whether the page holding addr was written since the durable epoch
- * (in either bitmap). */
-bool dirtymap_marked(const embkv_store *s, const void *addr);
+/* Index bucket bk (in the pool) changed in the current epoch: beside
+ * persist_range, wherever a slot, its used bit or an overflow counter
+ * changes. */
+void mark_bucket(embkv_store *s, const void *bk);
+/* Whether bucket bk was changed since the durable epoch. */
+bool dirtymap_marked(const embkv_store *s, const void *bk);
 /* After recovery: the pool is as of its durable epoch, nothing marked. */
 void dirtymap_reset(embkv_store *s);
 

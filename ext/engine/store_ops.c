@@ -144,6 +144,7 @@ static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, 
     slot *sl = &ix->buckets[f->bucket].slots[f->slot];
     __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
     persist_range(s, &sl->loc, sizeof sl->loc);
+    mark_bucket(s, &ix->buckets[f->bucket]);
 }
 
 /* Decide what the new version links to and what happens to the old one. */

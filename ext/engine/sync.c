@@ -7,10 +7,11 @@
  * touch in a bitmap of the current epoch and embkv_sync msyncs exactly those
  * pages: its cost follows what changed, not the size of the table.
  *
- * The bitmaps live in a shared mapping of the file store.dirty: a killed
- * process leaves them in the page cache, so recovery after a crash reads
- * only the index buckets on pages marked since the durable epoch, and its
- * cost follows what changed, not the table.  A bitmap is cleared only after
+ * Beside them, bitmaps of the index buckets written in each epoch
+ * (mark_bucket).  All four live in a shared mapping of the file
+ * store.dirty: a killed process leaves them in the page cache, so recovery
+ * after a crash reads only the buckets marked since the durable epoch (and
+ * their rows' records), and its cost follows what changed, not the table.  A bitmap is cleared only after
  * its epoch is durable, so at any moment the two of them cover every page
  * written since the durable epoch.  (On real persistent memory nothing is
  * marked, and recovery visits every bucket.)
@@ -205,16 +206,16 @@ static int flush_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
     return rc;
 }
 
-static void clear_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
+static void clear_words(atomic_uint_fast64_t *bm, size_t words)
 {
-    for (size_t w = 0; w < s->dirty_words; w++)
+    for (size_t w = 0; w < words; w++)
         if (atomic_load_explicit(&bm[w], memory_order_relaxed))
             atomic_store_explicit(&bm[w], 0, memory_order_relaxed);
 }
 
 /* ------------------------------------------------------- the dirty map */
 
-#define DIRTY_MAGIC "embkv-dirtymap\0"  /* 16 bytes with its NUL */
+#define DIRTY_MAGIC "embkv-dirtymap2"  /* 16 bytes with its NUL */
 #define DIRTY_HDR 4096
 
 typedef struct dirty_hdr {
@@ -227,8 +228,10 @@ typedef struct dirty_hdr {
 int dirtymap_open(embkv_store *s, bool *usable)
 {
     *usable = false;
-    size_t bytes = s->dirty_words * sizeof(uint64_t);
-    size_t len = DIRTY_HDR + 2 * ((bytes + 4095) & ~(size_t)4095);
+    s->bdirty_words = ((s->pool_size / BUCKET_BYTES) + 64) / 64;
+    size_t pbytes = (s->dirty_words * sizeof(uint64_t) + 4095) & ~(size_t)4095;
+    size_t bbytes = (s->bdirty_words * sizeof(uint64_t) + 4095) & ~(size_t)4095;
+    size_t len = DIRTY_HDR + 2 * pbytes + 2 * bbytes;
     dirty_hdr want;
     memset(&want, 0, sizeof want);
     memcpy(want.magic, DIRTY_MAGIC, sizeof want.magic);
@@ -255,15 +258,19 @@ int dirtymap_open(embkv_store *s, bool *usable)
     if (map == MAP_FAILED) {
         /* (A read-only or full file system: DRAM bitmaps, full recovery.) */
         for (int i = 0; i < 2; i++)
-            if (!(s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t))))
+            if (!(s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t))) ||
+                !(s->bdirty[i] = calloc(s->bdirty_words, sizeof(uint64_t))))
                 return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
         return EMBKV_OK;
     }
     s->dirty_map = map;
     s->dirty_map_len = len;
     memcpy(map, &want, sizeof want);
-    s->dirty[0] = (atomic_uint_fast64_t *)((char *)map + DIRTY_HDR);
-    s->dirty[1] = (atomic_uint_fast64_t *)((char *)map + DIRTY_HDR + (len - DIRTY_HDR) / 2);
+    char *p = (char *)map + DIRTY_HDR;
+    s->dirty[0] = (atomic_uint_fast64_t *)p;
+    s->dirty[1] = (atomic_uint_fast64_t *)(p + pbytes);
+    s->bdirty[0] = (atomic_uint_fast64_t *)(p + 2 * pbytes);
+    s->bdirty[1] = (atomic_uint_fast64_t *)(p + 2 * pbytes + bbytes);
     return EMBKV_OK;
 }
 
@@ -273,24 +280,39 @@ void dirtymap_close(embkv_store *s)
         munmap(s->dirty_map, s->dirty_map_len);
         s->dirty_map = NULL;
     } else {
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
             free((void *)s->dirty[i]);
+            free((void *)s->bdirty[i]);
+        }
     }
-    s->dirty[0] = s->dirty[1] = NULL;
+    s->dirty[0] = s->dirty[1] = s->bdirty[0] = s->bdirty[1] = NULL;
 }
 
-bool dirtymap_marked(const embkv_store *s, const void *addr)
+void mark_bucket(embkv_store *s, const void *bk)
 {
-    size_t p = (size_t)((const char *)addr - s->pool_base) >> PAGE_SHIFT;
-    uint64_t bit = 1ull << (p & 63);
-    return ((atomic_load_explicit(&s->dirty[0][p >> 6], memory_order_relaxed) |
-             atomic_load_explicit(&s->dirty[1][p >> 6], memory_order_relaxed)) & bit) != 0;
+    if (s->is_pmem)
+        return;
+    size_t b = (size_t)((const char *)bk - s->pool_base) / BUCKET_BYTES;
+    atomic_uint_fast64_t *bm = s->bdirty[atomic_load_explicit(&s->cur_epoch, memory_order_relaxed) & 1];
+    uint64_t bit = 1ull << (b & 63);
+    if (!(atomic_load_explicit(&bm[b >> 6], memory_order_relaxed) & bit))
+        atomic_fetch_or_explicit(&bm[b >> 6], bit, memory_order_relaxed);
+}
+
+bool dirtymap_marked(const embkv_store *s, const void *bk)
+{
+    size_t b = (size_t)((const char *)bk - s->pool_base) / BUCKET_BYTES;
+    uint64_t bit = 1ull << (b & 63);
+    return ((atomic_load_explicit(&s->bdirty[0][b >> 6], memory_order_relaxed) |
+             atomic_load_explicit(&s->bdirty[1][b >> 6], memory_order_relaxed)) & bit) != 0;
 }
 
 void dirtymap_reset(embkv_store *s)
 {
-    clear_dirty(s, s->dirty[0]);
-    clear_dirty(s, s->dirty[1]);
+    for (int i = 0; i < 2; i++) {
+        clear_words(s->dirty[i], s->dirty_words);
+        clear_words(s->bdirty[i], s->bdirty_words);
+    }
 }
 
 /* Remove the index entries of rows deleted in an epoch that is now durable. */
@@ -375,8 +397,10 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         if (durable)
             *durable = e;
         /* Epoch e is durable: its pages need not be marked any more. */
-        if (!s->is_pmem)
-            clear_dirty(s, s->dirty[e & 1]);
+        if (!s->is_pmem) {
+            clear_words(s->dirty[e & 1], s->dirty_words);
+            clear_words(s->bdirty[e & 1], s->bdirty_words);
+        }
         s->sync_failed = false;
         /* Versions replaced during E and rows deleted during E are garbage. */
         purge_tombstones(s, tombs, ntombs);

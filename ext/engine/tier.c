@@ -493,6 +493,7 @@ bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
         slot *sl = &ix->buckets[f.bucket].slots[f.slot];
         __atomic_store_n(&sl->loc, q, __ATOMIC_RELEASE);
         persist_range(s, &sl->loc, sizeof sl->loc);
+        mark_bucket(s, &ix->buckets[f.bucket]);
         done = true;
     }
     keylock_release(s, h);
