@@ -88,7 +88,7 @@ test-crash: deps
 # 8 threads of mixed work on one table for SOAK_SECONDS (default 600),
 # memory and the store's files sampled (bench/soak.py).
 soak: deps all
-	@/usr/bin/python3 bench/soak.py /dev/shm/embkv-soak.$$$$ --seconds $(or $(SOAK_SECONDS),600)
+	@/usr/bin/python3 bench/soak.py /dev/shm/embkv-soak.$$$$ --seconds $(or $(SOAK_SECONDS),600) $(if $(SOAK_SSD_MB),--ssd-mb $(SOAK_SSD_MB))
 crash-soak: deps all
 	@bash tests/python_run.sh tests/crash/crash_sql.py --rounds $(or $(CRASH_ROUNDS),10000)
 test-sql test-python: deps

@@ -17,7 +17,14 @@ compares the last third of the samples with the first third after warm-up
 and says whether each stayed bounded (grew by less than 10%, or by less
 than 64 MiB), and checks every row by a full scan.
 
-Usage: soak.py DIR [--seconds S] [--rows N] [--ext PATH]
+The SSD tier gets 4 MiB per 1000 rows (about 7x the rows' bytes): the
+readers' full-table queries hold snapshots, and while one is open the
+cache writes through and replaced versions stay, so the log carries 3-4x
+the live rows' bytes (2.7 GiB at most in 10 minutes of 1M rows); with 2
+MiB per 1000 rows pushes failed with "ssd_size reached" after 2-3 minutes.
+Also per sample: the log's live MiB, rows demoted and segments compacted.
+
+Usage: soak.py DIR [--seconds S] [--rows N] [--ssd-mb M] [--ext PATH]
 DIR must be absent or empty; it is removed at the end.
 """
 import argparse
@@ -75,6 +82,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--sample", type=float, default=10)
+    ap.add_argument("--ssd-mb", type=int, default=0, help="ssd_size in MiB (default: 4 MiB per 1000 rows)")
     ap.add_argument("--ext", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "embkv"))
     a = ap.parse_args()
     if os.path.exists(a.dir) and os.listdir(a.dir):
@@ -90,7 +98,7 @@ def main():
     # alone fill the pool between two checkpoints and pushes fail.)
     pool_mb = max(64, a.rows * 544 // 1048576 + a.rows * 64 // 1048576 + 64)
     c.execute(f"CREATE VIRTUAL TABLE t USING embkv(dim={DIM}, path='{store}', optimizer='adagrad', lr=0.05, "
-              f"init='normal(0,0.01)', capacity={a.rows}, pool_size='{pool_mb}M', ssd_size='{a.rows * 2 // 1000}M', "
+              f"init='normal(0,0.01)', capacity={a.rows}, pool_size='{pool_mb}M', ssd_size='{a.ssd_mb or a.rows * 4 // 1000}M', "
               f"cache_size='16M', migrate='auto', migrate_rate=20000)")
     t0 = time.time()
     ids = np.arange(1, a.rows + 1, dtype=np.int64)
@@ -174,7 +182,7 @@ def main():
     samples = []
     start = time.time()
     print(f"{'s':>5} {'RSS MiB':>8} {'pool MiB':>9} {'log MiB':>8} {'rows':>9} {'steps':>8} {'reads':>8} "
-          f"{'ckpts':>6} {'txns':>6}", flush=True)
+          f"{'ckpts':>6} {'txns':>6} {'live MiB':>9} {'demoted':>8} {'compacted':>9}", flush=True)
     while not stop.is_set() and time.time() - start < a.seconds:
         stop.wait(a.sample)
         st = json.loads(c.execute("SELECT embkv_stats('t')").fetchone()[0])
@@ -182,7 +190,9 @@ def main():
              du_mb(os.path.join(store, "log")), st["rows"],
              sum(counts[0:4]), sum(counts[4:6]), counts[6], counts[7])
         samples.append(s)
-        print(f"{s[0]:5.0f} {s[1]:8.0f} {s[2]:9.0f} {s[3]:8.0f} {s[4]:9d} {s[5]:8d} {s[6]:8d} {s[7]:6d} {s[8]:6d}",
+        ssd = st.get("tiers", {}).get("ssd", {})
+        print(f"{s[0]:5.0f} {s[1]:8.0f} {s[2]:9.0f} {s[3]:8.0f} {s[4]:9d} {s[5]:8d} {s[6]:8d} {s[7]:6d} {s[8]:6d} "
+              f"{ssd.get('bytes', 0) / 2**20:9.0f} {int(ssd.get('demotions', 0)):8d} {int(ssd.get('compactions', 0)):9d}",
               flush=True)
     stop.set()
     for th in threads:
