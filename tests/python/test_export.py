@@ -71,6 +71,33 @@ def table_rows(conn, table):
     return {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, clock, vec FROM %s" % table)}
 
 
+def start_pusher(db, n, dim):
+    """A thread pushing into table t of db until stopped: push k updates
+    every old row 0..n-1 and creates row n + k, in one write group.
+    Returns (thread, stop event, errors list, [pushes done])."""
+    stop = threading.Event()
+    errors = []
+    pushes = [0]
+
+    def pusher():
+        try:
+            b = connect(db, check_same_thread=False)
+            k = 0
+            while not stop.is_set() and k < 100000:
+                k += 1
+                ids = np.append(np.arange(n, dtype=np.int64), n + k)
+                grads = np.ones((n + 1, dim), dtype=np.float32)
+                b.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads.tobytes())).fetchone()
+                pushes[0] = k
+            b.close()
+        except Exception as e:  # reported by the test thread
+            errors.append(e)
+
+    th = threading.Thread(target=pusher)
+    th.start()
+    return th, stop, errors, pushes
+
+
 class TestConsistentExport(TempDirTest):
     N = 3000
     DIM = 8
@@ -82,27 +109,7 @@ class TestConsistentExport(TempDirTest):
                   "capacity=20000)" % dim)
         a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
         a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
-        stop = threading.Event()
-        errors = []
-        pushes = [0]
-
-        def pusher():
-            try:
-                b = connect(self.db, check_same_thread=False)
-                k = 0
-                while not stop.is_set() and k < 100000:
-                    k += 1
-                    # push k: every old row, and a new row n + k, in one group
-                    ids = np.append(np.arange(n, dtype=np.int64), n + k)
-                    grads = np.ones((n + 1, dim), dtype=np.float32)
-                    b.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads.tobytes())).fetchone()
-                    pushes[0] = k
-                b.close()
-            except Exception as e:  # reported by the test thread
-                errors.append(e)
-
-        th = threading.Thread(target=pusher)
-        th.start()
+        th, stop, errors, pushes = start_pusher(self.db, n, dim)
         seen = set()
         deadline = time.time() + 60
         i = 0
@@ -170,26 +177,7 @@ class TestConsistentBackup(TempDirTest):
                   "capacity=20000, cache_size='256K')" % dim)
         a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
         a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
-        stop = threading.Event()
-        errors = []
-        pushes = [0]
-
-        def pusher():
-            try:
-                b = connect(self.db, check_same_thread=False)
-                k = 0
-                while not stop.is_set() and k < 100000:
-                    k += 1
-                    ids = np.append(np.arange(n, dtype=np.int64), n + k)
-                    grads = np.ones((n + 1, dim), dtype=np.float32)
-                    b.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), grads.tobytes())).fetchone()
-                    pushes[0] = k
-                b.close()
-            except Exception as e:
-                errors.append(e)
-
-        th = threading.Thread(target=pusher)
-        th.start()
+        th, stop, errors, pushes = start_pusher(self.db, n, dim)
         seen, checkpoints = set(), []
         try:
             for i in range(5):
