@@ -95,9 +95,14 @@ test-sql test-python: deps
 	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
 	@bash tests/run.sh $(patsubst test-%,%,$@)
 
-plain-tests: $(plain_TESTS)
+plain-tests: $(plain_TESTS) $(B)/pmemsim.so
 asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
+
+# Simulated persistent memory for test_powercut (an LD_PRELOAD library).
+$(B)/pmemsim.so: tests/powercut/pmemsim.c tests/powercut/pmemsim.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -O2 -g -fPIC -shared -o $@ $< -pthread
 
 $(B)/bench/%: bench/%.c bench/bench_common.h bench/bench_baseline.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
 	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -lsqlite3
