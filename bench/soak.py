@@ -19,8 +19,8 @@ than 64 MiB), and checks every row by a full scan.
 
 The SSD tier gets 4 MiB per 1000 rows (about 7x the rows' bytes): the
 readers' full-table queries hold snapshots, and while one is open the
-cache writes through and replaced versions stay, so the log carries 3-4x
-the live rows' bytes (2.7 GiB at most in 10 minutes of 1M rows); with 2
+cache writes through and replaced versions stay, so the log carries 4-6x
+the live rows' bytes (3.1 GiB at most in 10 minutes of 1M rows); with 2
 MiB per 1000 rows pushes failed with "ssd_size reached" after 2-3 minutes.
 Also per sample: the log's live MiB, rows demoted and segments compacted.
 
