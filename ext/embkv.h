@@ -347,11 +347,14 @@ int embkv_sync(embkv_store *s);
  *           *info (may be NULL); otherwise, or after a failed step, it
  *           removes the copy and says why.  Always frees the backup.
  * A crash leaves dir complete or absent; the temporary directory it may
- * leave is removed by the next backup to dir.  Extra memory: one chunk
+ * leave is removed by the next backup to dir.  The backup holds a
+ * reference of its own to the store: an embkv_close while it runs leaves
+ * the store open until finish.  Extra memory: one chunk
  * of at most 4 MiB of rows, and the ids changed since begin.  Until
- * finish, the versions the checkpoint needs are kept (pool space, as for
- * any open snapshot) and rows do not move between buckets (embkv_hotset,
- * migration skip their moves).  A row whose record is damaged fails the
+ * finish, every version replaced since begin is kept, as for any open
+ * snapshot (pool space, and SSD log space that compaction cannot take
+ * back: under heavy writes a backup may fill either), and rows do not move
+ * between buckets (embkv_hotset, migration skip their moves).  A row whose record is damaged fails the
  * step, naming it. */
 typedef struct embkv_backup embkv_backup;
 typedef struct embkv_backup_info {
@@ -361,6 +364,10 @@ typedef struct embkv_backup_info {
 } embkv_backup_info;
 int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out);
 int embkv_backup_step(embkv_backup *b, size_t rows, int *done);
+/* The directory the copy is built in until finish renames it (files an
+ * application writes there whose names begin with EMBKV_APP_FILE_PREFIX
+ * travel with the copy: the SQLite binding puts the table's options). */
+const char *embkv_backup_dir(const embkv_backup *b);
 int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info);
 
 /* Verify the index and records (checksums, overflow counters, row count).

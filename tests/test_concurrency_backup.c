@@ -136,6 +136,76 @@ static void test_targets(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* ------------------------------------- the store closed, steps at once */
+
+typedef struct { embkv_backup *b; int rc; } stepper;
+
+static void *step_all(void *arg)
+{
+    stepper *st = arg;
+    do st->rc = embkv_backup_step(st->b, 0, NULL);
+    while (st->rc == EMBKV_BUSY);  /* the other side's small step held it */
+    return NULL;
+}
+
+static void test_handles(void)
+{
+    char src[600], dir[800], other[700];
+    snprintf(src, sizeof src, "%s", test_tmpdir("hsrc"));
+    snprintf(other, sizeof other, "%s", test_tmpdir("hother"));
+    embkv_store *s = open_at(src, 4, 0, 300000, 0, 0, 0, 0);
+    embkv_store *o = open_at(other, 4, 0, 100, 0, 0, 0, 0);
+    float v[4] = {1, 2, 3, 4};
+    const int64_t n = 200000;
+    for (int64_t id = 0; id < n; id++) CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_close(o), EMBKV_OK);
+    embkv_backup *b = NULL;
+
+    /* not inside another store either */
+    snprintf(dir, sizeof dir, "%s/sub", other);
+    CHECK_RC(embkv_backup_begin(s, dir, &b), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "is inside the embkv store") != NULL);
+
+    /* a second step while one runs: EMBKV_BUSY, and the copy is whole */
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("hcopy1"));
+    CHECK_RC(embkv_backup_begin(s, dir, &b), EMBKV_OK);
+    stepper st = {b, -1};
+    pthread_t th;
+    pthread_create(&th, NULL, step_all, &st);
+    int busy = 0;
+    for (int i = 0; i < 2000 && !busy; i++) {
+        int rc = embkv_backup_step(b, 10, NULL);
+        busy = rc == EMBKV_BUSY;
+        if (!busy && rc != EMBKV_OK) break;
+        usleep(50);
+    }
+    pthread_join(th, NULL);
+    CHECK(busy);
+    CHECK_RC(st.rc, EMBKV_OK);
+    int done = 0;
+    CHECK_RC(embkv_backup_step(b, 0, &done), EMBKV_OK);
+    CHECK(done == 1);
+    embkv_backup_info info;
+    CHECK_RC(embkv_backup_finish(b, &info), EMBKV_OK);
+    CHECK(info.rows == (uint64_t)n);
+
+    /* the caller's close while a backup runs: the store stays open for it */
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("hcopy2"));
+    CHECK_RC(embkv_backup_begin(s, dir, &b), EMBKV_OK);
+    CHECK_RC(embkv_backup_step(b, 1000, NULL), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_backup_step(b, 0, &done), EMBKV_OK);
+    CHECK_RC(embkv_backup_finish(b, &info), EMBKV_OK);
+    CHECK(info.rows == (uint64_t)n);
+    /* and closes with it: another process could open it now */
+    embkv_options oo = {.dim = 4};
+    CHECK_RC(embkv_open(src, &oo, 0, &s), EMBKV_OK);
+    embkv_stats ss;
+    CHECK_RC(embkv_stats_get(s, &ss), EMBKV_OK);
+    CHECK(ss.recovered == 0 && ss.rows == (uint64_t)n);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 /* ------------------------------------------------- a copy of three tiers */
 
 #define DIM 60
@@ -486,6 +556,7 @@ int main(void)
     const char *sc = getenv("EMBKV_TEST_SCALE");
     if (sc) scale = atof(sc) > 0 ? atof(sc) : 1.0;
     test_targets();
+    test_handles();
     test_tiers();
     test_beside_writers();
     test_moves();

@@ -53,7 +53,8 @@
 #define TMP_INFIX ".embkv-tmp-"
 
 struct embkv_backup {
-    embkv_store *s, *dst;
+    embkv_store *s, *dst;       /* s: a reference of the backup's own (embkv_close of the caller's waits) */
+    pthread_mutex_t step_mu;    /* one step at a time */
     embkv_snapshot *snap;
     char *dir, *tmp;
     uint64_t epoch, rows;       /* the checkpoint copied; rows in the copy */
@@ -124,12 +125,24 @@ static int check_target(embkv_store *s, const char *dir, const char *abs)
         if (inside(abs, log))
             return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the store's SSD tier %s", dir, log);
     }
+    /* nor inside another store (it would find a foreign directory in it) */
+    char up[PATH_MAX];
+    snprintf(up, sizeof up, "%s", abs);
+    for (char *slash = strrchr(up, '/'); slash && slash != up; slash = strrchr(up, '/')) {
+        *slash = 0;
+        char pool[PATH_MAX + 16];
+        snprintf(pool, sizeof pool, "%s/%s", up, POOL_FILE);
+        if (access(pool, F_OK) == 0)
+            return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the embkv store %s", dir, up);
+    }
     struct stat st;
     if (lstat(abs, &st) != 0) {
         if (errno == ENOENT)
             return EMBKV_OK;
         return embkv__err(EMBKV_IO, "embkv_backup: %s: %s", dir, strerror(errno));
     }
+    if (S_ISLNK(st.st_mode))
+        return embkv__err(EMBKV_INVALID, "embkv_backup: %s is a symbolic link: name the directory itself", dir);
     if (!S_ISDIR(st.st_mode))
         return embkv__err(EMBKV_INVALID, "embkv_backup: %s exists and is not a directory", dir);
     DIR *d = opendir(abs);
@@ -243,6 +256,9 @@ static void backup_free(embkv_backup *b)
         embkv_snapshot_close(b->snap);
     if (b->dst)
         embkv_close(b->dst);
+    if (b->s)
+        embkv_close(b->s);
+    pthread_mutex_destroy(&b->step_mu);
     if (b->tmp) {
         (void)embkv_destroy(b->tmp);
         rmdir(b->tmp);
@@ -279,7 +295,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     size_t cap = BACKUP_CHUNK_BYTES / (row_floats * 4 + 64);
     cap = cap < 64 ? 64 : cap > BACKUP_CHUNK_MAX ? BACKUP_CHUNK_MAX : cap;
     if (b) {
-        b->s = s;
+        pthread_mutex_init(&b->step_mu, NULL);
         b->cap = cap;
         b->dir = strdup(dir);
         b->tmp = malloc(strlen(abs) + sizeof TMP_INFIX + 7);
@@ -289,7 +305,11 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         b->info = malloc(cap * sizeof *b->info);
         b->found = malloc(cap);
     }
-    if (!b || !b->dir || !b->tmp || !b->ids || !b->vec || (s->state_floats && !b->state) || !b->info ||
+    /* The backup's own reference: a close of the caller's while it runs
+     * leaves the store open until the backup ends. */
+    if (b && embkv_open(s->path, NULL, 0, &b->s) != EMBKV_OK)
+        b->s = NULL;
+    if (!b || !b->s || !b->dir || !b->tmp || !b->ids || !b->vec || (s->state_floats && !b->state) || !b->info ||
         !b->found) {
         if (b) {
             free(b->tmp);
@@ -347,13 +367,15 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     return EMBKV_OK;
 }
 
+static int step_locked(embkv_backup *b, size_t rows, int *done);
+
 /* Copy n ids (those the snapshot holds) into the copy. */
 static int copy_ids(embkv_backup *b, const int64_t *ids, size_t n)
 {
     embkv_store *s = b->s;
     int rc = embkv_get_rows_at(s, b->snap, ids, n, b->vec, b->state, b->info, b->found, NULL);
     if (rc != EMBKV_OK)
-        return embkv__err(rc, "embkv_backup of store %s: %s", s->path, embkv_errmsg());
+        return rc;  /* (its message names the store and the id) */
     if ((rc = embkv_group_begin(b->dst)) != EMBKV_OK)
         return rc;
     for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
@@ -375,6 +397,15 @@ int embkv_backup_step(embkv_backup *b, size_t rows, int *done)
         *done = 0;
     if (!b)
         return embkv__err(EMBKV_INVALID, "embkv_backup_step: backup is NULL");
+    if (pthread_mutex_trylock(&b->step_mu) != 0)
+        return embkv__err(EMBKV_BUSY, "embkv_backup_step: another step of this backup is running");
+    int rc = step_locked(b, rows, done);
+    pthread_mutex_unlock(&b->step_mu);
+    return rc;
+}
+
+static int step_locked(embkv_backup *b, size_t rows, int *done)
+{
     if (b->failed)
         return embkv__err(EMBKV_INVALID, "embkv_backup_step: an earlier step of this backup failed");
     size_t left = rows ? rows : SIZE_MAX;
@@ -420,12 +451,20 @@ int embkv_backup_step(embkv_backup *b, size_t rows, int *done)
     return EMBKV_OK;
 }
 
+const char *embkv_backup_dir(const embkv_backup *b)
+{
+    return b ? b->tmp : NULL;
+}
+
 int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info)
 {
     if (info)
         memset(info, 0, sizeof *info);
     if (!b)
         return embkv__err(EMBKV_INVALID, "embkv_backup_finish: backup is NULL");
+    if (pthread_mutex_trylock(&b->step_mu) != 0)
+        return embkv__err(EMBKV_BUSY, "embkv_backup_finish: a step of this backup is running");
+    pthread_mutex_unlock(&b->step_mu);
     int rc = EMBKV_OK;
     if (b->phase != 2)
         rc = embkv__err(b->failed ? EMBKV_INVALID : EMBKV_BUSY, "embkv_backup of store %s to %s: %s", b->s->path,
