@@ -15,6 +15,15 @@
 #include "store_internal.h"
 #include "log.h"
 
+/* What else keeps versions, for the messages of a full pool. */
+static const char *snapshots_note(const embkv_store *s)
+{
+    return atomic_load(&s->snap_floor) != UINT64_MAX
+               ? "; a snapshot open now (a long SELECT, an export, an online backup) also keeps every version "
+                 "replaced since it began, until it ends"
+               : "";
+}
+
 #define TYPE_CHUNK 2
 
 int locvec_push(locvec *v, uint64_t x)
@@ -89,9 +98,9 @@ static int add_chunk(embkv_store *s)
         return embkv__err(EMBKV_FULL,
                           "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
                           "last sync are kept until the next one: checkpoint, or copy the rows into a store "
-                          "with a larger pool_size (a pool does not grow)",
+                          "with a larger pool_size (a pool does not grow)%s",
                           s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
-                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg());
+                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), snapshots_note(s));
     }
     /* Every record of every chunk may be free at once: reserve for all, so
      * slab_free never needs to grow the list. */
@@ -182,8 +191,9 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     if (rc == EMBKV_FULL)
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
                           "records, %u of them kept for deletes only (records replaced or deleted since the last "
-                          "sync are kept until the next one)",
-                          s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve);
+                          "sync are kept until the next one)%s",
+                          s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve,
+                          snapshots_note(s));
     return rc;
 }
 

@@ -34,6 +34,10 @@ typedef struct embkv_tabopts {
     uint64_t migrate_rate; /* migrate_rate: its bound in moves per second (0: not given) */
 } embkv_tabopts;
 
+/* The store's table options, beside it (vtab.c writes and reads it; an
+ * embkv_backup carries it to the copy). */
+#define OPTS_FILE "app-sqlite-options"
+
 /* An embkv table of a connection, as embkv_table_lookup() resolves it. */
 typedef struct embkv_table_ref {
     embkv_store *store;          /* the table's open store (shared in the process) */

@@ -87,6 +87,7 @@ SQLITE_EXTENSION_INIT3
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1013,9 +1014,35 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
  * a checkpoint and a copy of it as a new store in dir), in steps of
  * BACKUP_STEP rows.  The commit lock is held only for the checkpoint, as
  * embkv_checkpoint holds it: COMMITs and training go on while rows are
- * copied.  Returns {"rows": n, "checkpoint": epoch, "bytes": b, "ms": t}.
+ * copied.  A relative dir is taken from the directory of the table's
+ * database file, as the path option is (so the CREATE that restores it
+ * names it the same way).  The table's options file goes into the copy
+ * before it is renamed into place, so a table created on it trains as the
+ * source did.  Returns {"rows": n, "checkpoint": epoch, "bytes": b, "ms": t}.
  */
 #define BACKUP_STEP 65536
+
+/* Copies file name of directory from into directory to, synced; 0 or -1. */
+static int copy_app_file(const char *from, const char *to, const char *name)
+{
+    char src[PATH_MAX], dst[PATH_MAX];
+    snprintf(src, sizeof src, "%s/%s", from, name);
+    snprintf(dst, sizeof dst, "%s/%s", to, name);
+    FILE *in = fopen(src, "rb");
+    if (!in) return errno == ENOENT ? 0 : -1;
+    FILE *out = fopen(dst, "wb");
+    char buf[4096];
+    size_t n;
+    int bad = !out;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    bad |= ferror(in);
+    fclose(in);
+    if (out) {
+        bad |= fflush(out) != 0 || fsync(fileno(out)) != 0;
+        bad |= fclose(out) != 0;
+    }
+    return bad ? -1 : 0;
+}
 
 static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
@@ -1023,16 +1050,33 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     embkv_table_ref ref;
     const char *dir;
     if (args(ctx, "embkv_backup", argv, &ref, &dir)) return;
+    if ((size_t)sqlite3_value_bytes(argv[1]) != strlen(dir)) {
+        fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "argument 2 holds a NUL byte: not a directory name");
+        return;
+    }
+    const char *dbfile = sqlite3_db_filename(sqlite3_context_db_handle(ctx), ref.schema);
+    const char *slash = dbfile && *dbfile ? strrchr(dbfile, '/') : NULL;
+    char *full = dir[0] == '/' || !slash ? sqlite3_mprintf("%s", dir)
+                                         : sqlite3_mprintf("%.*s/%s", (int)(slash - dbfile), dbfile, dir);
+    if (!full) {
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     embkv_backup *b = NULL;
     pthread_mutex_t *held = ekreg_commit_lock(ref.store);
-    int erc = embkv_backup_begin(ref.store, dir, &b);
+    int erc = embkv_backup_begin(ref.store, full, &b);
     ekreg_commit_unlock(held);
     int done = 0;
     while (erc == EMBKV_OK && !done) erc = embkv_backup_step(b, BACKUP_STEP, &done);
     char why[600] = "";
     if (erc != EMBKV_OK) snprintf(why, sizeof why, "%s", embkv_errmsg());
+    if (erc == EMBKV_OK && copy_app_file(ref.dir, embkv_backup_dir(b), OPTS_FILE) != 0) {
+        erc = EMBKV_IO;
+        snprintf(why, sizeof why, "cannot copy the table's options (%s) into the backup: %s", OPTS_FILE,
+                 strerror(errno));
+    }
     embkv_backup_info info;
     if (b) {
         int frc = embkv_backup_finish(b, &info);
@@ -1041,6 +1085,7 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
             snprintf(why, sizeof why, "%s", embkv_errmsg());
         }
     }
+    sqlite3_free(full);
     if (erc != EMBKV_OK) {
         const char *msg = strncmp(why, "embkv_backup: ", 14) ? why : why + 14;
         fail(ctx, "embkv_backup", ref.name, code_of(erc), "%s", msg);

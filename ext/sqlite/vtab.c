@@ -308,7 +308,6 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
  * value other than the store's is an error naming both; one it leaves out
  * takes the store's.
  */
-#define OPTS_FILE "app-sqlite-options"
 
 /* The shortest of %.15g / %.17g that reads back as d. */
 static void fmt_double(char *buf, size_t n, double d)

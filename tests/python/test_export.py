@@ -209,6 +209,35 @@ class TestConsistentBackup(TempDirTest):
         a.close()
 
 
+class TestBackupNames(TempDirTest):
+    def test_relative_dir_is_beside_the_database(self):
+        """A relative backup directory is taken from the database file's
+        directory, as path= is: the README's restore finds the rows
+        whatever the process's current directory; the table's options
+        come along (a CREATE leaving them out trains as the source)."""
+        sub = os.path.join(self.dir, "sub")
+        os.mkdir(sub)
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        os.mkdir(elsewhere)
+        old = os.getcwd()
+        os.chdir(elsewhere)
+        try:
+            c = connect(os.path.join("..", "sub", "db.sqlite"))
+            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, optimizer=adagrad, lr=0.5, init=zeros)")
+            c.execute("SELECT embkv_push('t', '[1, 2]', '[1, 2, 3, 4]')").fetchone()
+            (info,) = c.execute("SELECT embkv_backup('t', 'rel.backup')").fetchone()
+            self.assertEqual(json.loads(info)["rows"], 2)
+            self.assertTrue(os.path.isdir(os.path.join(sub, "rel.backup")))
+            self.assertFalse(os.path.exists(os.path.join(elsewhere, "rel.backup")))
+            c.execute("CREATE VIRTUAL TABLE r USING embkv(dim=2, path='rel.backup')")
+            self.assertEqual(table_rows(c, "r"), table_rows(c, "t"))
+            c.execute("SELECT embkv_push('t', '[1]', '[0.5, -1]'), embkv_push('r', '[1]', '[0.5, -1]')").fetchone()
+            self.assertEqual(table_rows(c, "r"), table_rows(c, "t"))
+            c.close()
+        finally:
+            os.chdir(old)
+
+
 class TestRoundTrip(TempDirTest):
     def test_100k_rows_bit_for_bit(self):
         dim, n = 16, 100000

@@ -16,8 +16,10 @@ SELECT 'push', embkv_push('t', '[1, 10, 11]', '[1, 1, 2, 2, 4, 4]'), embkv_push(
 SELECT 'backup', json_extract(b, '$.rows'), json_extract(b, '$.checkpoint') > 0, json_extract(b, '$.bytes') > 0, json_extract(b, '$.ms') >= 0
   FROM (SELECT embkv_backup('t', 'copy') AS b);
 .shell ls copy | grep -v '^app-'
--- the copy opens as a table of the same options, row for row
-CREATE VIRTUAL TABLE c USING embkv(dim=2, optimizer=adagrad, lr=0.5, init=zeros, path='copy');
+-- the copy opens as a table, row for row, and trains as the source did:
+-- its options came with it (leave them out; another optimizer is refused)
+CREATE VIRTUAL TABLE bad USING embkv(dim=2, optimizer=sgd, path='copy');
+CREATE VIRTUAL TABLE c USING embkv(dim=2, path='copy');
 SELECT 'c', id, clock, embkv_json(vec) FROM c ORDER BY id;
 SELECT 'equal', count(*), sum(a.vec = b.vec AND a.clock = b.clock) FROM t a JOIN c b ON a.id = b.id;
 -- the same push on both gives the same vectors: the optimizer state came along
@@ -38,6 +40,7 @@ SELECT embkv_backup('t', 'afile');
 SELECT embkv_backup('t', '');
 SELECT embkv_backup('t', NULL);
 SELECT embkv_backup('t', 3);
+SELECT embkv_backup('t', 'cut' || char(0) || 'here');
 SELECT embkv_backup('nosuch', 'x');
 SELECT embkv_backup('t');
 .shell ls
