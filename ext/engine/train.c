@@ -19,6 +19,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -332,23 +333,45 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
         return embkv__err(rc, "cannot create %zu missing row(s), the first id %lld: %s", n, (long long)ids[0],
                           embkv_errmsg());
     float *v = malloc(4 * (size_t)s->dim);
-    if (!v)
+    uint8_t *made = calloc(n ? n : 1, 1);
+    if (!v || !made) {
+        free(v);
+        free(made);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    }
     /* One write group: a snapshot or a checkpoint has all of them or none. */
     if ((rc = embkv_group_begin(s)) != EMBKV_OK) {
         free(v);
+        free(made);
         return rc;
     }
-    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+    size_t i, nmade = 0;
+    for (i = 0; i < n && rc == EMBKV_OK; i++) {
         init_values(o, ids[i], v, s->dim);
         rc = embkv_put(s, ids[i], v, NULL, EMBKV_PUT_INSERT);
         if (rc == EMBKV_OK)
-            atomic_fetch_add(&t->created, 1);
+            made[i] = 1, nmade++;
         else if (rc == EMBKV_EXISTS)
             rc = EMBKV_OK;
     }
+    if (rc != EMBKV_OK && nmade) {
+        /* The room checked above was not a reservation: writers beside
+         * this one took it.  The rows made so far go again, inside the
+         * same group, so that no reader and no checkpoint sees a part of
+         * the batch (deletes have records set aside for them). */
+        char why[512];
+        snprintf(why, sizeof why, "%s", embkv_errmsg());
+        size_t left = 0;
+        for (size_t k = 0; k < i; k++)
+            if (made[k] && embkv_delete(s, ids[k]) != EMBKV_OK)
+                left++;
+        nmade = left;
+        embkv__err(rc, "%s%s", why, left ? " (and some of the rows made before it could not be taken back)" : "");
+    }
+    atomic_fetch_add(&t->created, nmade);
     embkv_group_end(s);
     free(v);
+    free(made);
     return rc;
 }
 
