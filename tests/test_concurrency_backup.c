@@ -12,6 +12,7 @@
  */
 #include <stdbool.h>
 #include <dirent.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -188,6 +189,18 @@ static void test_handles(void)
     embkv_backup_info info;
     CHECK_RC(embkv_backup_finish(b, &info), EMBKV_OK);
     CHECK(info.rows == (uint64_t)n);
+
+    /* a relative name is resolved at begin: a chdir before finish does not move it */
+    char cwd[PATH_MAX], here[700];
+    snprintf(here, sizeof here, "%s", test_tmpdir(""));
+    CHECK(getcwd(cwd, sizeof cwd) != NULL && chdir(here) == 0);
+    CHECK_RC(embkv_backup_begin(s, "relcopy", &b), EMBKV_OK);
+    CHECK(chdir("/") == 0);
+    CHECK_RC(embkv_backup_step(b, 0, &done), EMBKV_OK);
+    CHECK_RC(embkv_backup_finish(b, &info), EMBKV_OK);
+    snprintf(dir, sizeof dir, "%s/relcopy", here);
+    CHECK(exists(dir) && !exists("/relcopy"));
+    CHECK(chdir(cwd) == 0);
 
     /* the caller's close while a backup runs: the store stays open for it */
     snprintf(dir, sizeof dir, "%s", test_tmpdir("hcopy2"));

@@ -56,7 +56,7 @@ struct embkv_backup {
     embkv_store *s, *dst;       /* s: a reference of the backup's own (embkv_close of the caller's waits) */
     pthread_mutex_t step_mu;    /* one step at a time */
     embkv_snapshot *snap;
-    char *dir, *tmp;
+    char *dir, *abs, *tmp;      /* as given, resolved at begin, being built */
     uint64_t epoch, rows;       /* the checkpoint copied; rows in the copy */
     uint64_t pos;               /* index cursor */
     int phase;                  /* 0 the index, 1 changed ids, 2 done */
@@ -264,6 +264,7 @@ static void backup_free(embkv_backup *b)
         rmdir(b->tmp);
     }
     free(b->dir);
+    free(b->abs);
     free(b->tmp);
     free(b->changed);
     free(b->ids);
@@ -298,6 +299,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         pthread_mutex_init(&b->step_mu, NULL);
         b->cap = cap;
         b->dir = strdup(dir);
+        b->abs = strdup(abs);
         b->tmp = malloc(strlen(abs) + sizeof TMP_INFIX + 7);
         b->ids = malloc(cap * sizeof *b->ids);
         b->vec = malloc(cap * s->dim * sizeof(float));
@@ -309,7 +311,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
      * leaves the store open until the backup ends. */
     if (b && embkv_open(s->path, NULL, 0, &b->s) != EMBKV_OK)
         b->s = NULL;
-    if (!b || !b->s || !b->dir || !b->tmp || !b->ids || !b->vec || (s->state_floats && !b->state) || !b->info ||
+    if (!b || !b->s || !b->dir || !b->abs || !b->tmp || !b->ids || !b->vec || (s->state_floats && !b->state) || !b->info ||
         !b->found) {
         if (b) {
             free(b->tmp);
@@ -484,16 +486,15 @@ int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info)
         if (rc != EMBKV_OK)
             rc = embkv__err(rc, "embkv_backup of store %s: completing the copy: %s", b->s->path, embkv_errmsg());
     }
-    char abs[PATH_MAX];
+    /* (the name as resolved at begin: the current directory may have
+     * changed since) */
     if (rc == EMBKV_OK)
-        rc = resolve_target(b->dir, abs, sizeof abs);
-    if (rc == EMBKV_OK)
-        rc = place(b->tmp, abs, b->dir);
+        rc = place(b->tmp, b->abs, b->dir);
     if (rc == EMBKV_OK) {
         if (info) {
             info->epoch = b->epoch;
             info->rows = b->rows;
-            info->bytes = tree_bytes(abs);
+            info->bytes = tree_bytes(b->abs);
         }
         free(b->tmp);
         b->tmp = NULL;
