@@ -414,6 +414,7 @@ static int step_locked(embkv_backup *b, size_t rows, int *done)
     int rc = EMBKV_OK;
     while (rc == EMBKV_OK && b->phase < 2 && left > 0) {
         size_t want = left < b->cap ? left : b->cap, n = 0;
+        const int64_t *ids = b->ids;
         if (b->phase == 0) {
             rc = embkv_scan_ids(b->s, &b->pos, b->ids, want < 64 ? 64 : want, &n);
             if (rc == EMBKV_BUSY) {
@@ -432,8 +433,7 @@ static int step_locked(embkv_backup *b, size_t rows, int *done)
             }
         } else {
             n = b->nchanged - b->changed_at < want ? b->nchanged - b->changed_at : want;
-            if (n)
-                memcpy(b->ids, b->changed + b->changed_at, n * sizeof *b->ids);
+            ids = b->changed + b->changed_at;
             b->changed_at += n;
             if (n == 0) {
                 b->phase = 2;
@@ -441,7 +441,7 @@ static int step_locked(embkv_backup *b, size_t rows, int *done)
             }
         }
         if (rc == EMBKV_OK)
-            rc = copy_ids(b, b->ids, n);
+            rc = copy_ids(b, ids, n);
         left = left > n ? left - n : 0;
     }
     if (rc != EMBKV_OK) {
@@ -466,18 +466,16 @@ int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info)
         return embkv__err(EMBKV_INVALID, "embkv_backup_finish: backup is NULL");
     if (pthread_mutex_trylock(&b->step_mu) != 0)
         return embkv__err(EMBKV_BUSY, "embkv_backup_finish: a step of this backup is running");
-    pthread_mutex_unlock(&b->step_mu);
     int rc = EMBKV_OK;
     if (b->phase != 2)
         rc = embkv__err(b->failed ? EMBKV_INVALID : EMBKV_BUSY, "embkv_backup of store %s to %s: %s", b->s->path,
                         b->dir, b->failed ? "abandoned after a failed step" : "finished before its last step");
     if (rc == EMBKV_OK) {
-        /* The copy's only references: its close syncs it. */
+        /* The snapshot's versions go; the copy is verified, and its close
+         * (the last reference) syncs it. */
         embkv_snapshot_close(b->snap);
         b->snap = NULL;
-        rc = embkv_sync(b->dst);
-        if (rc == EMBKV_OK)
-            rc = embkv_check(b->dst);
+        rc = embkv_check(b->dst);
         b->rows = embkv_count(b->dst);  /* distinct: a row may have been copied twice */
         int crc = embkv_close(b->dst);
         b->dst = NULL;
@@ -499,6 +497,7 @@ int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info)
         free(b->tmp);
         b->tmp = NULL;
     }
+    pthread_mutex_unlock(&b->step_mu);
     backup_free(b);
     return rc;
 }

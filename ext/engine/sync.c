@@ -8,11 +8,13 @@
  * pages: its cost follows what changed, not the size of the table.
  *
  * Beside them, bitmaps of the index buckets written in each epoch
- * (mark_bucket).  All four live in a shared mapping of the file
- * store.dirty: a killed process leaves them in the page cache, so recovery
- * after a crash reads only the buckets marked since the durable epoch (and
- * their rows' records), and its cost follows what changed, not the table.  A bitmap is cleared only after
- * its epoch is durable, so at any moment the two of them cover every page
+ * (mark_bucket; a bucket is marked with its page, so the page bitmap says
+ * which words of the bucket bitmap to clear).  All four live in a shared
+ * mapping of the file store.dirty: a killed process leaves them in the
+ * page cache, so recovery after a crash reads only the buckets marked
+ * since the durable epoch (and their rows' records), and its cost follows
+ * what changed, not the table.  An epoch's bitmaps are cleared only once
+ * it is durable, so at any moment the two of each kind cover everything
  * written since the durable epoch.  (On real persistent memory nothing is
  * marked, and recovery visits every bucket.)
  *
@@ -181,7 +183,7 @@ static void flush_run(embkv_store *s, size_t first, size_t npages, int *rc)
 }
 
 /* msync every page marked in bitmap bm, coalescing adjacent pages (the
- * bits stay until the epoch is durable: clear_dirty). */
+ * bits stay until the epoch is durable: clear_epoch). */
 static int flush_dirty(embkv_store *s, atomic_uint_fast64_t *bm)
 {
     size_t run_start = 0, run_len = 0;
@@ -211,6 +213,27 @@ static void clear_words(atomic_uint_fast64_t *bm, size_t words)
     for (size_t w = 0; w < words; w++)
         if (atomic_load_explicit(&bm[w], memory_order_relaxed))
             atomic_store_explicit(&bm[w], 0, memory_order_relaxed);
+}
+
+/* Epoch e is durable: clear its page bitmap and, word by word, the part
+ * of its bucket bitmap those pages hold (a page's 16 buckets sit in
+ * bucket word page/4), so the cost follows the pages it changed. */
+#define BUCKETS_PER_PAGE ((1u << PAGE_SHIFT) / BUCKET_BYTES)
+static void clear_epoch(embkv_store *s, uint64_t e)
+{
+    atomic_uint_fast64_t *pm = s->dirty[e & 1], *bm = s->bdirty[e & 1];
+    for (size_t w = 0; w < s->dirty_words; w++) {
+        uint64_t bits = atomic_load_explicit(&pm[w], memory_order_relaxed);
+        if (!bits)
+            continue;
+        while (bits) {
+            size_t bw = (w * 64 + (size_t)__builtin_ctzll(bits)) * BUCKETS_PER_PAGE / 64;
+            bits &= bits - 1;
+            if (bw < s->bdirty_words)
+                atomic_store_explicit(&bm[bw], 0, memory_order_relaxed);
+        }
+        atomic_store_explicit(&pm[w], 0, memory_order_relaxed);
+    }
 }
 
 /* ------------------------------------------------------- the dirty map */
@@ -397,10 +420,8 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         if (durable)
             *durable = e;
         /* Epoch e is durable: its pages need not be marked any more. */
-        if (!s->is_pmem) {
-            clear_words(s->dirty[e & 1], s->dirty_words);
-            clear_words(s->bdirty[e & 1], s->bdirty_words);
-        }
+        if (!s->is_pmem)
+            clear_epoch(s, e);
         s->sync_failed = false;
         /* Versions replaced during E and rows deleted during E are garbage. */
         purge_tombstones(s, tombs, ntombs);

@@ -71,10 +71,17 @@ def table_rows(conn, table):
     return {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, clock, vec FROM %s" % table)}
 
 
-def start_pusher(db, n, dim):
-    """A thread pushing into table t of db until stopped: push k updates
-    every old row 0..n-1 and creates row n + k, in one write group.
-    Returns (thread, stop event, errors list, [pushes done])."""
+def start_pusher(db, n, dim, extra=""):
+    """Creates table t of db (adagrad, rows 0..n-1 pulled from zeros;
+    `extra` options added) and starts a thread pushing into it until
+    stopped: push k updates every old row and creates row n + k, in one
+    write group.  Returns (connection, thread, stop event, errors list,
+    [pushes done])."""
+    a = connect(db, check_same_thread=False)
+    a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, optimizer=adagrad, lr=0.5, init=zeros, "
+              "capacity=20000%s)" % (dim, extra))
+    a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
+    a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
     stop = threading.Event()
     errors = []
     pushes = [0]
@@ -95,7 +102,7 @@ def start_pusher(db, n, dim):
 
     th = threading.Thread(target=pusher)
     th.start()
-    return th, stop, errors, pushes
+    return a, th, stop, errors, pushes
 
 
 class TestConsistentExport(TempDirTest):
@@ -104,12 +111,7 @@ class TestConsistentExport(TempDirTest):
 
     def test_export_while_pushing(self):
         n, dim = self.N, self.DIM
-        a = connect(self.db, check_same_thread=False)
-        a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, optimizer=adagrad, lr=0.5, init=zeros, "
-                  "capacity=20000)" % dim)
-        a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
-        a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
-        th, stop, errors, pushes = start_pusher(self.db, n, dim)
+        a, th, stop, errors, pushes = start_pusher(self.db, n, dim)
         seen = set()
         deadline = time.time() + 60
         i = 0
@@ -172,12 +174,7 @@ class TestConsistentBackup(TempDirTest):
 
     def test_backup_while_pushing(self):
         n, dim = self.N, self.DIM
-        a = connect(self.db, check_same_thread=False)
-        a.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, optimizer=adagrad, lr=0.5, init=zeros, "
-                  "capacity=20000, cache_size='256K')" % dim)
-        a.execute("SELECT length(embkv_pull('t', ?))", (ids_blob(range(n)),)).fetchone()
-        a.execute("SELECT embkv_release('t', ?)", (ids_blob(range(n)),)).fetchone()
-        th, stop, errors, pushes = start_pusher(self.db, n, dim)
+        a, th, stop, errors, pushes = start_pusher(self.db, n, dim, ", cache_size='256K'")
         seen, checkpoints = set(), []
         try:
             for i in range(5):
