@@ -100,9 +100,9 @@ asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
 
 # Simulated persistent memory for test_powercut (an LD_PRELOAD library).
-$(B)/pmemsim.so: tests/powercut/pmemsim.c tests/powercut/pmemsim.h
+$(B)/pmemsim.so: tests/powercut/pmemsim.c tests/powercut/filesim.c tests/powercut/pmemsim.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -O2 -g -fPIC -shared -o $@ $< -pthread
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -O2 -g -fPIC -shared -o $@ tests/powercut/pmemsim.c tests/powercut/filesim.c -pthread -ldl
 
 $(B)/bench/%: bench/%.c bench/bench_common.h bench/bench_baseline.h $(B)/plain/libembkv.a $(HEADERS) | $(B)/bench
 	$(CC) $(CFLAGS) -O3 -march=native -Ibench $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -lsqlite3

@@ -69,6 +69,7 @@ typedef struct segment {
     uint32_t id;
     int fd;
     bool damaged;
+    bool unborn;               /* damaged, and not another store's: no valid header, or short */
     bool dirty;                /* written since the last log_sync */
     char why[96];              /* what is wrong with a damaged one */
     uint64_t size;             /* file bytes */
@@ -213,8 +214,10 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
         seg_damage(g, "its header cannot be read: %s", strerror(errno));
     } else if (r < (ssize_t)LOG_BLOCK) {
         seg_damage(g, "%s", "it is truncated (shorter than its header)");
+        g->unborn = true;
     } else if (memcmp(h->magic, SEG_MAGIC, 16) != 0 || h->check != fnv(h, offsetof(seg_header, check))) {
         seg_damage(g, "%s", "its header is damaged");
+        g->unborn = true;
     } else if (h->format != SEG_FORMAT) {
         seg_damage(g, "%s", "it was written by another format version");
     } else if (h->tag != l->tag || h->seg != id) {
@@ -223,6 +226,7 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
         seg_damage(g, "%s", "its records have another size");
     } else if (h->segment_bytes > g->size) {
         seg_damage(g, "%s", "it is truncated");
+        g->unborn = true;      /* ours: its size, not its header, was lost */
     }
     free(h);
     int rc = seg_table_put(l, g);
@@ -789,9 +793,31 @@ void log_expect_end(embkv_log *l, uint64_t end)
     uint32_t id = log_loc_seg(end);
     if (log_loc_off(end) == 0 && id > 0)
         id--;          /* the end was the start of a segment not yet made */
+    pthread_rwlock_wrlock(&l->lock);
+    /* A segment past the end was made after the checkpoint, and nothing
+     * durable refers to it.  One without a valid header is what a power cut
+     * leaves of a segment whose name reached the disk and whose header (or
+     * size) did not (a checkpoint syncs a segment with its records): removed
+     * here, it would otherwise stay damaged for good.  One with a valid
+     * header goes with the other empty ones (log_delete_dead); another
+     * store's stays damaged. */
+    char name[32];
+    for (uint32_t i = id + 1; i <= l->max_id && i < l->segs_cap; i++) {
+        segment *g = l->segs[i];
+        if (!g || !g->unborn)
+            continue;
+        log_segment_name(log_loc(i, 0), name, sizeof name);
+        if (unlinkat(l->dirfd, name, 0) != 0 && errno != ENOENT)
+            continue; /* stays listed as damaged */
+        close(g->fd);
+        l->file_bytes -= g->size;
+        free(g);
+        l->segs[i] = NULL;
+        l->dir_dirty = true;
+        atomic_fetch_add(&l->deleted, 1);
+    }
     /* Only the newest files can be missing past max_id, and no more of them
      * than the log holds segments: a larger gap is a damaged root's. */
-    pthread_rwlock_wrlock(&l->lock);
     if (id > l->max_id && id < LOG_MAX_SEGMENT && id - l->max_id <= l->max_bytes / l->seg_bytes + 2)
         l->max_id = id;
     pthread_rwlock_unlock(&l->lock);

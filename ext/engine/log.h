@@ -68,7 +68,8 @@ void log_close(embkv_log *l);
  * log_end value the store kept): segments up to that one are known to
  * have existed, so a missing newest file is noted as damaged like any
  * other missing one, and new segments are numbered after it rather than
- * reusing its number. */
+ * reusing its number.  A segment past it without a valid header (made
+ * after the checkpoint, its header lost to a power cut) is removed. */
 void log_expect_end(embkv_log *l, uint64_t end);
 
 /* Appends n records (n * record_bytes bytes at recs) as one batch of large
