@@ -101,14 +101,14 @@ def bench_embkv(dirpath, ext, ids, vecs, rows_of, grads, nbatches, staleness, ca
         v = np.frombuffer(blob, dtype=np.float32).reshape(BATCH, DIM)
         assert v.shape == (BATCH, DIM)
         conn.execute("SELECT embkv_push('t', ?, ?)", (batch_ids[b], batch_grads[b])).fetchone()
-    step(0)  # warm
+    # A pass to warm up (the pool's pages touched, a cache filled: INSERTed
+    # rows enter it on their first read) and a checkpoint, with or without a
+    # cache, then the measured pass: both measured in the same steady state.
+    for b in range(nbatches):
+        step(b)
+    conn.execute("SELECT embkv_checkpoint('t')").fetchone()  # (a cache's dirty rows written back)
     label = f"embkv SQL functions (staleness {staleness})"
     if cache_frac:
-        # A pass to warm the cache (INSERTed rows enter it on their first
-        # read) and a checkpoint, as bench_train does, then the measured one.
-        for b in range(nbatches):
-            step(b)
-        conn.execute("SELECT embkv_checkpoint('t')").fetchone()  # (its dirty rows written back)
         label = f"embkv SQL functions, cache {cache_frac:.0%}"
         d0 = json.loads(conn.execute("SELECT embkv_stats('t')").fetchone()[0])["tiers"]["dram"]
     rate = timed(label, nbatches, step)
