@@ -124,6 +124,14 @@ _Static_assert(sizeof(rec_hdr) == 32, "record header must be 32 bytes");
 #define REC_TOMB 0x80000000u   /* the record marks a deletion */
 static inline uint32_t rec_epoch(const rec_hdr *r) { return r->epoch & ~REC_TOMB; }
 
+/* What embkv_get and the scans report of a row's version. */
+static inline void fill_info(embkv_rowinfo *info, const rec_hdr *r, uint64_t loc)
+{
+    info->clock = r->clock;
+    info->epoch = rec_epoch(r);
+    info->tier = (loc & LOC_SSD) ? EMBKV_TIER_SSD : EMBKV_TIER_PM;
+}
+
 /* libpmemobj hands out large objects in 256 KiB heap units, with a 16-byte
  * header; small objects come from runs that reserve many units at once.
  * Sizing every object embkv allocates to whole units (less 64 bytes) keeps

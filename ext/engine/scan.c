@@ -1,0 +1,166 @@
+/*
+ * scan.c - walks over the index: embkv_scan (every row, with its record)
+ * and embkv_scan_ids (ids only, a bucket cursor), and the scan pin that
+ * keeps rows from moving between buckets under a cursor.
+ *
+ * A scan reads one bucket at a time under its seqlock, inside an epoch, and
+ * hands the rows to its caller outside it, so a long scan holds neither
+ * writers nor reclamation for more than a bucket.  A scan does not see one
+ * moment: rows written while it runs may or may not be in it (a snapshot,
+ * embkv_get_batch_at, is for that).  The pin counts scans in flight: an
+ * index resize and the hot-set moves between buckets (hotset.c) wait for
+ * them, so a cursor position (a bucket number) stays meaningful and no row
+ * is met twice or missed because it moved.
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+/* Snapshot of the live rows of one bucket. */
+static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
+{
+    for (;;) {
+        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+        if (v1 & 1) {
+            sched_yield();
+            continue;
+        }
+        unsigned n = 0;
+        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(used & (1u << i)))
+                continue;
+            uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+            if (loc & LOC_TOMB)
+                continue;
+            ids[n] = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
+            locs[n] = loc;
+            n++;
+        }
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+            return n;
+    }
+}
+
+_Thread_local unsigned scan_pins_here;
+
+void embkv_scan_pin(embkv_store *s)
+{
+    for (;;) {
+        atomic_fetch_add(&s->scan_pins, 1);
+        /* A resize waiting for scans to end must not be starved by new ones
+         * (unless this thread already scans: it could wait for itself). */
+        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0)
+            break;
+        atomic_fetch_sub(&s->scan_pins, 1);
+        while (atomic_load(&s->grow_pending))
+            sched_yield();
+    }
+    /* A move between buckets under way finishes first; later ones see the
+     * pin and wait (hotset.c).  Both sides are sequentially consistent:
+     * either the move sees the pin or the pin sees the move. */
+    while (atomic_load(&s->moves_inflight) > 0)
+        sched_yield();
+    scan_pins_here++;
+    /* A resize that started before the pin finishes before we go on. */
+    pthread_rwlock_rdlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);
+}
+
+void embkv_scan_unpin(embkv_store *s)
+{
+    scan_pins_here--;
+    atomic_fetch_sub(&s->scan_pins, 1);
+}
+
+int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
+{
+    if (!s || !fn)
+        return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
+    size_t row_floats = (size_t)s->dim + s->state_floats;
+    float *buf = malloc(BUCKET_SLOTS * row_floats * sizeof(float));
+    if (!buf)
+        return embkv__err(EMBKV_NOMEM, "embkv_scan: out of memory");
+    int rc = EMBKV_OK;
+    embkv_scan_pin(s);
+    ebr_enter();
+    uint64_t gen = atomic_load(&s->ix)->generation;
+    ebr_leave();
+    for (uint64_t b = 0;; b++) {
+        int64_t ids[BUCKET_SLOTS];
+        uint64_t locs[BUCKET_SLOTS];
+        embkv_rowinfo info[BUCKET_SLOTS];
+        ebr_enter();
+        index_desc *ix = atomic_load(&s->ix);
+        if (ix->generation != gen) {
+            ebr_leave();
+            rc = embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);
+            break;
+        }
+        if (b >= ix->nbuckets) {
+            ebr_leave();
+            break;
+        }
+        unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
+        rec_hdr *recs[BUCKET_SLOTS];
+        char *ssd = NULL;  /* the bucket's log records */
+        /* Cached rows: their current version is the cache's. */
+        for (unsigned i = 0; i < n && s->cache; i++) {
+            rec_hdr hd;
+            float *v = buf + i * row_floats;
+            if (cache_read(s->cache, ids[i], embkv__hash(ids[i]), &hd, v, s->dim, v + s->dim, s->state_floats)) {
+                locs[i] = LOC_CACHED;
+                info[i].clock = hd.clock;
+                info[i].epoch = rec_epoch(&hd);
+                info[i].tier = EMBKV_TIER_DRAM;
+            }
+        }
+        rc = tier_read(s, ids, locs, n, &ssd, recs, false);
+        /* Copy out so the callback runs outside the epoch and may write. */
+        for (unsigned i = 0; i < n && rc == EMBKV_OK; i++) {
+            if (locs[i] == LOC_CACHED)
+                continue;
+            bool logged = locs[i] & LOC_SSD;  /* (checked as it was read) */
+            rec_hdr *r = logged ? recs[i] : rec_at(s, locs[i]);
+            if (!logged && !rec_ok(s, r, ids[i]))
+                rc = rec_damaged(s, ids[i]);
+            memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
+            fill_info(&info[i], r, locs[i]);
+        }
+        ebr_leave();
+        free(ssd);
+        for (unsigned i = 0; i < n && rc == EMBKV_OK; i++)
+            rc = fn(ctx, ids[i], buf + i * row_floats, buf + i * row_floats + s->dim, &info[i]);
+        if (rc != EMBKV_OK)
+            break;
+    }
+    embkv_scan_unpin(s);
+    free(buf);
+    return rc;
+}
+
+int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n)
+{
+    if (!s || !pos || !ids || !n || cap < 64)
+        return embkv__err(EMBKV_INVALID, "embkv_scan_ids: NULL argument or cap below 64");
+    *n = 0;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    /* pos: low 40 bits the next bucket, high 24 bits the index generation. */
+    uint64_t b = *pos & ((1ull << 40) - 1), gen = *pos >> 40;
+    if (*pos == 0)
+        gen = ix->generation & 0xffffff;
+    if (gen != (ix->generation & 0xffffff)) {
+        ebr_leave();
+        return embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);
+    }
+    uint64_t locs[BUCKET_SLOTS];
+    while (b < ix->nbuckets && *n + BUCKET_SLOTS <= cap)
+        *n += read_bucket_rows(&ix->buckets[b++], ids + *n, locs);
+    ebr_leave();
+    *pos = (gen << 40) | b;
+    return EMBKV_OK;
+}
