@@ -416,13 +416,14 @@ static damage_count read_damaged(embkv_store *s, const uint64_t *gen, size_t n, 
  * they hold fail by id and file, every other row reads, batches without
  * them read, the damaged rows can be deleted or written anew, and the
  * store syncs and reopens the same. */
-static void test_damaged_log(const char *root)
+/* A closed store of n rows under root/name, most of them in the log
+ * (ssd_size / 16 = 2 MiB segments of 16k records: 3 hold the log's rows);
+ * gen gets each row's generation (load_rows). */
+static uint64_t *make_logged_store(const char *root, const char *name, size_t n, char *dir, size_t dlen,
+                                   char *logdir, size_t llen)
 {
-    char dir[600], logdir[700], path[800];
-    snprintf(dir, sizeof dir, "%s/damaged", root);
-    snprintf(logdir, sizeof logdir, "%s/log", dir);
-    size_t n = 70000;
-    /* ssd_size / 16 = 2 MiB segments of 16k records: 3 hold the log's rows */
+    snprintf(dir, dlen, "%s/%s", root, name);
+    snprintf(logdir, llen, "%s/log", dir);
     embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 32u << 20};
     embkv_store *s;
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
@@ -430,6 +431,15 @@ static void test_damaged_log(const char *root)
     int rc;
     CHECK(load_rows(s, gen, n, &rc) == n);
     CHECK_RC(embkv_close(s), EMBKV_OK);
+    return gen;
+}
+
+static void test_damaged_log(const char *root)
+{
+    char dir[600], logdir[700], path[800];
+    size_t n = 70000;
+    uint64_t *gen = make_logged_store(root, "damaged", n, dir, sizeof dir, logdir, sizeof logdir);
+    embkv_store *s;
     char segs[64][64];
     int nseg = list_segments(logdir, segs, 64);
     CHECK(nseg >= 3);
@@ -579,16 +589,9 @@ static void test_damaged_log(const char *root)
 static void test_unborn_segments(const char *root)
 {
     char dir[600], logdir[700], path[1000];
-    snprintf(dir, sizeof dir, "%s/unborn", root);
-    snprintf(logdir, sizeof logdir, "%s/log", dir);
     size_t n = 70000;
-    embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 32u << 20};
+    uint64_t *gen = make_logged_store(root, "unborn", n, dir, sizeof dir, logdir, sizeof logdir);
     embkv_store *s;
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-    uint64_t *gen = calloc(n, sizeof *gen);
-    int rc;
-    CHECK(load_rows(s, gen, n, &rc) == n);
-    CHECK_RC(embkv_close(s), EMBKV_OK);
     char segs[64][64];
     int nseg = list_segments(logdir, segs, 64);
     CHECK(nseg >= 2);
