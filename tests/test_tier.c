@@ -657,6 +657,67 @@ static void test_unborn_segments(const char *root)
     free(gen);
 }
 
+/* A store refused an ssd_path because another store's log holds it must
+ * leave that directory alone when its failed creation is cleaned up (found
+ * by the review: the cleanup removed the empty directory, and the first
+ * store could not demote until reopened).  The same for the other store's
+ * own default log directory, and for embkv_destroy of a store whose noted
+ * external log directory another store has taken since. */
+static void test_held_ssd_path(const char *root)
+{
+    char a[600], shared[600], b[600], c[600], alog[700];
+    snprintf(a, sizeof a, "%s/held-a", root);
+    snprintf(shared, sizeof shared, "%s/held-log", root);
+    snprintf(b, sizeof b, "%s/held-b", root);
+    snprintf(c, sizeof c, "%s/held-c", root);
+    snprintf(alog, sizeof alog, "%s/log", a);
+    embkv_options oa = {.dim = DIM, .expected_rows = 100000, .pool_size = 16u << 20, .ssd_size = 64u << 20,
+                        .ssd_path = shared};
+    embkv_store *sa = NULL, *sb = NULL;
+    CHECK_RC(embkv_open(a, &oa, EMBKV_OPEN_CREATE, &sa), EMBKV_OK);
+    struct stat st;
+    for (int k = 0; k < 2; k++) {
+        embkv_options ob = oa;
+        ob.ssd_path = k == 0 ? shared : alog;  /* (a's own log directory is not made until it needs one) */
+        if (k == 1) CHECK(mkdir(alog, 0755) == 0 || errno == EEXIST);
+        int rc = embkv_open(b, &ob, EMBKV_OPEN_CREATE, &sb);
+        CHECK_RC(rc, k == 0 ? EMBKV_LOCKED : EMBKV_OK);
+        if (rc == EMBKV_OK) {
+            /* a's own log is not open (its ssd_path is elsewhere): b may take it */
+            CHECK_RC(embkv_close(sb), EMBKV_OK);
+        }
+        embkv_destroy(b);
+        CHECK(stat(shared, &st) == 0 && S_ISDIR(st.st_mode));
+    }
+    /* a still demotes into it */
+    uint64_t *gen = calloc(100000, sizeof *gen);
+    int rc;
+    CHECK(load_rows(sa, gen, 100000, &rc) == 100000);
+    embkv_stats es;
+    CHECK_RC(embkv_stats_get(sa, &es), EMBKV_OK);
+    CHECK(es.rows_ssd > 0 && es.ssd_segments > 0);
+    CHECK_RC(embkv_close(sa), EMBKV_OK);
+    embkv_destroy(a);
+    CHECK(stat(shared, &st) != 0 && errno == ENOENT);
+
+    /* c notes an external log directory, and is closed with it empty; a new
+     * store takes the directory (empty, so allowed); destroying c leaves it. */
+    embkv_options oc = oa;
+    oc.ssd_path = shared;
+    embkv_store *sc = NULL;
+    CHECK_RC(embkv_open(c, &oc, EMBKV_OPEN_CREATE, &sc), EMBKV_OK);
+    CHECK_RC(embkv_close(sc), EMBKV_OK);
+    CHECK_RC(embkv_open(a, &oa, EMBKV_OPEN_CREATE, &sa), EMBKV_OK);
+    CHECK_RC(embkv_destroy(c), EMBKV_OK);
+    CHECK(stat(shared, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK(load_rows(sa, gen, 100000, &rc) == 100000);
+    CHECK_RC(embkv_stats_get(sa, &es), EMBKV_OK);
+    CHECK(es.rows_ssd > 0);
+    CHECK_RC(embkv_close(sa), EMBKV_OK);
+    embkv_destroy(a);
+    free(gen);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -667,6 +728,7 @@ int main(void)
     test_full(root);
     test_damaged_log(root);
     test_unborn_segments(root);
+    test_held_ssd_path(root);
     test_external_destroy(root);
     const char *sc = getenv("EMBKV_TEST_SCALE");
     /* (test_tier_bg kills stores with the background work running too.) */

@@ -1096,9 +1096,20 @@ void log_stats_get(embkv_log *l, log_stats *st)
 
 int log_remove_files(const char *dir, uint64_t tag)
 {
-    DIR *d = opendir(dir);
-    if (!d)
+    /* A directory another store's log holds (its lock, as log_open takes
+     * it) is that store's now: nothing in it is touched, and it stays. */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
         return errno == ENOENT ? 0 : -1;
+    if (flock(dfd, LOCK_EX | LOCK_NB) != 0) {
+        close(dfd);
+        return 1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        close(dfd);
+        return errno == ENOENT ? 0 : -1;
+    }
     int left = 0;
     struct dirent *e;
     char path[PATH_MAX];
@@ -1124,5 +1135,6 @@ int log_remove_files(const char *dir, uint64_t tag)
     closedir(d);
     if (!left && rmdir(dir) != 0 && errno != ENOENT)
         left++;
+    close(dfd);
     return left;
 }

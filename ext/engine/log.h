@@ -115,9 +115,10 @@ bool log_loc_valid(const embkv_log *l, uint64_t loc);
  * damage; one in a damaged segment is that segment's, and only its rows
  * fail when read, naming the file. */
 bool log_loc_plausible(embkv_log *l, uint64_t loc);
-/* Removes the segment files of the log tagged `tag` from dir (no log open
- * on it), then dir itself when nothing else is left.  Returns how many
- * entries stayed (0: the directory is gone), -1 if dir cannot be read. */
+/* Removes the segment files of the log tagged `tag` from dir, then dir
+ * itself when nothing else is left; a dir that a log holds open (its lock,
+ * in any process) is left whole.  Returns how many entries stayed (0: the
+ * directory is gone; 1 for a dir held open), -1 if dir cannot be read. */
 int log_remove_files(const char *dir, uint64_t tag);
 
 /* Live accounting, kept by the store: log_hold when an index entry comes to

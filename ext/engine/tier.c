@@ -104,8 +104,9 @@ static void promo_free(embkv_store *s)
 }
 
 /* An ssd_path outside the store directory is named in a file inside it
- * (with the log's tag), written before the log's first segment, so that
- * embkv_destroy, which does not open the pool, removes that log too. */
+ * (with the log's tag), written once the log is open and before its first
+ * segment, so that embkv_destroy, which does not open the pool, removes
+ * that log too. */
 static int note_external_log(embkv_store *s, uint64_t tag, const char *dir)
 {
     char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
@@ -230,13 +231,18 @@ int tier_open(embkv_store *s, const embkv_options *opt)
             }
         if (d)
             closedir(d);
-        int wrc = note_external_log(s, tag, given);
-        if (wrc != EMBKV_OK)
-            return wrc;
     }
     int rc = log_open(&lo, &s->log);
     if (rc != EMBKV_OK)
         return rc;
+    /* Noted once the log holds the directory (its lock): a store refused
+     * it because another store's log has it must not name it, or removing
+     * the refused store would remove the other's directory. */
+    if (adding && path && (rc = note_external_log(s, tag, given)) != EMBKV_OK) {
+        log_close(s->log);
+        s->log = NULL;
+        return rc;
+    }
     if (!adding) {
         uint64_t d = r->durable_epoch;
         if (r->log_tail_epoch[d & 1] == d)
