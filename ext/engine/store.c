@@ -468,9 +468,26 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
             int64_t id = bk->slots[i].key;
             uint64_t loc = loc_plain(bk->slots[i].loc);
             rec_hdr *r = NULL;
+            bool keep = false;
             for (int hops = 0; hops < 4 && loc != LOC_NONE; hops++) {
-                if ((rc = recover_rec(s, id, loc, &ssd, &r)) != EMBKV_OK)
+                /* A log record from before the mark is durable: it is the
+                 * version to return to, read or not (tombstones are never
+                 * demoted).  Not reading it keeps a damaged segment to its
+                 * own rows, as after a clean close. */
+                if ((loc & LOC_SSD) && (!s->log || !tier_after_tail(s, loc))) {
+                    keep = true;
                     break;
+                }
+                if ((rc = recover_rec(s, id, loc, &ssd, &r)) != EMBKV_OK) {
+                    /* A newer log record that cannot be read (its segment
+                     * damaged or gone): the row stays on it and fails when
+                     * read, naming the file, instead of the store. */
+                    if (rc == EMBKV_CORRUPT && (loc & LOC_SSD)) {
+                        rc = EMBKV_OK;
+                        keep = true;
+                    }
+                    break;
+                }
                 if (rec_epoch(r) <= durable)
                     break;
                 loc = r->prev;
@@ -478,6 +495,10 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
             }
             if (rc != EMBKV_OK)
                 break;
+            if (keep) {
+                bk->slots[i].loc = loc;
+                continue;
+            }
             if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id)) {
                 rc = rec_damaged(s, id);  /* the version to return to is damaged */
                 break;
