@@ -496,7 +496,7 @@ int main(int argc, char **argv)
     uint64_t seed = es && *es ? strtoull(es, NULL, 0) : (uint64_t)time(NULL);
     const char *sc = getenv("EMBKV_TEST_SCALE");
     double scale = sc && *sc && atof(sc) > 0 ? atof(sc) : 1.0;
-    int rounds = (int)(30 * scale), ssd_rounds = (int)(12 * scale);
+    int rounds = (int)(30 * scale), ssd_rounds = (int)(10 * scale);
     if (rounds < 5) rounds = 5;
     if (ssd_rounds < 5) ssd_rounds = 5;
     const char *only = getenv("EMBKV_POWERCUT_ONLY"); /* "pool" or "ssd" */

@@ -671,7 +671,7 @@ static void test_held_ssd_path(const char *root)
     snprintf(b, sizeof b, "%s/held-b", root);
     snprintf(c, sizeof c, "%s/held-c", root);
     snprintf(alog, sizeof alog, "%s/log", a);
-    embkv_options oa = {.dim = DIM, .expected_rows = 100000, .pool_size = 16u << 20, .ssd_size = 64u << 20,
+    embkv_options oa = {.dim = DIM, .expected_rows = 70000, .pool_size = 16u << 20, .ssd_size = 64u << 20,
                         .ssd_path = shared};
     embkv_store *sa = NULL, *sb = NULL;
     CHECK_RC(embkv_open(a, &oa, EMBKV_OPEN_CREATE, &sa), EMBKV_OK);
@@ -690,9 +690,9 @@ static void test_held_ssd_path(const char *root)
         CHECK(stat(shared, &st) == 0 && S_ISDIR(st.st_mode));
     }
     /* a still demotes into it */
-    uint64_t *gen = calloc(100000, sizeof *gen);
+    uint64_t *gen = calloc(70000, sizeof *gen);
     int rc;
-    CHECK(load_rows(sa, gen, 100000, &rc) == 100000);
+    CHECK(load_rows(sa, gen, 70000, &rc) == 70000);
     embkv_stats es;
     CHECK_RC(embkv_stats_get(sa, &es), EMBKV_OK);
     CHECK(es.rows_ssd > 0 && es.ssd_segments > 0);
@@ -710,7 +710,7 @@ static void test_held_ssd_path(const char *root)
     CHECK_RC(embkv_open(a, &oa, EMBKV_OPEN_CREATE, &sa), EMBKV_OK);
     CHECK_RC(embkv_destroy(c), EMBKV_OK);
     CHECK(stat(shared, &st) == 0 && S_ISDIR(st.st_mode));
-    CHECK(load_rows(sa, gen, 100000, &rc) == 100000);
+    CHECK(load_rows(sa, gen, 70000, &rc) == 70000);
     CHECK_RC(embkv_stats_get(sa, &es), EMBKV_OK);
     CHECK(es.rows_ssd > 0);
     CHECK_RC(embkv_close(sa), EMBKV_OK);
