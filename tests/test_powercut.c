@@ -183,39 +183,6 @@ static int child_main(const char *dir, const char *mark)
 
 /* ------------------------------------------------------------ the parent */
 
-static char *read_all(const char *path, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        if (fd >= 0) close(fd);
-        return NULL;
-    }
-    char *b = malloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (b && got < (size_t)st.st_size) {
-        ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    *len = got;
-    return b;
-}
-
-static bool write_all(const char *path, const char *buf, size_t len)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    size_t put = 0;
-    while (fd >= 0 && put < len) {
-        ssize_t w = write(fd, buf + put, len - put);
-        if (w <= 0) break;
-        put += (size_t)w;
-    }
-    bool ok = fd >= 0 && put == len && close(fd) == 0;
-    return ok;
-}
-
 /* The durable image := the pool as it is now; nothing pending. */
 static void sim_paths(const char *dir, char *dpath, char *ppath)
 {
@@ -228,8 +195,8 @@ static void baseline(const char *dir, const char *pool)
     char dpath[PATH_MAX], ppath[PATH_MAX];
     sim_paths(dir, dpath, ppath);
     size_t len = 0;
-    char *b = read_all(pool, &len);
-    CHECK(b && len > 0 && write_all(dpath, b, len));
+    unsigned char *b = fc_read_file(pool, &len);
+    CHECK(b && len > 0 && fc_write_file(dpath, b, len));
     free(b);
     int fd = open(ppath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     CHECK(fd >= 0 && ftruncate(fd, PENDING_BYTES) == 0);
@@ -242,7 +209,8 @@ static void power_cut(const char *dir, const char *pool, rng_t *r, size_t *let_t
     char dpath[PATH_MAX], ppath[PATH_MAX];
     sim_paths(dir, dpath, ppath);
     size_t ilen = 0, llen = 0, plen = 0;
-    char *img = read_all(dpath, &ilen), *live = read_all(pool, &llen), *pend = read_all(ppath, &plen);
+    unsigned char *img = fc_read_file(dpath, &ilen), *live = fc_read_file(pool, &llen),
+                  *pend = fc_read_file(ppath, &plen);
     CHECK(img && live && pend && ilen == llen && plen >= sizeof(pmemsim_pending));
     *let_through = *evicted = 0;
     if (!img || !live || !pend || ilen != llen || plen < sizeof(pmemsim_pending)) goto out;
@@ -265,7 +233,7 @@ static void power_cut(const char *dir, const char *pool, rng_t *r, size_t *let_t
         }
         at += sizeof h + h.len;
     }
-    CHECK(write_all(pool, img, ilen));
+    CHECK(fc_write_file(pool, img, ilen));
 out:
     free(img);
     free(live);
@@ -275,7 +243,8 @@ out:
 static uint64_t read_mark(const char *path)
 {
     size_t len = 0;
-    char *b = read_all(path, &len);
+    char *b = (char *)fc_read_file(path, &len);
+    if (b) b[len] = 0;
     uint64_t g = b && len ? strtoull(b, NULL, 10) : 0;
     free(b);
     return g;

@@ -665,30 +665,32 @@ static void test_unborn_segments(const char *root)
  * external log directory another store has taken since. */
 static void test_held_ssd_path(const char *root)
 {
-    char a[600], shared[600], b[600], c[600], alog[700];
+    char a[600], shared[600], b[600], c[600], d[600], dlog[700];
     snprintf(a, sizeof a, "%s/held-a", root);
     snprintf(shared, sizeof shared, "%s/held-log", root);
     snprintf(b, sizeof b, "%s/held-b", root);
     snprintf(c, sizeof c, "%s/held-c", root);
-    snprintf(alog, sizeof alog, "%s/log", a);
+    snprintf(d, sizeof d, "%s/held-d", root);
+    snprintf(dlog, sizeof dlog, "%s/log", d);
     embkv_options oa = {.dim = DIM, .expected_rows = 70000, .pool_size = 16u << 20, .ssd_size = 64u << 20,
                         .ssd_path = shared};
-    embkv_store *sa = NULL, *sb = NULL;
+    /* d's log is its default one, inside its store: held from its open */
+    embkv_options od = oa;
+    od.ssd_path = NULL;
+    embkv_store *sa = NULL, *sb = NULL, *sd = NULL;
     CHECK_RC(embkv_open(a, &oa, EMBKV_OPEN_CREATE, &sa), EMBKV_OK);
+    CHECK_RC(embkv_open(d, &od, EMBKV_OPEN_CREATE, &sd), EMBKV_OK);
     struct stat st;
     for (int k = 0; k < 2; k++) {
+        const char *held = k == 0 ? shared : dlog;
         embkv_options ob = oa;
-        ob.ssd_path = k == 0 ? shared : alog;  /* (a's own log directory is not made until it needs one) */
-        if (k == 1) CHECK(mkdir(alog, 0755) == 0 || errno == EEXIST);
-        int rc = embkv_open(b, &ob, EMBKV_OPEN_CREATE, &sb);
-        CHECK_RC(rc, k == 0 ? EMBKV_LOCKED : EMBKV_OK);
-        if (rc == EMBKV_OK) {
-            /* a's own log is not open (its ssd_path is elsewhere): b may take it */
-            CHECK_RC(embkv_close(sb), EMBKV_OK);
-        }
+        ob.ssd_path = held;
+        CHECK_RC(embkv_open(b, &ob, EMBKV_OPEN_CREATE, &sb), EMBKV_LOCKED);
         embkv_destroy(b);
-        CHECK(stat(shared, &st) == 0 && S_ISDIR(st.st_mode));
+        CHECK(stat(held, &st) == 0 && S_ISDIR(st.st_mode));
     }
+    CHECK_RC(embkv_close(sd), EMBKV_OK);
+    embkv_destroy(d);
     /* a still demotes into it */
     uint64_t *gen = calloc(70000, sizeof *gen);
     int rc;

@@ -1105,10 +1105,10 @@ int log_remove_files(const char *dir, uint64_t tag)
         close(dfd);
         return 1;
     }
-    DIR *d = opendir(dir);
+    DIR *d = fdopendir(dfd);  /* (the lock stays with it until closedir) */
     if (!d) {
         close(dfd);
-        return errno == ENOENT ? 0 : -1;
+        return -1;
     }
     int left = 0;
     struct dirent *e;
@@ -1132,9 +1132,8 @@ int log_remove_files(const char *dir, uint64_t tag)
         if (!ours || unlink(path) != 0)
             left++;
     }
-    closedir(d);
     if (!left && rmdir(dir) != 0 && errno != ENOENT)
         left++;
-    close(dfd);
+    closedir(d);
     return left;
 }

@@ -462,9 +462,6 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
         for (unsigned i = 0; i < BUCKET_SLOTS && rc == EMBKV_OK; i++) {
             if (!(bk->used & (1u << i)))
                 continue;
-            /* A log record from before the durable epoch's mark is durable. */
-            if ((bk->slots[i].loc & LOC_SSD) && (!s->log || !tier_after_tail(s, bk->slots[i].loc)))
-                continue;
             int64_t id = bk->slots[i].key;
             uint64_t loc = loc_plain(bk->slots[i].loc);
             rec_hdr *r = NULL;

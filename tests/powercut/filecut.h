@@ -51,6 +51,47 @@ typedef struct filecut {
     size_t writes, syncs;            /* journaled */
 } filecut;
 
+/* A whole file, malloc'ed (NULL if it cannot be read whole). */
+static unsigned char *fc_read_file(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    unsigned char *b = malloc(n + 1);
+    while (b && got < n) {
+        ssize_t r = pread(fd, b + got, n - got, (off_t)got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (b && got != n) {
+        free(b);
+        b = NULL;
+    }
+    *len = n;
+    return b;
+}
+
+static bool fc_write_file(const char *path, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    size_t put = 0;
+    while (fd >= 0 && put < n) {
+        ssize_t w = write(fd, b + put, n - put);
+        if (w <= 0)
+            break;
+        put += (size_t)w;
+    }
+    return fd >= 0 && put == n && close(fd) == 0;
+}
+
 static int fc_new_file(filecut *c)
 {
     if (c->nfiles >= FC_MAX) {
@@ -84,24 +125,13 @@ static bool filecut_begin(filecut *c, const char *dir, const char *journal)
             continue;
         char path[4352];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        struct stat st;
-        ok = fd >= 0 && fstat(fd, &st) == 0 && c->ndurable < FC_MAX;
-        if (!ok)
+        size_t n = 0;
+        unsigned char *b = c->ndurable < FC_MAX ? fc_read_file(path, &n) : NULL;
+        if (!(ok = b != NULL))
             break;
         int f = fc_new_file(c);
-        fc_file *F = &c->files[f];
-        F->dur_size = (size_t)st.st_size;
-        F->dur = malloc(F->dur_size + 1);
-        size_t got = 0;
-        while (F->dur && got < F->dur_size) {
-            ssize_t r = pread(fd, F->dur + got, F->dur_size - got, (off_t)got);
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-        }
-        ok = F->dur && got == F->dur_size;
-        close(fd);
+        c->files[f].dur = b;
+        c->files[f].dur_size = n;
         snprintf(c->durable[c->ndurable].name, sizeof c->durable[0].name, "%s", e->d_name);
         c->durable[c->ndurable++].file = f;
     }
@@ -184,38 +214,14 @@ static void fc_sync(filecut *c, fc_file *F)
     F->nops = 0;
 }
 
-static bool fc_write_file(const char *path, const unsigned char *b, size_t n)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    size_t put = 0;
-    while (fd >= 0 && put < n) {
-        ssize_t w = write(fd, b + put, n - put);
-        if (w <= 0)
-            break;
-        put += (size_t)w;
-    }
-    return fd >= 0 && put == n && close(fd) == 0;
-}
-
 /* Replaces dir's files with what a power cut at the end of the journal may
  * leave (rng r picks).  The journal must have been started by
  * filecut_begin on this dir. */
 static bool filecut_cut(filecut *c, const char *dir, const char *journal, rng_t *r)
 {
-    int jfd = open(journal, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (jfd < 0 || fstat(jfd, &st) != 0)
-        return false;
-    size_t jlen = (size_t)st.st_size, got = 0;
-    unsigned char *j = malloc(jlen + 1);
-    while (j && got < jlen) {
-        ssize_t n = pread(jfd, j + got, jlen - got, (off_t)got);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    close(jfd);
-    if (!j || got != jlen)
+    size_t jlen = 0;
+    unsigned char *j = fc_read_file(journal, &jlen);
+    if (!j)
         return false;
 
     /* Replay: the names now (cur) and the directory changes since its fsync. */
