@@ -72,10 +72,12 @@ typedef struct embkv_options {
     double max_load;         /* index load factor that triggers doubling (default 0.9) */
     /* The SSD tier: rows that do not fit in the pool go to a log of segment
      * files.  ssd_size bounds the files (0: no SSD tier, or at a reopen the
-     * store's own); ssd_path is their directory (NULL: "log" inside the store
-     * directory).  Both are kept with the store: a reopen may raise ssd_size
-     * (or add a tier to a store without one), never lower it, and may not
-     * name another ssd_path. */
+     * store's own), but for compaction after a reopen of a full log: one
+     * segment more (ssd_size/16, 1 to 32 MiB) until the next sync.  ssd_path
+     * is their directory (NULL: "log" inside the store directory).  Both
+     * are kept with the store: a reopen may raise ssd_size (or add a tier
+     * to a store without one), never lower it, and may not name another
+     * ssd_path. */
     uint64_t ssd_size;
     const char *ssd_path;
     /* The DRAM cache (0: none): bytes of DRAM for a write-back cache of hot

@@ -22,5 +22,9 @@ uint32_t embkv_debug_used(embkv_store *s, uint64_t bucket);
 uint32_t embkv_debug_probes(embkv_store *s, int64_t id);
 /* Staleness permits out on an id now (all sessions). */
 unsigned embkv_debug_permits(embkv_store *s, int64_t id);
+/* Stops (paused != 0) or resumes the SSD tier's thread: while stopped it
+ * demotes, promotes and compacts nothing, as on a machine that gives it
+ * no CPU; writers then demote (and compact) for themselves. */
+void embkv_debug_tier_pause(embkv_store *s, int paused);
 
 #endif

@@ -206,13 +206,29 @@ static void test_full(void)
         fill(buf + i * rec, rec, at + i, 7);
     CHECK_RC(log_append(l, buf, per_seg - 100, locs + at, true), EMBKV_OK);
     /* Past the new rows' limit now, but room in the head segment is
-     * anyone's (a demotion refused there wedged a loaded test). */
+     * anyone's (demotions refused there made writes fail until the next
+     * sync). */
+    uint64_t spare[64];
     CHECK_RC(log_append(l, buf + (per_seg - 100) * rec, 60, locs + at + per_seg - 100, false), EMBKV_OK);
     CHECK_RC(log_append(l, buf + (per_seg - 40) * rec, 40, locs + at + per_seg - 40, true), EMBKV_OK);
-    CHECK_RC(log_append(l, buf, 1, locs + at + per_seg, true), EMBKV_FULL);
+    CHECK_RC(log_append(l, buf, 1, spare, true), EMBKV_FULL);
+    CHECK(has(embkv_errmsg(), "kept for compaction"));
     log_stats_get(l, &after);
     CHECK(after.segments == 3 && after.file_bytes == 3ull * SEG);
     CHECK(verify_all(l, rec, locs, at + per_seg, 7, 3) == 0);
+    log_close(l);
+    /* Reopened full: no segment of the last process takes appends, so
+     * compaction's first segment goes one past ssd_size (without it, a
+     * victim half moved would never finish); demotions still get nothing,
+     * and a second new segment goes nowhere. */
+    CHECK_RC(open_log(dir, rec, 3ull * SEG, false, &l), EMBKV_OK);
+    for (size_t i = 0; i < at + per_seg; i++)
+        log_hold(l, locs[i]);
+    CHECK_RC(log_append(l, buf, 1, spare, false), EMBKV_FULL);
+    CHECK_RC(log_append(l, buf, 10, spare, true), EMBKV_OK);
+    log_stats_get(l, &after);
+    CHECK(after.segments == 4 && after.file_bytes == 4ull * SEG);
+    CHECK_RC(log_append(l, buf, per_seg, spare, true), EMBKV_FULL);
     free(buf);
     log_close(l);
     free(locs);

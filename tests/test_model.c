@@ -839,8 +839,10 @@ int main(void)
             CHECK_RC(embkv_stats_get(S, &st), EMBKV_OK);
             if (i > nops / 2 && st.rows) {
                 if (st.rows_pm < pm_low) pm_low = st.rows_pm;
-                printf(NAME ": op %" PRIu64 ": %" PRIu64 " rows, %" PRIu64 " in the pool, %" PRIu64 " in the log\n",
-                       i, st.rows, st.rows_pm, st.rows_ssd);
+                printf(NAME ": op %" PRIu64 ": %" PRIu64 " rows, %" PRIu64 " in the pool, %" PRIu64 " in the log"
+                       " (%" PRIu64 " of %" PRIu64 " MiB live in %" PRIu64 " segments, %" PRIu64 " compactions)\n",
+                       i, st.rows, st.rows_pm, st.rows_ssd, st.ssd_live_bytes >> 20, st.ssd_file_bytes >> 20,
+                       st.ssd_segments, st.compactions);
             }
 #endif
         }
@@ -848,9 +850,17 @@ int main(void)
         if (round < kills && i == (uint64_t)(round + 1) * nops / (uint64_t)(kills + 1)) kill_round(i, nops, ++round);
 
         if (check_failed != last_failed) {
-            if (!reported++)
+            if (!reported++) {
                 fprintf(stderr, NAME ": FIRST FAILURE at op %" PRIu64 " (%s id=%" PRId64 "), seed=%" PRIu64 "\n",
                         i, op_name, op_id, seed);
+                embkv_stats fs;
+                if (S && embkv_stats_get(S, &fs) == EMBKV_OK)
+                    fprintf(stderr, NAME ": then %" PRIu64 " rows, %" PRIu64 " in the log, %" PRIu64 " of %" PRIu64
+                            " MiB of segments live, %" PRIu64 " segments (%" PRIu64 " damaged), %" PRIu64
+                            " compactions, %" PRIu64 " syncs\n",
+                            fs.rows, fs.rows_ssd, fs.ssd_live_bytes >> 20, fs.ssd_file_bytes >> 20, fs.ssd_segments,
+                            fs.ssd_damaged_segments, fs.compactions, fs.syncs);
+            }
             last_failed = check_failed;
             if (check_failed > 50) { fprintf(stderr, "too many failures, stopping\n"); break; }
         }

@@ -6,6 +6,7 @@
  * the last sync (every row and clock compared with the test's own record).
  */
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 
 #include <dirent.h>
@@ -190,6 +191,63 @@ static void test_full(const char *root)
     CHECK_RC(embkv_close(s), EMBKV_OK);
     CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
     check_all(s, gen, id + 1);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    embkv_destroy(dir);
+    free(gen);
+}
+
+/* Writers demote for themselves when the tier's thread gets no CPU, and
+ * then they compact too: a log a third live took rewrites of its rows
+ * until ssd_size, with two thirds of it garbage, and then every write
+ * failed "ssd_size reached".  With the thread stopped, many times ssd_size
+ * of churn must go through, with syncs as often as an application makes
+ * them. */
+static void test_writers_compact(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/writers-compact", root);
+    size_t n = 100000;
+    embkv_options o = {.dim = DIM, .expected_rows = n, .pool_size = 16u << 20, .ssd_size = 16u << 20};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int rc;
+    CHECK(load_rows(s, gen, n, &rc) == n);
+    CHECK_RC(rc, EMBKV_OK);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    embkv_debug_tier_pause(s, 1);
+    embkv_stats st0, st;
+    CHECK_RC(embkv_stats_get(s, &st0), EMBKV_OK);
+    rng_t r = {7};
+    size_t writes = 0, failed = 0;
+    uint64_t appended = 0;
+    /* until the log took twice ssd_size of appends */
+    for (; appended < 2 * o.ssd_size && !failed; writes++) {
+        int64_t id = (int64_t)rnd_below(&r, n);
+        if ((rc = put_gen(s, id, gen[id] + 1)) != EMBKV_OK) {
+            failed++;
+            fprintf(stderr, "write %zu failed: %s\n", writes, embkv_errmsg());
+            break;
+        }
+        gen[id]++;
+        if (writes % 2000 == 1999) {
+            CHECK_RC(embkv_sync(s), EMBKV_OK);
+            CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+            appended = st.ssd_write_bytes - st0.ssd_write_bytes;
+        }
+    }
+    CHECK(failed == 0);
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    printf("writers compacting: %zu writes, %llu MiB appended to a log of %llu MiB (%llu live), %llu compactions\n",
+           writes, (unsigned long long)(appended >> 20), (unsigned long long)(st.ssd_file_bytes >> 20),
+           (unsigned long long)(st.ssd_live_bytes >> 20), (unsigned long long)(st.compactions - st0.compactions));
+    CHECK(st.compactions > st0.compactions);
+    CHECK(st.ssd_file_bytes <= o.ssd_size);
+    embkv_debug_tier_pause(s, 0);
+    check_all(s, gen, n);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_all(s, gen, n);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     embkv_destroy(dir);
     free(gen);
@@ -780,6 +838,7 @@ int main(void)
     test_bad_options(root);
     test_larger_than_pool(root);
     test_full(root);
+    test_writers_compact(root);
     test_damaged_log(root);
     test_unborn_segments(root);
     test_held_ssd_path(root);

@@ -14,8 +14,16 @@
  *
  * The work is cut into parts of COMPACT_PART bytes of segment read, so that
  * the background thread (tier_worker.c) can pace it; one compaction at a
- * time, resumed from where the last part ended.  Appends share demote_mu
- * with demotion (the log takes one appender at a time).
+ * time (compact_mu), resumed from where the last part ended.  Appends share
+ * demote_mu with demotion (the log takes one appender at a time).
+ *
+ * Demotion pays for its appends once the log is urgent (compact_pay): a
+ * thread left with little of the CPU (two cores, busy writers) once let
+ * demotions fill ssd_size with segments a third live, and writes failed
+ * with most of the log garbage.  A demoter that compacts before it appends
+ * cannot outrun compaction.  The room comes back at the next sync, which
+ * deletes the emptied segments; between syncs nothing can be reclaimed,
+ * since the last checkpoint still names the old copies.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +39,11 @@
 #define COMPACT_GARBAGE 0.25
 #define COMPACT_FULL 0.75
 #define COMPACT_FULL_LIVE 0.75
+/* Segment bytes a demotion compacts per byte it will append, when urgent:
+ * a victim is at most COMPACT_FULL_LIVE live, so each byte of room costs
+ * at most 4 bytes read. */
+#define COMPACT_PAY 4
+#define PAY_PART (1ull << 20)
 
 typedef struct part_ctx {
     embkv_store *s;
@@ -107,7 +120,7 @@ static uint32_t pick(embkv_store *s)
     return log_pick_victim(s->log, full ? COMPACT_FULL_LIVE : COMPACT_MAX_LIVE, s->compact_done, s->ncompact_done);
 }
 
-int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
+static int step_locked(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
 {
     *scanned = 0;
     if (!s->log)
@@ -175,4 +188,31 @@ int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
     free(c.locs);
     free(c.recs);
     return rc;
+}
+
+int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
+{
+    pthread_mutex_lock(&s->compact_mu);
+    int rc = step_locked(s, max_bytes, scanned);
+    pthread_mutex_unlock(&s->compact_mu);
+    return rc;
+}
+
+void compact_pay(embkv_store *s, size_t nrecs)
+{
+    if (!s->log || !compact_urgent(s))
+        return;
+    /* what the records take in the log: whole blocks (log.c) */
+    uint64_t per = s->rec_size <= LOG_BLOCK ? LOG_BLOCK / s->rec_size : 0;
+    uint64_t blocks = per ? (nrecs + per - 1) / per : nrecs * ((s->rec_size + LOG_BLOCK - 1) / LOG_BLOCK);
+    uint64_t budget = COMPACT_PAY * blocks * LOG_BLOCK, done = 0;
+    pthread_mutex_lock(&s->compact_mu);
+    while (done < budget) {
+        uint64_t scanned = 0;
+        /* (An error leaves the demotion to report its own, if it fails.) */
+        if (step_locked(s, PAY_PART, &scanned) != EMBKV_OK || scanned == 0)
+            break;
+        done += scanned;
+    }
+    pthread_mutex_unlock(&s->compact_mu);
 }

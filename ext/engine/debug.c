@@ -39,3 +39,5 @@ uint32_t embkv_debug_probes(embkv_store *s, int64_t id)
     ebr_leave();
     return probes;
 }
+
+void embkv_debug_tier_pause(embkv_store *s, int paused) { atomic_store(&s->tw_paused, paused != 0); }

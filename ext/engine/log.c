@@ -690,17 +690,36 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
     uint64_t room = g ? fits_in(l, (g->size - atomic_load(&g->end)) / LOG_BLOCK) : 0;
     uint64_t per_seg = fits_in(l, l->seg_bytes / LOG_BLOCK - 1);
     uint64_t new_segs = n > room ? (n - room + per_seg - 1) / per_seg : 0;
-    /* (A log too small for a reserve, under two segments, has none.) */
+    /* The last segment's worth is compaction's (log.h).  (A log too small
+     * for a reserve, under two segments, has none.) */
     uint64_t limit = l->max_bytes;
     if (!for_compaction && limit >= 2 * l->seg_bytes)
         limit -= l->seg_bytes;
-    /* (Room left in the head segment is anyone's: only new segments
-     * count against the limit, and compaction may have gone past it.) */
-    if (l->max_bytes && new_segs && l->file_bytes + new_segs * l->seg_bytes > limit) {
+    /* A process appends to no segment of an earlier one: a log reopened
+     * at ssd_size, its last segment made by a compaction whose victim was
+     * half moved, would have nowhere to finish it.  The first segment of a
+     * process may then go one past ssd_size, for compaction only. */
+    if (for_compaction && l->head == 0 && l->max_bytes >= 2 * l->seg_bytes)
+        limit += l->seg_bytes;
+    /* (Room left in the head segment is anyone's: only new segments count
+     * against the limit.  Refusing demotions there made writes fail until
+     * the next sync wherever compaction had just made its segment.) */
+    bool fits = !l->max_bytes || !new_segs || l->file_bytes + new_segs * l->seg_bytes <= limit;
+    if (!fits) {
+        uint64_t empty = 0;
+        pthread_rwlock_rdlock(&l->lock);
+        for (uint32_t i = 1; i <= l->max_id && i < l->segs_cap; i++) {
+            segment *e = l->segs[i];
+            if (e && !e->damaged && i != l->head && atomic_load(&e->live) == 0)
+                empty += e->size;
+        }
+        pthread_rwlock_unlock(&l->lock);
         pthread_mutex_unlock(&l->write_mu);
-        return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments, %llu more needed, ssd_size %llu",
-                          l->what, (unsigned long long)l->file_bytes,
-                          (unsigned long long)(new_segs * l->seg_bytes), (unsigned long long)l->max_bytes);
+        return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments (%llu of them emptied by "
+                          "compaction, deleted at the next sync), ssd_size %llu (%u bytes of it kept for "
+                          "compaction), %zu records to append", l->what,
+                          (unsigned long long)l->file_bytes, (unsigned long long)empty,
+                          (unsigned long long)l->max_bytes, l->seg_bytes, n);
     }
     const char *p = recs;
     size_t done = 0;

@@ -76,11 +76,14 @@ void log_expect_end(embkv_log *l, uint64_t end);
  * sequential writes and stores their locations in locs.  Starts a new
  * segment when the current one is full.  EMBKV_FULL (naming ssd_size) when
  * the log would grow past max_bytes; nothing is appended then.  The last
- * segment's worth of max_bytes is compaction's (for_compaction): new rows
- * stop one segment short of it, so a full log can always be compacted (a
- * log whose every byte was taken by demotions could never make room
- * again).  One appender at a time per log (callers serialise); readers
- * run alongside. */
+ * segment's worth of max_bytes is compaction's (for_compaction): other
+ * appends make no segment past one short of it (a log whose every byte was
+ * taken by demotions could never make room again); room left in the
+ * current segment is anyone's.  The first segment a process makes for
+ * compaction may go one segment past max_bytes: a process appends to no
+ * segment of an earlier one, and a log reopened full would otherwise have
+ * nowhere to compact into.  One appender at a time per log (callers
+ * serialise); readers run alongside. */
 int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool for_compaction);
 
 /* A position: every record appended so far has a location below it and

@@ -307,7 +307,9 @@ struct embkv_store {
     uint64_t *promo_locs;
     char *promo_recs;
     size_t promo_n, promo_cap;
-    /* compaction in progress (compact.c; the worker thread only) */
+    /* compaction in progress (compact.c): under compact_mu, taken by the
+     * worker thread and by demoters paying for their appends */
+    pthread_mutex_t compact_mu;
     uint32_t compact_seg;
     uint64_t compact_pos;
 #define COMPACT_DONE_MAX 256
@@ -317,6 +319,7 @@ struct embkv_store {
     /* the tier's thread (tier_worker.c) */
     pthread_t tw_thread;
     bool tw_started, tw_stop, tw_kick, tw_last_idle;
+    atomic_bool tw_paused;     /* tests: the thread does nothing (embkv_debug_tier_pause) */
     uint64_t tw_rounds;
     pthread_mutex_t tw_mu;
     pthread_cond_t tw_cond, tw_done;
@@ -722,6 +725,10 @@ int compact_step(embkv_store *s, uint64_t max_bytes, uint64_t *scanned);
 /* Whether the log's files are past COMPACT_FULL of ssd_size: compaction
  * then runs at a higher rate (writes would fail at ssd_size). */
 bool compact_urgent(embkv_store *s);
+/* What a demotion of nrecs records pays before it appends, when the log is
+ * urgent: up to COMPACT_PAY times their bytes of segment compacted, so that
+ * appends cannot outrun compaction whatever the thread gets of the CPU. */
+void compact_pay(embkv_store *s, size_t nrecs);
 
 /* ------------------------------------------------------------- tier_worker.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as

@@ -579,6 +579,7 @@ int tier_demote(embkv_store *s, size_t want, size_t *moved)
     *moved = 0;
     if (!s->log)
         return EMBKV_OK;
+    compact_pay(s, want);
     int rc = EMBKV_OK;
     pthread_mutex_lock(&s->demote_mu);
     for (int empty = 0; *moved < want && rc == EMBKV_OK && empty < 2;) {

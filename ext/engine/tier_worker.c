@@ -48,6 +48,8 @@ static struct timespec after_ms(long ms)
 static bool tw_round(embkv_store *s, uint64_t *tokens)
 {
     bool busy = false;
+    if (atomic_load(&s->tw_paused))
+        return false;
     size_t free_recs, total;
     bool exhausted;
     slab_space(s, &free_recs, &total, &exhausted);
