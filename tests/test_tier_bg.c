@@ -356,9 +356,12 @@ static void test_kill(const char *root, int round)
             if (embkv_get_batch(s, ids, KILL_BATCH, out, NULL, NULL) != EMBKV_OK)
                 _exit(7);
             for (size_t j = 0; j < KILL_BATCH; j++) {
-                if (j % 16 == 5)
-                    embkv_delete(s, ids[j]);
-                else if (put_gen(s, ids[j], step) != EMBKV_OK)
+                if (j % 16 == 5) {
+                    /* (absent already: deleted by an earlier step) */
+                    int drc = embkv_delete(s, ids[j]);
+                    if (drc != EMBKV_OK && drc != EMBKV_NOTFOUND)
+                        _exit(11);  /* the model takes it as deleted */
+                } else if (put_gen(s, ids[j], step) != EMBKV_OK)
                     _exit(8);
             }
             if (step % 4 == 0) {
@@ -383,6 +386,8 @@ static void test_kill(const char *root, int round)
     int wst;
     waitpid(pid, &wst, 0);
     CHECK(WIFSIGNALED(wst));
+    if (WIFEXITED(wst))
+        fprintf(stderr, "kill round %d: the child exited with %d (an operation failed)\n", round, WEXITSTATUS(wst));
     unsigned long long synced = 0, compactions = 0, promotions = 0, hits = 0;
     FILE *f = fopen(mark, "r");
     if (f) {
