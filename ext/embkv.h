@@ -397,7 +397,7 @@ typedef struct embkv_stats {
     uint64_t rows_pm, rows_ssd;
     uint64_t ssd_size;             /* the limit */
     uint64_t ssd_file_bytes;       /* segment files on disk */
-    uint64_t ssd_live_bytes;       /* records rows point at */
+    uint64_t ssd_live_bytes;       /* room the records rows point at take (4 KiB blocks hold whole records) */
     uint64_t ssd_segments, ssd_damaged_segments;
     uint64_t ssd_reads, ssd_read_bytes, ssd_writes, ssd_write_bytes, ssd_syncs;
     double ssd_mean_read_depth;    /* reads in flight per submission */

@@ -421,10 +421,26 @@ static void test_live(void)
     log_hold(l, locs[n - 1]);
     CHECK(log_delete_dead(l) == 1); /* segment 2, unheld now */
     log_stats_get(l, &st);
-    CHECK(st.segments == 1 && st.live_records == 1);
+    CHECK(st.segments == 1 && st.live_records == 1 && st.live_bytes == rec);
     log_close(l);
     free(out);
     free(locs);
+
+    /* Live bytes are the room the records take: three records of 1,296
+     * bytes share a block, 32 of 4,208 take two blocks each (they once
+     * counted 1,296 and 4,208, and a full log read as a third garbage). */
+    const uint32_t odd[2] = {1296, 4208};
+    const uint64_t room[2] = {LOG_BLOCK / 3, 2 * LOG_BLOCK};
+    for (int k = 0; k < 2; k++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "live-odd%d", k);
+        uint64_t ol[32];
+        CHECK_RC(open_log(test_tmpdir(sub), odd[k], 0, false, &l), EMBKV_OK);
+        CHECK_RC(append_n(l, odd[k], 0, 32, ol, 3), EMBKV_OK);
+        log_stats_get(l, &st);
+        CHECK(st.live_records == 32 && st.live_bytes == 32 * room[k]);
+        log_close(l);
+    }
 }
 
 /* The kernel refusing io_uring (a seccomp filter, as container runtimes

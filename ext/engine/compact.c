@@ -39,6 +39,12 @@
 #define COMPACT_GARBAGE 0.25
 #define COMPACT_FULL 0.75
 #define COMPACT_FULL_LIVE 0.75
+/* ... and once new segments are refused to demotions (the files within a
+ * segment of ssd_size), any segment with a little garbage: uniform updates
+ * leave every segment more than 3/4 live, and writes then failed for good
+ * with a sixth of the log garbage.  Costly (a victim 95% live rewrites 19
+ * bytes for each it frees), but the log goes on. */
+#define COMPACT_STUCK_LIVE 0.97
 /* Segment bytes a demotion compacts per byte it will append, when urgent:
  * a victim is at most COMPACT_FULL_LIVE live, so each byte of room costs
  * at most 4 bytes read. */
@@ -105,8 +111,9 @@ static uint32_t pick(embkv_store *s)
     if (written == 0)
         return 0;
     bool full = (double)st.file_bytes >= COMPACT_FULL * (double)s->root->ssd_size;
+    bool stuck = st.file_bytes + 2ull * log_segment_bytes(s->log) > s->root->ssd_size;
     double garbage = 1.0 - (double)st.live_records / (double)written;
-    if (!full && garbage < COMPACT_GARBAGE)
+    if (!full && !stuck && garbage < COMPACT_GARBAGE)
         return 0;
     /* A segment compacted since the last sync may still hold versions that
      * sync keeps (no index entry names them): not again until it ran. */
@@ -117,7 +124,8 @@ static uint32_t pick(embkv_store *s)
     }
     if (s->ncompact_done == COMPACT_DONE_MAX)
         return 0;
-    return log_pick_victim(s->log, full ? COMPACT_FULL_LIVE : COMPACT_MAX_LIVE, s->compact_done, s->ncompact_done);
+    return log_pick_victim(s->log, stuck ? COMPACT_STUCK_LIVE : full ? COMPACT_FULL_LIVE : COMPACT_MAX_LIVE,
+                           s->compact_done, s->ncompact_done);
 }
 
 static int step_locked(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)

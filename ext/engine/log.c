@@ -745,6 +745,8 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
     return rc;
 }
 
+uint32_t log_segment_bytes(const embkv_log *l) { return l->seg_bytes; }
+
 uint64_t log_end(embkv_log *l)
 {
     pthread_mutex_lock(&l->write_mu);
@@ -1098,7 +1100,10 @@ void log_stats_get(embkv_log *l, log_stats *st)
     }
     st->file_bytes = l->file_bytes;
     pthread_rwlock_unlock(&l->lock);
-    st->live_bytes = st->live_records * l->rec_bytes;
+    /* The room they take: a record smaller than a block shares it with
+     * whole records only, the rest of the block is padding. */
+    st->live_bytes = l->per_block ? st->live_records * (LOG_BLOCK / l->per_block)
+                                  : st->live_records * l->rec_blocks * LOG_BLOCK;
     st->reads = atomic_load(&l->reads);
     st->read_bytes = atomic_load(&l->read_bytes);
     st->read_submits = atomic_load(&l->read_submits);

@@ -85,6 +85,8 @@ void log_expect_end(embkv_log *l, uint64_t end);
  * nowhere to compact into.  One appender at a time per log (callers
  * serialise); readers run alongside. */
 int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool for_compaction);
+/* Bytes of one segment file. */
+uint32_t log_segment_bytes(const embkv_log *l);
 
 /* A position: every record appended so far has a location below it and
  * every later one a location at or above it (locations compare as

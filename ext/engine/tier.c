@@ -652,6 +652,9 @@ static size_t pool_room_total(embkv_store *s)
     return cap > keep ? cap - keep : 0;
 }
 
+static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, size_t n, size_t room,
+                         bool make_room, size_t *moved);
+
 int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
 {
     *moved = 0;
@@ -717,14 +720,28 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
             size_t freed = 0;
             tier_demote(s, k, &freed);
         }
-        for (size_t done = 0; done < k && rc == EMBKV_OK;) {
-            size_t took = promo_offer(s, cid + done, loc + done, recs + done, k - done, false);
-            done += took;
-            size_t m = 0;
-            rc = tier_promote_queued(s, move_room(s), true, &m);
-            *moved += m;
-            if (took == 0 && m == 0)
-                break;  /* the queue stays full: the rest stay in the log */
+        /* Promoted here, not through the queue that admission fills: the
+         * tier's thread drains that one too, and under load it took these
+         * rows, promoted what its own room allowed, dropped the rest, and
+         * the call said it moved none. */
+        if (k && rc == EMBKV_OK) {
+            int64_t *bi = malloc(k * sizeof *bi);
+            uint64_t *bq = malloc(k * sizeof *bq);
+            char *br = malloc(k * (size_t)s->rec_size);
+            if (!bi || !bq || !br) {
+                free(bi);
+                free(bq);
+                free(br);
+                rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting %zu rows", s->path, k);
+            } else {
+                memcpy(bi, cid, k * sizeof *bi);
+                memcpy(bq, loc, k * sizeof *bq);
+                for (size_t j = 0; j < k; j++)
+                    memcpy(br + j * s->rec_size, recs[j], s->rec_size);
+                size_t m = 0;
+                rc = promote_batch(s, bi, bq, br, k, move_room(s), true, &m);
+                *moved += m;
+            }
         }
         free(buf);
     }
@@ -734,31 +751,20 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
     return rc;
 }
 
-int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved)
+/* Promotes n rows read from the log (ids, their locations q, copies of
+ * their records): at most `room` of them, more by demoting colder rows
+ * when make_room.  Takes the arrays (freed here). */
+static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, size_t n, size_t room,
+                         bool make_room, size_t *moved)
 {
     *moved = 0;
-    pthread_mutex_lock(&s->promo_mu);
-    size_t n = s->promo_n;
-    if (n == 0) {
-        pthread_mutex_unlock(&s->promo_mu);
-        return EMBKV_OK;
-    }
-    int64_t *ids = malloc(n * sizeof *ids);
-    uint64_t *q = malloc(n * sizeof *q), *p = malloc(n * sizeof *p);
-    char *recs = malloc(n * (size_t)s->rec_size);
-    if (!ids || !q || !p || !recs) {
-        pthread_mutex_unlock(&s->promo_mu);
+    uint64_t *p = malloc(n * sizeof *p);
+    if (!p) {
         free(ids);
         free(q);
-        free(p);
         free(recs);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting rows", s->path);
     }
-    memcpy(ids, s->promo_ids, n * sizeof *ids);
-    memcpy(q, s->promo_locs, n * sizeof *q);
-    memcpy(recs, s->promo_recs, n * (size_t)s->rec_size);
-    s->promo_n = 0;
-    pthread_mutex_unlock(&s->promo_mu);
 
     /* Only rows the index still keeps where they were read (a pull's push
      * has usually brought them back already), each once (a row read in
@@ -829,6 +835,33 @@ int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *mov
     free(p);
     free(recs);
     return EMBKV_OK;
+}
+
+int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *moved)
+{
+    *moved = 0;
+    pthread_mutex_lock(&s->promo_mu);
+    size_t n = s->promo_n;
+    if (n == 0) {
+        pthread_mutex_unlock(&s->promo_mu);
+        return EMBKV_OK;
+    }
+    int64_t *ids = malloc(n * sizeof *ids);
+    uint64_t *q = malloc(n * sizeof *q);
+    char *recs = malloc(n * (size_t)s->rec_size);
+    if (!ids || !q || !recs) {
+        pthread_mutex_unlock(&s->promo_mu);
+        free(ids);
+        free(q);
+        free(recs);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting rows", s->path);
+    }
+    memcpy(ids, s->promo_ids, n * sizeof *ids);
+    memcpy(q, s->promo_locs, n * sizeof *q);
+    memcpy(recs, s->promo_recs, n * (size_t)s->rec_size);
+    s->promo_n = 0;
+    pthread_mutex_unlock(&s->promo_mu);
+    return promote_batch(s, ids, q, recs, n, room, make_room, moved);
 }
 
 size_t tier_promote_pending(embkv_store *s)
