@@ -73,7 +73,7 @@ typedef struct embkv_options {
     /* The SSD tier: rows that do not fit in the pool go to a log of segment
      * files.  ssd_size bounds the files (0: no SSD tier, or at a reopen the
      * store's own), but for compaction after a reopen of a full log: one
-     * segment more (ssd_size/16, 1 to 32 MiB) until the next sync.  ssd_path
+     * segment more (ssd_size/16, 1 to 64 MiB) until the next sync.  ssd_path
      * is their directory (NULL: "log" inside the store directory).  Both
      * are kept with the store: a reopen may raise ssd_size (or add a tier
      * to a store without one), never lower it, and may not name another
