@@ -594,37 +594,26 @@ int tier_demote(embkv_store *s, size_t want, size_t *moved)
 
 /* ------------------------------------------------------------ promotion */
 
-/* Queues rows read from the log for promotion: those admission lets in
- * (admit), or all of them; returns how many the queue took. */
-static size_t promo_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n,
-                          bool admit)
-{
-    unsigned bar = atomic_load(&s->evicted_heat);
-    size_t took = 0;
-    pthread_mutex_lock(&s->promo_mu);
-    for (size_t i = 0; i < n && s->promo_n < s->promo_cap; i++) {
-        if (!in_log(locs[i]))
-            continue;
-        if (admit) {
-            unsigned h = heat_estimate(s->heat, embkv__hash(ids[i]));
-            if (h < PROMOTE_MIN_HEAT || h <= bar)
-                continue;
-        }
-        s->promo_ids[s->promo_n] = ids[i];
-        s->promo_locs[s->promo_n] = locs[i];
-        memcpy(s->promo_recs + s->promo_n * s->rec_size, recs[i], s->rec_size);
-        s->promo_n++;
-        took++;
-    }
-    pthread_mutex_unlock(&s->promo_mu);
-    return took;
-}
-
+/* Queues rows read from the log that admission lets in, for the tier's
+ * thread to promote (explicit moves promote their own: tier_promote_ids). */
 void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n)
 {
     if (!s->heat || !s->promo_cap)
         return;
-    promo_offer(s, ids, locs, recs, n, true);
+    unsigned bar = atomic_load(&s->evicted_heat);
+    pthread_mutex_lock(&s->promo_mu);
+    for (size_t i = 0; i < n && s->promo_n < s->promo_cap; i++) {
+        if (!in_log(locs[i]))
+            continue;
+        unsigned h = heat_estimate(s->heat, embkv__hash(ids[i]));
+        if (h < PROMOTE_MIN_HEAT || h <= bar)
+            continue;
+        s->promo_ids[s->promo_n] = ids[i];
+        s->promo_locs[s->promo_n] = locs[i];
+        memcpy(s->promo_recs + s->promo_n * s->rec_size, recs[i], s->rec_size);
+        s->promo_n++;
+    }
+    pthread_mutex_unlock(&s->promo_mu);
 }
 
 /* For explicit moves: what is free above the high watermark (tier_worker.c
