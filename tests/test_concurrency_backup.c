@@ -307,7 +307,7 @@ typedef struct {
     embkv_store *s;
     atomic_int stop;
     atomic_long inserted, deleted;
-    long del_rows;
+    long del_rows, ins_rows;
 } world;
 
 static int add_one(void *ctx, size_t i, int64_t id, float *vec, float *state)
@@ -327,6 +327,7 @@ static void *updater(void *arg)
         size_t n = 0;
         TCHECK_RC(embkv_update_batch(w->s, ids, BATCH, add_one, NULL, 0, &n), EMBKV_OK);
         TCHECK(n == BATCH);
+        usleep(50);  /* (the pool's room for versions a backup keeps) */
     }
     return NULL;
 }
@@ -334,7 +335,9 @@ static void *updater(void *arg)
 static void *inserter(void *arg)
 {
     world *w = arg;
-    for (long k = 0; !atomic_load(&w->stop); k++) {
+    /* (capped: a backup's time follows the rows, and every version the
+     * updaters replace meanwhile stays in the pool until it ends) */
+    for (long k = 0; k < w->ins_rows && !atomic_load(&w->stop); k++) {
         float v[4] = {(float)k, 1, 2, 3};
         TCHECK_RC(embkv_put(w->s, INS_BASE + k, v, NULL, EMBKV_PUT_INSERT), EMBKV_OK);
         atomic_store(&w->inserted, k + 1);
@@ -430,6 +433,7 @@ static void test_beside_writers(void)
     memset(&w, 0, sizeof w);
     w.s = s;
     w.del_rows = (long)(3000 * scale);
+    w.ins_rows = (long)(30000 * scale);
     float z[4] = {0, 0, 0, 0};
     for (int64_t id = 0; id < BATCH; id++) CHECK_RC(embkv_put(s, id, z, NULL, 0), EMBKV_OK);
     for (long k = 0; k < w.del_rows; k++) CHECK_RC(embkv_put(s, DEL_BASE + k, z, NULL, 0), EMBKV_OK);

@@ -624,7 +624,9 @@ static void test_damaged_log(const char *root)
     int64_t f3 = -1, c3 = -1;
     damage_count e = read_damaged(s, gen, n, segs[0], gone, "missing", &f3, &c3);
     fprintf(stderr, "damaged log: newest segment %s deleted: %zu rows fail, %zu read\n", gone, e.truncated, e.ok);
-    CHECK(e.truncated > 100 && e.other == 0 && e.flipped == 0 && e.ok + e.truncated == n);
+    /* (how many rows the newest segment holds depends on what the tier
+     * thread did before the close: a compaction may have just begun one) */
+    CHECK(e.truncated > 0 && e.other == 0 && e.flipped == 0 && e.ok + e.truncated == n);
     /* rewrites of readable rows push others out to new segments */
     size_t rewritten = 0;
     for (size_t id = 0; id < n && rewritten < 30000; id++)
