@@ -26,5 +26,9 @@ unsigned embkv_debug_permits(embkv_store *s, int64_t id);
  * demotes, promotes and compacts nothing, as on a machine that gives it
  * no CPU; writers then demote (and compact) for themselves. */
 void embkv_debug_tier_pause(embkv_store *s, int paused);
+/* The process kills itself (SIGKILL) right after the nth change of an
+ * index slot from now, any store's (n = 0: never): a crash between a
+ * write's change and whatever the write does after it. */
+void embkv_debug_kill_after_index_writes(uint64_t n);
 
 #endif

@@ -400,8 +400,12 @@ static void kill_round(const char *dir, int round)
     for (int64_t id = 0; id < HOT; id++) {
         CHECK_RC(embkv_get(s, id, v, NULL, &info), EMBKV_OK);
         uint64_t expect = base[id] + want[id];
-        if (info.clock != expect || !row_consistent(id, v, expect))
-            wrong++;
+        if (info.clock != expect || !row_consistent(id, v, expect)) {
+            if (wrong++ < 3)
+                fprintf(stderr, "kill round %d: id %lld: clock %llu, value %g, want clock %llu (value %g)\n", round,
+                        (long long)id, (unsigned long long)info.clock, v[0], (unsigned long long)expect,
+                        v0_of(id) - (float)expect);
+        }
         base[id] = info.clock;
     }
     if (wrong)

@@ -561,6 +561,67 @@ static void resize_then_kill(void)
     free((void *)d);
 }
 
+/* A write changes an index slot, then marks its bucket for recovery (which
+ * visits only marked buckets): a kill between the two kept the change past
+ * the checkpoint.  The child updates and inserts rows after a checkpoint
+ * and kills itself right after its kth slot change, for several k: the
+ * reopen must give back every row as of the checkpoint, and no more. */
+static void kill_at_index_change(void)
+{
+    const uint64_t at[] = {1, 2, 3, 17, 250, 999, 1001, 1600};
+    const int64_t n = 1000;
+    for (size_t r = 0; r < sizeof at / sizeof at[0]; r++) {
+        char name[48];
+        snprintf(name, sizeof name, "slotkill%zu", r);
+        const char *d = strdup(test_tmpdir(name));
+        embkv_options o = {.dim = DIM, .state_floats = SF, .expected_rows = 4 * n, .pool_size = 64ull << 20};
+        embkv_store *s = NULL;
+        CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+        if (!s) return;
+        float v[DIM];
+        for (int64_t id = 0; id < n; id++) {
+            make_vec(id, 1, v);
+            CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+        }
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            embkv_store *c = NULL;
+            if (embkv_open(d, &o, 0, &c) != EMBKV_OK) _exit(3);
+            embkv_debug_kill_after_index_writes(at[r]);
+            float w[DIM];
+            /* updates (slot changes), then inserts (new slots) */
+            for (int64_t id = 0; id < 2 * n; id++) {
+                make_vec(id, 2, w);
+                if (embkv_put(c, id, w, NULL, 0) != EMBKV_OK) _exit(4);
+            }
+            _exit(5);
+        }
+        int wst = 0;
+        waitpid(pid, &wst, 0);
+        CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s) return;
+        CHECK(embkv_count(s) == (uint64_t)n);
+        int bad = 0;
+        for (int64_t id = 0; id < 2 * n; id++) {
+            float g[DIM];
+            make_vec(id, 1, v);
+            int rc = embkv_get(s, id, g, NULL, NULL);
+            bad += id < n ? rc != EMBKV_OK || memcmp(g, v, sizeof v) != 0 : rc != EMBKV_NOTFOUND;
+        }
+        if (bad)
+            fprintf(stderr, "  killed after index change %llu: %d rows not as of the checkpoint\n",
+                    (unsigned long long)at[r], bad);
+        CHECK(bad == 0);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        embkv_destroy(d);
+        free((void *)d);
+    }
+}
+
 int main(void)
 {
     const char *es = getenv("EMBKV_TEST_SEED");
@@ -584,6 +645,7 @@ int main(void)
 
     create_crashes(rounds / 2, &r);
     resize_then_kill();
+    kill_at_index_change();
 
     model m;
     model_init(&m);

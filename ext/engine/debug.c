@@ -1,8 +1,24 @@
 /*
- * debug.c - introspection of the PetHash layout for tests and benchmarks.
+ * debug.c - introspection of the PetHash layout for tests and benchmarks,
+ * and a crash point for the crash tests.
  */
+#include <signal.h>
+
 #include "embkv_debug.h"
 #include "store_internal.h"
+
+_Atomic uint64_t embkv__kill_countdown;
+
+void embkv_debug_kill_after_index_writes(uint64_t n) { atomic_store(&embkv__kill_countdown, n); }
+
+void debug_index_written(void)
+{
+    uint64_t n = atomic_load(&embkv__kill_countdown);
+    while (n && !atomic_compare_exchange_weak(&embkv__kill_countdown, &n, n - 1))
+        ;
+    if (n == 1)
+        raise(SIGKILL);
+}
 
 uint64_t embkv_debug_nbuckets(embkv_store *s) { return atomic_load(&s->ix)->nbuckets; }
 unsigned embkv_debug_slots_per_bucket(void) { return BUCKET_SLOTS; }

@@ -46,17 +46,26 @@ static inline uint64_t next_bucket(const index_desc *ix, uint64_t b, uint64_t st
     return (b + step) & ix->mask;
 }
 
-/* Writes a key into free slot i of a locked bucket. */
-static inline void touched(const index_desc *ix, const bucket *bk)
+/* A bucket is marked for recovery before it changes (sync.c: recovery
+ * visits only the buckets marked since the durable epoch, so a process
+ * killed between a change and its mark would keep the change past the
+ * checkpoint), and its page is marked for the next flush after. */
+static inline void will_touch(const index_desc *ix, const bucket *bk)
 {
-    if (ix->owner) {
-        persist_range(ix->owner, bk, BUCKET_BYTES);
+    if (ix->owner)
         mark_bucket(ix->owner, bk);
-    }
 }
 
+static inline void touched(const index_desc *ix, const bucket *bk)
+{
+    if (ix->owner)
+        persist_range(ix->owner, bk, BUCKET_BYTES);
+}
+
+/* Writes a key into free slot i of a locked bucket. */
 static void place(const index_desc *ix, bucket *bk, unsigned i, int64_t id, uint8_t fp, uint64_t loc)
 {
+    will_touch(ix, bk);
     __atomic_store_n(&bk->slots[i].key, id, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->slots[i].loc, loc, __ATOMIC_RELEASE);
     uint64_t *w = (uint64_t *)&bk->fp[i < 8 ? 0 : 8];
@@ -66,11 +75,14 @@ static void place(const index_desc *ix, bucket *bk, unsigned i, int64_t id, uint
     __atomic_store_n(w, word, __ATOMIC_RELAXED);
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used | (1u << i)), __ATOMIC_RELEASE);
+    if (ix->owner)
+        debug_index_point();
     touched(ix, bk);
 }
 
 static void unplace(const index_desc *ix, bucket *bk, unsigned i)
 {
+    will_touch(ix, bk);
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used & ~(1u << i)), __ATOMIC_RELEASE);
     touched(ix, bk);
@@ -78,6 +90,7 @@ static void unplace(const index_desc *ix, bucket *bk, unsigned i)
 
 static inline void count_over(const index_desc *ix, bucket *bk, int delta)
 {
+    will_touch(ix, bk);
     if (delta > 0)
         __atomic_fetch_add(&bk->overflow, 1, __ATOMIC_RELAXED);
     else

@@ -565,6 +565,15 @@ void dirtymap_close(embkv_store *s);
  * persist_range, wherever a slot, its used bit or an overflow counter
  * changes. */
 void mark_bucket(embkv_store *s, const void *bk);
+/* The crash point of embkv_debug_kill_after_index_writes (debug.c): called
+ * right after an index slot changes, it costs one load while unarmed. */
+extern _Atomic uint64_t embkv__kill_countdown;
+void debug_index_written(void);
+static inline void debug_index_point(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&embkv__kill_countdown, memory_order_relaxed) != 0, 0))
+        debug_index_written();
+}
 /* Whether bucket bk was changed since the durable epoch. */
 bool dirtymap_marked(const embkv_store *s, const void *bk);
 /* After recovery: the pool is as of its durable epoch, nothing marked. */

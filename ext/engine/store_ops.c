@@ -142,9 +142,11 @@ typedef struct write_req {
 static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
 {
     slot *sl = &ix->buckets[f->bucket].slots[f->slot];
-    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
-    persist_range(s, &sl->loc, sizeof sl->loc);
+    /* Marked before the change: recovery visits only marked buckets. */
     mark_bucket(s, &ix->buckets[f->bucket]);
+    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
+    debug_index_point();
+    persist_range(s, &sl->loc, sizeof sl->loc);
 }
 
 /* Decide what the new version links to and what happens to the old one. */
