@@ -561,11 +561,12 @@ static void resize_then_kill(void)
     free((void *)d);
 }
 
-/* A write changes an index slot, then marks its bucket for recovery (which
- * visits only marked buckets): a kill between the two kept the change past
- * the checkpoint.  The child updates and inserts rows after a checkpoint
- * and kills itself right after its kth slot change, for several k: the
- * reopen must give back every row as of the checkpoint, and no more. */
+/* A write marks an index bucket for recovery (which visits only marked
+ * buckets) and changes its slot: with the mark after the change, a kill
+ * between the two kept the change past the checkpoint.  The child updates
+ * and inserts rows after a checkpoint and kills itself right after its kth
+ * slot change, for several k: the reopen must give back every row as of
+ * the checkpoint, and no more. */
 static void kill_at_index_change(void)
 {
     const uint64_t at[] = {1, 2, 3, 17, 250, 999, 1001, 1600};
@@ -622,6 +623,74 @@ static void kill_at_index_change(void)
     }
 }
 
+/* A key moved to its home bucket (embkv_hotset_move) is copied there, then
+ * removed from where it was: a kill between the two left it twice, counted
+ * twice after the reopen.  The child moves displaced keys home and kills
+ * itself at its kth index change (copies, removals, evictions of victims
+ * further along their paths): the reopen must hold every row once, as it
+ * was. */
+static void kill_in_home_move(void)
+{
+    const uint64_t at[] = {1, 2, 3, 4, 5, 8, 13, 40};
+    const char *d = strdup(test_tmpdir("movekill"));
+    embkv_options o = {.dim = DIM, .state_floats = SF, .expected_rows = 2000, .max_load = 0.95,
+                       .pool_size = 64ull << 20};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    int64_t n = (int64_t)(embkv_debug_nbuckets(s) * embkv_debug_slots_per_bucket() * 0.85);
+    float v[DIM], g[DIM];
+    for (int64_t id = 0; id < n; id++) {
+        make_vec(id, 1, v);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    for (size_t r = 0; r < sizeof at / sizeof at[0]; r++) {
+        /* the keys away from home now (each round's kill moved some) */
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s) return;
+        int64_t *disp = malloc((size_t)n * sizeof *disp);
+        size_t nd = 0;
+        for (int64_t id = 0; id < n; id++) {
+            uint64_t b;
+            if (embkv_debug_bucket_of(s, id, &b) == EMBKV_OK && b != embkv_debug_home(s, id))
+                disp[nd++] = id;
+        }
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        CHECK(nd > 10);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            embkv_store *c = NULL;
+            if (embkv_open(d, &o, 0, &c) != EMBKV_OK) _exit(3);
+            embkv_debug_kill_after_index_writes(at[r]);
+            embkv_moves mv;
+            embkv_hotset_move(c, disp, nd, &mv);
+            _exit(5);
+        }
+        free(disp);
+        int wst = 0;
+        waitpid(pid, &wst, 0);
+        CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s) return;
+        uint64_t count = embkv_count(s);
+        int bad = 0;
+        for (int64_t id = 0; id < n; id++) {
+            make_vec(id, 1, v);
+            bad += embkv_get(s, id, g, NULL, NULL) != EMBKV_OK || memcmp(g, v, sizeof v) != 0;
+        }
+        if (count != (uint64_t)n || bad)
+            fprintf(stderr, "  killed at index change %llu of a home move: %llu rows counted of %lld, %d wrong\n",
+                    (unsigned long long)at[r], (unsigned long long)count, (long long)n, bad);
+        CHECK(count == (uint64_t)n && bad == 0);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    embkv_destroy(d);
+    free((void *)d);
+}
+
 int main(void)
 {
     const char *es = getenv("EMBKV_TEST_SEED");
@@ -646,6 +715,7 @@ int main(void)
     create_crashes(rounds / 2, &r);
     resize_then_kill();
     kill_at_index_change();
+    kill_in_home_move();
 
     model m;
     model_init(&m);

@@ -85,6 +85,8 @@ static void unplace(const index_desc *ix, bucket *bk, unsigned i)
     will_touch(ix, bk);
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used & ~(1u << i)), __ATOMIC_RELEASE);
+    if (ix->owner)
+        debug_index_point();
     touched(ix, bk);
 }
 
@@ -206,7 +208,7 @@ static bool evict_victim(embkv_store *s, index_desc *ix, uint64_t home, uint64_t
             /* Count home itself as passed over, then place further on.
              * A forward move is safe for readers: the copy exists before the
              * original is removed, and readers walk the path forwards. */
-            count_over(ix, hb, +1);
+            count_over(ix, hb, +1);  /* (marks home before the copy: see ix_move_home) */
             found_slot nf;
             if (place_along_path(ix, next_bucket(ix, home, hash_step(vh)), vkey, vh, vf.loc, &nf)) {
                 ix_lock_bucket(hb);
@@ -236,6 +238,12 @@ int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h)
         ix_lock_bucket(hb);
         uint16_t used = __atomic_load_n(&hb->used, __ATOMIC_RELAXED);
         if (used != FULL_MASK) {
+            /* Both buckets are marked before the copy is placed: a kill
+             * between the copy and the removal of the original leaves the
+             * key twice, and recovery (which visits marked buckets only)
+             * must see both to roll them back alike and drop the second
+             * (ix_first_on_path). */
+            will_touch(ix, &ix->buckets[f.bucket]);
             /* Backward move: readers that miss across it retry (move_seq). */
             atomic_fetch_add(&ix->move_seq, 1);
             unsigned slot_i = (unsigned)__builtin_ctz((unsigned)(~used & FULL_MASK));
@@ -254,4 +262,19 @@ int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h)
             return 0;
     }
     return 0;
+}
+
+bool ix_first_on_path(const index_desc *ix, int64_t id, uint64_t h, uint64_t b, unsigned i)
+{
+    uint64_t step = hash_step(h), x = h & ix->mask;
+    for (uint64_t n = 0; n <= ix->mask; n++, x = next_bucket(ix, x, step)) {
+        const bucket *bk = &ix->buckets[x];
+        for (unsigned k = 0; k < BUCKET_SLOTS; k++) {
+            if (x == b && k == i)
+                return true;
+            if ((bk->used & (1u << k)) && bk->slots[k].key == id)
+                return false;
+        }
+    }
+    return true;
 }

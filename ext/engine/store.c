@@ -510,6 +510,19 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
             bk->slots[i].loc = loc;
         }
     }
+    /* A key moved along its path (pethash.c: ix_move_home, evict_victim)
+     * by a process killed between placing the copy and removing the
+     * original is there twice, both buckets marked and rolled back alike:
+     * the second on its path goes (the overflow counts are rebuilt below). */
+    for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
+        bucket *bk = &ix->buckets[b];
+        if (marked && !dirtymap_marked(s, bk))
+            continue;
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++)
+            if ((bk->used & (1u << i)) &&
+                !ix_first_on_path(ix, bk->slots[i].key, embkv__hash(bk->slots[i].key), b, i))
+                bk->used &= (uint16_t)~(1u << i);
+    }
     free(ssd);
     if (rc == EMBKV_OK)
         ix_rebuild_overflow(ix);

@@ -381,6 +381,10 @@ void ix_unlock_bucket(bucket *b);
 /* Insert a key known absent; the key's stripe lock held. Returns false only
  * when no bucket on the whole probe cycle has room. */
 bool ix_insert(index_desc *ix, int64_t id, uint64_t h, uint64_t loc, found_slot *out);
+/* Whether slot i of bucket b is the first slot on id's path that holds id
+ * (recovery: a key moved along its path by a process killed half-way is
+ * there twice; readers find the first).  Unsynchronized: for recovery. */
+bool ix_first_on_path(const index_desc *ix, int64_t id, uint64_t h, uint64_t b, unsigned i);
 /* Remove the key at f (found by ix_find) and fix the counters on its path. */
 void ix_remove(index_desc *ix, uint64_t h, const found_slot *f);
 /* Position (0-based) of bucket b on the probe path of hash h. */
