@@ -32,8 +32,9 @@
  * for baseline x86-64, a row of doubles takes SSE2 four times the
  * instructions it takes AVX-512 (measured: a third of a cached push's
  * time).  Every clone computes the same values: IEEE operations, each
- * rounded as written (ISO C mode contracts nothing into FMA). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_attribute)
+ * rounded as written (ISO C mode contracts nothing into FMA).  Only
+ * where the C library resolves them at load time (glibc's ifunc). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -628,8 +629,8 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
     pg->sums = malloc((size_t)nsums * dim * sizeof *pg->sums);
     if (!pg->sums)
         return false;
-    /* In the order of the batch, from the first row on: the same sums as
-     * adding every row to a zeroed one. */
+        /* In the order of the batch, from 0.0 + the first row on: the same
+     * sums, bit for bit, as adding every row to a zeroed one. */
     for (size_t i = 0; i < n; i++) {
         size_t u = slot_of[i];
         if (pg->sum_of[u] == UINT32_MAX)
@@ -638,7 +639,7 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
         const float *src = grads + i * dim;
         if (pg->first[u] == i)
             for (uint32_t j = 0; j < dim; j++)
-                dst[j] = src[j];
+                dst[j] = 0.0 + src[j];
         else
             for (uint32_t j = 0; j < dim; j++)
                 dst[j] += src[j];
@@ -653,7 +654,7 @@ static const double *push_grad(const push_grads *pg, size_t u, uint32_t dim)
         return pg->sums + (size_t)pg->sum_of[u] * dim;
     const float *src = pg->grads + pg->first[u] * dim;
     for (uint32_t j = 0; j < dim; j++)
-        pg->row[j] = src[j];
+        pg->row[j] = 0.0 + src[j];  /* (as added to a zeroed sum: -0 becomes +0) */
     return pg->row;
 }
 
