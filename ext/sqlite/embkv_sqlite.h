@@ -98,6 +98,8 @@ int embkv_vecfn_register(sqlite3 *db);
  * white space, no NUL byte, every number as JSON writes it ('01', '1.',
  * '+1', '0x10' are not); NULL otherwise. */
 size_t ek_json_number(const char *p);
+/* The offset of the first number in s[0, n) that is not JSON's, or SIZE_MAX. */
+size_t ek_json_bad_number(const char *s, size_t n);
 cJSON *ek_json_parse(const char *s, size_t n);
 
 #endif

@@ -39,11 +39,11 @@ size_t ek_json_number(const char *p)
     return (size_t)(q - p);
 }
 
-cJSON *ek_json_parse(const char *s, size_t n)
+size_t ek_json_bad_number(const char *s, size_t n)
 {
-    if (!s || memchr(s, 0, n)) return NULL;  /* cJSON would take a NUL for white space */
     /* cJSON is lenient with numbers ('01', '1.', hex through strtod):
-     * check every number token first.  Strings are skipped whole. */
+     * every number token is checked against JSON's grammar.  Strings are
+     * skipped whole. */
     for (size_t i = 0; i < n;) {
         char c = s[i];
         if (c == '"') {
@@ -52,17 +52,25 @@ cJSON *ek_json_parse(const char *s, size_t n)
             i++;
         } else if (c == '-' || is_digit(c)) {
             size_t k = ek_json_number(s + i);
-            if (!k) return NULL;
+            if (!k) return i;
+            size_t at = i;
             i += k;
             if (i < n && (is_digit(s[i]) || s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+' ||
                           s[i] == '-' || s[i] == 'x' || s[i] == 'X'))
-                return NULL;
+                return at;
         } else if (c == '+' || c == '.') {
-            return NULL;
+            return i;
         } else {
             i++;
         }
     }
+    return SIZE_MAX;
+}
+
+cJSON *ek_json_parse(const char *s, size_t n)
+{
+    if (!s || memchr(s, 0, n)) return NULL;  /* cJSON would take a NUL for white space */
+    if (ek_json_bad_number(s, n) != SIZE_MAX) return NULL;
     /* n + 1: the terminating NUL is part of the buffer, so cJSON refuses
      * anything after the value. */
     return cJSON_ParseWithLengthOpts(s, n + 1, NULL, 1);

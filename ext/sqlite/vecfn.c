@@ -200,6 +200,12 @@ static int parse_json_vec(sqlite3_context *ctx, const char *fname, int argno,
         vec_error(ctx, fname, argno, "not a JSON array of numbers: empty text");
         return VEC_ERR;
     }
+    size_t badnum = ek_json_bad_number(text, (size_t)len);
+    if (badnum != SIZE_MAX) {
+        vec_error(ctx, fname, argno, "not a JSON array of numbers: invalid JSON number at offset %d: '%.*s'",
+                  (int)badnum, snippet_len(text + badnum, len - (int)badnum, 20), text + badnum);
+        return VEC_ERR;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)len + 1, &end, 1);
     if (!root || end != text + len) {

@@ -112,4 +112,11 @@ CREATE TEMP TABLE wd(i INTEGER, x);
 INSERT INTO wd VALUES (1, '[1,2]'), (2, NULL), (3, '[1]'), (4, '[2]');
 SELECT 'window-redim', i, embkv_json(embkv_sum(x) OVER w), embkv_json(embkv_avg(x) OVER w)
 FROM wd WINDOW w AS (ORDER BY i ROWS 1 PRECEDING) ORDER BY i;
+-- numbers as JSON writes them, as a table's INSERT takes them
+SELECT embkv_vec('[01]');
+SELECT embkv_vec('[1., 2]');
+SELECT embkv_vec('[+1]');
+SELECT embkv_vec('[0x10]');
+SELECT embkv_json(embkv_vec('[0, -0.5, 1e2, "x"]'));
+SELECT 'json numbers', hex(embkv_vec('[0, -0.5, 1e2, 10]'));
 SELECT 'done';
