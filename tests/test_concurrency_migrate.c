@@ -243,13 +243,17 @@ static void *writer(void *arg)
         size_t span = (r & 3) ? 200 : NROWS / NW;
         int64_t id = (int64_t)((size_t)w->t * (NROWS / NW) + (r >> 8) % span);
         uint64_t g = w->gen[id] + 1;
-        if (put_gen(w->s, id, g) != EMBKV_OK) {
-            w->wrong++;
+        int rc = put_gen(w->s, id, g);
+        if (rc != EMBKV_OK) {
+            if (w->wrong++ < 3)
+                fprintf(stderr, "writer %d: put of id %lld failed: %s\n", w->t, (long long)id, embkv_errmsg());
             continue;
         }
         w->gen[id] = g;
-        if (embkv_get(w->s, id, v, NULL, NULL) != EMBKV_OK || !vec_is(v, id, g))
-            w->wrong++;
+        if ((rc = embkv_get(w->s, id, v, NULL, NULL)) != EMBKV_OK || !vec_is(v, id, g))
+            if (w->wrong++ < 3)
+                fprintf(stderr, "writer %d: id %lld read back %s after its put\n", w->t, (long long)id,
+                        rc == EMBKV_OK ? "another version" : embkv_errmsg());
     }
     return NULL;
 }

@@ -33,8 +33,11 @@
  * instructions it takes AVX-512 (measured: a third of a cached push's
  * time).  Every clone computes the same values: IEEE operations, each
  * rounded as written (ISO C mode contracts nothing into FMA).  Only
- * where the C library resolves them at load time (glibc's ifunc). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && defined(__has_attribute)
+ * where the C library resolves them at load time (glibc's ifunc), and not
+ * under ThreadSanitizer, whose instrumented resolver would run before the
+ * sanitizer is set up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
+    !defined(__SANITIZE_THREAD__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
