@@ -199,6 +199,9 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
 {
+    /* (A freed record may be named by an index entry this thread changed
+     * and flushed: drained first, as in retire_now.) */
+    persist_barrier(s);
     pthread_mutex_lock(&s->slab_mu);
     /* Room for every record of every chunk was reserved in add_chunk.  A
      * location in the SSD log goes back to the log's live counts instead
