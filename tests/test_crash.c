@@ -561,6 +561,58 @@ static void resize_then_kill(void)
     free((void *)d);
 }
 
+/* Rows 0..n-1 at generation gen. */
+static void put_rows(embkv_store *s, int64_t n, int gen)
+{
+    float v[DIM];
+    for (int64_t id = 0; id < n; id++) {
+        make_vec(id, gen, v);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+}
+
+/* A child opens the store at d, arms the crash point at its nth index
+ * change and runs work on the store; it must die of that SIGKILL. */
+static void kill_child_at(const char *d, const embkv_options *o, uint64_t n, void (*work)(embkv_store *, void *),
+                          void *ctx)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        embkv_store *c = NULL;
+        if (embkv_open(d, o, 0, &c) != EMBKV_OK) _exit(3);
+        embkv_debug_kill_after_index_writes(n);
+        work(c, ctx);
+        _exit(5);
+    }
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+}
+
+/* updates of rows 0..n-1 (slot changes), then inserts of n..2n-1 (new slots) */
+static void update_then_insert(embkv_store *c, void *ctx)
+{
+    int64_t n = *(const int64_t *)ctx;
+    float w[DIM];
+    for (int64_t id = 0; id < 2 * n; id++) {
+        make_vec(id, 2, w);
+        if (embkv_put(c, id, w, NULL, 0) != EMBKV_OK) _exit(4);
+    }
+}
+
+typedef struct {
+    const int64_t *ids;
+    size_t n;
+} id_list;
+
+static void move_home(embkv_store *c, void *ctx)
+{
+    const id_list *l = ctx;
+    embkv_moves mv;
+    embkv_hotset_move(c, l->ids, l->n, &mv);
+}
+
 /* A write marks an index bucket for recovery (which visits only marked
  * buckets) and changes its slot: with the mark after the change, a kill
  * between the two kept the change past the checkpoint.  The child updates
@@ -579,35 +631,15 @@ static void kill_at_index_change(void)
         embkv_store *s = NULL;
         CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
         if (!s) return;
-        float v[DIM];
-        for (int64_t id = 0; id < n; id++) {
-            make_vec(id, 1, v);
-            CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
-        }
+        put_rows(s, n, 1);
         CHECK_RC(embkv_close(s), EMBKV_OK);
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            embkv_store *c = NULL;
-            if (embkv_open(d, &o, 0, &c) != EMBKV_OK) _exit(3);
-            embkv_debug_kill_after_index_writes(at[r]);
-            float w[DIM];
-            /* updates (slot changes), then inserts (new slots) */
-            for (int64_t id = 0; id < 2 * n; id++) {
-                make_vec(id, 2, w);
-                if (embkv_put(c, id, w, NULL, 0) != EMBKV_OK) _exit(4);
-            }
-            _exit(5);
-        }
-        int wst = 0;
-        waitpid(pid, &wst, 0);
-        CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+        kill_child_at(d, &o, at[r], update_then_insert, (void *)&n);
         CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
         if (!s) return;
         CHECK(embkv_count(s) == (uint64_t)n);
         int bad = 0;
         for (int64_t id = 0; id < 2 * n; id++) {
-            float g[DIM];
+            float v[DIM], g[DIM];
             make_vec(id, 1, v);
             int rc = embkv_get(s, id, g, NULL, NULL);
             bad += id < n ? rc != EMBKV_OK || memcmp(g, v, sizeof v) != 0 : rc != EMBKV_NOTFOUND;
@@ -640,10 +672,7 @@ static void kill_in_home_move(void)
     if (!s) return;
     int64_t n = (int64_t)(embkv_debug_nbuckets(s) * embkv_debug_slots_per_bucket() * 0.85);
     float v[DIM], g[DIM];
-    for (int64_t id = 0; id < n; id++) {
-        make_vec(id, 1, v);
-        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
-    }
+    put_rows(s, n, 1);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     for (size_t r = 0; r < sizeof at / sizeof at[0]; r++) {
         /* the keys away from home now (each round's kill moved some) */
@@ -658,20 +687,9 @@ static void kill_in_home_move(void)
         }
         CHECK_RC(embkv_close(s), EMBKV_OK);
         CHECK(nd > 10);
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            embkv_store *c = NULL;
-            if (embkv_open(d, &o, 0, &c) != EMBKV_OK) _exit(3);
-            embkv_debug_kill_after_index_writes(at[r]);
-            embkv_moves mv;
-            embkv_hotset_move(c, disp, nd, &mv);
-            _exit(5);
-        }
+        id_list l = {disp, nd};
+        kill_child_at(d, &o, at[r], move_home, &l);
         free(disp);
-        int wst = 0;
-        waitpid(pid, &wst, 0);
-        CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
         CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
         if (!s) return;
         uint64_t count = embkv_count(s);

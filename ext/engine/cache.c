@@ -98,8 +98,6 @@ struct cache {
     size_t map_bytes;
     void *map;
     bool huge;
-    centry *tab_map;           /* every shard's table (tab_bytes) */
-    size_t tab_bytes;
     _Atomic uint64_t *dirty;   /* one bit per slot */
     size_t dirty_words;
     atomic_uint_fast64_t ndirty;
@@ -177,9 +175,15 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
     c->capacity = rows;
     c->rec_size = rec_size;
     c->words = rec_size / 8;
+    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, base = 0, tab_total = 0;
+    for (int i = 0; i < CACHE_SHARDS; i++)
+        tab_total += tab_entries(per + ((uint64_t)i < extra));
+    /* The shard tables share the mapping (after the records): a probe is a
+     * random line of megabytes of tables, and on 4 KiB pages its TLB miss
+     * cost about as much as the line (measured). */
     size_t slot_bytes = (size_t)rows * sizeof(cslot), rec_bytes = (size_t)rows * rec_size;
-    size_t align = 2u << 20;
-    c->map_bytes = (slot_bytes + rec_bytes + 2 * align) / align * align;
+    size_t tab_bytes = (size_t)tab_total * sizeof(centry), align = 2u << 20;
+    c->map_bytes = (slot_bytes + rec_bytes + 64 + tab_bytes + 2 * align) / align * align;
     c->map = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (c->map == MAP_FAILED) {
         free(c);
@@ -192,28 +196,15 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
     if (!small || !*small || *small == '0')
         c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
 #endif
-    /* Records from the first huge page boundary past the slots. */
+    /* Records from the first huge page boundary past the slots, then the
+     * shard tables. */
     c->slots = c->map;
     uintptr_t r = ((uintptr_t)c->map + slot_bytes + align - 1) & ~(uintptr_t)(align - 1);
     c->recs = (char *)r;
+    centry *next_tab = (centry *)(((uintptr_t)c->recs + rec_bytes + 63) & ~(uintptr_t)63);
     c->dirty_words = (rows + 63) / 64;
     c->dirty = calloc(c->dirty_words, sizeof *c->dirty);
-    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, base = 0, tab_total = 0;
-    for (int i = 0; i < CACHE_SHARDS; i++)
-        tab_total += tab_entries(per + ((uint64_t)i < extra));
-    /* The shard tables in one mapping of zero pages, huge where the kernel
-     * gives them: a probe is a random line of megabytes of tables, and on
-     * 4 KiB pages its TLB miss cost about as much as the line (measured). */
-    c->tab_bytes = (size_t)tab_total * sizeof(centry);
-    c->tab_map = mmap(NULL, c->tab_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (c->tab_map == MAP_FAILED)
-        c->tab_map = NULL;
-#ifdef MADV_HUGEPAGE
-    else if (c->huge)
-        (void)madvise(c->tab_map, c->tab_bytes, MADV_HUGEPAGE);  /* a hint, as above */
-#endif
-    bool ok = c->dirty != NULL && c->tab_map != NULL;
-    centry *next_tab = c->tab_map;
+    bool ok = c->dirty != NULL;
     for (int i = 0; i < CACHE_SHARDS && ok; i++) {
         cshard *sh = &c->shards[i];
         atomic_flag_clear(&sh->lock);
@@ -237,8 +228,6 @@ void cache_free(cache *c)
 {
     if (!c)
         return;
-    if (c->tab_map)
-        munmap(c->tab_map, c->tab_bytes);
     free((void *)c->dirty);
     munmap(c->map, c->map_bytes);
     free(c);

@@ -282,6 +282,7 @@ static bool take_seal(const char *dir)
     return strcmp(want, got) == 0;
 }
 
+#ifdef __SANITIZE_ADDRESS__
 /* Threads of this process, from /proc (0 when it cannot tell). */
 static unsigned process_threads(void)
 {
@@ -296,6 +297,7 @@ static unsigned process_threads(void)
     fclose(f);
     return n;
 }
+#endif
 
 static int probe_pool(const char *pool, const char *dir)
 {
@@ -307,8 +309,6 @@ static int probe_pool(const char *pool, const char *dir)
      * from a process of one thread; glibc's malloc is safe across fork. */
     if (process_threads() != 1)
         return EMBKV_OK;
-#else
-    (void)process_threads;
 #endif
     const char *env = getenv("EMBKV_PROBE_TIMEOUT");
     unsigned timeout = env && atoi(env) > 0 ? (unsigned)atoi(env) : PROBE_TIMEOUT_S;

@@ -616,9 +616,8 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
     pg->row = malloc((size_t)dim * sizeof *pg->row);
     if (!pg->first || !pg->sum_of || !pg->row)
         return false;
-    for (size_t u = 0; u < nu; u++)
-        pg->sum_of[u] = UINT32_MAX;
-    memset(pg->first, 0xff, nu * sizeof *pg->first);
+    memset(pg->first, 0xff, nu * sizeof *pg->first);    /* SIZE_MAX: not seen */
+    memset(pg->sum_of, 0xff, nu * sizeof *pg->sum_of);  /* UINT32_MAX: seen once */
     uint32_t nsums = 0;
     for (size_t i = 0; i < n; i++) {
         size_t u = slot_of[i];
@@ -632,7 +631,7 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
     pg->sums = malloc((size_t)nsums * dim * sizeof *pg->sums);
     if (!pg->sums)
         return false;
-        /* In the order of the batch, from 0.0 + the first row on: the same
+    /* In the order of the batch, from 0.0 + the first row on: the same
      * sums, bit for bit, as adding every row to a zeroed one. */
     for (size_t i = 0; i < n; i++) {
         size_t u = slot_of[i];
