@@ -632,6 +632,67 @@ static void test_pulled_stay(const char *root)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* The cleaner: once over 15/16 of the cache is dirty, a push writes back
+ * rows down to 7/8 (each shard's share rounded up: at most one row more
+ * per shard, 64 shards), and no further. */
+static void test_cleaner(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/cleaner", root);
+    embkv_store *s = open_with(dir, EMBKV_SGD, 1024 * (32 + 4 * DIM + 88), true);
+    float v[DIM] = {0}, g[8 * DIM], out[8 * DIM];
+    for (int i = 0; i < 8 * DIM; i++)
+        g[i] = 0.5f;  /* (lr 0.05) */
+    for (int64_t id = 0; id < ROWS; id++)
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    embkv_session *ss;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    uint64_t cap = st.cache_capacity_rows, cleanings = 0, wb = 0, dirty = 0;
+    CHECK(cap >= 1000 && cap <= 1100);
+    /* Twice over the rows, a checkpoint between (all clean again). */
+    for (int64_t b = 0; b < 2 * ROWS / 8; b++) {
+        if (b == ROWS / 8) {
+            CHECK_RC(embkv_sync(s), EMBKV_OK);
+            CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+            CHECK(st.cache_dirty == 0);
+            wb = st.cache_writebacks;
+            dirty = 0;
+        }
+        int64_t ids[8];
+        for (int i = 0; i < 8; i++)
+            ids[i] = b % (ROWS / 8) * 8 + i;
+        CHECK_RC(embkv_pull(ss, ids, 8, out), EMBKV_OK);
+        CHECK_RC(embkv_push(ss, ids, 8, g, 0, NULL), EMBKV_OK);
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        /* (the push that passes 15/16 cleans after its group) */
+        CHECK(st.cache_dirty * 16 <= cap * 15 + 16 * 8);
+        if (st.cache_writebacks != wb) {
+            cleanings++;
+            CHECK(st.cache_dirty <= cap * 7 / 8 + 8);
+            CHECK(st.cache_dirty + 64 + 8 >= cap * 7 / 8);
+            /* each write-back made one dirty row clean (the push itself
+             * turned at most its 8 rows dirty) */
+            CHECK(st.cache_writebacks - wb + st.cache_dirty >= dirty &&
+                  st.cache_writebacks - wb + st.cache_dirty <= dirty + 8);
+        }
+        wb = st.cache_writebacks;
+        dirty = st.cache_dirty;
+    }
+    printf("cleaner: %llu rows cached of %llu, %llu dirty, %llu cleanings, %llu write-backs\n", (unsigned long long)st.cache_rows, (unsigned long long)cap, (unsigned long long)dirty, (unsigned long long)cleanings, (unsigned long long)wb);
+    CHECK(cleanings >= 2);
+    CHECK(dirty > 0);
+    /* Every row holds its two pushes, wherever it lives. */
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    for (int64_t id = 0; id < ROWS; id++) {
+        CHECK_RC(embkv_get(s, id, out, NULL, NULL), EMBKV_OK);
+        CHECK(out[0] == (float)((float)(0.0 - 0.05 * 0.5) - 0.05 * 0.5));
+    }
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -643,6 +704,7 @@ int main(void)
     test_snapshot(root);
     test_full_pool(root);
     test_pulled_stay(root);
+    test_cleaner(root);
     test_kills(root);
     return test_summary("test_cache");
 }

@@ -75,7 +75,8 @@ typedef struct cslot {
     uint8_t used;              /* under the shard lock */
     _Atomic uint16_t pulled;   /* pull_tick of its last pull (low bits); 0 never */
     _Atomic int64_t id;
-    uint64_t wb;               /* dirty: the pool record its write-back fills */
+    uint64_t wb;               /* dirty: the pool record its write-back fills (atomic
+                                  stores: read unlocked as a prefetch hint) */
 } cslot;
 
 typedef struct cshard {
@@ -364,13 +365,13 @@ void cache_prefetch(const cache *c, uint64_t h)
     __builtin_prefetch(&sh->tab[tab_home(sh, h)], 0, 3);
 }
 
-void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw)
+/* A probe without the version check: a hint for the line fetches. */
+static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
 {
-    /* A probe without the version check: a hint for the line fetches. */
     const cshard *sh = shard_of(c, h);
     int64_t si = tab_find(sh, id, h);
     if (si < 0)
-        return;
+        return -1;
     const char *p = (const char *)slot_words(c, (uint32_t)si);
     __builtin_prefetch(&c->slots[si], 0, 3);
     for (uint32_t off = 0; off < c->rec_size; off += 64) {
@@ -379,6 +380,15 @@ void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw)
         else
             __builtin_prefetch(p + off, 0, 3);
     }
+    return si;
+}
+
+void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw) { (void)prefetch_slot(c, id, h, rw); }
+
+uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h)
+{
+    int64_t si = prefetch_slot(c, id, h, 0);
+    return si < 0 ? LOC_NONE : __atomic_load_n(&c->slots[si].wb, __ATOMIC_RELAXED);
 }
 
 /* The slot of id, or -1, from a probe no table change overlapped (a
@@ -509,14 +519,14 @@ void cache_store_locked(cache *c, int64_t si, const void *rec)
 
 void cache_mark_dirty_locked(cache *c, int64_t si, uint64_t wb)
 {
-    c->slots[si].wb = wb;
+    __atomic_store_n(&c->slots[si].wb, wb, __ATOMIC_RELAXED);
     set_dirty(c, (uint32_t)si, true);
 }
 
 uint64_t cache_mark_clean_locked(cache *c, int64_t si)
 {
     uint64_t wb = c->slots[si].wb;
-    c->slots[si].wb = LOC_NONE;
+    __atomic_store_n(&c->slots[si].wb, LOC_NONE, __ATOMIC_RELAXED);
     set_dirty(c, (uint32_t)si, false);
     atomic_fetch_add_explicit(&c->writebacks, 1, memory_order_relaxed);
     return wb;
@@ -541,7 +551,7 @@ uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h)
         seq_end(cs);
         if (bit_get(c, (uint32_t)si))
             wb = cs->wb;
-        cs->wb = LOC_NONE;
+        __atomic_store_n(&cs->wb, LOC_NONE, __ATOMIC_RELAXED);
         set_dirty(c, (uint32_t)si, false);
     }
     shard_unlock(sh);
@@ -663,7 +673,7 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
     tver_begin(sh);
     tab_insert(sh, id, h, (uint32_t)si);
     tver_end(sh);
-    cs->wb = LOC_NONE;
+    __atomic_store_n(&cs->wb, LOC_NONE, __ATOMIC_RELAXED);
     set_dirty(c, (uint32_t)si, false);
     shard_unlock(sh);
     atomic_fetch_add_explicit(&c->admissions, 1, memory_order_relaxed);
@@ -674,12 +684,10 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
 
 uint64_t cache_ndirty(const cache *c) { return c ? atomic_load(&c->ndirty) : 0; }
 
-int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s, size_t *n)
+int cache_dirty_ids(cache *c, int64_t **ids, size_t *n)
 {
     *n = 0;
     *ids = NULL;
-    if (heat_of)
-        *heat_of = NULL;
     size_t cap = atomic_load(&c->ndirty) + 64, k = 0;
     int64_t *out = malloc(cap * sizeof *out);
     if (!out)
@@ -702,14 +710,42 @@ int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s,
             out[k++] = atomic_load_explicit(&c->slots[si].id, memory_order_relaxed);
         }
     }
-    if (heat_of && k) {
-        *heat_of = malloc(k * sizeof **heat_of);
-        if (!*heat_of) {
-            free(out);
-            return EMBKV_NOMEM;
-        }
-        for (size_t i = 0; i < k; i++)
-            (*heat_of)[i] = heat_estimate(s->heat, embkv__hash(out[i]));
+    *ids = out;
+    *n = k;
+    return EMBKV_OK;
+}
+
+int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n)
+{
+    *n = 0;
+    *ids = NULL;
+    if (!want)
+        return EMBKV_OK;
+    int64_t *out = malloc((want + CACHE_SHARDS) * sizeof *out);
+    if (!out)
+        return EMBKV_NOMEM;
+    size_t k = 0;
+    for (int i = 0; i < CACHE_SHARDS; i++) {
+        cshard *sh = &c->shards[i];
+        if (!sh->n)
+            continue;
+        /* The shard's share, rounded up (so at most one more per shard). */
+        size_t quota = (size_t)((want * (uint64_t)sh->n + c->capacity - 1) / c->capacity), got = 0;
+        shard_lock(sh);
+        /* Unreferenced rows first: the hand's next victims.  Referenced
+         * ones only to fill the share (the hand clears their bits as it
+         * passes, so they are the victims of its next turn). */
+        for (int pass = 0; pass < 2 && got < quota; pass++)
+            for (uint32_t j = 0; j < sh->n && got < quota; j++) {
+                uint32_t si = sh->base + (sh->hand + j) % sh->n;
+                cslot *cs = &c->slots[si];
+                if (!cs->used || !bit_get(c, si) ||
+                    (atomic_load_explicit(&cs->ref, memory_order_relaxed) != 0) != (pass == 1))
+                    continue;
+                out[k++] = atomic_load_explicit(&cs->id, memory_order_relaxed);
+                got++;
+            }
+        shard_unlock(sh);
     }
     *ids = out;
     *n = k;

@@ -633,6 +633,11 @@ uint64_t cache_capacity(const cache *c);
 void cache_prefetch(const cache *c, uint64_t h);
 /* After cache_prefetch, a few ids later: the row's slot and record. */
 void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw);
+/* The same for a write-back, which then needs the slot's reserved record:
+ * returned, read unlocked, as a hint for its fetch (LOC_NONE when the row
+ * is not found).  It waits for the slot's line: the batch paths, which
+ * need nothing from it yet, use cache_prefetch_row. */
+uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h);
 bool cache_contains(cache *c, int64_t id, uint64_t h);
 /* 0: not cached, 1: cached clean, 2: cached dirty (a hint, lock-free). */
 int cache_state(cache *c, int64_t id, uint64_t h);
@@ -670,16 +675,20 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
  * shard, or hotter than the last victim weighed. */
 bool cache_worth_admitting(embkv_store *s, cache *c, uint64_t h);
 uint64_t cache_ndirty(const cache *c);
-/* Ids of the rows dirty now (check each under its lock), with their heat
- * when heat_of is given (malloc'd arrays). */
-int cache_dirty_ids(cache *c, int64_t **ids, unsigned **heat_of, embkv_store *s, size_t *n);
+/* Ids of the rows dirty now (check each under its lock; malloc'd). */
+int cache_dirty_ids(cache *c, int64_t **ids, size_t *n);
+/* About `want` dirty rows for the cleaner: in each shard its share, the
+ * first the shard's CLOCK hand reaches (unreferenced ones first).  A hint,
+ * as above; malloc'd. */
+int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n);
 void cache_stats(const cache *c, embkv_stats *st);
 
 /* store_ops.c: the cache's write-backs.  Quiesces the groups (groups_quiesce) with every dirty row written back;
  * on failure the groups are resumed. */
 int cache_flush_quiesce(embkv_store *s);
 /* Outside any group of the thread: once more than 15/16 of the cache is
- * dirty, quiesces the groups and writes back the coldest (down to 3/4). */
+ * dirty, quiesces the groups and writes back the rows the CLOCK hands
+ * reach next (down to 7/8). */
 int cache_clean(embkv_store *s);
 /* Brings ids into the cache (embkv_hotset_move); *admitted counts them. */
 int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted);

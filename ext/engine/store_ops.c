@@ -304,8 +304,25 @@ static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t
     return rc;
 }
 
+/* A record's lines, header first (prefetch_record fetches the vector
+ * only): a write-back reads the old home's header and fills the reserved
+ * record whole. */
+static inline void prefetch_whole_record(embkv_store *s, uint64_t loc, int rw)
+{
+    const char *p = (const char *)rec_at(s, loc);
+    for (size_t off = 0; off < s->rec_size + 64; off += 64) {
+        if (rw)
+            __builtin_prefetch(p + off, 1, 3);
+        else
+            __builtin_prefetch(p + off, 0, 3);
+    }
+}
+
 /* With the groups quiesced: writes back the dirty rows among ids (each
- * into its reserved record). */
+ * into its reserved record).  Pipelined like the batch paths: each row
+ * is a chain of misses (the cache's table line, the home bucket, then the
+ * old home's header and the reserved record), and a checkpoint writes
+ * back every dirty row, so unprefetched it paid each latency in turn. */
 static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
 {
     char *row = malloc(s->rec_size);
@@ -320,13 +337,33 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
-    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
-        uint64_t h = embkv__hash(ids[i]);
+    uint64_t hs[RING];
+    for (size_t i = 0; i < n + PF_BUCKET && rc == EMBKV_OK; i++) {
+        if (i < n) {
+            uint64_t h = embkv__hash(ids[i]);
+            hs[i % RING] = h;
+            cache_prefetch(s->cache, h);
+            PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
+        }
+        if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
+            size_t j = i - (PF_BUCKET - PF_RECORD);
+            uint64_t wb = cache_prefetch_wb(s->cache, ids[j], hs[j % RING]);
+            if (wb != LOC_NONE && !(wb & (LOC_TOMB | LOC_SSD)))
+                prefetch_whole_record(s, wb, 1);
+            uint32_t probes;
+            uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+            if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                prefetch_whole_record(s, loc, 0);
+        }
+        if (i < PF_BUCKET)
+            continue;
+        size_t j = i - PF_BUCKET;
+        uint64_t h = hs[j % RING];
         keylock_acquire(s, h);
-        int64_t at = cache_load_locked(s->cache, ids[i], h, row);
+        int64_t at = cache_load_locked(s->cache, ids[j], h, row);
         if (at >= 0 && cache_slot_dirty(s->cache, at)) {
             bool consumed;
-            int r = cache_write_home(s, ix, ids[i], h, cache_slot_wb(s->cache, at), (rec_hdr *)row, false, rb,
+            int r = cache_write_home(s, ix, ids[j], h, cache_slot_wb(s->cache, at), (rec_hdr *)row, false, rb,
                                      &consumed);
             if (consumed)
                 cache_mark_clean_locked(s->cache, at);
@@ -348,7 +385,7 @@ int cache_flush_quiesce(embkv_store *s)
     groups_quiesce(s);
     int64_t *ids = NULL;
     size_t n = 0;
-    int rc = cache_dirty_ids(s->cache, &ids, NULL, s, &n);
+    int rc = cache_dirty_ids(s->cache, &ids, &n);
     if (rc != EMBKV_OK)
         rc = embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
     else
@@ -371,33 +408,22 @@ int cache_clean(embkv_store *s)
     if (atomic_exchange(&s->cache_cleaning, true))
         return EMBKV_OK;  /* another writer cleans */
     groups_quiesce(s);
+    /* Down to 7/8 dirty, taking the rows each shard's CLOCK hand reaches
+     * next: eviction takes only clean rows, at the hand, so those are the
+     * write-backs it needs, and a hot row behind the hand is left dirty
+     * (measured at a 10% cache, 2M rows, Zipf 0.99: a third fewer
+     * write-backs and a hit rate as high or higher than choosing the
+     * coldest dirty rows by the sketch down to 3/4, which also cost a
+     * sketch lookup per dirty row each time). */
     int64_t *ids = NULL;
-    unsigned *hot = NULL;
     size_t n = 0;
-    int rc = cache_dirty_ids(c, &ids, &hot, s, &n);
-    if (rc == EMBKV_OK && n) {
-        /* The coldest, down to three quarters dirty: heats are a handful
-         * of values, so the k coldest are picked by counting, not by
-         * sorting every dirty row (which cost as much as the write-backs). */
-        size_t k = n > cap * 3 / 4 ? n - cap * 3 / 4 : 0, count[HEAT_MAX_COUNT + 1] = {0};
-        for (size_t i = 0; i < n; i++)
-            count[hot[i] < HEAT_MAX_COUNT ? hot[i] : HEAT_MAX_COUNT]++;
-        /* All rows below heat t, and the first `rest` at t. */
-        unsigned t = 0;
-        size_t below = 0;
-        while (t < HEAT_MAX_COUNT && below + count[t] < k)
-            below += count[t++];
-        size_t rest = k - below, m = 0;
-        for (size_t i = 0; i < n && m < k; i++) {
-            unsigned hv = hot[i] < HEAT_MAX_COUNT ? hot[i] : HEAT_MAX_COUNT;
-            if (hv < t || (hv == t && rest && rest--))
-                ids[m++] = ids[i];
-        }
-        rc = writeback_ids(s, ids, m);
-    }
+    int rc = cache_clean_ahead(c, (size_t)(nd - cap * 7 / 8), &ids, &n);
+    if (rc != EMBKV_OK)
+        rc = embkv__err(rc, "store %s: out of memory listing the cache's dirty rows", s->path);
+    else if (n)
+        rc = writeback_ids(s, ids, n);
     groups_resume(s);
     free(ids);
-    free(hot);
     atomic_store(&s->cache_cleaning, false);
     return rc;
 }
