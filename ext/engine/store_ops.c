@@ -304,18 +304,13 @@ static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t
     return rc;
 }
 
-/* A record's lines, header first (prefetch_record fetches the vector
- * only): a write-back reads the old home's header and fills the reserved
- * record whole. */
-static inline void prefetch_whole_record(embkv_store *s, uint64_t loc, int rw)
+/* A record's lines for writing it whole, header first (prefetch_record
+ * fetches the vector only, to read). */
+static inline void prefetch_record_to_write(embkv_store *s, uint64_t loc)
 {
     const char *p = (const char *)rec_at(s, loc);
-    for (size_t off = 0; off < s->rec_size + 64; off += 64) {
-        if (rw)
-            __builtin_prefetch(p + off, 1, 3);
-        else
-            __builtin_prefetch(p + off, 0, 3);
-    }
+    for (size_t off = 0; off < s->rec_size + 64; off += 64)
+        __builtin_prefetch(p + off, 1, 3);
 }
 
 /* With the groups quiesced: writes back the dirty rows among ids (each
@@ -349,11 +344,13 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
             size_t j = i - (PF_BUCKET - PF_RECORD);
             uint64_t wb = cache_prefetch_wb(s->cache, ids[j], hs[j % RING]);
             if (wb != LOC_NONE && !(wb & (LOC_TOMB | LOC_SSD)))
-                prefetch_whole_record(s, wb, 1);
+                prefetch_record_to_write(s, wb);
             uint32_t probes;
             uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
+            /* (of the old home, its header: the whole is read only when
+             * it is of this epoch, rarely) */
             if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
-                prefetch_whole_record(s, loc, 0);
+                __builtin_prefetch(rec_at(s, loc), 0, 3);
         }
         if (i < PF_BUCKET)
             continue;
