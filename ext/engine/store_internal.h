@@ -578,6 +578,18 @@ static inline void debug_index_point(void)
     if (__builtin_expect(atomic_load_explicit(&embkv__kill_countdown, memory_order_relaxed) != 0, 0))
         debug_index_written();
 }
+/* Points the slot f found at loc; under the row's key lock, with
+ * s->writers held shared. */
+static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
+{
+    slot *sl = &ix->buckets[f->bucket].slots[f->slot];
+    /* Marked before the change: recovery visits only marked buckets. */
+    mark_bucket(s, &ix->buckets[f->bucket]);
+    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
+    debug_index_point();
+    persist_range(s, &sl->loc, sizeof sl->loc);
+}
+
 /* Whether bucket bk was changed since the durable epoch. */
 bool dirtymap_marked(const embkv_store *s, const void *bk);
 /* After recovery: the pool is as of its durable epoch, nothing marked. */

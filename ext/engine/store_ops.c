@@ -139,16 +139,6 @@ typedef struct write_req {
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
 #define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
 
-static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
-{
-    slot *sl = &ix->buckets[f->bucket].slots[f->slot];
-    /* Marked before the change: recovery visits only marked buckets. */
-    mark_bucket(s, &ix->buckets[f->bucket]);
-    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
-    debug_index_point();
-    persist_range(s, &sl->loc, sizeof sl->loc);
-}
-
 /* Decide what the new version links to and what happens to the old one. */
 static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, const rec_hdr *old,
                          uint32_t epoch)
