@@ -28,8 +28,9 @@ unsigned embkv_debug_permits(embkv_store *s, int64_t id);
 void embkv_debug_tier_pause(embkv_store *s, int paused);
 /* The process kills itself (SIGKILL) right after the nth change of an
  * index slot from now, any store's (n = 0: never): a row's location
- * changed, or a slot taken or freed (a crash between a write's change and
- * whatever the write does after it, or in the middle of a key's move). */
+ * changed (by a write, or by a move between the pool and the SSD log), or
+ * a slot taken or freed (a crash between a write's change and whatever
+ * the write does after it, or in the middle of a key's move). */
 void embkv_debug_kill_after_index_writes(uint64_t n);
 
 #endif

@@ -32,6 +32,7 @@
 
 #define DIM 16
 #define SF 2
+#include "tier_rows.h"
 #define NHOT 32
 #define UNIVERSE 4000
 
@@ -709,6 +710,63 @@ static void kill_in_home_move(void)
     free((void *)d);
 }
 
+static void move_up(embkv_store *c, void *ctx)
+{
+    const id_list *l = ctx;
+    embkv_moves mv;
+    /* (pauses the tier thread: the moves, and the demotions that make
+     * room for them, are this thread's, and so is the kth change) */
+    embkv_debug_tier_pause(c, 1);
+    embkv_hotset_move(c, l->ids, l->n, &mv);
+}
+
+/* A row moved between the pool and the SSD log is copied, then its index
+ * entry switched to the copy: a kill at any switch must reopen with every
+ * row as it was, each once, in one tier.  The child moves log rows up
+ * (promotions, and demotions of others to make room) and kills itself at
+ * its kth index change. */
+static void kill_in_tier_move(void)
+{
+    const uint64_t at[] = {1, 2, 3, 64, 500, 2500};
+    const size_t n = 60000;
+    const char *d = strdup(test_tmpdir("tiermovekill"));
+    embkv_options o = {.dim = DIM, .state_floats = SF, .expected_rows = n, .pool_size = 16u << 20,
+                       .ssd_size = 128u << 20};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    uint64_t *gen = calloc(n, sizeof *gen);
+    int rc;
+    CHECK(load_rows(s, gen, n, &rc) == n);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_tier_idle(s, 30000), EMBKV_OK);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    enum { UP = 3000 };
+    int64_t *up = malloc(UP * sizeof *up);
+    for (size_t r = 0; r < sizeof at / sizeof at[0]; r++) {
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s) break;
+        size_t k = ssd_rows(s, n, r * 7919 % n, UP, up);
+        embkv_stats st;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        CHECK(k == UP && st.rows_ssd > n / 2);
+        id_list l = {up, k};
+        kill_child_at(d, &o, at[r], move_up, &l);
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s) break;
+        CHECK(embkv_count(s) == n);
+        check_all(s, gen, n);  /* (also: pool and log counts add up, embkv_check) */
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    printf("  kill_in_tier_move: %zu kills at a pool/log switch, every row as it was\n", sizeof at / sizeof at[0]);
+    free(up);
+    free(gen);
+    embkv_destroy(d);
+    free((void *)d);
+}
+
 int main(void)
 {
     const char *es = getenv("EMBKV_TEST_SEED");
@@ -734,6 +792,7 @@ int main(void)
     resize_then_kill();
     kill_at_index_change();
     kill_in_home_move();
+    kill_in_tier_move();
 
     model m;
     model_init(&m);

@@ -496,10 +496,7 @@ bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
     index_desc *ix = atomic_load(&s->ix);
     found_slot f;
     if (ix_find(ix, id, h, &f) && f.loc == p) {
-        slot *sl = &ix->buckets[f.bucket].slots[f.slot];
-        mark_bucket(s, &ix->buckets[f.bucket]);  /* before the change (set_loc) */
-        __atomic_store_n(&sl->loc, q, __ATOMIC_RELEASE);
-        persist_range(s, &sl->loc, sizeof sl->loc);
+        set_loc(s, ix, &f, q);  /* (a crash point of embkv_debug_kill_after_index_writes) */
         done = true;
     }
     keylock_release(s, h);
