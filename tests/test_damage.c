@@ -454,6 +454,80 @@ static void test_unfinished_pool(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* A store directory whose pool file is gone but which holds the rest of a
+ * store is neither opened nor created over (a table on it would read the
+ * new store's rows as its own); embkv_destroy removes it.  What a killed
+ * creation leaves (the unfinished pool and its dirty map) is still taken
+ * over. */
+static void expect_pool_missing(const char *d, const char *sign)
+{
+    embkv_store *s = NULL;
+    embkv_options o = {.dim = 4, .pool_size = 16u << 20};
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "store.pool is missing, but the directory holds the rest of a store") != NULL);
+    if (!strstr(embkv_errmsg(), sign))
+        fprintf(stderr, "expected %s in: %s\n", sign, embkv_errmsg());
+    CHECK(strstr(embkv_errmsg(), sign) != NULL);
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), sign) != NULL);
+}
+
+static void rm_file(const char *d, const char *name)
+{
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", d, name);
+    CHECK(unlink(p) == 0);
+}
+
+static void test_pool_missing(void)
+{
+    char d[600];
+    snprintf(d, sizeof d, "%s", test_tmpdir("poolgone"));
+    embkv_options o = {.dim = 64, .pool_size = 16u << 20, .ssd_size = 64u << 20};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float v[64] = {1};
+    for (int64_t id = 0; id < 40000; id++)
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_tier_idle(s, 30000), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.rows_ssd > 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    /* each sign, the others gone: the seal of a clean close, log
+     * segments, a dirty map with no unfinished pool beside it */
+    rm_file(d, "store.pool");
+    expect_pool_missing(d, "(store.sealed)");
+    rm_file(d, "store.sealed");
+    expect_pool_missing(d, "(segments in log/)");
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/log'", d);
+    CHECK(system(cmd) == 0);
+    expect_pool_missing(d, "(store.dirty)");
+    CHECK_RC(embkv_destroy(d), EMBKV_OK);
+    CHECK(access(d, F_OK) != 0);
+
+    /* What a killed creation leaves: taken over. */
+    embkv_options small = {.dim = 4, .pool_size = 16u << 20};
+    CHECK_RC(embkv_open(d, &small, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    char from[800], to[800];
+    snprintf(from, sizeof from, "%s/store.pool", d);
+    snprintf(to, sizeof to, "%s/store.pool.new", d);
+    CHECK(rename(from, to) == 0);
+    rm_file(d, "store.sealed");
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_NOTSTORE);
+    CHECK_RC(embkv_open(d, &small, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK(embkv_count(s) == 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_destroy(d), EMBKV_OK);
+    printf("D: a store without its pool file refused (3 signs), removed by embkv_destroy\n");
+}
+
 int main(void)
 {
     /* A probe that libpmemobj's damaged metadata sends into a loop must be
@@ -468,5 +542,6 @@ int main(void)
     find_regions();
     test_random_flips();
     test_unfinished_pool();
+    test_pool_missing();
     return test_summary("test_damage");
 }

@@ -156,17 +156,46 @@ static int geometry_matches(const embkv_store *s, const embkv_options *opt)
     return EMBKV_OK;
 }
 
-/* What the directory holds: 1 = a pool file, 0 = nothing of ours and
- * nothing else (empty apart from LOCK and app- files), -1 = foreign files
- * (name copied). */
+/* Whether the log directory in dir holds segment files. */
+static bool log_has_segments(const char *dir)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, LOG_DIR);
+    DIR *d = opendir(path);
+    if (!d)
+        return false;
+    bool any = false;
+    struct dirent *e;
+    while (!any && (e = readdir(d)))
+        any = !strncmp(e->d_name, "seg-", 4);
+    closedir(d);
+    return any;
+}
+
+/* What the directory holds: 1 = a pool file; 0 = nothing of ours and
+ * nothing else (empty apart from LOCK and app- files, or what a creation
+ * killed before it finished leaves: the unfinished pool, its dirty map, an
+ * empty log directory); -1 = foreign files (name copied); -3 = the rest of
+ * a store whose pool file is gone (what shows it copied): a pool that was
+ * published left a clean close's seal, log segments, or a dirty map with
+ * no unfinished pool beside it (an open that removes an unfinished pool
+ * removes its dirty map first).  A store is never created over that: the
+ * tables on it would read the new store's rows as theirs. */
 static int inspect_dir(const char *dir, char *foreign, size_t len)
 {
     DIR *d = opendir(dir);
     if (!d)
         return -2;
     int state = 0;
+    bool tmp = false, dirty = false, seal = false;
     struct dirent *e;
     while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, POOL_TMP))
+            tmp = true;
+        else if (!strcmp(e->d_name, DIRTY_FILE))
+            dirty = true;
+        else if (!strcmp(e->d_name, POOL_SEAL))
+            seal = true;
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
             !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
             !strcmp(e->d_name, DIRTY_FILE) ||
@@ -183,7 +212,23 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
         break;
     }
     closedir(d);
+    if (state == 0) {
+        const char *sign = seal ? POOL_SEAL : log_has_segments(dir) ? "segments in " LOG_DIR "/"
+                           : dirty && !tmp                 ? DIRTY_FILE
+                                                           : NULL;
+        if (sign) {
+            snprintf(foreign, len, "%s", sign);
+            state = -3;
+        }
+    }
     return state;
+}
+
+static int pool_missing(const char *dir, const char *sign)
+{
+    return embkv__err(EMBKV_CORRUPT, "store %s: %s is missing, but the directory holds the rest of a store (%s): "
+                      "its rows cannot be read, and no new store is made over them; put the pool file back, or "
+                      "remove the directory (embkv_destroy) to start afresh", dir, POOL_FILE, sign);
 }
 
 /* Checked by reading the file, before libpmemobj opens it: pmemobj_open
@@ -957,6 +1002,13 @@ static void remove_external_log(const char *dir)
 
 static int remove_store_files(const char *dir)
 {
+    /* The pool first: what a removal cut short leaves is then the rest of
+     * a store without its pool, which nothing opens or creates over
+     * (inspect_dir), never a pool without its log or dirty map. */
+    char pool[PATH_MAX];
+    snprintf(pool, sizeof pool, "%s/%s", dir, POOL_FILE);
+    if (unlink(pool) != 0 && errno != ENOENT)
+        return -1;
     remove_external_log(dir);
     int bad = unlink_entries(dir, LOCK_FILE, LOG_DIR);
     char path[PATH_MAX];
@@ -985,7 +1037,7 @@ int embkv_destroy(const char *dir)
     }
     char foreign[256] = "", lockpath[PATH_MAX];
     int state = inspect_dir(dir, foreign, sizeof foreign);
-    if (state < 0) {
+    if (state < 0 && state != -3) {
         rc = state == -2 ? embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno))
                          : embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir,
                                       foreign);
@@ -1003,7 +1055,8 @@ int embkv_destroy(const char *dir)
         goto out;
     }
     /* Under the lock, again: nothing foreign arrived meanwhile. */
-    if (inspect_dir(dir, foreign, sizeof foreign) < 0) {
+    state = inspect_dir(dir, foreign, sizeof foreign);
+    if (state < 0 && state != -3) {
         rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
         goto out;
     }
@@ -1077,6 +1130,10 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         rc = embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno));
         goto unlock;
     }
+    if (state == -3) {
+        rc = pool_missing(dir, foreign);
+        goto unlock;
+    }
     if (state < 0) {
         rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
         goto unlock;
@@ -1121,8 +1178,27 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         /* Only the lock holder creates a pool: one under the temporary name
          * now is what a process killed while creating left (possibly
          * pool_size bytes). */
-        char tmp[PATH_MAX];
+        char tmp[PATH_MAX], dm[PATH_MAX];
         snprintf(tmp, sizeof tmp, "%s/%s", s->path, POOL_TMP);
+        snprintf(dm, sizeof dm, "%s/%s", s->path, DIRTY_FILE);
+        /* (its dirty map first: one without an unfinished pool beside it
+         * is a published pool's, inspect_dir) */
+        int again = state == 0 ? inspect_dir(dir, foreign, sizeof foreign) : state;
+        if (again == -3) {
+            rc = pool_missing(dir, foreign);
+            close(s->lockfd);
+            free_store(s);
+            goto unlock;
+        }
+        if (again == 1)
+            state = 1;  /* another process finished creating it meanwhile */
+        if (state == 0 && unlink(dm) != 0 && errno != ENOENT) {
+            rc = embkv__err(EMBKV_IO, "store %s: cannot remove the unfinished %s: %s", s->path, DIRTY_FILE,
+                            strerror(errno));
+            close(s->lockfd);
+            free_store(s);
+            goto unlock;
+        }
         if (unlink(tmp) != 0 && errno != ENOENT) {
             rc = embkv__err(EMBKV_IO, "store %s: cannot remove the unfinished %s: %s", s->path, POOL_TMP,
                             strerror(errno));
