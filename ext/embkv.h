@@ -141,7 +141,7 @@ const char *embkv_path(const embkv_store *s);  /* canonical directory */
 
 /* Per-row metadata. */
 typedef struct embkv_rowinfo {
-    uint64_t clock;  /* number of updates applied to the row since insert */
+    uint64_t clock;  /* number of updates applied to the row since insert (it stops at 2^63 - 1) */
     uint64_t epoch;  /* sync generation of its last write */
     int tier;        /* embkv_tier */
 } embkv_rowinfo;
@@ -150,7 +150,7 @@ typedef struct embkv_rowinfo {
  * get:  copies dim floats to vec (may be NULL), state_floats floats to state
  *       (may be NULL) and metadata to info (may be NULL).
  * put:  insert or replace.  state NULL keeps the existing state (zeros for a
- *       new row).  A replaced row's clock is old clock + 1; a new row's is 0.
+ *       new row).  A replaced row's clock is old clock + 1 (up to 2^63 - 1); a new row's is 0.
  *       flags: EMBKV_PUT_INSERT (fail with EMBKV_EXISTS when present),
  *              EMBKV_PUT_UPDATE (fail with EMBKV_NOTFOUND when absent). */
 #define EMBKV_PUT_INSERT 0x1
@@ -162,7 +162,8 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state,
               unsigned flags);
 int embkv_delete(embkv_store *s, int64_t id);
 /* Put with an explicit clock (putting a row back as it was, importing
- * one): insert or replace, the row's clock set to `clock`; state NULL
+ * one): insert or replace, the row's clock set to `clock` (at most
+ * 2^63 - 1, else EMBKV_INVALID); state NULL
  * keeps the existing state (zeros for a new row).  A write group of its
  * own, like embkv_put. */
 int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock);

@@ -1282,6 +1282,48 @@ static void test_stats_script(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* A clock stops at 2^63 - 1 (what SQL and an export hold), through every
+ * kind of update, with and without a DRAM cache; a larger one is refused. */
+static void test_clock_limit(void)
+{
+    for (int cached = 0; cached < 2; cached++) {
+        embkv_options o = {.dim = 4, .expected_rows = 100, .cache_size = cached ? 1u << 20 : 0};
+        embkv_store *s = NULL;
+        CHECK_RC(embkv_open(test_tmpdir(cached ? "clockmax-cache" : "clockmax"), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+        if (!s) return;
+        embkv_train_options t;
+        embkv_train_defaults(&t);
+        CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+        float v[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, out[4];
+        const uint64_t max = (uint64_t)INT64_MAX;
+        CHECK_RC(embkv_put_clock(s, 7, v, NULL, max + 1), EMBKV_INVALID);
+        CHECK(errmsg_has("id 7: clock 9223372036854775808 is over 2^63 - 1"));
+        CHECK_RC(embkv_get(s, 7, NULL, NULL, NULL), EMBKV_NOTFOUND);
+        CHECK_RC(embkv_put_clock(s, 7, v, NULL, max - 1), EMBKV_OK);
+        CHECK_RC(embkv_put(s, 7, v, NULL, 0), EMBKV_OK);
+        CHECK(clock_of(s, 7) == max);
+        CHECK_RC(embkv_put(s, 7, v, NULL, 0), EMBKV_OK);
+        CHECK(clock_of(s, 7) == max);
+        embkv_session *ss;
+        CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+        int64_t id = 7;
+        for (int k = 0; k < 3; k++) {
+            CHECK_RC(embkv_pull(ss, &id, 1, out), EMBKV_OK);
+            CHECK_RC(embkv_push(ss, &id, 1, g, 0, NULL), EMBKV_OK);
+            CHECK(clock_of(s, 7) == max);
+        }
+        /* (the pushes applied: two before the last pull, sgd lr 0.01) */
+        CHECK(out[0] == (float)((double)(float)(1.0 - 0.01) - 0.01));
+        CHECK_RC(embkv_sync(s), EMBKV_OK);
+        CHECK(clock_of(s, 7) == max);
+        /* A reset starts it again. */
+        CHECK_RC(embkv_put(s, 7, v, NULL, EMBKV_PUT_RESET), EMBKV_OK);
+        CHECK(clock_of(s, 7) == 0);
+        embkv_session_close(ss);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -1307,6 +1349,7 @@ int main(void)
     test_close_frees_blocked();
     test_unlimited();
     test_stats_script();
+    test_clock_limit();
     fprintf(stderr, "test_train: %.0f ms\n", now_ms() - t0);
     return test_summary("test_train");
 }

@@ -176,8 +176,25 @@ typedef struct store_root {
      * the durable epoch. */
     uint64_t log_tail[2], log_tail_epoch[2];
     char ssd_path[SSD_PATH_MAX]; /* absolute; "" for <store>/log */
+    /* Rows as of the durable epoch, and durable_rows_check(that count, the
+     * epoch) (zero in a root from before these fields).  Recovery returns
+     * to that epoch: an index then holding another number of rows has lost
+     * some to damage.  The check binds the count to its epoch, so a crash
+     * between the epoch's store and theirs leaves no count, not a wrong one. */
+    uint64_t durable_rows;
+    uint64_t durable_rows_check;
 } store_root;
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
+/* A row's clock stops at 2^63 - 1, the largest a SQL integer (and an
+ * export) holds: past it SQL showed it negative and the table's own export
+ * was refused.  (An update a nanosecond would take three centuries; only
+ * a clock put there, by an import, gets near.) */
+#define CLOCK_MAX ((uint64_t)INT64_MAX)
+static inline uint64_t clock_next(uint64_t c) { return c < CLOCK_MAX ? c + 1 : CLOCK_MAX; }
+static inline uint64_t durable_rows_check(uint64_t rows, uint64_t epoch)
+{
+    return rows ^ ROWS_CHECK_KEY ^ (epoch * 0x9e3779b97f4a7c15ull) ^ 1;
+}
 
 /* -------------------------------------------------------- the store handle */
 

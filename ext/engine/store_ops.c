@@ -219,7 +219,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     if (w->kind == W_PUT && (w->flags & PUT_CLOCK))
         nr->clock = w->clock;
     else
-        nr->clock = live && !(w->kind == W_PUT && (w->flags & EMBKV_PUT_RESET)) ? old->clock + 1 : 0;
+        nr->clock = live && !(w->kind == W_PUT && (w->flags & EMBKV_PUT_RESET)) ? clock_next(old->clock) : 0;
     nr->epoch = epoch;
     nr->prev = have ? displace(s, rb, &f, old, epoch) : LOC_NONE;
     nr->check = rec_checksum(s, nr);
@@ -427,7 +427,7 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
         memcpy(v + s->dim, w->state, 4 * (size_t)s->state_floats);
     else if (w->flags & EMBKV_PUT_RESET)
         memset(v + s->dim, 0, 4 * (size_t)s->state_floats);
-    r->clock = (w->flags & PUT_CLOCK) ? w->clock : (w->flags & EMBKV_PUT_RESET) ? 0 : r->clock + 1;
+    r->clock = (w->flags & PUT_CLOCK) ? w->clock : (w->flags & EMBKV_PUT_RESET) ? 0 : clock_next(r->clock);
     r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
     return EMBKV_OK;
 }
@@ -456,7 +456,7 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
     } else {
         if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
             return EMBKV_BUSY;
-        r->clock++;
+        r->clock = clock_next(r->clock);
         r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
     }
     if (logging && !dirty) {
@@ -612,6 +612,9 @@ int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, 
 
 int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock)
 {
+    if (clock > CLOCK_MAX)
+        return embkv__err(EMBKV_INVALID, "embkv_put_clock: id %lld: clock %llu is over 2^63 - 1", (long long)id,
+                          (unsigned long long)clock);
     return put_row(s, id, vec, state, PUT_CLOCK, clock);
 }
 
