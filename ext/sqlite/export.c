@@ -98,6 +98,7 @@ SQLITE_EXTENSION_INIT3
 #include <unistd.h>
 
 #define EXPORT_FORMAT "embkv-export"
+#define EXPORT_FLOATS "float32-le"
 #define EXPORT_VERSION 1
 #define EXPORT_CHUNK_BYTES (4u << 20) /* rows read from the store at a time */
 #define EXPORT_CHUNK_MAX 4096
@@ -462,7 +463,7 @@ static int write_meta(exporter *e)
         {"dim", NULL, embkv_dim(s)},
         {"state_floats", NULL, embkv_state_floats(s)},
         {"rows", NULL, 0},
-        {"float_format", "float32-le", 0},
+        {"float_format", EXPORT_FLOATS, 0},
         {"optimizer", opt, 0},
         {"lr", lr, 0},
         {"initial_accumulator", acc, 0},
@@ -769,7 +770,7 @@ static int open_in(importer *m)
             return im_fail(m, SQLITE_ERROR, "file '%s' is not an embkv export (it has no embkv_meta table)", m->file);
         return im_file_fail(m);
     }
-    char *format = NULL, *optimizer = NULL;
+    char *format = NULL, *optimizer = NULL, *floats = NULL;
     sqlite3_int64 version = -1, dim = -1, sf = -1, rows = -1;
     const char *bad = NULL; /* a key whose value has the wrong type */
     int rc;
@@ -781,7 +782,10 @@ static int open_in(importer *m)
         sqlite3_int64 *nums[] = {&version, &dim, &sf, &rows};
         int k = 0;
         while (k < 4 && strcmp(key, num_keys[k])) k++;
-        char **text = !strcmp(key, "format") ? &format : !strcmp(key, "optimizer") ? &optimizer : NULL;
+        char **text = !strcmp(key, "format")         ? &format
+                      : !strcmp(key, "optimizer")    ? &optimizer
+                      : !strcmp(key, "float_format") ? &floats
+                                                     : NULL;
         if (k < 4) {
             if (t != SQLITE_INTEGER || sqlite3_column_int64(st, 1) < 0) {
                 if (!bad) bad = num_keys[k];
@@ -797,6 +801,7 @@ static int open_in(importer *m)
         sqlite3_finalize(st);
         sqlite3_free(format);
         sqlite3_free(optimizer);
+        sqlite3_free(floats);
         return im_file_fail(m);
     }
     sqlite3_finalize(st);
@@ -812,9 +817,15 @@ static int open_in(importer *m)
                                                      "build reads version %d", m->file, version, EXPORT_VERSION);
     else if (bad)
         out = im_damaged(m, "embkv_meta's %s is not an integer >= 0", bad);
-    else if (dim < 0 || sf < 0 || rows < 0 || !optimizer)
+    else if (dim < 0 || sf < 0 || rows < 0 || !optimizer || !floats)
         out = im_damaged(m, "embkv_meta lacks %s", dim < 0 ? "dim" : sf < 0 ? "state_floats" : rows < 0 ? "rows"
-                                                                                                : "optimizer");
+                                                   : !optimizer ? "optimizer" : "float_format");
+    else if (strcmp(floats, EXPORT_FLOATS)) {
+        char *f = printable(floats);
+        out = im_fail(m, SQLITE_ERROR, "file '%s' holds values of float_format '%s'; this build reads '%s'", m->file,
+                      f ? f : "?", EXPORT_FLOATS);
+        sqlite3_free(f);
+    }
     else if (dim < 1 || dim > EMBKV_MAX_DIM || sf > EMBKV_MAX_STATE_FLOATS)
         out = im_damaged(m, "embkv_meta's dim %lld or state_floats %lld is out of range", dim, sf);
     else if ((uint32_t)dim != tdim)
@@ -828,6 +839,7 @@ static int open_in(importer *m)
     }
     sqlite3_free(format);
     sqlite3_free(optimizer);
+    sqlite3_free(floats);
     if (out) return -1;
     m->dim = (uint32_t)dim;
     m->sf = (uint32_t)sf;
@@ -886,6 +898,21 @@ static int check_row(importer *m, int crc, int64_t *id, uint64_t *clock)
             return im_fail(m, SQLITE_ERROR, "file '%s': row id %lld: %s element %u is %s (a table holds finite "
                                             "values only)", m->file, lid, k < m->dim ? "vec" : "state",
                            (unsigned)(k < m->dim ? k : k - m->dim), isnan(m->row[k]) ? "NaN" : "infinite");
+    /* The optimizer's state as only its updates leave it: adagrad's sum of
+     * squared gradients and adam's second moment are >= 0, adam's step
+     * count a whole number >= 0 (a negative accumulator sent the next push
+     * to -1e9). */
+    const float *sv = m->row + m->dim;
+    int opt = m->ref.opts->train.optimizer;
+    size_t nonneg = opt == EMBKV_ADAGRAD ? m->dim : opt == EMBKV_ADAM ? (size_t)m->dim * 2 + 1 : 0;
+    size_t from = opt == EMBKV_ADAM ? m->dim : 0;
+    for (size_t k = from; k < nonneg && k < m->sf; k++)
+        if (sv[k] < 0 || (opt == EMBKV_ADAM && k == 2 * (size_t)m->dim && sv[k] != floorf(sv[k])))
+            return im_fail(m, SQLITE_ERROR, "file '%s': row id %lld: state element %u is %g: %s", m->file, lid,
+                           (unsigned)k, (double)sv[k],
+                           opt == EMBKV_ADAGRAD ? "adagrad's accumulated squared gradients are >= 0"
+                           : k < 2 * (size_t)m->dim ? "adam's second moments are >= 0"
+                                                    : "adam's step count is a whole number >= 0");
     return 0;
 }
 

@@ -541,6 +541,68 @@ class TestBadFiles(TempDirTest):
             self.assertIsNotNone(msg)
             self.assertIn("row id %d: %s element 1 is %s" % (i, col, "NaN" if what == "nan" else "infinite"), msg)
 
+    def edited(self, name, row_sql=None, meta_sql=None, args=()):
+        """A copy of the good export with one edit, its crcs made valid."""
+        path = os.path.join(self.dir, name)
+        shutil.copy(self.good, path)
+        f = sqlite3.connect(path)
+        if meta_sql:
+            f.execute(meta_sql, args)
+        if row_sql:
+            f.execute(row_sql, args)
+            for i, clock, vec, state in f.execute("SELECT id, clock, vec, state FROM embkv_rows").fetchall():
+                crc = zlib.crc32(struct.pack("<qq", i, clock) + vec + (state or b""))
+                f.execute("UPDATE embkv_rows SET crc = ? WHERE id = ?", (crc, i))
+        f.commit()
+        f.close()
+        return path
+
+    def test_state_the_optimizer_cannot_have(self):
+        """Adagrad's accumulated squared gradients are never negative: a
+        file claiming one (crc valid) is refused before anything is
+        written (it sent the next push to -1e9)."""
+        (i,) = self.c.execute("SELECT id FROM src LIMIT 1 OFFSET 5").fetchone()
+        st = struct.pack("<4f", 0.5, -1.0, 0.25, 0.0)
+        path = self.edited("negacc.export", "UPDATE embkv_rows SET state = ? WHERE id = ?", args=(st, i))
+        msg = self.attempt(path)
+        self.assertIsNotNone(msg)
+        self.assertIn("row id %d: state element 1 is -1: adagrad's accumulated squared gradients are >= 0" % i, msg)
+        # -0 is zero: taken
+        st = struct.pack("<4f", 0.5, -0.0, 0.25, 0.0)
+        path = self.edited("negzero.export", "UPDATE embkv_rows SET state = ? WHERE id = ?", args=(st, i))
+        self.c.execute("SELECT embkv_import('dst', ?)", (path,)).fetchone()
+        self.c.execute("DELETE FROM dst")
+
+    def test_float_format(self):
+        """The values are float32 little-endian, as embkv_meta says; a file
+        that says otherwise, or nothing, is refused, not read as float32."""
+        path = self.edited("f64.export", meta_sql="UPDATE embkv_meta SET value = 'float64-le' WHERE key = 'float_format'")
+        msg = self.attempt(path)
+        self.assertIn("holds values of float_format 'float64-le'; this build reads 'float32-le'", msg)
+        path = self.edited("nofmt.export", meta_sql="DELETE FROM embkv_meta WHERE key = 'float_format'")
+        msg = self.attempt(path)
+        self.assertIn("is damaged: embkv_meta lacks float_format", msg)
+
+    def test_clock_at_its_limit(self):
+        """A clock of 2^63 - 1 imports, stays there through pushes (it
+        showed negative before), and the table's own export imports again."""
+        big = (1 << 63) - 1
+        (i,) = self.c.execute("SELECT id FROM src LIMIT 1 OFFSET 9").fetchone()
+        path = self.edited("bigclock.export", "UPDATE embkv_rows SET clock = ? WHERE id = ?", args=(big, i))
+        self.c.execute("SELECT embkv_import('dst', ?)", (path,)).fetchone()
+        ids = np.array([i], dtype=np.int64)
+        for _ in range(3):
+            self.c.execute("SELECT length(embkv_pull('dst', ?))", (ids.tobytes(),)).fetchone()
+            self.c.execute("SELECT embkv_push('dst', ?, ?)", (ids.tobytes(), np.ones(4, np.float32).tobytes())).fetchone()
+            self.assertEqual(self.c.execute("SELECT clock FROM dst WHERE id = ?", (i,)).fetchone()[0], big)
+        again = os.path.join(self.dir, "again.export")
+        self.c.execute("SELECT embkv_export('dst', ?)", (again,)).fetchone()
+        self.c.execute("CREATE VIRTUAL TABLE dst2 USING embkv(dim=4, optimizer=adagrad, lr=0.5)")
+        self.assertEqual(self.c.execute("SELECT embkv_import('dst2', ?)", (again,)).fetchone()[0], len(self.want))
+        self.assertEqual(self.c.execute("SELECT clock FROM dst2 WHERE id = ?", (i,)).fetchone()[0], big)
+        self.c.execute("DROP TABLE dst2")
+        self.c.execute("DELETE FROM dst")
+
     def test_racing_exports_to_one_name(self):
         path = os.path.join(self.dir, "race.export")
         results = []
