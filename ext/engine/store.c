@@ -497,7 +497,8 @@ static int init_root(embkv_store *s, const embkv_options *opt)
 }
 
 /* Where id's version at loc is, for recover(): PM in place, or read from the
- * log into *ssd (the previous one freed). */
+ * log into *ssd (the previous one freed).  *r is set to NULL for a pool
+ * record that is not id's (EMBKV_CORRUPT): damaged where it lies. */
 static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec_hdr **r)
 {
     free(*ssd);
@@ -510,9 +511,12 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
         return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space", s->path,
                           (long long)id);
     *r = rec_at(s, loc);
-    if ((*r)->id != id)
+    if ((*r)->id != id) {
+        int64_t other = (*r)->id;
+        *r = NULL;
         return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld", s->path, (long long)id,
-                          (long long)(*r)->id);
+                          (long long)other);
+    }
     return EMBKV_OK;
 }
 
@@ -520,12 +524,18 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
  * dirty map (marked), only the buckets marked since then can hold newer
  * versions: the others are not read past their seqlock (a
  * writer killed between locking a bucket and changing a slot leaves it
- * odd), so the cost follows what changed. */
-static int recover(embkv_store *s, index_desc *ix, bool marked)
+ * odd), so the cost follows what changed.
+ *
+ * A record on the way back that is damaged (a pool record not the row's,
+ * or the version to return to failing its check) leaves the row on it:
+ * reads of that row fail naming it, as after a clean close, instead of the
+ * whole store failing to open.  *damaged counts them. */
+static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damaged)
 {
     uint32_t durable = (uint32_t)s->root->durable_epoch;
     char *ssd = NULL;  /* the log record being inspected */
     int rc = EMBKV_OK;
+    *damaged = 0;
     for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
         bucket *bk = &ix->buckets[b];
         if (bk->version & 1)
@@ -550,9 +560,11 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
                 }
                 if ((rc = recover_rec(s, id, loc, &ssd, &r)) != EMBKV_OK) {
                     /* A newer log record that cannot be read (its segment
-                     * damaged or gone): the row stays on it and fails when
-                     * read, naming the file, instead of the store. */
-                    if (rc == EMBKV_CORRUPT && (loc & LOC_SSD)) {
+                     * damaged or gone), or a damaged pool record: the row
+                     * stays on it and fails when read, naming the file or
+                     * the id, instead of the store. */
+                    if (rc == EMBKV_CORRUPT && ((loc & LOC_SSD) || !r)) {
+                        *damaged += !(loc & LOC_SSD);
                         rc = EMBKV_OK;
                         keep = true;
                     }
@@ -570,8 +582,10 @@ static int recover(embkv_store *s, index_desc *ix, bool marked)
                 continue;
             }
             if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id)) {
-                rc = rec_damaged(s, id);  /* the version to return to is damaged */
-                break;
+                /* the version to return to is damaged: the row stays on it */
+                ++*damaged;
+                bk->slots[i].loc = loc;
+                continue;
             }
             if (loc == LOC_NONE || !r || (r->epoch & REC_TOMB)) {
                 /* Inserted after the durable point, or its deletion is durable. */
@@ -906,8 +920,9 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
         return rc;
     bool was_clean = r->clean != 0;
+    uint64_t damaged = 0;
     if (!r->clean) {
-        rc = recover(s, ix, marked);
+        rc = recover(s, ix, marked, &damaged);
         if (rc != EMBKV_OK)
             return rc;
         s->recovered = 1;
@@ -925,6 +940,13 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (was_clean && r->closed_rows_check == (r->closed_rows ^ ROWS_CHECK_KEY) && rows != r->closed_rows)
         return embkv__err(EMBKV_CORRUPT, "store %s: its index holds %llu rows, %llu when it was closed: the index "
                           "is damaged", s->path, (unsigned long long)rows, (unsigned long long)r->closed_rows);
+    if (!was_clean && r->durable_rows_check == durable_rows_check(r->durable_rows, r->durable_epoch) &&
+        rows != r->durable_rows)
+        return embkv__err(EMBKV_CORRUPT, "store %s: recovered to its last checkpoint (epoch %llu), its index holds "
+                          "%llu rows, %llu at that checkpoint: the index is damaged%s", s->path,
+                          (unsigned long long)r->durable_epoch, (unsigned long long)rows,
+                          (unsigned long long)r->durable_rows,
+                          damaged ? ", or records written since it are (rows kept on a damaged record)" : "");
     atomic_store(&s->cur_epoch, r->durable_epoch + 1);
     r->closed_rows_check = 0;  /* the count is only known again at a clean close */
     pmemobj_persist(s->pop, &r->closed_rows_check, sizeof r->closed_rows_check);

@@ -396,6 +396,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     pthread_rwlock_wrlock(&s->writers);
     uint64_t e = atomic_load(&s->cur_epoch);
     atomic_store(&s->cur_epoch, e + 1);
+    uint64_t rows_e = atomic_load(&s->rows);  /* (no writer: exactly epoch e's rows) */
     pthread_mutex_lock(&s->retire_mu);
     locvec pend = s->pending[e & 1];
     tomb_entry *tombs = s->tombs[e & 1];
@@ -422,6 +423,9 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         /* (stats read it beside a sync) */
         __atomic_store_n(&s->root->durable_epoch, e, __ATOMIC_RELAXED);
         pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);
+        s->root->durable_rows = rows_e;
+        s->root->durable_rows_check = durable_rows_check(rows_e, e);
+        pmemobj_persist(s->pop, &s->root->durable_rows, 2 * sizeof s->root->durable_rows);
         if (durable)
             *durable = e;
         /* Epoch e is durable: its pages need not be marked any more. */
