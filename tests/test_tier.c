@@ -842,6 +842,60 @@ static void test_crash_then_damaged(const char *root)
     free(gen);
 }
 
+/* A crash after writes that pushed rows into the log, then the whole log
+ * directory lost: the store opens (it failed, blaming an index bucket and
+ * naming no file), the pool's rows read as of the checkpoint, and each row
+ * of the log fails naming its segment file. */
+static void test_crash_then_log_gone(const char *root)
+{
+    char dir[600], logdir[700], cmd[800];
+    size_t n = 70000;
+    uint64_t *gen = make_logged_store(root, "crashnolog", n, dir, sizeof dir, logdir, sizeof logdir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        embkv_store *s;
+        if (embkv_open(dir, NULL, 0, &s) != EMBKV_OK) _exit(3);
+        embkv_debug_tier_pause(s, 1);  /* (the writers demote, to new segments) */
+        for (size_t id = 0; id < n; id += 2)
+            if (put_gen(s, (int64_t)id, 2) != EMBKV_OK) _exit(4);
+        kill(getpid(), SIGKILL);  /* no sync: every change is rolled back */
+        _exit(5);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", logdir);
+    CHECK(system(cmd) == 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK(embkv_count(s) == n);
+    size_t ok = 0, missing = 0, other = 0;
+    float v[DIM];
+    for (size_t id = 0; id < n; id++) {
+        int rc = embkv_get(s, (int64_t)id, v, NULL, NULL);
+        char want_id[48];
+        snprintf(want_id, sizeof want_id, "id %zu:", id);
+        if (rc == EMBKV_OK && vec_is(v, (int64_t)id, gen[id]))
+            ok++;
+        else if (rc == EMBKV_CORRUPT && strstr(embkv_errmsg(), want_id) && strstr(embkv_errmsg(), ".log") &&
+                 strstr(embkv_errmsg(), "its file is missing"))
+            missing++;
+        else if (other++ < 3)
+            fprintf(stderr, "log gone: id %zu: rc %d: %s\n", id, rc, embkv_errmsg());
+    }
+    embkv_stats sts;
+    CHECK_RC(embkv_stats_get(s, &sts), EMBKV_OK);
+    fprintf(stderr, "crash, then the log directory gone: %zu rows read, %zu fail naming their segment\n", ok,
+            missing);
+    CHECK(other == 0 && ok + missing == n);
+    CHECK(missing == sts.rows_ssd && ok == sts.rows_pm && ok > 1000);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    embkv_destroy(dir);
+    free(gen);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -855,6 +909,7 @@ int main(void)
     test_unborn_segments(root);
     test_held_ssd_path(root);
     test_crash_then_damaged(root);
+    test_crash_then_log_gone(root);
     test_external_destroy(root);
     const char *sc = getenv("EMBKV_TEST_SCALE");
     /* (test_tier_bg kills stores with the background work running too.) */

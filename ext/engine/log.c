@@ -844,6 +844,16 @@ void log_expect_end(embkv_log *l, uint64_t end)
     pthread_rwlock_unlock(&l->lock);
 }
 
+void log_note_missing(embkv_log *l, uint64_t loc)
+{
+    uint32_t id = log_loc_seg(loc);
+    pthread_rwlock_wrlock(&l->lock);
+    if (!seg_get(l, id) && id > l->max_id && id < LOG_MAX_SEGMENT &&
+        id - l->max_id <= l->max_bytes / l->seg_bytes + 2)
+        l->max_id = id;
+    pthread_rwlock_unlock(&l->lock);
+}
+
 bool log_loc_plausible(embkv_log *l, uint64_t loc)
 {
     uint32_t id = log_loc_seg(loc);

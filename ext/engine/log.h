@@ -71,6 +71,11 @@ void log_close(embkv_log *l);
  * reusing its number.  A segment past it without a valid header (made
  * after the checkpoint, its header lost to a power cut) is removed. */
 void log_expect_end(embkv_log *l, uint64_t end);
+/* Recovery leaves a row on a record at loc it could not read, in a
+ * segment past the checkpoint's end whose file is gone (the log directory
+ * lost with the crash): taken as one of the newest segments missing, as
+ * log_expect_end allows, so the row fails reads naming the file. */
+void log_note_missing(embkv_log *l, uint64_t loc);
 
 /* Appends n records (n * record_bytes bytes at recs) as one batch of large
  * sequential writes and stores their locations in locs.  Starts a new

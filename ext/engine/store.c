@@ -565,6 +565,8 @@ static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damage
                      * the id, instead of the store. */
                     if (rc == EMBKV_CORRUPT && ((loc & LOC_SSD) || !r)) {
                         *damaged += !(loc & LOC_SSD);
+                        if ((loc & LOC_SSD) && s->log)
+                            log_note_missing(s->log, loc);
                         rc = EMBKV_OK;
                         keep = true;
                     }
