@@ -1246,7 +1246,11 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         if (s->pop)
             pmemobj_close(s->pop);
         if (s->creating) {
+            /* (the dirty map first: alone, it would be taken for the rest
+             * of a published store, inspect_dir) */
             char tmp[PATH_MAX];
+            snprintf(tmp, sizeof tmp, "%s/%s", s->path, DIRTY_FILE);
+            unlink(tmp);
             snprintf(tmp, sizeof tmp, "%s/%s", s->path, POOL_TMP);
             unlink(tmp);
         }
