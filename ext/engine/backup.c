@@ -167,6 +167,13 @@ static int check_target(embkv_store *s, const char *dir, const char *abs)
     return rc;
 }
 
+/* How much of the target's name its temporary directory's name keeps:
+ * with TMP_INFIX and mkdtemp's six characters it must fit NAME_MAX (a
+ * legal name of 239 bytes or more failed as too long).  Two targets whose
+ * names agree that far share the prefix: harmless, the sweep below only
+ * removes what no process has open. */
+#define TMP_NAME_KEEP (NAME_MAX - (sizeof TMP_INFIX - 1) - 6)
+
 /* Temporary directories a crashed backup to the same target left behind;
  * embkv_destroy leaves those still open in some process. */
 static void sweep_leftovers(const char *abs)
@@ -175,7 +182,7 @@ static void sweep_leftovers(const char *abs)
     const char *slash = strrchr(abs, '/');
     size_t plen = (size_t)(slash - abs);
     snprintf(parent, sizeof parent, "%.*s", (int)(plen ? plen : 1), plen ? abs : "/");
-    snprintf(prefix, sizeof prefix, "%s%s", slash + 1, TMP_INFIX);
+    snprintf(prefix, sizeof prefix, "%.*s%s", (int)TMP_NAME_KEEP, slash + 1, TMP_INFIX);
     DIR *d = opendir(parent);
     if (!d)
         return;
@@ -321,7 +328,11 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a backup", s->path);
     }
     sweep_leftovers(abs);
-    sprintf(b->tmp, "%s%sXXXXXX", abs, TMP_INFIX);
+    {
+        const char *name = strrchr(abs, '/') + 1;
+        size_t keep = strlen(name) < TMP_NAME_KEEP ? strlen(name) : TMP_NAME_KEEP;
+        sprintf(b->tmp, "%.*s%sXXXXXX", (int)(name - abs + keep), abs, TMP_INFIX);
+    }
     /* (mkdtemp's mode is 0700; the copy gets a store's usual one) */
     bool made = mkdtemp(b->tmp) != NULL;
     if (!made || chmod(b->tmp, 0755) != 0) {

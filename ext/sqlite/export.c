@@ -586,7 +586,11 @@ static int open_out(exporter *e)
     for (int attempt = 0; attempt < 8 && !e->tmp; attempt++) {
         uint32_t r;
         sqlite3_randomness(sizeof r, &r);
-        char *tmp = sqlite3_mprintf("%s.embkv-tmp-%08x", e->file, (unsigned)r);
+        /* (the name kept short enough for the suffix to fit NAME_MAX) */
+        const char *slash = strrchr(e->file, '/'), *name = slash ? slash + 1 : e->file;
+        size_t keep = NAME_MAX - (sizeof ".embkv-tmp-" - 1) - 8;
+        if (strlen(name) < keep) keep = strlen(name);
+        char *tmp = sqlite3_mprintf("%.*s.embkv-tmp-%08x", (int)(name - e->file + keep), e->file, (unsigned)r);
         if (!tmp) return ex_fail(e, SQLITE_NOMEM, "out of memory");
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) {

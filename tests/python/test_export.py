@@ -235,6 +235,30 @@ class TestBackupNames(TempDirTest):
             os.chdir(old)
 
 
+    def test_names_up_to_name_max(self):
+        """A backup directory or an export file may have any legal name, up
+        to 255 bytes: the temporary name beside it keeps only what fits
+        (names of 239 bytes and more failed as too long)."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2)")
+        c.execute("INSERT INTO t(id, vec) VALUES (1, '[1, 2]'), (2, '[3, 4]')")
+        for length in (200, 238, 239, 250, 255):
+            bdir = os.path.join(self.dir, "B" * (length - 1) + str(length % 10))
+            (info,) = c.execute("SELECT embkv_backup('t', ?)", (bdir,)).fetchone()
+            self.assertEqual(json.loads(info)["rows"], 2)
+            efile = os.path.join(self.dir, "E" * (length - 1) + str(length % 10))
+            self.assertEqual(c.execute("SELECT embkv_export('t', ?)", (efile,)).fetchone()[0], 2)
+            c.execute("CREATE VIRTUAL TABLE r USING embkv(dim=2, path='%s')" % bdir)
+            self.assertEqual(table_rows(c, "r"), table_rows(c, "t"))
+            c.execute("DROP TABLE r")
+            self.assertEqual(file_rows(efile).keys(), {1, 2})
+        self.assertEqual([f for f in os.listdir(self.dir) if "embkv-tmp" in f], [])
+        # one byte more is the file system's refusal, naming the file
+        with self.assertRaisesRegex(sqlite3.Error, "File name too long"):
+            c.execute("SELECT embkv_export('t', ?)", (os.path.join(self.dir, "E" * 256),)).fetchone()
+        c.close()
+
+
 class TestRoundTrip(TempDirTest):
     def test_100k_rows_bit_for_bit(self):
         dim, n = 16, 100000
