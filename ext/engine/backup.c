@@ -394,8 +394,10 @@ static int copy_ids(embkv_backup *b, const int64_t *ids, size_t n)
     for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
         if (!b->found[i])
             continue;
+        /* (a store from before clocks stopped at CLOCK_MAX may hold one past it) */
+        uint64_t clock = b->info[i].clock < CLOCK_MAX ? b->info[i].clock : CLOCK_MAX;
         rc = embkv_put_clock(b->dst, ids[i], b->vec + i * s->dim, b->state ? b->state + i * s->state_floats : NULL,
-                             b->info[i].clock);
+                             clock);
         if (rc != EMBKV_OK)
             rc = embkv__err(rc, "embkv_backup of store %s: writing id %lld into the copy: %s", s->path,
                             (long long)ids[i], embkv_errmsg());

@@ -476,8 +476,9 @@ static int load_info(ekcur *c, ekvtab *v, int clock)
         c->info.clock = 0;
         if (!(e && e->fresh)) {
             erc = embkv_get(v->store, id, NULL, NULL, &c->info);
-            if (erc == EMBKV_OK && c->info.clock < (uint64_t)INT64_MAX) c->info.clock++;  /* (it stops there) */
-            else if (erc == EMBKV_NOTFOUND) c->info.clock = 0;
+            if (erc == EMBKV_OK) {
+                if (c->info.clock < (uint64_t)INT64_MAX) c->info.clock++;  /* (it stops there) */
+            } else if (erc == EMBKV_NOTFOUND) c->info.clock = 0;
             else goto fail;
         }
         c->info_state = 3;

@@ -369,7 +369,9 @@ static int restore(ektxn *t, embkv_store *s)
         if (p->existed == 2) {
             rc = EMBKV_OK;  /* a damaged row that was deleted: nothing to put back */
         } else if (p->existed) {
-            rc = embkv_put_clock(s, p->id, p->data, t->state_floats ? p->data + t->dim : NULL, p->clock);
+            /* (a store from before clocks stopped at 2^63 - 1 may hold one past it) */
+            uint64_t clock = p->clock < (uint64_t)INT64_MAX ? p->clock : (uint64_t)INT64_MAX;
+            rc = embkv_put_clock(s, p->id, p->data, t->state_floats ? p->data + t->dim : NULL, clock);
         } else {
             rc = embkv_delete(s, p->id);
             if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
