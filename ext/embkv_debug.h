@@ -32,5 +32,9 @@ void embkv_debug_tier_pause(embkv_store *s, int paused);
  * a slot taken or freed (a crash between a write's change and whatever
  * the write does after it, or in the middle of a key's move). */
 void embkv_debug_kill_after_index_writes(uint64_t n);
+/* The next n syncs (any store's) fail after their epoch switch, as one
+ * whose msync or fdatasync failed: the epoch is not durable, and its
+ * versions are kept for recovery (n = 0: none). */
+void embkv_debug_fail_syncs(uint64_t n);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * debug.c - introspection of the PetHash layout for tests and benchmarks,
- * and a crash point for the crash tests.
+ * and a crash point and failing syncs for the crash tests.
  */
 #include <signal.h>
 
@@ -18,6 +18,18 @@ void debug_index_written(void)
         ;
     if (n == 1)
         raise(SIGKILL);
+}
+
+_Atomic uint64_t embkv__fail_syncs;
+
+void embkv_debug_fail_syncs(uint64_t n) { atomic_store(&embkv__fail_syncs, n); }
+
+bool debug_sync_fails(void)
+{
+    uint64_t n = atomic_load(&embkv__fail_syncs);
+    while (n && !atomic_compare_exchange_weak(&embkv__fail_syncs, &n, n - 1))
+        ;
+    return n != 0;
 }
 
 uint64_t embkv_debug_nbuckets(embkv_store *s) { return atomic_load(&s->ix)->nbuckets; }

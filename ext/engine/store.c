@@ -199,7 +199,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
             !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
             !strcmp(e->d_name, DIRTY_FILE) ||
-            !strcmp(e->d_name, SSD_PATH_FILE) ||
+            !strcmp(e->d_name, SSD_PATH_FILE) || !strcmp(e->d_name, SSD_PATH_FILE ".tmp") ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
         if (!strcmp(e->d_name, POOL_FILE)) {
@@ -497,14 +497,20 @@ static int init_root(embkv_store *s, const embkv_options *opt)
 }
 
 /* Where id's version at loc is, for recover(): PM in place, or read from the
- * log into *ssd (the previous one freed).  *r is set to NULL for a pool
- * record that is not id's (EMBKV_CORRUPT): damaged where it lies. */
-static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec_hdr **r)
+ * log into *ssd (the previous one freed).  EMBKV_CORRUPT with *unreadable
+ * set: a record that is there but cannot be read as id's (a damaged pool
+ * record, a log record whose segment is damaged or gone); without it, a
+ * location that cannot be (index damage). */
+static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec_hdr **r, bool *unreadable)
 {
     free(*ssd);
     *ssd = NULL;
-    if (loc & LOC_SSD)
-        return tier_rec(s, id, loc, ssd, r, false);
+    *unreadable = false;
+    if (loc & LOC_SSD) {
+        int rc = tier_rec(s, id, loc, ssd, r, false);
+        *unreadable = rc == EMBKV_CORRUPT;
+        return rc;
+    }
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;
     if (loc_chunk(loc) >= s->nchunks || loc_index(loc) >= s->recs_per_chunk ||
         (size_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc) >= total)
@@ -514,11 +520,20 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
     if ((*r)->id != id) {
         int64_t other = (*r)->id;
         *r = NULL;
+        *unreadable = true;
         return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: record belongs to id %lld", s->path, (long long)id,
                           (long long)other);
     }
     return EMBKV_OK;
 }
+
+/* Versions a row may have past the durable epoch: one per epoch (a write
+ * over a version of its own epoch frees that one), so one more than the
+ * syncs that failed in a row before a crash (the bound was 4: after three
+ * failed syncs a row's checkpoint version was out of reach, and the row
+ * was dropped).  A bound only against a damaged chain, which must also
+ * never go forward in time. */
+#define RECOVER_MAX_HOPS 65536
 
 /* Roll every row back to its version as of the durable epoch.  With the
  * dirty map (marked), only the buckets marked since then can hold newer
@@ -526,16 +541,18 @@ static int recover_rec(embkv_store *s, int64_t id, uint64_t loc, char **ssd, rec
  * writer killed between locking a bucket and changing a slot leaves it
  * odd), so the cost follows what changed.
  *
- * A record on the way back that is damaged (a pool record not the row's,
- * or the version to return to failing its check) leaves the row on it:
- * reads of that row fail naming it, as after a clean close, instead of the
- * whole store failing to open.  *damaged counts them. */
-static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damaged)
+ * A record on the way back that cannot be read (a damaged pool record, a
+ * log record whose segment is damaged or gone, the version to return to
+ * failing its check) leaves the row on it: reads of that row fail naming
+ * it or its file, as after a clean close, instead of the whole store
+ * failing to open.  Whether such a row existed at the checkpoint is not
+ * known: *unknown counts them, for the row count check (load_store). */
+static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *unknown)
 {
     uint32_t durable = (uint32_t)s->root->durable_epoch;
     char *ssd = NULL;  /* the log record being inspected */
     int rc = EMBKV_OK;
-    *damaged = 0;
+    *unknown = 0;
     for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++) {
         bucket *bk = &ix->buckets[b];
         if (bk->version & 1)
@@ -549,7 +566,8 @@ static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damage
             uint64_t loc = loc_plain(bk->slots[i].loc);
             rec_hdr *r = NULL;
             bool keep = false;
-            for (int hops = 0; hops < 4 && loc != LOC_NONE; hops++) {
+            uint64_t newer = UINT64_MAX;  /* the epoch of the version just passed */
+            for (int hops = 0; loc != LOC_NONE; hops++) {
                 /* A log record from before the mark is durable: it is the
                  * version to return to, read or not (tombstones are never
                  * demoted).  Not reading it keeps a damaged segment to its
@@ -558,13 +576,10 @@ static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damage
                     keep = true;
                     break;
                 }
-                if ((rc = recover_rec(s, id, loc, &ssd, &r)) != EMBKV_OK) {
-                    /* A newer log record that cannot be read (its segment
-                     * damaged or gone), or a damaged pool record: the row
-                     * stays on it and fails when read, naming the file or
-                     * the id, instead of the store. */
-                    if (rc == EMBKV_CORRUPT && ((loc & LOC_SSD) || !r)) {
-                        *damaged += !(loc & LOC_SSD);
+                bool unreadable;
+                if ((rc = recover_rec(s, id, loc, &ssd, &r, &unreadable)) != EMBKV_OK) {
+                    if (unreadable) {
+                        ++*unknown;
                         if ((loc & LOC_SSD) && s->log)
                             log_note_missing(s->log, loc);
                         rc = EMBKV_OK;
@@ -572,8 +587,14 @@ static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damage
                     }
                     break;
                 }
+                if (rec_epoch(r) > newer || hops >= RECOVER_MAX_HOPS) {
+                    rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its versions since the checkpoint do not "
+                                    "lead back to it (a damaged record)", s->path, (long long)id);
+                    break;
+                }
                 if (rec_epoch(r) <= durable)
                     break;
+                newer = rec_epoch(r);
                 loc = r->prev;
                 r = NULL;
             }
@@ -585,7 +606,7 @@ static int recover(embkv_store *s, index_desc *ix, bool marked, uint64_t *damage
             }
             if (r && !(r->epoch & REC_TOMB) && !rec_ok(s, r, id)) {
                 /* the version to return to is damaged: the row stays on it */
-                ++*damaged;
+                ++*unknown;
                 bk->slots[i].loc = loc;
                 continue;
             }
@@ -922,9 +943,9 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
         return rc;
     bool was_clean = r->clean != 0;
-    uint64_t damaged = 0;
+    uint64_t unknown = 0;
     if (!r->clean) {
-        rc = recover(s, ix, marked, &damaged);
+        rc = recover(s, ix, marked, &unknown);
         if (rc != EMBKV_OK)
             return rc;
         s->recovered = 1;
@@ -935,20 +956,23 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     } else if (rc != EMBKV_OK) {
         return rc;
     }
-    dirtymap_reset(s);  /* the pool is as of its durable epoch */
+    /* The counts first: a store they refuse keeps its dirty map and its
+     * log's segments as they are. */
     count_entries(s, ix);
-    tier_sync_done(s);  /* segments no row points at any more */
     uint64_t rows = atomic_load(&s->rows);
     if (was_clean && r->closed_rows_check == (r->closed_rows ^ ROWS_CHECK_KEY) && rows != r->closed_rows)
         return embkv__err(EMBKV_CORRUPT, "store %s: its index holds %llu rows, %llu when it was closed: the index "
                           "is damaged", s->path, (unsigned long long)rows, (unsigned long long)r->closed_rows);
+    /* (rows kept on a record recovery could not read may or may not have
+     * been there at the checkpoint) */
     if (!was_clean && r->durable_rows_check == durable_rows_check(r->durable_rows, r->durable_epoch) &&
-        rows != r->durable_rows)
+        (rows < r->durable_rows || rows - unknown > r->durable_rows))
         return embkv__err(EMBKV_CORRUPT, "store %s: recovered to its last checkpoint (epoch %llu), its index holds "
-                          "%llu rows, %llu at that checkpoint: the index is damaged%s", s->path,
+                          "%llu rows, %llu at that checkpoint: the index is damaged", s->path,
                           (unsigned long long)r->durable_epoch, (unsigned long long)rows,
-                          (unsigned long long)r->durable_rows,
-                          damaged ? ", or records written since it are (rows kept on a damaged record)" : "");
+                          (unsigned long long)r->durable_rows);
+    dirtymap_reset(s);  /* the pool is as of its durable epoch */
+    tier_sync_done(s);  /* segments no row points at any more */
     atomic_store(&s->cur_epoch, r->durable_epoch + 1);
     r->closed_rows_check = 0;  /* the count is only known again at a clean close */
     pmemobj_persist(s->pop, &r->closed_rows_check, sizeof r->closed_rows_check);
@@ -1154,11 +1178,10 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         rc = embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno));
         goto unlock;
     }
-    if (state == -3) {
-        rc = pool_missing(dir, foreign);
-        goto unlock;
-    }
-    if (state < 0) {
+    /* (-3, the rest of a store without its pool, is judged under the lock:
+     * another process's embkv_destroy, which removes the pool first, may be
+     * at work there, and then the answer is EMBKV_LOCKED) */
+    if (state < 0 && state != -3) {
         rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
         goto unlock;
     }
@@ -1205,17 +1228,23 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         char tmp[PATH_MAX], dm[PATH_MAX];
         snprintf(tmp, sizeof tmp, "%s/%s", s->path, POOL_TMP);
         snprintf(dm, sizeof dm, "%s/%s", s->path, DIRTY_FILE);
+        if (state != 1) {
+            /* Again under the lock: another process may have finished
+             * creating it, or removing it, meanwhile. */
+            state = inspect_dir(dir, foreign, sizeof foreign);
+            rc = state == -3 ? pool_missing(dir, foreign)
+                 : state < 0 ? embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)",
+                                          dir, foreign)
+                 : state == 0 && !(flags & EMBKV_OPEN_CREATE) ? embkv__err(EMBKV_NOTSTORE, "no embkv store in %s", dir)
+                                                             : EMBKV_OK;
+            if (rc != EMBKV_OK) {
+                close(s->lockfd);
+                free_store(s);
+                goto unlock;
+            }
+        }
         /* (its dirty map first: one without an unfinished pool beside it
          * is a published pool's, inspect_dir) */
-        int again = state == 0 ? inspect_dir(dir, foreign, sizeof foreign) : state;
-        if (again == -3) {
-            rc = pool_missing(dir, foreign);
-            close(s->lockfd);
-            free_store(s);
-            goto unlock;
-        }
-        if (again == 1)
-            state = 1;  /* another process finished creating it meanwhile */
         if (state == 0 && unlink(dm) != 0 && errno != ENOENT) {
             rc = embkv__err(EMBKV_IO, "store %s: cannot remove the unfinished %s: %s", s->path, DIRTY_FILE,
                             strerror(errno));

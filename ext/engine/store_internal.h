@@ -607,6 +607,15 @@ static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, 
     persist_range(s, &sl->loc, sizeof sl->loc);
 }
 
+/* embkv_debug_fail_syncs (debug.c): whether this sync is to fail (one
+ * relaxed load while unarmed). */
+extern _Atomic uint64_t embkv__fail_syncs;
+bool debug_sync_fails(void);
+static inline bool debug_sync_point(void)
+{
+    return __builtin_expect(atomic_load_explicit(&embkv__fail_syncs, memory_order_relaxed) != 0, 0) &&
+           debug_sync_fails();
+}
 /* Whether bucket bk was changed since the durable epoch. */
 bool dirtymap_marked(const embkv_store *s, const void *bk);
 /* After recovery: the pool is as of its durable epoch, nothing marked. */

@@ -410,6 +410,8 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
 
     /* The log first: the pool's pages about to be flushed point into it. */
     int rc = tier_sync_log(s, e, tail);
+    if (rc == EMBKV_OK && debug_sync_point())
+        rc = embkv__err(EMBKV_IO, "store %s: the sync failed (embkv_debug_fail_syncs)", s->path);
     if (rc == EMBKV_OK && s->is_pmem)
         pmem_drain();
     else if (rc == EMBKV_OK) {
