@@ -20,6 +20,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -500,6 +501,32 @@ static void test_pool_missing(void)
      * segments, a dirty map with no unfinished pool beside it */
     rm_file(d, "store.pool");
     expect_pool_missing(d, "(store.sealed)");
+    /* Judged under the lock: while another process holds it (an
+     * embkv_destroy removing the store, the pool first), EMBKV_LOCKED. */
+    {
+        char lockpath[800];
+        snprintf(lockpath, sizeof lockpath, "%s/LOCK", d);
+        int pfd[2];
+        CHECK(pipe(pfd) == 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            int fd = open(lockpath, O_RDWR);
+            if (fd < 0 || flock(fd, LOCK_EX) != 0) _exit(3);
+            if (write(pfd[1], "x", 1) != 1) _exit(4);
+            pause();
+            _exit(0);
+        }
+        char c;
+        CHECK(read(pfd[0], &c, 1) == 1);
+        embkv_store *t = NULL;
+        CHECK_RC(embkv_open(d, NULL, 0, &t), EMBKV_LOCKED);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(pfd[0]);
+        close(pfd[1]);
+        expect_pool_missing(d, "(store.sealed)");
+    }
     rm_file(d, "store.sealed");
     expect_pool_missing(d, "(segments in log/)");
     char cmd[800];

@@ -123,10 +123,16 @@ class TestKilledCreate(TempDirTest):
 
 class TestEmptyDirectory(TempDirTest):
     def test_create_into_empty_directory_owns_it(self):
-        for leftovers in ((), ("LOCK", "store.pool.new")):
+        # what a creation killed part-way leaves: its unfinished pool, its
+        # dirty map, its (empty) log directory, the note of an external log
+        for leftovers in ((), ("LOCK", "store.pool.new"),
+                          ("LOCK", "store.pool.new", "store.dirty", "log/", "ssd-path.tmp")):
             d = os.path.join(self.dir, "store")
             os.mkdir(d)
             for f in leftovers:
+                if f.endswith("/"):
+                    os.mkdir(os.path.join(d, f))
+                    continue
                 with open(os.path.join(d, f), "wb") as fh:
                     fh.write(b"x" * 100)
             c = connect(self.db)
