@@ -597,6 +597,44 @@ class TestBadFiles(TempDirTest):
         self.c.execute("SELECT embkv_import('dst', ?)", (path,)).fetchone()
         self.c.execute("DELETE FROM dst")
 
+    def test_adam_state_the_optimizer_cannot_have(self):
+        """Adam's state is the first moments, the second moments (>= 0) and
+        the step count (a whole number >= 0): a file breaking either rule
+        is refused, naming the element."""
+        dim = 4
+        self.c.execute("CREATE VIRTUAL TABLE asrc USING embkv(dim=4, optimizer=adam, lr=0.01, init='uniform(-1,1)')")
+        ids = np.arange(0, 50, dtype=np.int64)
+        self.c.execute("SELECT length(embkv_pull('asrc', ?))", (ids.tobytes(),)).fetchone()
+        g = np.random.default_rng(2).standard_normal((50, dim)).astype(np.float32)
+        self.c.execute("SELECT embkv_push('asrc', ?, ?)", (ids.tobytes(), g.tobytes())).fetchone()
+        good = os.path.join(self.dir, "adam.export")
+        self.c.execute("SELECT embkv_export('asrc', ?)", (good,)).fetchone()
+        self.c.execute("CREATE VIRTUAL TABLE adst USING embkv(dim=4, optimizer=adam, lr=0.01)")
+        keep = self.good
+        self.good = good
+        try:
+            cases = (
+                (dim + 2, -0.5, "state element 6 is -0.5: adam's second moments are >= 0"),
+                (2 * dim, 1.5, "state element 8 is 1.5: adam's step count is a whole number >= 0"),
+                (2 * dim, -1.0, "state element 8 is -1: adam's step count is a whole number >= 0"),
+                (1, -3.0, None),  # a first moment may be negative
+            )
+            for k, value, want in cases:
+                st = list(struct.unpack("<9f", file_rows(good)[7][2]))
+                st[k] = value
+                path = self.edited("adam%d.export" % k, "UPDATE embkv_rows SET state = ? WHERE id = 7",
+                                   args=(struct.pack("<9f", *st),))
+                try:
+                    self.c.execute("SELECT embkv_import('adst', ?)", (path,)).fetchone()
+                    self.assertIsNone(want)
+                except sqlite3.Error as e:
+                    self.assertIsNotNone(want, str(e))
+                    self.assertIn("row id 7: " + want, str(e))
+                    self.assertEqual(self.c.execute("SELECT count(*) FROM adst").fetchone()[0], 0)
+                self.c.execute("DELETE FROM adst")
+        finally:
+            self.good = keep
+
     def test_float_format(self):
         """The values are float32 little-endian, as embkv_meta says; a file
         that says otherwise, or nothing, is refused, not read as float32."""
