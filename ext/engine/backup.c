@@ -14,7 +14,8 @@
  *           not at all, the DRAM cache's dirty rows and the SSD log's rows
  *           included.  A new store with the source's geometry (dim, state
  *           floats, pool and SSD sizes) is created in a temporary directory
- *           beside the target ("<dir>.embkv-tmp-XXXXXX").
+ *           beside the target ("<dir>.embkv-tmp-XXXXXX", the name cut
+ *           to fit NAME_MAX).
  *   step    a cursor over the index (embkv_scan_ids) lists ids a chunk at
  *           a time; each chunk is read as of the snapshot (embkv_get_rows_at:
  *           vector, optimizer state and clock of one version, verified) and
