@@ -232,13 +232,18 @@ static bool slot_placed(const index_desc *ix, const bucket *bk, unsigned i, uint
     return false;
 }
 
-int slab_rebuild(embkv_store *s)
+void slab_map_chunks(embkv_store *s)
 {
     s->nchunks = 0;
     while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->chunks[s->nchunks])) {
         atomic_store(&s->chunk_base[s->nchunks], chunk_records(s->pop, s->chunks[s->nchunks]));
         s->nchunks++;
     }
+}
+
+int slab_rebuild(embkv_store *s)
+{
+    slab_map_chunks(s);
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;
     uint8_t *inuse = calloc(total ? total : 1, 1);
     if (!inuse)

@@ -935,16 +935,12 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (opt && opt->cache_size && (rc = cache_attach(s, opt->cache_size)) != EMBKV_OK)
         return rc;
 
-    /* Chunks must be known before recovery reads records. */
-    s->nchunks = 0;
-    while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->chunks[s->nchunks]))
-        s->nchunks++;
-    rc = slab_rebuild(s);
-    if (rc != EMBKV_OK && rc != EMBKV_CORRUPT)
-        return rc;
     bool was_clean = r->clean != 0;
     uint64_t unknown = 0;
     if (!r->clean) {
+        /* Chunks must be known before recovery reads records; the free
+         * list (a walk of the whole index) is built once, after it. */
+        slab_map_chunks(s);
         rc = recover(s, ix, marked, &unknown);
         if (rc != EMBKV_OK)
             return rc;
@@ -953,7 +949,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         if (rc != EMBKV_OK)
             return rc;
         pmemobj_persist(s->pop, ix->buckets, ix->nbuckets * BUCKET_BYTES);
-    } else if (rc != EMBKV_OK) {
+    } else if ((rc = slab_rebuild(s)) != EMBKV_OK) {
         return rc;
     }
     /* The counts first: a store they refuse keeps its dirty map and its

@@ -533,6 +533,9 @@ size_t slab_free_count(embkv_store *s);
  * a chunk (then the total is all the pool will hold). */
 void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhausted);
 int slab_rebuild(embkv_store *s);
+/* Where each record chunk's records begin (what rec_at needs): the part of
+ * slab_rebuild that recovery, which reads records, needs before it. */
+void slab_map_chunks(embkv_store *s);
 static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 {
     char *base = atomic_load_explicit(&s->chunk_base[loc_chunk(loc)], memory_order_acquire);
