@@ -489,6 +489,20 @@ static void create_crashes(int n, rng_t *r)
     }
 }
 
+/* How many of ids 0..upto-1 are not as the checkpoint of put_rows(n, 1)
+ * left them: rows 0..n-1 at generation 1, the rest absent. */
+static int rows_not_at_checkpoint(embkv_store *s, int64_t n, int64_t upto)
+{
+    int bad = 0;
+    for (int64_t id = 0; id < upto; id++) {
+        float v[DIM], g[DIM];
+        make_vec(id, 1, v);
+        int rc = embkv_get(s, id, g, NULL, NULL);
+        bad += id < n ? rc != EMBKV_OK || memcmp(g, v, sizeof v) != 0 : rc != EMBKV_NOTFOUND;
+    }
+    return bad;
+}
+
 /* Recovery visits only the index buckets on pages marked since the
  * checkpoint (the dirty map).  An index doubling copies every slot into a
  * new array: rows updated since the checkpoint then sit in buckets no
@@ -550,13 +564,7 @@ static void resize_then_kill(void)
            (unsigned long long)st.buckets);
     CHECK(st.buckets > buckets);  /* the grown index is the one reopened */
     CHECK(embkv_count(s) == (uint64_t)n);
-    int bad = 0;
-    for (int64_t id = 0; id < n; id++) {
-        float g[DIM];
-        make_vec(id, 1, v);
-        bad += embkv_get(s, id, g, NULL, NULL) != EMBKV_OK || memcmp(g, v, sizeof v) != 0;
-    }
-    CHECK(bad == 0);
+    CHECK(rows_not_at_checkpoint(s, n, n) == 0);
     CHECK_RC(embkv_check(s), EMBKV_OK);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     free((void *)d);
@@ -573,7 +581,8 @@ static void put_rows(embkv_store *s, int64_t n, int gen)
 }
 
 /* A child opens the store at d, arms the crash point at its nth index
- * change and runs work on the store; it must die of that SIGKILL. */
+ * change (0: none, the work kills itself) and runs work on the store; it
+ * must die of SIGKILL. */
 static void kill_child_at(const char *d, const embkv_options *o, uint64_t n, void (*work)(embkv_store *, void *),
                           void *ctx)
 {
@@ -638,13 +647,7 @@ static void kill_at_index_change(void)
         CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
         if (!s) return;
         CHECK(embkv_count(s) == (uint64_t)n);
-        int bad = 0;
-        for (int64_t id = 0; id < 2 * n; id++) {
-            float v[DIM], g[DIM];
-            make_vec(id, 1, v);
-            int rc = embkv_get(s, id, g, NULL, NULL);
-            bad += id < n ? rc != EMBKV_OK || memcmp(g, v, sizeof v) != 0 : rc != EMBKV_NOTFOUND;
-        }
+        int bad = rows_not_at_checkpoint(s, n, 2 * n);
         if (bad)
             fprintf(stderr, "  killed after index change %llu: %d rows not as of the checkpoint\n",
                     (unsigned long long)at[r], bad);
@@ -672,7 +675,6 @@ static void kill_in_home_move(void)
     CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     if (!s) return;
     int64_t n = (int64_t)(embkv_debug_nbuckets(s) * embkv_debug_slots_per_bucket() * 0.85);
-    float v[DIM], g[DIM];
     put_rows(s, n, 1);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     for (size_t r = 0; r < sizeof at / sizeof at[0]; r++) {
@@ -694,11 +696,7 @@ static void kill_in_home_move(void)
         CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
         if (!s) return;
         uint64_t count = embkv_count(s);
-        int bad = 0;
-        for (int64_t id = 0; id < n; id++) {
-            make_vec(id, 1, v);
-            bad += embkv_get(s, id, g, NULL, NULL) != EMBKV_OK || memcmp(g, v, sizeof v) != 0;
-        }
+        int bad = rows_not_at_checkpoint(s, n, n);
         if (count != (uint64_t)n || bad)
             fprintf(stderr, "  killed at index change %llu of a home move: %llu rows counted of %lld, %d wrong\n",
                     (unsigned long long)at[r], (unsigned long long)count, (long long)n, bad);
@@ -714,8 +712,8 @@ static void move_up(embkv_store *c, void *ctx)
 {
     const id_list *l = ctx;
     embkv_moves mv;
-    /* (pauses the tier thread: the moves, and the demotions that make
-     * room for them, are this thread's, and so is the kth change) */
+    /* (the tier thread paused: the moves, and the demotions that make
+     * room for them, come from this call) */
     embkv_debug_tier_pause(c, 1);
     embkv_hotset_move(c, l->ids, l->n, &mv);
 }
@@ -767,12 +765,27 @@ static void kill_in_tier_move(void)
     free((void *)d);
 }
 
+/* The child's work for kill_after_failed_syncs: every row updated in 6
+ * epochs whose syncs fail (every 7th row deleted in the second and
+ * inserted again), then a kill. */
+static void update_through_failed_syncs(embkv_store *c, void *ctx)
+{
+    int64_t n = *(const int64_t *)ctx;
+    embkv_debug_fail_syncs(6);
+    for (int gen = 2; gen < 8; gen++) {
+        if (gen == 3)
+            for (int64_t id = 0; id < n; id += 7)
+                if (embkv_delete(c, id) != EMBKV_OK) _exit(4);
+        put_rows(c, n, gen);
+        if (embkv_sync(c) != EMBKV_IO) _exit(5);  /* (each fails) */
+    }
+    raise(SIGKILL);
+}
+
 /* Syncs that fail (a full disk) leave their epochs not durable: a row then
  * has a version per epoch past the checkpoint, and recovery must follow
- * them all back (it stopped after four, and dropped the row).  The child
- * updates every row in 6 epochs whose syncs fail (2, 3 and 5 of them
- * deleted and inserted again), then is killed: the reopen must be the
- * checkpoint. */
+ * them all back (it stopped after four, and dropped the row).  The reopen
+ * must be the checkpoint. */
 static void kill_after_failed_syncs(void)
 {
     const char *d = strdup(test_tmpdir("failsync"));
@@ -783,34 +796,11 @@ static void kill_after_failed_syncs(void)
     if (!s) return;
     put_rows(s, n, 1);
     CHECK_RC(embkv_close(s), EMBKV_OK);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        embkv_store *c = NULL;
-        if (embkv_open(d, &o, 0, &c) != EMBKV_OK) _exit(3);
-        embkv_debug_fail_syncs(6);
-        for (int gen = 2; gen < 8; gen++) {
-            if (gen == 3)
-                for (int64_t id = 0; id < n; id += 7)
-                    if (embkv_delete(c, id) != EMBKV_OK) _exit(4);
-            put_rows(c, n, gen);
-            if (embkv_sync(c) != EMBKV_IO) _exit(5);  /* (each fails) */
-        }
-        raise(SIGKILL);
-        _exit(6);
-    }
-    int wst = 0;
-    waitpid(pid, &wst, 0);
-    CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    kill_child_at(d, &o, 0, update_through_failed_syncs, (void *)&n);  /* (0: no crash point; it kills itself) */
     CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
     if (!s) return;
     CHECK(embkv_count(s) == (uint64_t)n);
-    int bad = 0;
-    for (int64_t id = 0; id < n; id++) {
-        float v[DIM], g[DIM];
-        make_vec(id, 1, v);
-        bad += embkv_get(s, id, g, NULL, NULL) != EMBKV_OK || memcmp(g, v, sizeof v) != 0;
-    }
+    int bad = rows_not_at_checkpoint(s, n, n);
     if (bad)
         fprintf(stderr, "  after 6 failed syncs and a kill: %d rows not as of the checkpoint\n", bad);
     CHECK(bad == 0);

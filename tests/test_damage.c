@@ -555,6 +555,44 @@ static void test_pool_missing(void)
     printf("D: a store without its pool file refused (3 signs), removed by embkv_destroy\n");
 }
 
+/* A store of n rows of dim 4 at d, checkpointed, then written again (2,000
+ * puts of rows after's ids, values after_vec) and SIGKILLed: a crash the
+ * reopen must roll back to the checkpoint. */
+static void crashed_store(const char *d, int64_t n, int64_t (*after)(int64_t k, int64_t n), const float *after_vec)
+{
+    embkv_options o = {.dim = 4, .pool_size = 16u << 20, .expected_rows = (uint64_t)n};
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        embkv_store *c = NULL;
+        if (embkv_open(d, &o, EMBKV_OPEN_CREATE, &c) != EMBKV_OK) _exit(3);
+        float v[4] = {1, 2, 3, 4};
+        for (int64_t id = 0; id < n; id++)
+            if (embkv_put(c, id, v, NULL, 0) != EMBKV_OK) _exit(4);
+        if (embkv_sync(c) != EMBKV_OK) _exit(5);
+        for (int64_t k = 0; k < 2000; k++)
+            if (embkv_put(c, after(k, n), after_vec, NULL, 0) != EMBKV_OK) _exit(6);
+        raise(SIGKILL);
+        _exit(7);
+    }
+    int wst = 0;
+    CHECK(waitpid(pid, &wst, 0) == pid && WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+}
+
+/* len zero bytes at offset at of file path. */
+static void zero_bytes(const char *path, uint64_t at, size_t len)
+{
+    char zero[4096] = {0};
+    int fd = open(path, O_WRONLY);
+    CHECK(len <= sizeof zero && fd >= 0 && pwrite(fd, zero, len, (off_t)at) == (ssize_t)len);
+    if (fd >= 0) close(fd);
+}
+
+/* changes and inserts after the checkpoint */
+static int64_t changes_and_inserts(int64_t k, int64_t n) { return k * 3 % (2 * n); }
+/* changes only */
+static int64_t changes(int64_t k, int64_t n) { (void)n; return k; }
+
 /* After a crash, recovery returns to the last checkpoint, whose row count
  * the checkpoint recorded: an index page zeroed meanwhile (its rows gone)
  * is reported, as after a clean close, not opened short. */
@@ -565,24 +603,8 @@ static void test_zeroed_index_after_crash(void)
     snprintf(copy, sizeof copy, "%s.copy", d);
     snprintf(pool, sizeof pool, "%s/store.pool", d);
     const int64_t n = 20000;
-    embkv_options o = {.dim = 4, .pool_size = 16u << 20, .expected_rows = n};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        embkv_store *c = NULL;
-        if (embkv_open(d, &o, EMBKV_OPEN_CREATE, &c) != EMBKV_OK) _exit(3);
-        float v[4] = {1, 2, 3, 4};
-        for (int64_t id = 0; id < n; id++)
-            if (embkv_put(c, id, v, NULL, 0) != EMBKV_OK) _exit(4);
-        if (embkv_sync(c) != EMBKV_OK) _exit(5);
-        /* after the checkpoint: changes and inserts that the crash drops */
-        for (int64_t id = 0; id < 2000; id++)
-            if (embkv_put(c, id * 3 % (2 * n), v, NULL, 0) != EMBKV_OK) _exit(6);
-        raise(SIGKILL);
-        _exit(7);
-    }
-    int wst = 0;
-    CHECK(waitpid(pid, &wst, 0) == pid && WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    const float v[4] = {1, 2, 3, 4};
+    crashed_store(d, n, changes_and_inserts, v);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", copy, d, copy);
     CHECK(system(cmd) == 0);
     /* The undamaged copy recovers to the checkpoint. */
@@ -599,10 +621,7 @@ static void test_zeroed_index_after_crash(void)
     store_root *r = pmemobj_direct(pmemobj_root(pop, 0));
     uint64_t at = (r->index.off + r->nbuckets * BUCKET_BYTES / 2) & ~4095ull;
     pmemobj_close(pop);
-    char zero[4096] = {0};
-    int fd = open(pool, O_WRONLY);
-    CHECK(fd >= 0 && pwrite(fd, zero, sizeof zero, (off_t)at) == (ssize_t)sizeof zero);
-    if (fd >= 0) close(fd);
+    zero_bytes(pool, at, 4096);
     CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_CORRUPT);
     CHECK(strstr(embkv_errmsg(), " at that checkpoint: the index is damaged") != NULL);
     printf("D: a zeroed index page after a crash: %s\n", embkv_errmsg());
@@ -621,24 +640,8 @@ static void test_damaged_record_after_crash(void)
     snprintf(d, sizeof d, "%s", test_tmpdir("zerorec"));
     snprintf(pool, sizeof pool, "%s/store.pool", d);
     const int64_t n = 20000, target = 500;
-    embkv_options o = {.dim = 4, .pool_size = 16u << 20, .expected_rows = n};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        embkv_store *c = NULL;
-        if (embkv_open(d, &o, EMBKV_OPEN_CREATE, &c) != EMBKV_OK) _exit(3);
-        float v[4] = {1, 2, 3, 4}, w[4] = {9, 9, 9, 9};
-        for (int64_t id = 0; id < n; id++)
-            if (embkv_put(c, id, v, NULL, 0) != EMBKV_OK) _exit(4);
-        if (embkv_sync(c) != EMBKV_OK) _exit(5);
-        /* updates after the checkpoint, which the crash drops */
-        for (int64_t id = 0; id < 2000; id++)
-            if (embkv_put(c, id, w, NULL, 0) != EMBKV_OK) _exit(6);
-        raise(SIGKILL);
-        _exit(7);
-    }
-    int wst = 0;
-    CHECK(waitpid(pid, &wst, 0) == pid && WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    const float w[4] = {9, 9, 9, 9};  /* (so that a row not rolled back shows) */
+    crashed_store(d, n, changes, w);
     /* The newest record of row `target`, zeroed (its whole page would also
      * zero the chunk's allocation header when the record is near the
      * chunk's start: then the open fails, naming the root). */
@@ -661,10 +664,7 @@ static void test_damaged_record_after_crash(void)
     pmemobj_close(pop);
     CHECK(at > 0);
     if (!at) return;
-    char zero[64] = {0};
-    int fd = open(pool, O_WRONLY);
-    CHECK(fd >= 0 && pwrite(fd, zero, sizeof zero, (off_t)at) == (ssize_t)sizeof zero);
-    if (fd >= 0) close(fd);
+    zero_bytes(pool, at, 64);
     embkv_store *s = NULL;
     CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_OK);
     if (!s) return;

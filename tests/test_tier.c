@@ -790,6 +790,29 @@ static void test_held_ssd_path(const char *root)
     free(gen);
 }
 
+/* A child reopens dir and rewrites at generation 2 every `every`th row of
+ * 0..n-1 and inserts rows n..n+extra-1 (the tier thread paused when asked:
+ * the writers then demote, to new segments), then is killed without a
+ * sync: every change is rolled back. */
+static void crash_after_writes(const char *dir, size_t n, size_t every, size_t extra, bool pause_tier)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        embkv_store *s;
+        if (embkv_open(dir, NULL, 0, &s) != EMBKV_OK) _exit(3);
+        if (pause_tier)
+            embkv_debug_tier_pause(s, 1);
+        for (size_t id = 0; id < n + extra; id += id < n ? every : 1)
+            if (put_gen(s, (int64_t)id, 2) != EMBKV_OK) _exit(4);
+        kill(getpid(), SIGKILL);
+        _exit(5);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
 /* A crash with rows changed since the checkpoint, then a damaged segment:
  * recovery rolls those rows back to their log versions without reading
  * them, so the damage fails only the segment's rows, as after a clean close
@@ -803,19 +826,7 @@ static void test_crash_then_damaged(const char *root)
     int nseg = list_segments(logdir, segs, 64);
     CHECK(nseg >= 3);
     if (nseg < 3) return;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        embkv_store *s;
-        if (embkv_open(dir, NULL, 0, &s) != EMBKV_OK) _exit(3);
-        for (size_t id = 0; id < n; id += 3)
-            if (put_gen(s, (int64_t)id, 2) != EMBKV_OK) _exit(4);
-        kill(getpid(), SIGKILL);  /* no sync: every change is rolled back */
-        _exit(5);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    crash_after_writes(dir, n, 3, 0, false);
     snprintf(path, sizeof path, "%s/%s", logdir, segs[1]);
     struct stat sb;
     CHECK(stat(path, &sb) == 0 && truncate(path, sb.st_size / 2) == 0);
@@ -855,20 +866,7 @@ static void test_crash_then_log_gone(const char *root, bool inserts)
     size_t n = 70000, extra = inserts ? 30000 : 0;
     uint64_t *gen = make_logged_store(root, inserts ? "crashnolog2" : "crashnolog", n, dir, sizeof dir, logdir,
                                       sizeof logdir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        embkv_store *s;
-        if (embkv_open(dir, NULL, 0, &s) != EMBKV_OK) _exit(3);
-        embkv_debug_tier_pause(s, 1);  /* (the writers demote, to new segments) */
-        for (size_t id = 0; id < n + extra; id += id < n ? 2 : 1)
-            if (put_gen(s, (int64_t)id, 2) != EMBKV_OK) _exit(4);
-        kill(getpid(), SIGKILL);  /* no sync: every change is rolled back */
-        _exit(5);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    crash_after_writes(dir, n, 2, extra, true);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", logdir);
     CHECK(system(cmd) == 0);
     embkv_store *s = NULL;

@@ -224,11 +224,26 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
     return state;
 }
 
-static int pool_missing(const char *dir, const char *sign)
+/* What inspect_dir's answer for dir means to an open (create: one that may
+ * make a store) or to embkv_destroy (create true: an empty directory is
+ * fine): EMBKV_OK, or the error naming what was found.  Call right after
+ * inspect_dir (-2 reads its errno). */
+static int dir_verdict(const char *dir, int state, const char *found, bool create)
 {
-    return embkv__err(EMBKV_CORRUPT, "store %s: %s is missing, but the directory holds the rest of a store (%s): "
-                      "its rows cannot be read, and no new store is made over them; put the pool file back, or "
-                      "remove the directory (embkv_destroy) to start afresh", dir, POOL_FILE, sign);
+    switch (state) {
+    case 1:
+        return EMBKV_OK;
+    case 0:
+        return create ? EMBKV_OK : embkv__err(EMBKV_NOTSTORE, "no embkv store in %s", dir);
+    case -2:
+        return embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno));
+    case -3:
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is missing, but the directory holds the rest of a store "
+                          "(%s): its rows cannot be read, and no new store is made over them; put the pool file "
+                          "back, or remove the directory (embkv_destroy) to start afresh", dir, POOL_FILE, found);
+    default:
+        return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, found);
+    }
 }
 
 /* Checked by reading the file, before libpmemobj opens it: pmemobj_open
@@ -1080,13 +1095,10 @@ int embkv_destroy(const char *dir)
         }
     }
     char foreign[256] = "", lockpath[PATH_MAX];
+    /* (the rest of a store without its pool, -3, is what it removes too) */
     int state = inspect_dir(dir, foreign, sizeof foreign);
-    if (state < 0 && state != -3) {
-        rc = state == -2 ? embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno))
-                         : embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir,
-                                      foreign);
+    if (state != -3 && (rc = dir_verdict(dir, state, foreign, true)) != EMBKV_OK)
         goto out;
-    }
     snprintf(lockpath, sizeof lockpath, "%s/%s", dir, LOCK_FILE);
     fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -1100,10 +1112,8 @@ int embkv_destroy(const char *dir)
     }
     /* Under the lock, again: nothing foreign arrived meanwhile. */
     state = inspect_dir(dir, foreign, sizeof foreign);
-    if (state < 0 && state != -3) {
-        rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
+    if (state != -3 && (rc = dir_verdict(dir, state, foreign, true)) != EMBKV_OK)
         goto out;
-    }
     if (remove_store_files(dir) != 0)
         rc = embkv__err(EMBKV_IO, "store %s: cannot remove it: %s", dir, strerror(errno));
 out:
@@ -1169,22 +1179,12 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     }
 
     char foreign[256] = "";
-    int state = inspect_dir(dir, foreign, sizeof foreign);
-    if (state == -2) {
-        rc = embkv__err(EMBKV_IO, "store %s: cannot list the directory: %s", dir, strerror(errno));
-        goto unlock;
-    }
     /* (-3, the rest of a store without its pool, is judged under the lock:
      * another process's embkv_destroy, which removes the pool first, may be
      * at work there, and then the answer is EMBKV_LOCKED) */
-    if (state < 0 && state != -3) {
-        rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, foreign);
+    int state = inspect_dir(dir, foreign, sizeof foreign);
+    if (state != -3 && (rc = dir_verdict(dir, state, foreign, flags & EMBKV_OPEN_CREATE)) != EMBKV_OK)
         goto unlock;
-    }
-    if (state == 0 && !(flags & EMBKV_OPEN_CREATE)) {
-        rc = embkv__err(EMBKV_NOTSTORE, "no embkv store in %s", dir);
-        goto unlock;
-    }
 
     embkv_store *s = alloc_store();
     if (!s) {
@@ -1228,12 +1228,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
             /* Again under the lock: another process may have finished
              * creating it, or removing it, meanwhile. */
             state = inspect_dir(dir, foreign, sizeof foreign);
-            rc = state == -3 ? pool_missing(dir, foreign)
-                 : state < 0 ? embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)",
-                                          dir, foreign)
-                 : state == 0 && !(flags & EMBKV_OPEN_CREATE) ? embkv__err(EMBKV_NOTSTORE, "no embkv store in %s", dir)
-                                                             : EMBKV_OK;
-            if (rc != EMBKV_OK) {
+            if ((rc = dir_verdict(dir, state, foreign, flags & EMBKV_OPEN_CREATE)) != EMBKV_OK) {
                 close(s->lockfd);
                 free_store(s);
                 goto unlock;
