@@ -593,7 +593,6 @@ typedef struct push_grads {
     size_t *first;       /* per distinct id: its first row in grads */
     uint32_t *sum_of;    /* per distinct id: its row in sums, or UINT32_MAX */
     double *sums;        /* summed rows of the repeated ids */
-    double *row;         /* dim doubles: the row handed to the optimizer */
 } push_grads;
 
 static void push_grads_free(push_grads *pg)
@@ -601,7 +600,6 @@ static void push_grads_free(push_grads *pg)
     free(pg->first);
     free(pg->sum_of);
     free(pg->sums);
-    free(pg->row);
 }
 
 /* Fills pg for the n rows of grads whose distinct ids are slot_of's
@@ -613,8 +611,7 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
     pg->grads = grads;
     pg->first = malloc((nu ? nu : 1) * sizeof *pg->first);
     pg->sum_of = malloc((nu ? nu : 1) * sizeof *pg->sum_of);
-    pg->row = malloc((size_t)dim * sizeof *pg->row);
-    if (!pg->first || !pg->sum_of || !pg->row)
+    if (!pg->first || !pg->sum_of)
         return false;
     memset(pg->first, 0xff, nu * sizeof *pg->first);    /* SIZE_MAX: not seen */
     memset(pg->sum_of, 0xff, nu * sizeof *pg->sum_of);  /* UINT32_MAX: seen once */
@@ -649,17 +646,6 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
     return true;
 }
 
-/* The gradient of distinct id u, in double. */
-static const double *push_grad(const push_grads *pg, size_t u, uint32_t dim)
-{
-    if (pg->sum_of[u] != UINT32_MAX)
-        return pg->sums + (size_t)pg->sum_of[u] * dim;
-    const float *src = pg->grads + pg->first[u] * dim;
-    for (uint32_t j = 0; j < dim; j++)
-        pg->row[j] = 0.0 + src[j];  /* (as added to a zeroed sum: -0 becomes +0) */
-    return pg->row;
-}
-
 typedef struct push_ctx {
     const embkv_train_options *o;
     double lr;
@@ -669,45 +655,79 @@ typedef struct push_ctx {
     int64_t overflow_id; /* the first of them */
 } push_ctx;
 
+static inline uint32_t not_finite(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+}
+
+/* One optimizer step over a row, g(j) its gradient in double, in one pass
+ * that also notes whether a new value is not finite (a second pass over
+ * the row cost a quarter of a cached push).  Returns nonzero if one is. */
+#define OPTIMIZER_STEP(G)                                                                       \
+    do {                                                                                        \
+        switch (o->optimizer) {                                                                 \
+        case EMBKV_ADAGRAD:                                                                     \
+            /* state holds acc - initial_accumulator, so a zero state is a fresh row. */      \
+            for (uint32_t j = 0; j < dim; j++) {                                                \
+                double gj = G(j), acc = (double)state[j] + gj * gj;                             \
+                state[j] = (float)acc;                                                          \
+                w[j] = (float)(w[j] - lr * gj / (sqrt(acc + o->initial_accumulator) + o->eps)); \
+                bad |= not_finite(w[j]) | not_finite(state[j]);                                 \
+            }                                                                                   \
+            break;                                                                              \
+        case EMBKV_ADAM: {                                                                      \
+            float *m = state, *v = state + dim;                                                 \
+            double t = (double)state[2 * dim] + 1.0;                                            \
+            state[2 * dim] = (float)t;                                                          \
+            bad |= not_finite(state[2 * dim]);                                                  \
+            double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);                  \
+            for (uint32_t j = 0; j < dim; j++) {                                                \
+                double gj = G(j);                                                               \
+                double mj = o->beta1 * m[j] + (1.0 - o->beta1) * gj;                            \
+                double vj = o->beta2 * v[j] + (1.0 - o->beta2) * gj * gj;                       \
+                m[j] = (float)mj;                                                               \
+                v[j] = (float)vj;                                                               \
+                w[j] = (float)(w[j] - lr * (mj / bc1) / (sqrt(vj / bc2) + o->eps));             \
+                bad |= not_finite(w[j]) | not_finite(m[j]) | not_finite(v[j]);                  \
+            }                                                                                   \
+            break;                                                                              \
+        }                                                                                       \
+        default:                                                                                \
+            for (uint32_t j = 0; j < dim; j++) {                                                \
+                w[j] = (float)(w[j] - lr * G(j));                                               \
+                bad |= not_finite(w[j]);                                                        \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+/* A gradient that came once is the caller's float row, widened as it is
+ * added to a zeroed sum (-0 becomes +0); a summed one is in double. */
+#define GRAD_ONCE(j) (0.0 + gf[j])
+#define GRAD_SUMMED(j) (gd[j])
+
 VECTOR_CLONES static int apply_optimizer(void *vctx, size_t i, int64_t id, float *w, float *state)
 {
     push_ctx *c = vctx;
-    (void)id;
     if (!w)
         return 1;  /* deleted since the existence check: skipped */
-    const double *g = push_grad(c->grad, i, c->dim);
+    const push_grads *pg = c->grad;
     const embkv_train_options *o = c->o;
-    switch (o->optimizer) {
-    case EMBKV_ADAGRAD:
-        /* state holds acc - initial_accumulator, so a zero state is a fresh row. */
-        for (uint32_t j = 0; j < c->dim; j++) {
-            double acc = (double)state[j] + g[j] * g[j];
-            state[j] = (float)acc;
-            w[j] = (float)(w[j] - c->lr * g[j] / (sqrt(acc + o->initial_accumulator) + o->eps));
-        }
-        break;
-    case EMBKV_ADAM: {
-        float *m = state, *v = state + c->dim;
-        double t = (double)state[2 * c->dim] + 1.0;
-        state[2 * c->dim] = (float)t;
-        double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-        for (uint32_t j = 0; j < c->dim; j++) {
-            double mj = o->beta1 * m[j] + (1.0 - o->beta1) * g[j];
-            double vj = o->beta2 * v[j] + (1.0 - o->beta2) * g[j] * g[j];
-            m[j] = (float)mj;
-            v[j] = (float)vj;
-            w[j] = (float)(w[j] - c->lr * (mj / bc1) / (sqrt(vj / bc2) + o->eps));
-        }
-        break;
-    }
-    default:
-        for (uint32_t j = 0; j < c->dim; j++)
-            w[j] = (float)(w[j] - c->lr * g[j]);
+    const uint32_t dim = c->dim;
+    const double lr = c->lr;
+    uint32_t bad = 0;
+    if (pg->sum_of[i] == UINT32_MAX) {
+        const float *gf = pg->grads + pg->first[i] * dim;
+        OPTIMIZER_STEP(GRAD_ONCE);
+    } else {
+        const double *gd = pg->sums + (size_t)pg->sum_of[i] * dim;
+        OPTIMIZER_STEP(GRAD_SUMMED);
     }
     /* A table never holds NaN or Inf (INSERT refuses them too): an update
      * that overflows float32 leaves the row as it was (w and state are the
      * new version, dropped when this returns nonzero). */
-    if (!all_finite(w, c->dim) || !all_finite(state, c->state_floats)) {
+    if (bad) {
         if (c->overflowed++ == 0)
             c->overflow_id = id;
         return 1;
