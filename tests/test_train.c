@@ -1324,6 +1324,63 @@ static void test_clock_limit(void)
     }
 }
 
+/* A cached row's update is made in its cache slot: one that overflows
+ * float32 must leave the slot (vector, optimizer state, clock) as it was,
+ * for each optimizer, while the other row of the push is updated. */
+static void test_overflow_in_cache(void)
+{
+    for (int opt = EMBKV_SGD; opt <= EMBKV_ADAM; opt++) {
+        embkv_train_options t;
+        embkv_train_defaults(&t);
+        t.optimizer = opt;
+        t.lr = 1;
+        uint32_t sf = embkv_train_state_floats(&t, 2);
+        char name[32];
+        snprintf(name, sizeof name, "ovf-cache-%d", opt);
+        embkv_options o = {.dim = 2, .state_floats = sf, .expected_rows = 100, .cache_size = 1u << 20};
+        embkv_store *s = NULL;
+        CHECK_RC(embkv_open(test_tmpdir(name), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+        if (!s) return;
+        CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+        float big[2] = {3e38f, -1}, small[2] = {1, 2}, st0[5] = {0.5f, 0.25f, 0.125f, 0.0625f, 3};
+        CHECK_RC(embkv_put(s, 1, big, sf ? st0 : NULL, 0), EMBKV_OK);
+        CHECK_RC(embkv_put(s, 2, small, sf ? st0 : NULL, 0), EMBKV_OK);
+        embkv_moves mv;
+        CHECK_RC(embkv_hotset_move(s, (int64_t[]){1, 2}, 2, &mv), EMBKV_OK);
+        embkv_session *ss;
+        CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+        float out[4], v[2], st[5];
+        embkv_rowinfo ri;
+        /* Twice: the first turns the clean rows dirty, the second finds them dirty. */
+        for (int round = 0; round < 2; round++) {
+            float g[4] = {-3e38f, 1, 0.5f, 0.5f};
+            CHECK_RC(embkv_pull(ss, (int64_t[]){1, 2}, 2, out), EMBKV_OK);
+            size_t nu = 9;
+            CHECK_RC(embkv_push(ss, (int64_t[]){1, 2}, 2, g, 0, &nu), EMBKV_INVALID);
+            CHECK(errmsg_has("id 1: the update overflows float32"));
+            CHECK(nu == 1);
+            CHECK_RC(embkv_get(s, 1, v, sf ? st : NULL, &ri), EMBKV_OK);
+            CHECK(v[0] == 3e38f && v[1] == -1 && ri.clock == 0 && ri.tier == EMBKV_TIER_DRAM);
+            CHECK(!sf || memcmp(st, st0, sf * sizeof(float)) == 0);
+            CHECK_RC(embkv_get(s, 2, v, NULL, &ri), EMBKV_OK);
+            CHECK(ri.clock == (uint64_t)round + 1 && ri.tier == EMBKV_TIER_DRAM);
+            if (opt == EMBKV_SGD)
+                CHECK(v[0] == (float)(small[0] - 0.5) && v[1] == (float)(small[1] - 0.5));
+            small[0] = v[0];
+            small[1] = v[1];
+        }
+        /* Written back and reopened: still as it was. */
+        embkv_session_close(ss);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        CHECK_RC(embkv_open(test_tmpdir(name), &o, 0, &s), EMBKV_OK);
+        if (!s) return;
+        CHECK_RC(embkv_get(s, 1, v, sf ? st : NULL, &ri), EMBKV_OK);
+        CHECK(v[0] == 3e38f && v[1] == -1 && ri.clock == 0);
+        CHECK(!sf || memcmp(st, st0, sf * sizeof(float)) == 0);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -1342,6 +1399,7 @@ int main(void)
     test_init_uniform();
     test_init_normal();
     test_bad_push();
+    test_overflow_in_cache();
     test_bsp();
     test_ssp();
     test_permits_per_id();

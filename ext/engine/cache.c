@@ -72,7 +72,7 @@ typedef struct centry {
 typedef struct cslot {
     _Atomic uint32_t seq;      /* odd while the content changes */
     _Atomic uint8_t ref;       /* CLOCK reference bit */
-    uint8_t used;              /* under the shard lock */
+    _Atomic uint8_t used;      /* changed under the shard lock (and the row's key lock) */
     _Atomic uint16_t pulled;   /* pull_tick of its last pull (low bits); 0 never */
     _Atomic int64_t id;
     uint64_t wb;               /* dirty: the pool record its write-back fills (atomic
@@ -365,13 +365,8 @@ void cache_prefetch(const cache *c, uint64_t h)
     __builtin_prefetch(&sh->tab[tab_home(sh, h)], 0, 3);
 }
 
-/* A probe without the version check: a hint for the line fetches. */
-static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
+static void prefetch_lines(cache *c, int64_t si, int rw)
 {
-    const cshard *sh = shard_of(c, h);
-    int64_t si = tab_find(sh, id, h);
-    if (si < 0)
-        return -1;
     const char *p = (const char *)slot_words(c, (uint32_t)si);
     __builtin_prefetch(&c->slots[si], 0, 3);
     for (uint32_t off = 0; off < c->rec_size; off += 64) {
@@ -380,10 +375,18 @@ static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
         else
             __builtin_prefetch(p + off, 0, 3);
     }
-    return si;
 }
 
-void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw) { (void)prefetch_slot(c, id, h, rw); }
+/* A probe without the version check: a hint for the line fetches. */
+static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
+{
+    const cshard *sh = shard_of(c, h);
+    int64_t si = tab_find(sh, id, h);
+    if (si < 0)
+        return -1;
+    prefetch_lines(c, si, rw);
+    return si;
+}
 
 uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h)
 {
@@ -416,13 +419,47 @@ static inline bool bit_get(cache *c, uint32_t si)
     return (atomic_load_explicit(&c->dirty[si / 64], memory_order_relaxed) >> (si % 64)) & 1;
 }
 
-int cache_state(cache *c, int64_t id, uint64_t h)
+int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty)
 {
     int64_t si = stable_find(c, id, h);
-    return si < 0 ? 0 : 1 + (int)bit_get(c, (uint32_t)si);
+    if (si >= 0 && dirty)
+        *dirty = bit_get(c, (uint32_t)si);
+    return si;
 }
 
+void cache_prefetch_slot(cache *c, int64_t si, int rw) { prefetch_lines(c, si, rw); }
+
 bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
+
+/* Slot si's content, if it is id's and no write overlapped the copy:
+ * 1 copied, 0 not id's (or not stably so), -1 a write in progress. */
+static int read_slot(cache *c, int64_t si, int64_t id, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
+                     uint32_t state_floats)
+{
+    cslot *cs = &c->slots[si];
+    uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
+    if (sv & 1)
+        return -1;
+    if (atomic_load_explicit(&cs->id, memory_order_relaxed) != id)
+        return 0;
+    const uint64_t *w = slot_words(c, (uint32_t)si);
+    rec_hdr hd;
+    words_load(&hd, w, 0, sizeof hd / 8);
+    if (vec)
+        bytes_load(vec, w, sizeof(rec_hdr), 4 * (size_t)dim);
+    if (state && state_floats)
+        bytes_load(state, w, sizeof(rec_hdr) + 4 * (size_t)dim, 4 * (size_t)state_floats);
+    seq_fence(__ATOMIC_ACQUIRE);
+    if (atomic_load_explicit(&cs->seq, memory_order_relaxed) != sv)
+        return -1;
+    if (hdr)
+        *hdr = hd;
+    if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
+        atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
+    if (pull_of == c)
+        atomic_store_explicit(&cs->pulled, pull_stamp(c), memory_order_relaxed);
+    return 1;
+}
 
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats)
@@ -442,31 +479,21 @@ bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint
                 return false;
             continue;
         }
-        cslot *cs = &c->slots[si];
-        uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
-        if ((sv & 1) || atomic_load_explicit(&cs->id, memory_order_relaxed) != id) {
-            ix_relax(&spins);
-            continue;
-        }
-        const uint64_t *w = slot_words(c, (uint32_t)si);
-        rec_hdr hd;
-        words_load(&hd, w, 0, sizeof hd / 8);
-        if (vec)
-            bytes_load(vec, w, sizeof(rec_hdr), 4 * (size_t)dim);
-        if (state && state_floats)
-            bytes_load(state, w, sizeof(rec_hdr) + 4 * (size_t)dim, 4 * (size_t)state_floats);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (atomic_load_explicit(&cs->seq, memory_order_relaxed) != sv ||
-            atomic_load_explicit(&cs->id, memory_order_relaxed) != id)
-            continue;
-        if (hdr)
-            *hdr = hd;
-        if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
-            atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
-        if (pull_of == c)
-            atomic_store_explicit(&cs->pulled, pull_stamp(c), memory_order_relaxed);
-        return true;
+        if (read_slot(c, si, id, hdr, vec, dim, state, state_floats) > 0)
+            return true;
+        ix_relax(&spins);
     }
+}
+
+/* A slot cache_find gave within the caller's call still holds a version of id that
+ * was current at some moment since (eviction leaves the content as it
+ * was; reuse changes the id): read it without a probe, else as above. */
+bool cache_read_at(cache *c, int64_t si, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim,
+                   float *state, uint32_t state_floats)
+{
+    if (si >= 0 && read_slot(c, si, id, hdr, vec, dim, state, state_floats) > 0)
+        return true;
+    return cache_read(c, id, h, hdr, vec, dim, state, state_floats);
 }
 
 void cache_count(cache *c, uint64_t hits, uint64_t misses)
@@ -494,9 +521,14 @@ static void set_dirty(cache *c, uint32_t si, bool dirty)
         atomic_fetch_sub_explicit(&c->ndirty, 1, memory_order_relaxed);
 }
 
-int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec)
+int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, int64_t hint, void *rec)
 {
-    int64_t si = stable_find(c, id, h);
+    /* Under id's key lock its slot cannot change hands: a slot holding id
+     * and in use is its slot.  (An evicted one keeps its id, not its use.) */
+    int64_t si = hint >= 0 && atomic_load_explicit(&c->slots[hint].id, memory_order_relaxed) == id &&
+                         atomic_load_explicit(&c->slots[hint].used, memory_order_relaxed)
+                     ? hint
+                     : stable_find(c, id, h);
     if (si >= 0) {
         if (rec)
             words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
@@ -516,6 +548,14 @@ void cache_store_locked(cache *c, int64_t si, const void *rec)
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
     seq_end(cs);
 }
+
+void *cache_update_begin(cache *c, int64_t si)
+{
+    seq_begin(&c->slots[si]);
+    return slot_words(c, (uint32_t)si);
+}
+
+void cache_update_end(cache *c, int64_t si) { seq_end(&c->slots[si]); }
 
 void cache_mark_dirty_locked(cache *c, int64_t si, uint64_t wb)
 {
@@ -546,7 +586,7 @@ uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h)
         tab_delete(sh, id, h);
         tver_end(sh);
         seq_begin(cs);
-        cs->used = 0;
+        atomic_store_explicit(&cs->used, 0, memory_order_relaxed);
         atomic_fetch_sub_explicit(&sh->used, 1, memory_order_relaxed);
         seq_end(cs);
         if (bit_get(c, (uint32_t)si))
@@ -564,7 +604,7 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
     if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n) {
         for (uint32_t k = 0; k < sh->n; k++) {
             uint32_t si = sh->base + (sh->hand + k) % sh->n;
-            if (!c->slots[si].used) {
+            if (!atomic_load_explicit(&c->slots[si].used, memory_order_relaxed)) {
                 sh->hand = (sh->hand + k + 1) % sh->n;
                 return si;
             }
@@ -612,7 +652,7 @@ again:
         tab_delete(sh, vid, vh);
         tver_end(sh);
         seq_begin(cs);
-        cs->used = 0;
+        atomic_store_explicit(&cs->used, 0, memory_order_relaxed);
         atomic_fetch_sub_explicit(&sh->used, 1, memory_order_relaxed);
         seq_end(cs);
         keylock_release(s, vh);
@@ -665,7 +705,7 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
     seq_begin(cs);
     atomic_store_explicit(&cs->id, id, memory_order_relaxed);
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
-    cs->used = 1;
+    atomic_store_explicit(&cs->used, 1, memory_order_relaxed);
     atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
     atomic_store_explicit(&cs->pulled, pull_of == c ? pull_stamp(c) : 0, memory_order_relaxed);
     seq_end(cs);
@@ -739,7 +779,7 @@ int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n)
             for (uint32_t j = 0; j < sh->n && got < quota; j++) {
                 uint32_t si = sh->base + (sh->hand + j) % sh->n;
                 cslot *cs = &c->slots[si];
-                if (!cs->used || !bit_get(c, si) ||
+                if (!atomic_load_explicit(&cs->used, memory_order_relaxed) || !bit_get(c, si) ||
                     (atomic_load_explicit(&cs->ref, memory_order_relaxed) != 0) != (pass == 1))
                     continue;
                 out[k++] = atomic_load_explicit(&cs->id, memory_order_relaxed);

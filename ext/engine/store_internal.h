@@ -664,6 +664,14 @@ void train_free(embkv_store *s);
 int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu);
 uint64_t store_grow_threshold(embkv_store *s);
 
+/* store_ops.c: embkv_update_batch for the engine's own update functions
+ * (train.c's optimizers), which may be handed a cached row's slot itself
+ * instead of a private copy, its readers held off while fn runs: fn must
+ * be quick, must not call into the store, and if it returns nonzero its
+ * changes are undone. */
+int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                          size_t *nupdated);
+
 /* ------------------------------------------------------------- cache.c */
 typedef struct cache cache;
 /* A cache of `rows` records of rec_size bytes; NULL with errno ENOMEM. */
@@ -672,20 +680,26 @@ void cache_free(cache *c);
 uint64_t cache_capacity(const cache *c);
 /* Lock-free, from any thread: */
 void cache_prefetch(const cache *c, uint64_t h);
-/* After cache_prefetch, a few ids later: the row's slot and record. */
-void cache_prefetch_row(cache *c, int64_t id, uint64_t h, int rw);
 /* The same for a write-back, which then needs the slot's reserved record:
  * returned, read unlocked, as a hint for its fetch (LOC_NONE when the row
  * is not found).  It waits for the slot's line: the batch paths, which
- * need nothing from it yet, use cache_prefetch_row. */
+ * need nothing from it yet, use cache_find and cache_prefetch_slot. */
 uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h);
 bool cache_contains(cache *c, int64_t id, uint64_t h);
-/* 0: not cached, 1: cached clean, 2: cached dirty (a hint, lock-free). */
-int cache_state(cache *c, int64_t id, uint64_t h);
+/* One probe for a batch path: id's slot (-1: not cached) and (dirty, may
+ * be NULL) whether it is dirty, a hint for cache_read_at and
+ * cache_load_locked a few ids on; the slot's lines fetched meanwhile for
+ * reading or writing (rw). */
+int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty);
+void cache_prefetch_slot(cache *c, int64_t si, int rw);
 /* Copies id's cached header, vector and state (each may be NULL); false
  * when id is not cached. */
 bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                 uint32_t state_floats);
+/* cache_read, starting from the slot cache_find gave in the same
+ * call (si may be -1). */
+bool cache_read_at(cache *c, int64_t si, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim,
+                   float *state, uint32_t state_floats);
 void cache_count(cache *c, uint64_t hits, uint64_t misses);
 /* Bytes a cache of rows rows takes (tiers.dram.bytes when full). */
 uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size);
@@ -695,16 +709,23 @@ uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size);
 void cache_pull_begin(cache *c);
 void cache_pull_end(cache *c);
 /* With id's key lock held.  The slot of id (-1: not cached), the whole
- * record copied to rec (rec_size bytes; may be NULL); then, by slot:
+ * record copied to rec (rec_size bytes; may be NULL), hint a slot that
+ * cache_find gave (or -1); then, by slot:
  * whether it is dirty, its new content, and the turns between clean and
  * dirty.  A row turns dirty with a pool record reserved for its
  * write-back (wb), so that a checkpoint never needs room the pool may not
  * have; turning clean hands wb back (filled by the write-back, or to be
  * freed).  Removing a row hands back its wb (LOC_NONE when clean). */
-int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, void *rec);
+int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, int64_t hint, void *rec);
 bool cache_slot_dirty(cache *c, int64_t slot);
 uint64_t cache_slot_wb(cache *c, int64_t slot);
 void cache_store_locked(cache *c, int64_t slot, const void *rec);
+/* A change in place: the slot's record, its lock-free readers held off
+ * (they retry) until cache_update_end.  Plain stores into it race with
+ * those readers' copies, which the sequence check then discards: not for
+ * the ThreadSanitizer build, which sees every slot word as an atomic. */
+void *cache_update_begin(cache *c, int64_t slot);
+void cache_update_end(cache *c, int64_t slot);
 void cache_mark_dirty_locked(cache *c, int64_t slot, uint64_t wb);
 uint64_t cache_mark_clean_locked(cache *c, int64_t slot);
 uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h);

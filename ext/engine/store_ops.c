@@ -138,6 +138,7 @@ typedef struct write_req {
 
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
 #define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
+#define UPDATE_IN_PLACE 0x400  /* internal: fn may change a cached row's slot in place (update_batch_in_place) */
 
 /* Decide what the new version links to and what happens to the old one. */
 static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, const rec_hdr *old,
@@ -347,7 +348,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
         size_t j = i - PF_BUCKET;
         uint64_t h = hs[j % RING];
         keylock_acquire(s, h);
-        int64_t at = cache_load_locked(s->cache, ids[j], h, row);
+        int64_t at = cache_load_locked(s->cache, ids[j], h, -1, row);
         if (at >= 0 && cache_slot_dirty(s->cache, at)) {
             bool consumed;
             int r = cache_write_home(s, ix, ids[j], h, cache_slot_wb(s->cache, at), (rec_hdr *)row, false, rb,
@@ -437,10 +438,44 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
  * record at *spare (LOC_NONE: none) is taken when the row turns dirty or
  * goes through (*spare then LOC_NONE).  EMBKV_NOTFOUND when id is not
  * cached, EMBKV_BUSY when fn skipped it. */
-static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, const write_req *w,
-                              bool logging, uint64_t *spare, retire_buf *rb, char *row)
+static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, int64_t hint,
+                              const write_req *w, bool logging, uint64_t *spare, retire_buf *rb, char *row)
 {
-    int64_t at = cache_load_locked(s->cache, id, h, row);
+#ifndef EMBKV_TSAN
+    /* An update that stays in the cache changes the slot in place: a copy
+     * out, an update of the copy and a copy back cost a cached push a
+     * fifth of its time, most of it the update's loads waiting on the
+     * copy's stores (which a load spanning two of them cannot take
+     * from).  row keeps the old content, put back if fn gives up. */
+    if (w->kind == W_UPDATE && (w->flags & UPDATE_IN_PLACE) && !logging) {
+        int64_t at = cache_load_locked(s->cache, id, h, hint, NULL);
+        if (at < 0)
+            return EMBKV_NOTFOUND;
+        bool dirty = cache_slot_dirty(s->cache, at);
+        if (!dirty && *spare == LOC_NONE)
+            return embkv__err(EMBKV_FULL, "store %s: id %lld: no record reserved for its write-back", s->path,
+                              (long long)id);
+        rec_hdr *r = cache_update_begin(s->cache, at);
+        memcpy(row, r, s->rec_size);
+        float *v = rec_vec(r);
+        int skip = w->fn(w->ctx, w->index, id, v, v + s->dim);
+        if (skip)
+            memcpy(r, row, s->rec_size);
+        else {
+            r->clock = clock_next(r->clock);
+            r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
+        }
+        cache_update_end(s->cache, at);
+        if (skip)
+            return EMBKV_BUSY;
+        if (!dirty) {
+            cache_mark_dirty_locked(s->cache, at, *spare);
+            *spare = LOC_NONE;
+        }
+        return EMBKV_OK;
+    }
+#endif
+    int64_t at = cache_load_locked(s->cache, id, h, hint, row);
     if (at < 0)
         return EMBKV_NOTFOUND;
     rec_hdr *r = (rec_hdr *)row;
@@ -585,7 +620,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     consumed = false;
     if (s->cache) {
         uint64_t spare = loc;
-        rc = cache_write_locked(s, ix, id, h, &w, group_logging(s), &spare, &rb, row);
+        rc = cache_write_locked(s, ix, id, h, -1, &w, group_logging(s), &spare, &rb, row);
         consumed = spare == LOC_NONE;
     }
     if (rc == EMBKV_NOTFOUND)  /* not cached */
@@ -916,7 +951,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     uint64_t offer_loc[OFFERS];
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
-    uint8_t cached[RING];
+    int64_t cslot[RING];  /* per id in flight: its cache slot, or -1 */
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
@@ -932,15 +967,15 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
          * the row's slot or its bucket is fetched. */
         if (c && i >= PF_CACHE && i - PF_CACHE < n) {
             size_t j = i - PF_CACHE;
-            cached[j % RING] = cache_contains(c, ids[j], hs[j % RING]);
-            if (cached[j % RING])
-                cache_prefetch_row(c, ids[j], hs[j % RING], 0);
+            cslot[j % RING] = cache_find(c, ids[j], hs[j % RING], NULL);
+            if (cslot[j % RING] >= 0)
+                cache_prefetch_slot(c, cslot[j % RING], 0);
             else
                 PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            if (c && cached[j % RING]) {
+            if (c && cslot[j % RING] >= 0) {
                 locs[j % RING] = LOC_CACHED;  /* read below, its lines on the way */
             } else {
                 uint32_t probes;
@@ -954,7 +989,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             if (loc == LOC_CACHED) {
-                if (cache_read(c, ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL, 0)) {
+                if (cache_read_at(c, cslot[j % RING], ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL,
+                                  0)) {
                     hits++;
                     if (found)
                         found[j] = true;
@@ -1190,8 +1226,23 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                                  unsigned flags, size_t *nupdated);
 
+static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                        unsigned flags, size_t *nupdated);
+
 int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                        unsigned flags, size_t *nupdated)
+{
+    return update_batch(s, ids, n, fn, ctx, flags & EMBKV_UPDATE_CREATE, nupdated);
+}
+
+int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                          size_t *nupdated)
+{
+    return update_batch(s, ids, n, fn, ctx, UPDATE_IN_PLACE, nupdated);
+}
+
+static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
+                        unsigned flags, size_t *nupdated)
 {
     if (nupdated)
         *nupdated = 0;
@@ -1267,7 +1318,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
      * every other row takes a record: a new version, or a clean cached row
      * the one its write-back will fill.  No row turns clean during the
      * group (cache.c), so the count can only be too high. */
-    uint8_t *hint = c && !logging ? malloc(n) : NULL;
+    int64_t *hint = c && !logging ? malloc(n * sizeof *hint) : NULL;  /* per row: its slot, or -1 */
     size_t want = n;
     if (hint) {
         want = 0;
@@ -1276,9 +1327,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         for (size_t j = 0; j < n; j++) {
             if (j + 8 < n)
                 cache_prefetch(c, embkv__hash(ids[j + 8]));
-            int st = cache_state(c, ids[j], embkv__hash(ids[j]));
-            hint[j] = st != 0;
-            want += st != 2;
+            bool dirty = false;
+            hint[j] = cache_find(c, ids[j], embkv__hash(ids[j]), &dirty);
+            want += !dirty;
         }
     } else if (c && !logging) {
         free(row);
@@ -1320,20 +1371,18 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            if (!hint || !hint[i])
+            if (!hint || hint[i] < 0)
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
-            else
-                cache_prefetch(c, h);
             /* A cached row's update is not counted again: its read was (a
              * pull before the push), and its slot's reference bit is set. */
-            if (heat_counting(s) && (!hint || !hint[i]))
+            if (heat_counting(s) && (!hint || hint[i] < 0))
                 heat_add(s, &hb, h);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
-            if (hint && hint[j])
-                cache_prefetch_row(c, ids[j], hs[j % RING], 1);
-            if (!hint || !hint[j]) {
+            if (hint && hint[j] >= 0)
+                cache_prefetch_slot(c, hint[j], 1);
+            else {
                 uint32_t probes;
                 uint64_t loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
                 if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
@@ -1360,7 +1409,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             int r = EMBKV_NOTFOUND;
             uint64_t spare = next_fresh < nfresh ? fresh[next_fresh] : LOC_NONE;
             if (c) {
-                r = cache_write_locked(s, ix, ids[j], h, &w, logging, &spare, rb, row);
+                r = cache_write_locked(s, ix, ids[j], h, hint ? hint[j] : -1, &w, logging, &spare, rb, row);
                 if (r != EMBKV_NOTFOUND) {
                     hits++;
                     if (r == EMBKV_OK)

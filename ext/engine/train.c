@@ -814,7 +814,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (rc == EMBKV_OK) {
         push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim,
                       .state_floats = embkv_train_state_floats(&o, dim)};
-        rc = embkv_update_batch(s, uids, nu, apply_optimizer, &c, 0, &updated);
+        rc = update_batch_in_place(s, uids, nu, apply_optimizer, &c, &updated);
         embkv_group_end(s);
         if (rc == EMBKV_OK) {
             /* Updates are visible before the permits go back (BSP: the next
