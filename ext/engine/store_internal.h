@@ -664,6 +664,10 @@ void train_free(embkv_store *s);
 int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu);
 uint64_t store_grow_threshold(embkv_store *s);
 
+/* store_ops.c: embkv_get_batch putting row j of the batch at row
+ * out_row[j] of out (out_row NULL: at row j). */
+int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, const size_t *out_row, uint8_t *found,
+                   size_t *nmissing);
 /* store_ops.c: embkv_update_batch for the engine's own update functions
  * (train.c's optimizers), which may be handed a cached row's slot itself
  * instead of a private copy, its readers held off while fn runs: fn must

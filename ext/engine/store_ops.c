@@ -873,7 +873,8 @@ static inline void prefetch_record(embkv_store *s, uint64_t loc)
 
 /* The vectors of a batch's log-resident rows (positions at.v[i], locations
  * locs.v[i]), in one log read. */
-static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out)
+static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
+                         const size_t *out_row)
 {
     size_t k = at->n;
     int64_t *kid = malloc(k * sizeof *kid);
@@ -887,7 +888,7 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
             kid[i] = ids[at->v[i]];
         rc = tier_read(s, kid, locs->v, k, &buf, recs, false);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
-            memcpy(out + at->v[i] * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
+            memcpy(out + (out_row ? out_row[at->v[i]] : at->v[i]) * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
         if (rc == EMBKV_OK) {
             tier_note_read(s, kid, locs->v, recs, k);
             /* A pull's push comes next: it finds the rows in the stage. */
@@ -926,6 +927,9 @@ static inline void heat_flush(embkv_store *s, heat_buf *b)
     b->n = 0;
 }
 
+/* Where get_batch_rows puts row j of its batch. */
+#define OUT_ROW(j) (out + (out_row ? out_row[j] : (j)) * s->dim)
+
 /* PetPS-style batch pipeline: the home bucket of id i+PF_BUCKET and the
  * record of id i+PF_RECORD are in flight while id i is copied, so a batch
  * pays roughly one memory latency per PF_RECORD ids, not one per id. */
@@ -934,6 +938,12 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
 {
     if (!s || (n && (!ids || !out)))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
+    return get_batch_rows(s, ids, n, out, NULL, found, nmissing);
+}
+
+int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, const size_t *out_row, uint8_t *found,
+                   size_t *nmissing)
+{
     uint64_t hs[RING], locs[RING];
     size_t missing = 0, vbytes = 4 * (size_t)s->dim;
     int64_t bad = 0;
@@ -989,8 +999,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
             size_t j = i - PF_BUCKET;
             uint64_t loc = locs[j % RING];
             if (loc == LOC_CACHED) {
-                if (cache_read_at(c, cslot[j % RING], ids[j], hs[j % RING], NULL, out + j * s->dim, s->dim, NULL,
-                                  0)) {
+                if (cache_read_at(c, cslot[j % RING], ids[j], hs[j % RING], NULL, OUT_ROW(j), s->dim, NULL, 0)) {
                     hits++;
                     if (found)
                         found[j] = true;
@@ -1023,9 +1032,9 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
                     damaged = true;
                     bad = ids[j];
                 }
-                memcpy(out + j * s->dim, rec_vec(r), vbytes);
+                memcpy(OUT_ROW(j), rec_vec(r), vbytes);
             } else {
-                memset(out + j * s->dim, 0, vbytes);
+                memset(OUT_ROW(j), 0, vbytes);
                 missing++;
             }
             if (found)
@@ -1034,7 +1043,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
     }
     heat_flush(s, &hb);
     if (ssd_at.n && rc == EMBKV_OK)
-        rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out);
+        rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out, out_row);
     if (c) {
         cache_count(c, hits, n - hits);
         for (size_t k = 0; k < noffer && rc == EMBKV_OK && !damaged; k++)
@@ -1051,6 +1060,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
         return rc;
     return damaged ? rec_damaged(s, bad) : EMBKV_OK;
 }
+
+#undef OUT_ROW
 
 #define AT_BLOCK 256
 

@@ -62,6 +62,11 @@ struct embkv_session {
     int64_t *keys;
     uint32_t *counts;
     size_t cap, n;
+    /* The distinct ids of the session's last batch (distinct_of): a push
+     * of the batch just pulled finds them here. */
+    int64_t *last_ids, *last_uniq;
+    size_t *last_slot_of;
+    size_t last_n, last_nu, last_cap;
 };
 
 /* ------------------------------------------------------------ options */
@@ -422,38 +427,72 @@ int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, s
     return EMBKV_OK;
 }
 
+/* The distinct ids of a batch, as ids_distinct gives them, in the
+ * session's memory (valid until its next batch): computed once for a pull
+ * and the push of the same ids that follows it.  EMBKV_NOMEM (no message)
+ * when out of memory. */
+static int distinct_of(embkv_session *ss, const int64_t *ids, size_t n, const int64_t **uniq,
+                       const size_t **slot_of, size_t *nu)
+{
+    if (ss->last_n != n || memcmp(ss->last_ids, ids, n * sizeof *ids) != 0) {
+        if (n > ss->last_cap) {
+            free(ss->last_ids);
+            free(ss->last_uniq);
+            free(ss->last_slot_of);
+            ss->last_ids = malloc(n * sizeof *ss->last_ids);
+            ss->last_uniq = malloc(n * sizeof *ss->last_uniq);
+            ss->last_slot_of = malloc(n * sizeof *ss->last_slot_of);
+            ss->last_cap = ss->last_ids && ss->last_uniq && ss->last_slot_of ? n : 0;
+        }
+        ss->last_n = 0;
+        if (ss->last_cap < n || ids_distinct(ids, n, ss->last_uniq, ss->last_slot_of, &ss->last_nu) != EMBKV_OK)
+            return EMBKV_NOMEM;
+        memcpy(ss->last_ids, ids, n * sizeof *ids);
+        ss->last_n = n;
+    }
+    *uniq = ss->last_uniq;
+    *slot_of = ss->last_slot_of;
+    *nu = ss->last_nu;
+    return EMBKV_OK;
+}
+
 /* ------------------------------------------------------------ pull */
 
-/* Read a batch; duplicates are read once and copied, so that every copy of
- * an id shows the same version even while another thread pushes to it. */
-static int read_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, uint8_t *found, size_t *missing)
+/* Read a batch; duplicates are read once, into the row of their first
+ * occurrence, and copied, so that every copy of an id shows the same
+ * version even while another thread pushes to it. */
+static int read_batch(embkv_session *ss, const int64_t *ids, size_t n, float *out, uint8_t *found, size_t *missing)
 {
-    int64_t *uniq = malloc(n * sizeof *uniq);
-    size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
+    embkv_store *s = ss->s;
+    const int64_t *uniq;
+    const size_t *slot_of;
+    size_t nu = 0;
+    if (distinct_of(ss, ids, n, &uniq, &slot_of, &nu) != EMBKV_OK)
+        return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
+    if (nu == n)
+        return embkv_get_batch(s, ids, n, out, found, missing);
+    size_t *first = malloc(nu * sizeof *first);
+    uint8_t *ufound = malloc(nu);
     int rc = EMBKV_OK;
-    if (!uniq || !slot_of || ids_distinct(ids, n, uniq, slot_of, &nu) != EMBKV_OK) {
+    if (!first || !ufound) {
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
-    } else if (nu == n) {
-        rc = embkv_get_batch(s, ids, n, out, found, missing);
     } else {
-        float *buf = malloc(nu * (size_t)s->dim * sizeof *buf);
-        uint8_t *ufound = malloc(nu);
-        if (!buf || !ufound) {
-            rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for %zu ids", n);
-        } else {
-            rc = embkv_get_batch(s, uniq, nu, buf, ufound, NULL);
-            *missing = 0;
-            for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
-                memcpy(out + i * s->dim, buf + slot_of[i] * s->dim, 4 * (size_t)s->dim);
-                found[i] = ufound[slot_of[i]];
-                *missing += !found[i];
-            }
+        /* uniq is in first-seen order */
+        for (size_t i = 0, k = 0; i < n; i++)
+            if (slot_of[i] == k)
+                first[k++] = i;
+        rc = get_batch_rows(s, uniq, nu, out, first, ufound, NULL);
+        *missing = 0;
+        for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+            size_t u = slot_of[i];
+            if (first[u] != i)
+                memcpy(out + i * s->dim, out + first[u] * s->dim, 4 * (size_t)s->dim);
+            found[i] = ufound[u];
+            *missing += !found[i];
         }
-        free(buf);
-        free(ufound);
     }
-    free(uniq);
-    free(slot_of);
+    free(first);
+    free(ufound);
     return rc;
 }
 
@@ -526,7 +565,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     if (!found)
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
     else
-        rc = read_batch(s, ids, n, out, found, &missing);
+        rc = read_batch(ss, ids, n, out, found, &missing);
     if (rc == EMBKV_OK && missing) {
         int64_t *miss = malloc(missing * sizeof *miss), *umiss = malloc(missing * sizeof *umiss);
         size_t *slot_of = malloc(missing * sizeof *slot_of);
@@ -769,18 +808,16 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (lr != lr || isinf(lr))
         return embkv__err(EMBKV_INVALID, "embkv_push: lr must be a finite number");
     /* Gradients of duplicate ids are summed (in double) into one update. */
-    int64_t *uids = malloc(n * sizeof *uids);
-    size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;
+    const int64_t *uids;
+    const size_t *slot_of;
+    size_t nu = 0;
     push_grads ugrad;
     memset(&ugrad, 0, sizeof ugrad);
-    if (!uids || !slot_of || ids_distinct(ids, n, uids, slot_of, &nu) != EMBKV_OK ||
+    if (distinct_of(ss, ids, n, &uids, &slot_of, &nu) != EMBKV_OK ||
         !push_grads_make(&ugrad, grads, slot_of, n, nu, dim)) {
-        free(uids);
-        free(slot_of);
         push_grads_free(&ugrad);
         return embkv__err(EMBKV_NOMEM, "embkv_push: out of memory for %zu ids", n);
     }
-    free(slot_of);
     /* The rows it creates and its updates are one write group: seen by
      * snapshots and kept by checkpoints entirely or not at all.  (A cache
      * short of clean rows is cleaned first, outside the group.) */
@@ -788,7 +825,6 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK) {
-        free(uids);
         push_grads_free(&ugrad);
         return rc;
     }
@@ -832,7 +868,6 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     } else {
         embkv_group_end(s);
     }
-    free(uids);
     push_grads_free(&ugrad);
     return rc;
 }
@@ -870,5 +905,8 @@ void embkv_session_close(embkv_session *ss)
             permit_return(t->permits, ss->keys[i]);
     free(ss->keys);
     free(ss->counts);
+    free(ss->last_ids);
+    free(ss->last_uniq);
+    free(ss->last_slot_of);
     free(ss);
 }
