@@ -40,9 +40,11 @@
  * are written back first (store_ops.c: cache_clean), so eviction costs no
  * I/O and no allocation in the middle of a batch.
  *
- * Memory.  Slots and their records live in one anonymous mapping advised
- * MADV_HUGEPAGE: at gigabytes of cache, 4 KiB pages would make every hit a
- * TLB miss too.  The shard tables are twice the slots, 16 bytes an entry.
+ * Memory.  Slots live in one anonymous mapping advised MADV_HUGEPAGE: at
+ * gigabytes of cache, 4 KiB pages would make every hit a TLB miss too.  A
+ * slot is its state (cslot) and its record side by side, rounded up to
+ * whole 64-byte lines (slot_stride), so a hit fetches the lines of its
+ * record and no other.  The shard tables follow, twice the slots, 16 bytes an entry.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -93,9 +95,9 @@ typedef struct cshard {
 struct cache {
     uint64_t capacity;
     uint32_t rec_size, words;
+    uint32_t stride;           /* a slot: its cslot, then its record, in whole lines */
     cshard shards[CACHE_SHARDS];
-    cslot *slots;
-    char *recs;                /* capacity * rec_size */
+    char *slots;               /* capacity * stride */
     size_t map_bytes;
     void *map;
     bool huge;
@@ -134,10 +136,8 @@ static inline bool pull_shielded(cache *c, const cslot *cs)
     uint16_t p = atomic_load_explicit(&cs->pulled, memory_order_relaxed);
     return p && (uint16_t)(pull_stamp(c) - p) < PULL_WINDOW;
 }
-static inline uint64_t *slot_words(const cache *c, uint32_t si)
-{
-    return (uint64_t *)(c->recs + (size_t)si * c->rec_size);
-}
+static inline cslot *slot_at(const cache *c, int64_t si) { return (cslot *)(c->slots + (size_t)si * c->stride); }
+static inline uint64_t *slot_words(const cache *c, uint32_t si) { return (uint64_t *)(slot_at(c, si) + 1); }
 
 static void shard_lock(cshard *sh)
 {
@@ -156,9 +156,19 @@ static uint64_t tab_entries(uint64_t slots)
     return t;
 }
 
+/* A slot's state beside its record, in the lines a hit reads anyway (a
+ * separate array of states cost every hit one more line from memory);
+ * whole lines, so that a slot spans no more of them than it must, unless
+ * that wastes more than an eighth of it (small records). */
+static uint32_t slot_stride(uint32_t rec_size)
+{
+    uint32_t raw = (uint32_t)sizeof(cslot) + rec_size, lines = (raw + 63) / 64 * 64;
+    return (lines - raw) * 8 <= raw ? lines : raw;
+}
+
 uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size)
 {
-    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, b = rows * ((uint64_t)rec_size + sizeof(cslot));
+    uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, b = rows * (uint64_t)slot_stride(rec_size);
     for (uint64_t i = 0; i < CACHE_SHARDS; i++)
         b += tab_entries(per + (i < extra)) * sizeof(centry);
     return b;
@@ -176,15 +186,16 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
     c->capacity = rows;
     c->rec_size = rec_size;
     c->words = rec_size / 8;
+    c->stride = slot_stride(rec_size);
     uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, base = 0, tab_total = 0;
     for (int i = 0; i < CACHE_SHARDS; i++)
         tab_total += tab_entries(per + ((uint64_t)i < extra));
     /* The shard tables share the mapping (after the records): a probe is a
      * random line of megabytes of tables, and on 4 KiB pages its TLB miss
      * cost about as much as the line (measured). */
-    size_t slot_bytes = (size_t)rows * sizeof(cslot), rec_bytes = (size_t)rows * rec_size;
+    size_t slot_bytes = (size_t)rows * c->stride;
     size_t tab_bytes = (size_t)tab_total * sizeof(centry), align = 2u << 20;
-    c->map_bytes = (slot_bytes + rec_bytes + 64 + tab_bytes + 2 * align) / align * align;
+    c->map_bytes = (slot_bytes + 64 + tab_bytes + 2 * align) / align * align;
     c->map = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (c->map == MAP_FAILED) {
         free(c);
@@ -197,12 +208,10 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
     if (!small || !*small || *small == '0')
         c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
 #endif
-    /* Records from the first huge page boundary past the slots, then the
-     * shard tables. */
+    /* The slots from the start (a huge page boundary), then the shard
+     * tables. */
     c->slots = c->map;
-    uintptr_t r = ((uintptr_t)c->map + slot_bytes + align - 1) & ~(uintptr_t)(align - 1);
-    c->recs = (char *)r;
-    centry *next_tab = (centry *)(((uintptr_t)c->recs + rec_bytes + 63) & ~(uintptr_t)63);
+    centry *next_tab = (centry *)(((uintptr_t)c->slots + slot_bytes + 63) & ~(uintptr_t)63);
     c->dirty_words = (rows + 63) / 64;
     c->dirty = calloc(c->dirty_words, sizeof *c->dirty);
     bool ok = c->dirty != NULL;
@@ -235,6 +244,8 @@ void cache_free(cache *c)
 }
 
 uint64_t cache_capacity(const cache *c) { return c ? c->capacity : 0; }
+
+uint32_t cache_rec_bytes(const cache *c) { return c->rec_size; }
 
 /* ---------------------------------------------------------------- tables */
 
@@ -367,9 +378,8 @@ void cache_prefetch(const cache *c, uint64_t h)
 
 static void prefetch_lines(cache *c, int64_t si, int rw)
 {
-    const char *p = (const char *)slot_words(c, (uint32_t)si);
-    __builtin_prefetch(&c->slots[si], 0, 3);
-    for (uint32_t off = 0; off < c->rec_size; off += 64) {
+    const char *p = (const char *)slot_at(c, si);
+    for (uint32_t off = 0; off < c->stride; off += 64) {
         if (rw)
             __builtin_prefetch(p + off, 1, 3);
         else
@@ -391,7 +401,7 @@ static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
 uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h)
 {
     int64_t si = prefetch_slot(c, id, h, 0);
-    return si < 0 ? LOC_NONE : __atomic_load_n(&c->slots[si].wb, __ATOMIC_RELAXED);
+    return si < 0 ? LOC_NONE : __atomic_load_n(&slot_at(c, si)->wb, __ATOMIC_RELAXED);
 }
 
 /* The slot of id, or -1, from a probe no table change overlapped (a
@@ -436,7 +446,7 @@ bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id
 static int read_slot(cache *c, int64_t si, int64_t id, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                      uint32_t state_floats)
 {
-    cslot *cs = &c->slots[si];
+    cslot *cs = slot_at(c, si);
     uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
     if (sv & 1)
         return -1;
@@ -525,14 +535,14 @@ int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, int64_t hint, void *
 {
     /* Under id's key lock its slot cannot change hands: a slot holding id
      * and in use is its slot.  (An evicted one keeps its id, not its use.) */
-    int64_t si = hint >= 0 && atomic_load_explicit(&c->slots[hint].id, memory_order_relaxed) == id &&
-                         atomic_load_explicit(&c->slots[hint].used, memory_order_relaxed)
+    int64_t si = hint >= 0 && atomic_load_explicit(&slot_at(c, hint)->id, memory_order_relaxed) == id &&
+                         atomic_load_explicit(&slot_at(c, hint)->used, memory_order_relaxed)
                      ? hint
                      : stable_find(c, id, h);
     if (si >= 0) {
         if (rec)
             words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
-        cslot *cs = &c->slots[si];
+        cslot *cs = slot_at(c, si);
         if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))
             atomic_store_explicit(&cs->ref, 1, memory_order_relaxed);
     }
@@ -543,7 +553,7 @@ bool cache_slot_dirty(cache *c, int64_t si) { return bit_get(c, (uint32_t)si); }
 
 void cache_store_locked(cache *c, int64_t si, const void *rec)
 {
-    cslot *cs = &c->slots[si];
+    cslot *cs = slot_at(c, si);
     seq_begin(cs);
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
     seq_end(cs);
@@ -551,28 +561,28 @@ void cache_store_locked(cache *c, int64_t si, const void *rec)
 
 void *cache_update_begin(cache *c, int64_t si)
 {
-    seq_begin(&c->slots[si]);
+    seq_begin(slot_at(c, si));
     return slot_words(c, (uint32_t)si);
 }
 
-void cache_update_end(cache *c, int64_t si) { seq_end(&c->slots[si]); }
+void cache_update_end(cache *c, int64_t si) { seq_end(slot_at(c, si)); }
 
 void cache_mark_dirty_locked(cache *c, int64_t si, uint64_t wb)
 {
-    __atomic_store_n(&c->slots[si].wb, wb, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot_at(c, si)->wb, wb, __ATOMIC_RELAXED);
     set_dirty(c, (uint32_t)si, true);
 }
 
 uint64_t cache_mark_clean_locked(cache *c, int64_t si)
 {
-    uint64_t wb = c->slots[si].wb;
-    __atomic_store_n(&c->slots[si].wb, LOC_NONE, __ATOMIC_RELAXED);
+    uint64_t wb = slot_at(c, si)->wb;
+    __atomic_store_n(&slot_at(c, si)->wb, LOC_NONE, __ATOMIC_RELAXED);
     set_dirty(c, (uint32_t)si, false);
     atomic_fetch_add_explicit(&c->writebacks, 1, memory_order_relaxed);
     return wb;
 }
 
-uint64_t cache_slot_wb(cache *c, int64_t si) { return c->slots[si].wb; }
+uint64_t cache_slot_wb(cache *c, int64_t si) { return slot_at(c, si)->wb; }
 
 uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h)
 {
@@ -581,7 +591,7 @@ uint64_t cache_remove_locked(cache *c, int64_t id, uint64_t h)
     shard_lock(sh);
     int64_t si = tab_find(sh, id, h);
     if (si >= 0) {
-        cslot *cs = &c->slots[si];
+        cslot *cs = slot_at(c, si);
         tver_begin(sh);
         tab_delete(sh, id, h);
         tver_end(sh);
@@ -604,7 +614,7 @@ static int64_t take_slot(embkv_store *s, cache *c, cshard *sh, uint64_t cand_h, 
     if (atomic_load_explicit(&sh->used, memory_order_relaxed) < sh->n) {
         for (uint32_t k = 0; k < sh->n; k++) {
             uint32_t si = sh->base + (sh->hand + k) % sh->n;
-            if (!atomic_load_explicit(&c->slots[si].used, memory_order_relaxed)) {
+            if (!atomic_load_explicit(&slot_at(c, si)->used, memory_order_relaxed)) {
                 sh->hand = (sh->hand + k + 1) % sh->n;
                 return si;
             }
@@ -619,7 +629,7 @@ again:
     for (uint32_t k = 0; k < EVICT_SCAN && k < 2 * sh->n; k++) {
         uint32_t si = sh->base + sh->hand;
         sh->hand = (sh->hand + 1) % sh->n;
-        cslot *cs = &c->slots[si];
+        cslot *cs = slot_at(c, si);
         if (atomic_load_explicit(&cs->ref, memory_order_relaxed)) {
             atomic_store_explicit(&cs->ref, 0, memory_order_relaxed);
             continue;
@@ -701,7 +711,7 @@ bool cache_admit_locked(embkv_store *s, cache *c, int64_t id, uint64_t h, const 
         shard_unlock(sh);
         return false;
     }
-    cslot *cs = &c->slots[si];
+    cslot *cs = slot_at(c, si);
     seq_begin(cs);
     atomic_store_explicit(&cs->id, id, memory_order_relaxed);
     words_store(slot_words(c, (uint32_t)si), rec, c->words);
@@ -747,7 +757,7 @@ int cache_dirty_ids(cache *c, int64_t **ids, size_t *n)
                 out = p;
                 cap = nc;
             }
-            out[k++] = atomic_load_explicit(&c->slots[si].id, memory_order_relaxed);
+            out[k++] = atomic_load_explicit(&slot_at(c, si)->id, memory_order_relaxed);
         }
     }
     *ids = out;
@@ -778,7 +788,7 @@ int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n)
         for (int pass = 0; pass < 2 && got < quota; pass++)
             for (uint32_t j = 0; j < sh->n && got < quota; j++) {
                 uint32_t si = sh->base + (sh->hand + j) % sh->n;
-                cslot *cs = &c->slots[si];
+                cslot *cs = slot_at(c, si);
                 if (!atomic_load_explicit(&cs->used, memory_order_relaxed) || !bit_get(c, si) ||
                     (atomic_load_explicit(&cs->ref, memory_order_relaxed) != 0) != (pass == 1))
                     continue;

@@ -127,12 +127,14 @@ static int cache_attach(embkv_store *s, uint64_t bytes)
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: option cache_size: the store cannot take a cache inside a write "
                           "group of the same thread", s->path);
-    /* Rows the bytes hold: the record, its slot and two to four table
-     * entries (the tables round up to powers of two). */
-    uint64_t rows = bytes / ((uint64_t)s->rec_size + 24 + 32);
-    while (rows > 64 && cache_bytes_for(rows, s->rec_size) > bytes)
+    /* Rows the bytes hold: the record (its content: not the padding a
+     * pool record has), its slot and two to four table entries (the
+     * tables round up to powers of two). */
+    uint32_t rec = (uint32_t)((sizeof(rec_hdr) + 4 * ((size_t)s->dim + s->state_floats) + 7) & ~(size_t)7);
+    uint64_t rows = bytes / ((uint64_t)rec + 24 + 32);
+    while (rows > 64 && cache_bytes_for(rows, rec) > bytes)
         rows -= rows / 64 ? rows / 64 : 1;
-    cache *c = cache_new(rows, s->rec_size);
+    cache *c = cache_new(rows, rec);
     if (!c)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
                           s->path, (unsigned long long)rows);

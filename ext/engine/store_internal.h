@@ -678,8 +678,11 @@ int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, embkv_up
 
 /* ------------------------------------------------------------- cache.c */
 typedef struct cache cache;
-/* A cache of `rows` records of rec_size bytes; NULL with errno ENOMEM. */
+/* A cache of `rows` records of rec_size bytes (a multiple of 8: the
+ * header, vector and state of a pool record, without its padding); NULL
+ * with errno ENOMEM.  What a slot holds, copied in and out. */
 cache *cache_new(uint64_t rows, uint32_t rec_size);
+uint32_t cache_rec_bytes(const cache *c);
 void cache_free(cache *c);
 uint64_t cache_capacity(const cache *c);
 /* Lock-free, from any thread: */

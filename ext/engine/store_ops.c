@@ -456,11 +456,11 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
             return embkv__err(EMBKV_FULL, "store %s: id %lld: no record reserved for its write-back", s->path,
                               (long long)id);
         rec_hdr *r = cache_update_begin(s->cache, at);
-        memcpy(row, r, s->rec_size);
+        memcpy(row, r, cache_rec_bytes(s->cache));
         float *v = rec_vec(r);
         int skip = w->fn(w->ctx, w->index, id, v, v + s->dim);
         if (skip)
-            memcpy(r, row, s->rec_size);
+            memcpy(r, row, cache_rec_bytes(s->cache));
         else {
             r->clock = clock_next(r->clock);
             r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
