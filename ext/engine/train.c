@@ -641,6 +641,18 @@ static void push_grads_free(push_grads *pg)
     free(pg->sums);
 }
 
+/* dst = 0.0 + src (first) or dst += src, in double: a Zipf batch repeats
+ * its hottest ids dozens of times. */
+VECTOR_CLONES static void grad_add(double *restrict dst, const float *restrict src, uint32_t dim, bool first)
+{
+    if (first)
+        for (uint32_t j = 0; j < dim; j++)
+            dst[j] = 0.0 + src[j];
+    else
+        for (uint32_t j = 0; j < dim; j++)
+            dst[j] += src[j];
+}
+
 /* Fills pg for the n rows of grads whose distinct ids are slot_of's
  * (nu of them).  False when out of memory. */
 static bool push_grads_make(push_grads *pg, const float *grads, const size_t *slot_of, size_t n, size_t nu,
@@ -671,16 +683,8 @@ static bool push_grads_make(push_grads *pg, const float *grads, const size_t *sl
      * sums, bit for bit, as adding every row to a zeroed one. */
     for (size_t i = 0; i < n; i++) {
         size_t u = slot_of[i];
-        if (pg->sum_of[u] == UINT32_MAX)
-            continue;
-        double *dst = pg->sums + (size_t)pg->sum_of[u] * dim;
-        const float *src = grads + i * dim;
-        if (pg->first[u] == i)
-            for (uint32_t j = 0; j < dim; j++)
-                dst[j] = 0.0 + src[j];
-        else
-            for (uint32_t j = 0; j < dim; j++)
-                dst[j] += src[j];
+        if (pg->sum_of[u] != UINT32_MAX)
+            grad_add(pg->sums + (size_t)pg->sum_of[u] * dim, grads + i * dim, dim, pg->first[u] == i);
     }
     return true;
 }
