@@ -19,8 +19,11 @@
  * against the shard's table version (odd while the table changes; a miss
  * is only trusted if it did not move), a slot copy against the slot's
  * sequence number (odd while its content changes; eviction and reuse bump
- * it too) and the slot's id.  Content is copied in 8-byte atomic words on
- * both sides, so the seqlock needs no data race to be right.
+ * it too) and the slot's id and use.  Under ThreadSanitizer content is
+ * copied in 8-byte atomic words on both sides, so that build's seqlock has
+ * no data race; the others copy with memcpy, and the training push updates
+ * a slot in place (cache_update_begin), with plain stores: a reader's copy
+ * torn by them is thrown away by the sequence check.
  *
  * Admission and eviction (TinyLFU over CLOCK).  The candidate is compared
  * with the first eligible victim under the shard's hand: a slot not
@@ -441,8 +444,10 @@ void cache_prefetch_slot(cache *c, int64_t si, int rw) { prefetch_lines(c, si, r
 
 bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
 
-/* Slot si's content, if it is id's and no write overlapped the copy:
- * 1 copied, 0 not id's (or not stably so), -1 a write in progress. */
+/* Slot si's content, if it is id's (its id, and in use: an evicted or
+ * removed slot keeps its id) and no write overlapped the copy: 1 copied,
+ * 0 not id's, -1 a write in progress.  Id and use change only inside the
+ * slot's sequence, so the one check covers them with the content. */
 static int read_slot(cache *c, int64_t si, int64_t id, rec_hdr *hdr, float *vec, uint32_t dim, float *state,
                      uint32_t state_floats)
 {
@@ -450,7 +455,8 @@ static int read_slot(cache *c, int64_t si, int64_t id, rec_hdr *hdr, float *vec,
     uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
     if (sv & 1)
         return -1;
-    if (atomic_load_explicit(&cs->id, memory_order_relaxed) != id)
+    if (atomic_load_explicit(&cs->id, memory_order_relaxed) != id ||
+        !atomic_load_explicit(&cs->used, memory_order_relaxed))
         return 0;
     const uint64_t *w = slot_words(c, (uint32_t)si);
     rec_hdr hd;
@@ -495,9 +501,8 @@ bool cache_read(cache *c, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint
     }
 }
 
-/* A slot cache_find gave within the caller's call still holds a version of id that
- * was current at some moment since (eviction leaves the content as it
- * was; reuse changes the id): read it without a probe, else as above. */
+/* A slot cache_find gave within the caller's call, still id's and in use:
+ * read without a probe; else as above. */
 bool cache_read_at(cache *c, int64_t si, int64_t id, uint64_t h, rec_hdr *hdr, float *vec, uint32_t dim,
                    float *state, uint32_t state_floats)
 {
@@ -533,12 +538,23 @@ static void set_dirty(cache *c, uint32_t si, bool dirty)
 
 int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, int64_t hint, void *rec)
 {
-    /* Under id's key lock its slot cannot change hands: a slot holding id
-     * and in use is its slot.  (An evicted one keeps its id, not its use.) */
-    int64_t si = hint >= 0 && atomic_load_explicit(&slot_at(c, hint)->id, memory_order_relaxed) == id &&
-                         atomic_load_explicit(&slot_at(c, hint)->used, memory_order_relaxed)
-                     ? hint
-                     : stable_find(c, id, h);
+    /* A slot that holds id and is in use at one moment while id's key lock
+     * is held stays id's (only a holder evicts or removes it).  Id and use
+     * are read as one state, checked by the slot's sequence: a free slot
+     * that still holds id may meanwhile be handed to another row, under
+     * that row's lock, not this one. */
+    int64_t si = -1;
+    if (hint >= 0) {
+        cslot *cs = slot_at(c, hint);
+        uint32_t sv = atomic_load_explicit(&cs->seq, memory_order_acquire);
+        bool mine = !(sv & 1) && atomic_load_explicit(&cs->id, memory_order_relaxed) == id &&
+                    atomic_load_explicit(&cs->used, memory_order_relaxed);
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (mine && atomic_load_explicit(&cs->seq, memory_order_relaxed) == sv)
+            si = hint;
+    }
+    if (si < 0)
+        si = stable_find(c, id, h);
     if (si >= 0) {
         if (rec)
             words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);

@@ -434,10 +434,13 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
 }
 
 /* Under id's key lock, a write (put or update) of a cached row: in place,
- * or, in a logging group over a clean row, through to a new record.  The
- * record at *spare (LOC_NONE: none) is taken when the row turns dirty or
- * goes through (*spare then LOC_NONE).  EMBKV_NOTFOUND when id is not
- * cached, EMBKV_BUSY when fn skipped it. */
+ * or, in a logging group over a clean row, through to a new record.  hint:
+ * the row's slot as cache_find gave it earlier in the batch (or -1),
+ * checked before use.  An update with UPDATE_IN_PLACE runs fn on the slot
+ * itself, other writes on a copy in row.  The record at *spare (LOC_NONE:
+ * none) is taken when the row turns dirty or goes through (*spare then
+ * LOC_NONE).  EMBKV_NOTFOUND when id is not cached, EMBKV_BUSY when fn
+ * skipped it. */
 static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, int64_t hint,
                               const write_req *w, bool logging, uint64_t *spare, retire_buf *rb, char *row)
 {

@@ -63,7 +63,8 @@ struct embkv_session {
     uint32_t *counts;
     size_t cap, n;
     /* The distinct ids of the session's last batch (distinct_of): a push
-     * of the batch just pulled finds them here. */
+     * of the batch just pulled finds them here (kept after the push only
+     * for batches up to MEMO_KEEP ids). */
     int64_t *last_ids, *last_uniq;
     size_t *last_slot_of;
     size_t last_n, last_nu, last_cap;
@@ -427,6 +428,18 @@ int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, s
     return EMBKV_OK;
 }
 
+#define MEMO_KEEP 65536
+
+static void memo_drop(embkv_session *ss)
+{
+    free(ss->last_ids);
+    free(ss->last_uniq);
+    free(ss->last_slot_of);
+    ss->last_ids = ss->last_uniq = NULL;
+    ss->last_slot_of = NULL;
+    ss->last_n = ss->last_nu = ss->last_cap = 0;
+}
+
 /* The distinct ids of a batch, as ids_distinct gives them, in the
  * session's memory (valid until its next batch): computed once for a pull
  * and the push of the same ids that follows it.  EMBKV_NOMEM (no message)
@@ -436,9 +449,7 @@ static int distinct_of(embkv_session *ss, const int64_t *ids, size_t n, const in
 {
     if (ss->last_n != n || memcmp(ss->last_ids, ids, n * sizeof *ids) != 0) {
         if (n > ss->last_cap) {
-            free(ss->last_ids);
-            free(ss->last_uniq);
-            free(ss->last_slot_of);
+            memo_drop(ss);
             ss->last_ids = malloc(n * sizeof *ss->last_ids);
             ss->last_uniq = malloc(n * sizeof *ss->last_uniq);
             ss->last_slot_of = malloc(n * sizeof *ss->last_slot_of);
@@ -873,6 +884,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
         embkv_group_end(s);
     }
     push_grads_free(&ugrad);
+    if (ss->last_cap > MEMO_KEEP)
+        memo_drop(ss);
     return rc;
 }
 
@@ -909,8 +922,6 @@ void embkv_session_close(embkv_session *ss)
             permit_return(t->permits, ss->keys[i]);
     free(ss->keys);
     free(ss->counts);
-    free(ss->last_ids);
-    free(ss->last_uniq);
-    free(ss->last_slot_of);
+    memo_drop(ss);
     free(ss);
 }
