@@ -825,10 +825,21 @@ int embkv_exists(embkv_store *s, int64_t id)
 
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found)
 {
+    return exists_batch_hints(s, ids, n, found, NULL, NULL);
+}
+
+size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
+                          uint8_t *in_dirty)
+{
     uint64_t hs[RING];
     uint8_t cached[RING];
     size_t absent = 0;
     cache *c = s->cache;
+    if (in_slot && !c)
+        for (size_t j = 0; j < n; j++) {
+            in_slot[j] = -1;
+            in_dirty[j] = 0;
+        }
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -844,7 +855,13 @@ size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
          * cache's line, fetched a few ids ago, says). */
         if (c && i >= PF_CACHE && i - PF_CACHE < n) {
             size_t j = i - PF_CACHE;
-            cached[j % RING] = cache_contains(c, ids[j], hs[j % RING]);
+            bool d = false;
+            int64_t si = cache_find(c, ids[j], hs[j % RING], &d);
+            cached[j % RING] = si >= 0;
+            if (in_slot) {
+                in_slot[j] = si;
+                in_dirty[j] = si >= 0 && d;
+            }
             if (!cached[j % RING])
                 PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
         }
@@ -1237,26 +1254,33 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
     return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);
 }
 
+/* Hints a caller found for a write batch (update_batch_in_place). */
+typedef struct batch_hints {
+    const int64_t *slot;   /* per row: its cache slot, or -1 */
+    const uint8_t *dirty;  /* per row: cached dirty */
+} batch_hints;
+
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
-                                 unsigned flags, size_t *nupdated);
+                                 unsigned flags, const batch_hints *given, size_t *nupdated);
 
 static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
-                        unsigned flags, size_t *nupdated);
+                        unsigned flags, const batch_hints *given, size_t *nupdated);
 
 int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                        unsigned flags, size_t *nupdated)
 {
-    return update_batch(s, ids, n, fn, ctx, flags & EMBKV_UPDATE_CREATE, nupdated);
+    return update_batch(s, ids, n, fn, ctx, flags & EMBKV_UPDATE_CREATE, NULL, nupdated);
 }
 
-int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
-                          size_t *nupdated)
+int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
+                          embkv_update_fn fn, void *ctx, size_t *nupdated)
 {
-    return update_batch(s, ids, n, fn, ctx, UPDATE_IN_PLACE, nupdated);
+    batch_hints h = {.slot = in_slot, .dirty = in_dirty};
+    return update_batch(s, ids, n, fn, ctx, UPDATE_IN_PLACE, in_slot && in_dirty ? &h : NULL, nupdated);
 }
 
 static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
-                        unsigned flags, size_t *nupdated)
+                        unsigned flags, const batch_hints *given, size_t *nupdated)
 {
     if (nupdated)
         *nupdated = 0;
@@ -1269,7 +1293,7 @@ static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_upda
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
         return rc;
-    rc = update_batch_in_group(s, ids, n, fn, ctx, flags, nupdated);
+    rc = update_batch_in_group(s, ids, n, fn, ctx, flags, given, nupdated);
     embkv_group_end(s);
     return rc;
 }
@@ -1318,7 +1342,7 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
 }
 
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
-                                 unsigned flags, size_t *nupdated)
+                                 unsigned flags, const batch_hints *given, size_t *nupdated)
 {
     int rc = (flags & EMBKV_UPDATE_CREATE) ? make_room(s, n) : EMBKV_OK;
     if (rc != EMBKV_OK)
@@ -1332,9 +1356,17 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
      * every other row takes a record: a new version, or a clean cached row
      * the one its write-back will fill.  No row turns clean during the
      * group (cache.c), so the count can only be too high. */
-    int64_t *hint = c && !logging ? malloc(n * sizeof *hint) : NULL;  /* per row: its slot, or -1 */
+    /* Per row: its slot, or -1; found here, or by the caller earlier in
+     * this group (the existence check of a push). */
+    int64_t *own = c && !logging && !given ? malloc(n * sizeof *own) : NULL;
+    const int64_t *hint = own;
     size_t want = n;
-    if (hint) {
+    if (c && !logging && given) {
+        hint = given->slot;
+        want = 0;
+        for (size_t j = 0; j < n; j++)
+            want += !given->dirty[j];
+    } else if (own) {
         want = 0;
         for (size_t j = 0; j < n && j < 8; j++)
             cache_prefetch(c, embkv__hash(ids[j]));
@@ -1342,7 +1374,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             if (j + 8 < n)
                 cache_prefetch(c, embkv__hash(ids[j + 8]));
             bool dirty = false;
-            hint[j] = cache_find(c, ids[j], embkv__hash(ids[j]), &dirty);
+            own[j] = cache_find(c, ids[j], embkv__hash(ids[j]), &dirty);
             want += !dirty;
         }
     } else if (c && !logging) {
@@ -1351,7 +1383,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     }
     uint64_t *fresh = malloc(n * sizeof *fresh);
     if (!fresh || (want && (rc = alloc_records(s, fresh, want, false)) != EMBKV_OK)) {
-        free(hint);
+        free(own);
         free(row);
         free(fresh);
         return fresh ? rc : embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
@@ -1366,7 +1398,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         slab_free(s, fresh, nfresh);
         free(fresh);
         free(row);
-        free(hint);
+        free(own);
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
@@ -1458,7 +1490,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     if (c)
         cache_count(c, hits, n - hits);
     free(row);
-    free(hint);
+    free(own);
     if (next_fresh < nfresh)
         slab_free(s, fresh + next_fresh, nfresh - next_fresh);
     free(fresh);

@@ -846,10 +846,14 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     /* Check (and with an initializer, create) every row before changing any. */
     int64_t *miss = malloc(nu * sizeof *miss);
     uint8_t *present = malloc(nu);
+    /* Where the check found each row in the cache: the update's hints
+     * (one probe of the cache per row for the whole push). */
+    int64_t *in_slot = malloc(nu * sizeof *in_slot);
+    uint8_t *in_dirty = malloc(nu);
     size_t nmiss = 0;
-    if (!miss || !present)
+    if (!miss || !present || !in_slot || !in_dirty)
         rc = embkv__err(EMBKV_NOMEM, "embkv_push: out of memory");
-    else if (embkv_exists_batch(s, uids, nu, present))
+    else if (exists_batch_hints(s, uids, nu, present, in_slot, in_dirty))
         for (size_t i = 0; i < nu; i++)
             if (!present[i])
                 miss[nmiss++] = uids[i];
@@ -865,7 +869,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (rc == EMBKV_OK) {
         push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim,
                       .state_floats = embkv_train_state_floats(&o, dim)};
-        rc = update_batch_in_place(s, uids, nu, apply_optimizer, &c, &updated);
+        rc = update_batch_in_place(s, uids, nu, in_slot, in_dirty, apply_optimizer, &c, &updated);
         embkv_group_end(s);
         if (rc == EMBKV_OK) {
             /* Updates are visible before the permits go back (BSP: the next
@@ -883,6 +887,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     } else {
         embkv_group_end(s);
     }
+    free(in_slot);
+    free(in_dirty);
     push_grads_free(&ugrad);
     if (ss->last_cap > MEMO_KEEP)
         memo_drop(ss);
