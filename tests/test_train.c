@@ -1381,6 +1381,60 @@ static void test_overflow_in_cache(void)
     }
 }
 
+/* Batches above what a session keeps between calls (65536 ids): a pull
+ * with repeats, its push, another push in another order, then a small
+ * batch: each row ends at exactly the sgd arithmetic of its pushes. */
+static void test_large_batches(void)
+{
+    embkv_store *s = open_store("large-batches", 2, 0, 80000, EMBKV_OPEN_CREATE);
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.init = EMBKV_INIT_ZEROS;
+    t.lr = 0.5;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+    embkv_session *ss;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    enum { N = 70000, ROWS_ = 60000 };
+    int64_t *ids = malloc(N * sizeof *ids), *rev = malloc(N * sizeof *rev);
+    float *out = malloc((size_t)N * 2 * sizeof *out), *g = malloc((size_t)N * 2 * sizeof *g);
+    double *want = calloc(ROWS_, sizeof *want), *sum = calloc(ROWS_, sizeof *sum);
+    if (!ids || !rev || !out || !g || !want || !sum)
+        abort();
+    for (size_t i = 0; i < N; i++) {
+        ids[i] = (int64_t)(i < ROWS_ ? i : (i * 7919) % ROWS_);  /* 10000 repeats */
+        rev[N - 1 - i] = ids[i];
+        g[2 * i] = g[2 * i + 1] = 0.125f * (float)(1 + i % 4);
+    }
+    CHECK_RC(embkv_pull(ss, ids, N, out), EMBKV_OK);
+    CHECK(out[0] == 0 && out[2 * (N - 1)] == 0);
+    /* each push: a row's gradients summed in double, then w -= lr * sum */
+    for (int k = 0; k < 2; k++) {
+        memset(sum, 0, ROWS_ * sizeof *sum);
+        for (size_t i = 0; i < N; i++)
+            sum[(k ? rev : ids)[i]] += g[2 * i];
+        for (size_t r = 0; r < ROWS_; r++)
+            want[r] = (float)(want[r] - 0.5 * sum[r]);
+        CHECK_RC(embkv_push(ss, k ? rev : ids, N, g, 0, NULL), EMBKV_OK);
+    }
+    CHECK_RC(embkv_pull(ss, (int64_t[]){0, 59999, 0}, 3, out), EMBKV_OK);
+    CHECK(out[0] == (float)want[0] && out[2] == (float)want[59999] && out[4] == out[0]);
+    size_t bad = 0;
+    for (int64_t id = 0; id < ROWS_; id++) {
+        float v[2];
+        CHECK_RC(embkv_get(s, id, v, NULL, NULL), EMBKV_OK);
+        bad += v[0] != (float)want[id] || v[1] != (float)want[id];
+    }
+    CHECK(bad == 0);
+    free(ids);
+    free(rev);
+    free(out);
+    free(g);
+    free(want);
+    free(sum);
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -1400,6 +1454,7 @@ int main(void)
     test_init_normal();
     test_bad_push();
     test_overflow_in_cache();
+    test_large_batches();
     test_bsp();
     test_ssp();
     test_permits_per_id();
