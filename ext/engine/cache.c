@@ -211,9 +211,10 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
     if (!small || !*small || *small == '0')
         c->huge = madvise(c->map, c->map_bytes, MADV_HUGEPAGE) == 0;
 #endif
-    /* The slots from the start (a huge page boundary), then the shard
-     * tables. */
-    c->slots = c->map;
+    /* The slots from the first huge page boundary in the mapping (mmap
+     * promises only a page's alignment; the mapping has room to spare),
+     * then the shard tables. */
+    c->slots = (char *)(((uintptr_t)c->map + align - 1) & ~(uintptr_t)(align - 1));
     centry *next_tab = (centry *)(((uintptr_t)c->slots + slot_bytes + 63) & ~(uintptr_t)63);
     c->dirty_words = (rows + 63) / 64;
     c->dirty = calloc(c->dirty_words, sizeof *c->dirty);

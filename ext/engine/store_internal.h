@@ -674,9 +674,9 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
  * be quick, must not call into the store, and if it returns nonzero its
  * changes are undone.  in_slot and in_dirty (both or neither may be NULL): per
  * row, its cache slot (-1: none) and whether it was dirty, as
- * exists_batch_hints found them earlier in the same write group (a row
- * turns clean only outside groups, so the records the batch reserves can
- * only be too many; each slot is checked before use). */
+ * exists_batch_hints found them earlier in the same write group (each
+ * slot is checked before use; a row counted dirty that needs a record when
+ * reached, having been deleted and written again since, gets one then). */
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
                           embkv_update_fn fn, void *ctx, size_t *nupdated);
 /* store_ops.c: embkv_exists_batch noting too, when in_slot and in_dirty are not

@@ -139,6 +139,9 @@ typedef struct write_req {
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
 #define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
 #define UPDATE_IN_PLACE 0x400  /* internal: fn may change a cached row's slot in place (update_batch_in_place) */
+/* cache_write_locked: the row is turning dirty and *spare is LOC_NONE (no
+ * message set; a batch whose count fell short takes one more record). */
+#define NEED_RECORD 0x4e52
 
 /* Decide what the new version links to and what happens to the old one. */
 static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, const rec_hdr *old,
@@ -274,8 +277,10 @@ static int alloc_records(embkv_store *s, uint64_t *locs, size_t n, bool tombston
  * the row reserved when it turned dirty (so that a write costs the pool
  * what it costs without a cache, up front, and a checkpoint never needs
  * room).  Write-backs happen only with the groups quiesced (syncs, a
- * snapshot's open, the cleaner), so within a group no row turns clean:
- * the records a batch reserves for its rows can only be too many.  While
+ * snapshot's open, the cleaner), so within a group no row turns clean by
+ * a write-back; a row deleted (its reserved record freed with it) and
+ * written again may though, and a batch that counted it dirty takes one
+ * more record when it gets there (update_batch_in_group).  While
  * a snapshot is open no row is dirty (its open wrote them back) and a
  * write of a clean cached row goes through: a new record as for any row,
  * the cache refreshed with it.  All of it under the row's key lock. */
@@ -440,7 +445,8 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
  * itself, other writes on a copy in row.  The record at *spare (LOC_NONE:
  * none) is taken when the row turns dirty or goes through (*spare then
  * LOC_NONE).  EMBKV_NOTFOUND when id is not cached, EMBKV_BUSY when fn
- * skipped it. */
+ * skipped it, NEED_RECORD (nothing done) when it needs *spare and there is
+ * none. */
 static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, int64_t hint,
                               const write_req *w, bool logging, uint64_t *spare, retire_buf *rb, char *row)
 {
@@ -456,8 +462,7 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
             return EMBKV_NOTFOUND;
         bool dirty = cache_slot_dirty(s->cache, at);
         if (!dirty && *spare == LOC_NONE)
-            return embkv__err(EMBKV_FULL, "store %s: id %lld: no record reserved for its write-back", s->path,
-                              (long long)id);
+            return NEED_RECORD;
         rec_hdr *r = cache_update_begin(s->cache, at);
         memcpy(row, r, cache_rec_bytes(s->cache));
         float *v = rec_vec(r);
@@ -485,8 +490,7 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
     float *v = rec_vec(r);
     bool dirty = cache_slot_dirty(s->cache, at);
     if (!dirty && *spare == LOC_NONE)
-        return embkv__err(EMBKV_FULL, "store %s: id %lld: no record reserved for its write-back", s->path,
-                          (long long)id);
+        return NEED_RECORD;
     int rc;
     if (w->kind == W_PUT) {
         if ((rc = put_content(s, id, w, row)) != EMBKV_OK)
@@ -1354,8 +1358,9 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     /* A dirty cached row is updated in place (no record, no bucket read);
      * every other row takes a record: a new version, or a clean cached row
-     * the one its write-back will fill.  No row turns clean during the
-     * group (cache.c), so the count can only be too high. */
+     * the one its write-back will fill.  No row is written back during
+     * the group, but one deleted and written again needs a record it was
+     * not counted for: taken when the row is reached. */
     /* Per row: its slot, or -1; found here, or by the caller earlier in
      * this group (the existence check of a push). */
     int64_t *own = c && !logging && !given ? malloc(n * sizeof *own) : NULL;
@@ -1456,7 +1461,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             uint64_t spare = next_fresh < nfresh ? fresh[next_fresh] : LOC_NONE;
             if (c) {
                 r = cache_write_locked(s, ix, ids[j], h, hint ? hint[j] : -1, &w, logging, &spare, rb, row);
-                if (r != EMBKV_NOTFOUND) {
+                if (r != EMBKV_NOTFOUND && r != NEED_RECORD) {
                     hits++;
                     if (r == EMBKV_OK)
                         updated++;
@@ -1464,8 +1469,34 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
                         next_fresh++;  /* taken for its write-back, or went through */
                 }
             }
-            if (r == EMBKV_NOTFOUND && spare == LOC_NONE)  /* cannot happen: counted above */
-                r = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld", s->path, (long long)ids[j]);
+            if (r == NEED_RECORD || (r == EMBKV_NOTFOUND && spare == LOC_NONE)) {
+                /* The records counted ran out: a row counted dirty was
+                 * deleted since (its reserved record went with it) and
+                 * written again, or its slot changed hands.  One more
+                 * (without demotions: the writers lock is held), at most
+                 * one per row, so fresh has room; then the row again. */
+                keylock_release(s, h);
+                if (slab_alloc(s, fresh + nfresh, 1) != EMBKV_OK) {
+                    rc = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld", s->path, (long long)ids[j]);
+                    free(scratch);
+                    scratch = NULL;
+                    continue;
+                }
+                nfresh++;
+                keylock_acquire(s, h);
+                spare = fresh[next_fresh];
+                r = EMBKV_NOTFOUND;
+                if (c) {
+                    r = cache_write_locked(s, ix, ids[j], h, -1, &w, logging, &spare, rb, row);
+                    if (r != EMBKV_NOTFOUND) {
+                        hits++;
+                        if (r == EMBKV_OK)
+                            updated++;
+                        if (spare == LOC_NONE)
+                            next_fresh++;
+                    }
+                }
+            }
             if (r == EMBKV_NOTFOUND) {
                 r = write_row(s, ix, ids[j], h, spare, &w, rb, &consumed);
                 /* The new version may take a colder row's place. */
