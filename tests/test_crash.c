@@ -580,6 +580,19 @@ static void put_rows(embkv_store *s, int64_t n, int gen)
     }
 }
 
+/* A new store at d of n rows (put_rows, generation 1), closed; false if
+ * it could not be made. */
+static bool stored_rows(const char *d, const embkv_options *o, int64_t n)
+{
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s)
+        return false;
+    put_rows(s, n, 1);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    return true;
+}
+
 /* A child opens the store at d, arms the crash point at its nth index
  * change (0: none, the work kills itself) and runs work on the store; it
  * must die of SIGKILL. */
@@ -639,10 +652,7 @@ static void kill_at_index_change(void)
         const char *d = strdup(test_tmpdir(name));
         embkv_options o = {.dim = DIM, .state_floats = SF, .expected_rows = 4 * n, .pool_size = 64ull << 20};
         embkv_store *s = NULL;
-        CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-        if (!s) return;
-        put_rows(s, n, 1);
-        CHECK_RC(embkv_close(s), EMBKV_OK);
+        if (!stored_rows(d, &o, n)) return;
         kill_child_at(d, &o, at[r], update_then_insert, (void *)&n);
         CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
         if (!s) return;
@@ -792,10 +802,7 @@ static void kill_after_failed_syncs(void)
     const int64_t n = 2000;
     embkv_options o = {.dim = DIM, .state_floats = SF, .expected_rows = 4 * n, .pool_size = 64ull << 20};
     embkv_store *s = NULL;
-    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-    if (!s) return;
-    put_rows(s, n, 1);
-    CHECK_RC(embkv_close(s), EMBKV_OK);
+    if (!stored_rows(d, &o, n)) return;
     kill_child_at(d, &o, 0, update_through_failed_syncs, (void *)&n);  /* (0: no crash point; it kills itself) */
     CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
     if (!s) return;

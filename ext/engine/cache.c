@@ -380,7 +380,7 @@ void cache_prefetch(const cache *c, uint64_t h)
     __builtin_prefetch(&sh->tab[tab_home(sh, h)], 0, 3);
 }
 
-static void prefetch_lines(cache *c, int64_t si, int rw)
+void cache_prefetch_slot(cache *c, int64_t si, int rw)
 {
     const char *p = (const char *)slot_at(c, si);
     for (uint32_t off = 0; off < c->stride; off += 64) {
@@ -398,7 +398,7 @@ static int64_t prefetch_slot(cache *c, int64_t id, uint64_t h, int rw)
     int64_t si = tab_find(sh, id, h);
     if (si < 0)
         return -1;
-    prefetch_lines(c, si, rw);
+    cache_prefetch_slot(c, si, rw);
     return si;
 }
 
@@ -441,7 +441,6 @@ int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty)
     return si;
 }
 
-void cache_prefetch_slot(cache *c, int64_t si, int rw) { prefetch_lines(c, si, rw); }
 
 bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
 

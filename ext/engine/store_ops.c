@@ -450,19 +450,23 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
 static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, int64_t hint,
                               const write_req *w, bool logging, uint64_t *spare, retire_buf *rb, char *row)
 {
-#ifndef EMBKV_TSAN
     /* An update that stays in the cache changes the slot in place: a copy
      * out, an update of the copy and a copy back cost a cached push a
      * fifth of its time, most of it the update's loads waiting on the
      * copy's stores (which a load spanning two of them cannot take
-     * from).  row keeps the old content, put back if fn gives up. */
-    if (w->kind == W_UPDATE && (w->flags & UPDATE_IN_PLACE) && !logging) {
-        int64_t at = cache_load_locked(s->cache, id, h, hint, NULL);
-        if (at < 0)
-            return EMBKV_NOTFOUND;
-        bool dirty = cache_slot_dirty(s->cache, at);
-        if (!dirty && *spare == LOC_NONE)
-            return NEED_RECORD;
+     * from).  row then keeps the old content, put back if fn gives up. */
+#ifndef EMBKV_TSAN
+    bool in_place = w->kind == W_UPDATE && (w->flags & UPDATE_IN_PLACE) && !logging;
+#else
+    bool in_place = false;
+#endif
+    int64_t at = cache_load_locked(s->cache, id, h, hint, in_place ? NULL : row);
+    if (at < 0)
+        return EMBKV_NOTFOUND;
+    bool dirty = cache_slot_dirty(s->cache, at);
+    if (!dirty && *spare == LOC_NONE)
+        return NEED_RECORD;
+    if (in_place) {
         rec_hdr *r = cache_update_begin(s->cache, at);
         memcpy(row, r, cache_rec_bytes(s->cache));
         float *v = rec_vec(r);
@@ -476,44 +480,33 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
         cache_update_end(s->cache, at);
         if (skip)
             return EMBKV_BUSY;
-        if (!dirty) {
-            cache_mark_dirty_locked(s->cache, at, *spare);
-            *spare = LOC_NONE;
-        }
-        return EMBKV_OK;
-    }
-#endif
-    int64_t at = cache_load_locked(s->cache, id, h, hint, row);
-    if (at < 0)
-        return EMBKV_NOTFOUND;
-    rec_hdr *r = (rec_hdr *)row;
-    float *v = rec_vec(r);
-    bool dirty = cache_slot_dirty(s->cache, at);
-    if (!dirty && *spare == LOC_NONE)
-        return NEED_RECORD;
-    int rc;
-    if (w->kind == W_PUT) {
-        if ((rc = put_content(s, id, w, row)) != EMBKV_OK)
-            return rc;
     } else {
-        if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
-            return EMBKV_BUSY;
-        r->clock = clock_next(r->clock);
-        r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
-    }
-    if (logging && !dirty) {
-        /* A snapshot may be open: the change goes through, logged. */
-        bool consumed;
-        rc = cache_write_home(s, ix, id, h, *spare, r, true, rb, &consumed);
-        if (consumed) {
-            cache_store_locked(s->cache, at, rec_at(s, *spare));
-            *spare = LOC_NONE;
+        rec_hdr *r = (rec_hdr *)row;
+        float *v = rec_vec(r);
+        int rc;
+        if (w->kind == W_PUT) {
+            if ((rc = put_content(s, id, w, row)) != EMBKV_OK)
+                return rc;
+        } else {
+            if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
+                return EMBKV_BUSY;
+            r->clock = clock_next(r->clock);
+            r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
         }
-        return rc;
+        if (logging && !dirty) {
+            /* A snapshot may be open: the change goes through, logged. */
+            bool consumed;
+            rc = cache_write_home(s, ix, id, h, *spare, r, true, rb, &consumed);
+            if (consumed) {
+                cache_store_locked(s->cache, at, rec_at(s, *spare));
+                *spare = LOC_NONE;
+            }
+            return rc;
+        }
+        /* (A dirty row in a logging group: no snapshot is open now, nor can
+         * one open before this group ends and the row is written back.) */
+        cache_store_locked(s->cache, at, row);
     }
-    /* (A dirty row in a logging group: no snapshot is open now, nor can
-     * one open before this group ends and the row is written back.) */
-    cache_store_locked(s->cache, at, row);
     if (!dirty) {
         cache_mark_dirty_locked(s->cache, at, *spare);
         *spare = LOC_NONE;
@@ -1456,46 +1449,44 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
                 w.pre = pre.recs[j];
                 w.pre_loc = pre.locs[j];
             }
-            keylock_acquire(s, h);
-            int r = EMBKV_NOTFOUND;
-            uint64_t spare = next_fresh < nfresh ? fresh[next_fresh] : LOC_NONE;
-            if (c) {
-                r = cache_write_locked(s, ix, ids[j], h, hint ? hint[j] : -1, &w, logging, &spare, rb, row);
-                if (r != EMBKV_NOTFOUND && r != NEED_RECORD) {
-                    hits++;
-                    if (r == EMBKV_OK)
-                        updated++;
-                    if (spare == LOC_NONE && next_fresh < nfresh)
-                        next_fresh++;  /* taken for its write-back, or went through */
+            int r;
+            uint64_t spare;
+            bool locked;
+            for (;;) {
+                keylock_acquire(s, h);
+                locked = true;
+                r = EMBKV_NOTFOUND;
+                spare = next_fresh < nfresh ? fresh[next_fresh] : LOC_NONE;
+                if (c) {
+                    r = cache_write_locked(s, ix, ids[j], h, hint ? hint[j] : -1, &w, logging, &spare, rb, row);
+                    if (r != EMBKV_NOTFOUND && r != NEED_RECORD) {
+                        hits++;
+                        if (r == EMBKV_OK)
+                            updated++;
+                        if (spare == LOC_NONE && next_fresh < nfresh)
+                            next_fresh++;  /* taken for its write-back, or went through */
+                    }
                 }
-            }
-            if (r == NEED_RECORD || (r == EMBKV_NOTFOUND && spare == LOC_NONE)) {
+                if (r != NEED_RECORD && (r != EMBKV_NOTFOUND || spare != LOC_NONE))
+                    break;
                 /* The records counted ran out: a row counted dirty was
                  * deleted since (its reserved record went with it) and
                  * written again, or its slot changed hands.  One more
                  * (without demotions: the writers lock is held), at most
                  * one per row, so fresh has room; then the row again. */
                 keylock_release(s, h);
+                locked = false;
                 if (slab_alloc(s, fresh + nfresh, 1) != EMBKV_OK) {
-                    rc = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld", s->path, (long long)ids[j]);
-                    free(scratch);
-                    scratch = NULL;
-                    continue;
+                    r = embkv__err(EMBKV_FULL, "store %s: no record left for id %lld", s->path, (long long)ids[j]);
+                    break;
                 }
                 nfresh++;
-                keylock_acquire(s, h);
-                spare = fresh[next_fresh];
-                r = EMBKV_NOTFOUND;
-                if (c) {
-                    r = cache_write_locked(s, ix, ids[j], h, -1, &w, logging, &spare, rb, row);
-                    if (r != EMBKV_NOTFOUND) {
-                        hits++;
-                        if (r == EMBKV_OK)
-                            updated++;
-                        if (spare == LOC_NONE)
-                            next_fresh++;
-                    }
-                }
+            }
+            if (!locked) {
+                rc = r;
+                free(scratch);
+                scratch = NULL;
+                continue;
             }
             if (r == EMBKV_NOTFOUND) {
                 r = write_row(s, ix, ids[j], h, spare, &w, rb, &consumed);
