@@ -22,6 +22,12 @@ uint32_t embkv_debug_used(embkv_store *s, uint64_t bucket);
 uint32_t embkv_debug_probes(embkv_store *s, int64_t id);
 /* Staleness permits out on an id now (all sessions). */
 unsigned embkv_debug_permits(embkv_store *s, int64_t id);
+/* Halves every access-statistics counter now (as the sketch's own aging
+ * does, all at once). */
+void embkv_debug_heat_age(embkv_store *s);
+/* Cached rows whose pulls skip the statistics' table, their counters
+ * known saturated (0 without a cache). */
+uint64_t embkv_debug_heat_stamped(embkv_store *s);
 /* Stops (paused != 0) or resumes the SSD tier's thread: while stopped it
  * demotes, promotes and compacts nothing, as on a machine that gives it
  * no CPU; writers then demote (and compact) for themselves. */

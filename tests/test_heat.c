@@ -13,7 +13,12 @@
  *    automatic sweep leaves the first 10 x expected_ids counted touches
  *    whole, then halves the table once per such window; touches of
  *    saturated ids do not count;
- *  - admission prefers the more frequent id and keeps the victim on ties.
+ *  - admission prefers the more frequent id and keeps the victim on ties;
+ *  - stamps: heat_touch_batch_sat tells exactly which ids were saturated;
+ *    an id's stamp holds until the sweep passes its block or heat_age
+ *    runs, and an id saturated under a stamp that still holds is still
+ *    saturated (what lets a caller skip its touches); heat_count counts
+ *    touches and changes nothing else.
  * Iterations scale with EMBKV_TEST_SCALE.
  */
 #include "heat.h"
@@ -295,6 +300,74 @@ static void test_admit(void)
     heat_free(h);
 }
 
+static void test_stamp(void)
+{
+    enum { N = 4096, W = 10 * N, HOT = 512 };
+    heat *h = heat_new(N);
+    CHECK(h != NULL);
+    if (!h) return;
+    static uint64_t hot[HOT];
+    static uint32_t st[HOT];
+    static uint8_t sat[HOT];
+    for (size_t i = 0; i < HOT; i++) hot[i] = id_hash((6ull << 40) + i);
+    size_t wrong = 0;
+    for (int t = 0; t < 17; t++) {
+        unsigned before[HOT];
+        for (size_t i = 0; i < HOT; i++) before[i] = heat_estimate(h, hot[i]);
+        heat_touch_batch_sat(h, hot, HOT, sat);
+        for (size_t i = 0; i < HOT; i++) wrong += sat[i] != (before[i] == HEAT_MAX_COUNT);
+    }
+    CHECK(wrong == 0);
+    heat_clock k0, k1;
+    heat_clock_now(h, &k0);
+    size_t zero = 0;
+    for (size_t i = 0; i < HOT; i++) {
+        st[i] = heat_stamp(h, &k0, hot[i]);
+        zero += st[i] == 0;
+        CHECK(heat_estimate(h, hot[i]) == HEAT_MAX_COUNT);
+    }
+    CHECK(zero == 0);
+    uint64_t t0 = heat_touches(h), a0 = heat_agings(h);
+    heat_count(h, 1000);
+    CHECK(heat_touches(h) == t0 + 1000);
+    heat_clock_now(h, &k1);
+    for (size_t i = 0; i < HOT; i++) CHECK(heat_stamp(h, &k1, hot[i]) == st[i]);
+
+    /* Fresh ids until the sweep is about halfway through its first round:
+     * the hot ids in the blocks it passed are halved, and only those have
+     * another stamp. */
+    uint64_t batch[512], next = 0;
+    while (heat_touches(h) < t0 + 1000 + W + W / 2) {
+        for (size_t i = 0; i < 512; i++) batch[i] = id_hash((7ull << 40) + next++);
+        heat_touch_batch(h, batch, 512);
+    }
+    CHECK(heat_agings(h) == a0);
+    heat_clock_now(h, &k1);
+    size_t kept = 0, moved = 0, kept_low = 0, moved_full = 0;
+    for (size_t i = 0; i < HOT; i++) {
+        unsigned e = heat_estimate(h, hot[i]);
+        if (heat_stamp(h, &k1, hot[i]) == st[i]) {
+            kept++;
+            kept_low += e != HEAT_MAX_COUNT;
+        } else {
+            moved++;
+            moved_full += e == HEAT_MAX_COUNT;
+        }
+    }
+    CHECK(kept_low == 0);
+    CHECK(moved_full == 0);
+    CHECK(kept > HOT / 4 && moved > HOT / 4);
+    printf("  stamps: halfway through a sweep %zu of %d saturated ids kept theirs, %zu were halved\n", kept,
+           HOT, moved);
+    /* heat_age: every stamp moves. */
+    heat_age(h);
+    heat_clock_now(h, &k0);
+    size_t same = 0;
+    for (size_t i = 0; i < HOT; i++) same += heat_stamp(h, &k0, hot[i]) == heat_stamp(h, &k1, hot[i]);
+    CHECK(same == 0);
+    heat_free(h);
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -304,5 +377,6 @@ int main(void)
     test_error_rate();
     test_aging();
     test_admit();
+    test_stamp();
     return test_summary("test_heat");
 }

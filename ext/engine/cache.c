@@ -71,7 +71,10 @@ static _Thread_local cache *pull_of;
 typedef struct centry {
     _Atomic int64_t key;
     _Atomic uint32_t slot1;    /* slot + 1; 0 = empty */
-    uint32_t pad;
+    /* The sketch's stamp (heat_stamp) under which this row's counters
+     * were seen saturated, 0 none: its pulls skip the sketch's line while
+     * the stamp holds (cache_find_heat).  A hint, stored unlocked. */
+    _Atomic uint32_t heat;
 } centry;
 
 typedef struct cslot {
@@ -256,15 +259,22 @@ uint32_t cache_rec_bytes(const cache *c) { return c->rec_size; }
 static inline uint64_t tab_home(const cshard *sh, uint64_t h) { return (h ^ (h >> 29)) & sh->tmask; }
 
 /* The slot of id, or -1; lock-free (the caller checks the table version). */
-static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h)
+/* The table entry of id, or NULL. */
+static inline centry *tab_entry(const cshard *sh, int64_t id, uint64_t h)
 {
     for (uint64_t i = tab_home(sh, h);; i = (i + 1) & sh->tmask) {
         uint32_t s1 = atomic_load_explicit(&sh->tab[i].slot1, memory_order_relaxed);
         if (!s1)
-            return -1;
+            return NULL;
         if (atomic_load_explicit(&sh->tab[i].key, memory_order_relaxed) == id)
-            return (int64_t)s1 - 1;
+            return &sh->tab[i];
     }
+}
+
+static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h)
+{
+    const centry *e = tab_entry(sh, id, h);
+    return e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
 }
 
 static void tab_insert(cshard *sh, int64_t id, uint64_t h, uint32_t si)
@@ -273,6 +283,7 @@ static void tab_insert(cshard *sh, int64_t id, uint64_t h, uint32_t si)
     while (atomic_load_explicit(&sh->tab[i].slot1, memory_order_relaxed))
         i = (i + 1) & sh->tmask;
     atomic_store_explicit(&sh->tab[i].key, id, memory_order_relaxed);
+    atomic_store_explicit(&sh->tab[i].heat, 0, memory_order_relaxed);
     atomic_store_explicit(&sh->tab[i].slot1, si + 1, memory_order_relaxed);
 }
 
@@ -299,6 +310,8 @@ static void tab_delete(cshard *sh, int64_t id, uint64_t h)
         if (stays)
             continue;
         atomic_store_explicit(&sh->tab[i].key, k, memory_order_relaxed);
+        atomic_store_explicit(&sh->tab[i].heat, atomic_load_explicit(&sh->tab[j].heat, memory_order_relaxed),
+                              memory_order_relaxed);
         atomic_store_explicit(&sh->tab[i].slot1, s1, memory_order_relaxed);
         i = j;
     }
@@ -443,6 +456,34 @@ int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty)
 
 
 bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
+
+int64_t cache_find_heat(cache *c, int64_t id, uint64_t h, uint32_t *stamp)
+{
+    cshard *sh = shard_of(c, h);
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
+        if (v & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        const centry *e = tab_entry(sh, id, h);
+        int64_t si = e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
+        *stamp = e ? atomic_load_explicit(&e->heat, memory_order_relaxed) : 0;
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
+            return si;
+    }
+}
+
+void cache_heat_mark(cache *c, int64_t id, uint64_t h, uint32_t stamp)
+{
+    /* Unlocked: an entry moved by a concurrent delete may take the stamp
+     * to another row's entry, where its hash bits rarely match (heat.h). */
+    centry *e = tab_entry(shard_of(c, h), id, h);
+    if (e)
+        atomic_store_explicit(&e->heat, stamp, memory_order_relaxed);
+}
 
 /* Slot si's content, if it is id's (its id, and in use: an evicted or
  * removed slot keeps its id) and no write overlapped the copy: 1 copied,
@@ -816,6 +857,20 @@ int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n)
     *ids = out;
     *n = k;
     return EMBKV_OK;
+}
+
+uint64_t cache_heat_stamped(cache *c)
+{
+    uint64_t k = 0;
+    for (int i = 0; i < CACHE_SHARDS; i++) {
+        cshard *sh = &c->shards[i];
+        shard_lock(sh);
+        for (uint64_t e = 0; sh->tab && e <= sh->tmask; e++)
+            k += atomic_load_explicit(&sh->tab[e].slot1, memory_order_relaxed) &&
+                 atomic_load_explicit(&sh->tab[e].heat, memory_order_relaxed);
+        shard_unlock(sh);
+    }
+    return k;
 }
 
 void cache_stats(const cache *c, embkv_stats *st)

@@ -6,6 +6,7 @@
 
 #include "embkv_debug.h"
 #include "store_internal.h"
+#include "heat.h"
 
 _Atomic uint64_t embkv__kill_countdown;
 
@@ -67,5 +68,13 @@ uint32_t embkv_debug_probes(embkv_store *s, int64_t id)
     ebr_leave();
     return probes;
 }
+
+void embkv_debug_heat_age(embkv_store *s)
+{
+    if (s->heat)
+        heat_age(s->heat);
+}
+
+uint64_t embkv_debug_heat_stamped(embkv_store *s) { return s->cache ? cache_heat_stamped(s->cache) : 0; }
 
 void embkv_debug_tier_pause(embkv_store *s, int paused) { atomic_store(&s->tw_paused, paused != 0); }

@@ -249,6 +249,46 @@ void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n)
         account(h, n, raised);
 }
 
+void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *saturated)
+{
+    enum { AHEAD = 12 };
+    uint64_t raised = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            __builtin_prefetch((const void *)block_of(h, hashes[i + AHEAD]), 1, 3);
+        /* bump raises a counter unless all four are at the cap */
+        bool r = bump(h, hashes[i]);
+        saturated[i] = !r;
+        raised += r;
+    }
+    if (n)
+        account(h, n, raised);
+}
+
+void heat_count(heat *h, uint64_t n)
+{
+    if (n)
+        account(h, n, 0);
+}
+
+void heat_clock_now(const heat *h, heat_clock *k)
+{
+    /* Block b has been halved once per sweep past it: round + (b < rem)
+     * times, blocks being swept in order from 0. */
+    uint64_t swept = atomic_load_explicit(&h->swept, memory_order_acquire);
+    k->round = swept / h->nblocks;
+    k->rem = swept % h->nblocks;
+    k->forced = atomic_load_explicit(&h->forced, memory_order_acquire);
+}
+
+uint32_t heat_stamp(const heat *h, const heat_clock *k, uint64_t hash)
+{
+    uint64_t b = (uint64_t)(((unsigned __int128)hash * h->nblocks) >> 64);
+    uint64_t halvings = k->round + (b < k->rem) + k->forced;
+    uint32_t st = (uint32_t)(halvings << 8) | (uint32_t)(hash >> 56);
+    return st ? st : 1;
+}
+
 void heat_saturate_batch(heat *h, const uint64_t *hashes, size_t n)
 {
     for (unsigned t = 0; t < HEAT_MAX_COUNT; t++)

@@ -50,6 +50,29 @@ void heat_touch(heat *h, uint64_t hash);
 /* n accesses; the same counts as n heat_touch calls, faster (the table
  * lines are prefetched ahead and the shared counters updated once). */
 void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n);
+/* heat_touch_batch that also tells, per hash, whether all its counters
+ * were at HEAT_MAX_COUNT (the touch changed nothing). */
+void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *saturated);
+/* n touches counted (heat_touches) without reading the table: ids whose
+ * touch is known to change nothing (heat_stamp). */
+void heat_count(heat *h, uint64_t n);
+
+/* A saturated id stays saturated until a halving reaches its block (the
+ * sweep, or heat_age): nothing else lowers a counter.  heat_stamp names
+ * that state, so that a caller who saw an id saturated under a stamp can
+ * skip the id's touches (and its cache line) while its stamp is the same:
+ * the table then holds what the touches would have left in it.  The stamp
+ * is taken against a heat_clock, a snapshot of the halvings so far, and
+ * carries 8 bits of the hash, so a stamp filed under the wrong id (a
+ * caller's race) rarely matches.  Never 0.  A race can lose touches, as
+ * two touches of one id racing can: a snapshot taken between a sweep's
+ * claim of a block and its halving names the state after it. */
+typedef struct heat_clock {
+    uint64_t round, rem, forced;
+} heat_clock;
+void heat_clock_now(const heat *h, heat_clock *k);
+uint32_t heat_stamp(const heat *h, const heat_clock *k, uint64_t hash);
+
 /* As many touches as take each hash to HEAT_MAX_COUNT: for callers that
  * know the rows are hot (explicit moves up the hierarchy). */
 void heat_saturate_batch(heat *h, const uint64_t *hashes, size_t n);

@@ -706,6 +706,12 @@ bool cache_contains(cache *c, int64_t id, uint64_t h);
  * cache_load_locked a few ids on; the slot's lines fetched meanwhile for
  * reading or writing (rw). */
 int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty);
+/* cache_find for a pull, with the sketch stamp filed for id (0: none);
+ * cache_heat_mark files one: a pull of a cached row whose counters were
+ * seen saturated under the current stamp need not touch the sketch. */
+int64_t cache_find_heat(cache *c, int64_t id, uint64_t h, uint32_t *stamp);
+void cache_heat_mark(cache *c, int64_t id, uint64_t h, uint32_t stamp);
+uint64_t cache_heat_stamped(cache *c);  /* rows with a stamp filed (tests) */
 void cache_prefetch_slot(cache *c, int64_t si, int rw);
 /* Copies id's cached header, vector and state (each may be NULL); false
  * when id is not cached. */

@@ -926,22 +926,55 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
 typedef struct heat_buf {
     size_t n;
     uint64_t h[128];
+    /* A pull with a cache: the cached rows whose touch may find them
+     * saturated (id[k] set, else -1), filed so in the cache's table after
+     * the touches; and those already filed so, counted only. */
+    bool marking;
+    int64_t id[128];
+    uint64_t skipped;
+    heat_clock clk;
 } heat_buf;
 
-static inline void heat_add(embkv_store *s, heat_buf *b, uint64_t h)
+static inline void heat_buf_init(embkv_store *s, heat_buf *b, bool marking)
 {
-    b->h[b->n++] = h;
-    if (b->n == sizeof b->h / sizeof b->h[0]) {
+    b->n = 0;
+    b->skipped = 0;
+    b->marking = marking && s->heat;
+    if (b->marking)
+        heat_clock_now(s->heat, &b->clk);
+}
+
+static void heat_buf_touch(embkv_store *s, heat_buf *b)
+{
+    if (!b->marking) {
         heat_touch_batch(s->heat, b->h, b->n);
-        b->n = 0;
+    } else {
+        uint8_t sat[sizeof b->h / sizeof b->h[0]];
+        heat_touch_batch_sat(s->heat, b->h, b->n, sat);
+        for (size_t k = 0; k < b->n; k++)
+            if (sat[k] && b->id[k] >= 0)
+                cache_heat_mark(s->cache, b->id[k], b->h[k], heat_stamp(s->heat, &b->clk, b->h[k]));
     }
+    b->n = 0;
+}
+
+/* id: a cached row's (its touch files a stamp when saturated), or -1. */
+static inline void heat_add(embkv_store *s, heat_buf *b, uint64_t h, int64_t id)
+{
+    if (b->marking)
+        b->id[b->n] = id;
+    b->h[b->n++] = h;
+    if (b->n == sizeof b->h / sizeof b->h[0])
+        heat_buf_touch(s, b);
 }
 
 static inline void heat_flush(embkv_store *s, heat_buf *b)
 {
     if (b->n && s->heat)
-        heat_touch_batch(s->heat, b->h, b->n);
-    b->n = 0;
+        heat_buf_touch(s, b);
+    if (b->skipped)
+        heat_count(s->heat, b->skipped);
+    b->skipped = 0;
 }
 
 /* Where get_batch_rows puts row j of its batch. */
@@ -968,9 +1001,9 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
     /* Rows in the SSD log: gathered here, read in one batch at the end. */
     locvec ssd_at = {0}, ssd_locs = {0};
     int rc = EMBKV_OK;
-    heat_buf hb;
-    hb.n = 0;
     cache *c = s->cache;
+    heat_buf hb;
+    heat_buf_init(s, &hb, c != NULL);
     uint64_t hits = 0;
     /* Pool rows worth offering to the cache (admitted after the batch). */
     enum { OFFERS = 512 };
@@ -983,22 +1016,33 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
         if (i < n) {
             uint64_t h = embkv__hash(ids[i]);
             hs[i % RING] = h;
-            if (c)
+            if (c) {
                 cache_prefetch(c, h);
-            else
+            } else {
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
-            if (heat_counting(s))
-                heat_add(s, &hb, h);
+                if (heat_counting(s))
+                    heat_add(s, &hb, h, -1);
+            }
         }
         /* With a cache, a few ids later: the cache's answer decides whether
-         * the row's slot or its bucket is fetched. */
+         * the row's slot or its bucket is fetched, and whether the sketch
+         * is touched (a cached row known saturated is only counted: its
+         * touch would change nothing, and the line is a tenth of a hit). */
         if (c && i >= PF_CACHE && i - PF_CACHE < n) {
             size_t j = i - PF_CACHE;
-            cslot[j % RING] = cache_find(c, ids[j], hs[j % RING], NULL);
-            if (cslot[j % RING] >= 0)
-                cache_prefetch_slot(c, cslot[j % RING], 0);
+            uint64_t h = hs[j % RING];
+            uint32_t stamp;
+            int64_t si = cslot[j % RING] = cache_find_heat(c, ids[j], h, &stamp);
+            if (si >= 0)
+                cache_prefetch_slot(c, si, 0);
             else
-                PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
+                PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
+            if (heat_counting(s)) {
+                if (si >= 0 && stamp == heat_stamp(s->heat, &hb.clk, h))
+                    hb.skipped++;
+                else
+                    heat_add(s, &hb, h, si >= 0 ? ids[j] : -1);
+            }
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
@@ -1407,7 +1451,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     heat_buf hb;
-    hb.n = 0;
+    heat_buf_init(s, &hb, false);
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
@@ -1420,7 +1464,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             /* A cached row's update is not counted again: its read was (a
              * pull before the push), and its slot's reference bit is set. */
             if (heat_counting(s) && (!hint || hint[i] < 0))
-                heat_add(s, &hb, h);
+                heat_add(s, &hb, h, -1);
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
