@@ -38,7 +38,7 @@ typedef struct baseline {
     bl_slot *tab;
     uint64_t mask;
     int shift;    /* 64 - log2(table size) */
-    size_t dim;
+    size_t dim, rows;
     float *data;  /* dense rows */
 } baseline;
 
@@ -61,12 +61,13 @@ static void bl_init(baseline *b, size_t rows, size_t dim)
     uint64_t cap = 2;
     int bits = 1;
     while (cap < 2 * rows) { cap <<= 1; bits++; }  /* load <= 0.5 */
-    b->tab = xalloc64(cap * sizeof *b->tab);
+    b->tab = xalloc_huge(cap * sizeof *b->tab);
     for (uint64_t i = 0; i < cap; i++) b->tab[i].key = BL_EMPTY;
     b->mask = cap - 1;
     b->shift = 64 - bits;
     b->dim = dim;
-    b->data = xalloc64(rows * dim * sizeof(float));
+    b->rows = rows;
+    b->data = xalloc_huge(rows * dim * sizeof(float));
 }
 
 /* Insert id as row `row`, copying its vector into the dense array. */
@@ -79,7 +80,11 @@ static void bl_insert(baseline *b, int64_t id, uint64_t row, const float *vec)
     memcpy(b->data + row * b->dim, vec, b->dim * sizeof(float));
 }
 
-static void bl_free(baseline *b) { free(b->tab); free(b->data); }
+static void bl_free(baseline *b)
+{
+    xfree_huge(b->tab, (b->mask + 1) * sizeof *b->tab);
+    xfree_huge(b->data, b->rows * b->dim * sizeof(float));
+}
 
 static inline void prefetch_row(const float *p, size_t bytes, int write)
 {
