@@ -28,6 +28,8 @@ void embkv_debug_heat_age(embkv_store *s);
 /* Cached rows whose pulls skip the statistics' table, their counters
  * known saturated (0 without a cache). */
 uint64_t embkv_debug_heat_stamped(embkv_store *s);
+/* Touches of such rows counted without the table, so far. */
+uint64_t embkv_debug_heat_skipped(embkv_store *s);
 /* Stops (paused != 0) or resumes the SSD tier's thread: while stopped it
  * demotes, promotes and compacts nothing, as on a machine that gives it
  * no CPU; writers then demote (and compact) for themselves. */

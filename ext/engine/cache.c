@@ -73,7 +73,7 @@ typedef struct centry {
     _Atomic uint32_t slot1;    /* slot + 1; 0 = empty */
     /* The sketch's stamp (heat_stamp) under which this row's counters
      * were seen saturated, 0 none: its pulls skip the sketch's line while
-     * the stamp holds (cache_find_heat).  A hint, stored unlocked. */
+     * the stamp holds (cache_find_heat).  Set under the shard's lock. */
     _Atomic uint32_t heat;
 } centry;
 
@@ -478,11 +478,16 @@ int64_t cache_find_heat(cache *c, int64_t id, uint64_t h, uint32_t *stamp)
 
 void cache_heat_mark(cache *c, int64_t id, uint64_t h, uint32_t stamp)
 {
-    /* Unlocked: an entry moved by a concurrent delete may take the stamp
-     * to another row's entry, where its hash bits rarely match (heat.h). */
-    centry *e = tab_entry(shard_of(c, h), id, h);
+    /* Under the shard's lock, which every change of its table holds: a
+     * delete's backward shift would otherwise move another row into the
+     * entry between the probe and the store.  Once per row and halving of
+     * its counters, so the lock is rare. */
+    cshard *sh = shard_of(c, h);
+    shard_lock(sh);
+    centry *e = tab_entry(sh, id, h);
     if (e)
         atomic_store_explicit(&e->heat, stamp, memory_order_relaxed);
+    shard_unlock(sh);
 }
 
 /* Slot si's content, if it is id's (its id, and in use: an evicted or

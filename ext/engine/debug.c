@@ -77,4 +77,6 @@ void embkv_debug_heat_age(embkv_store *s)
 
 uint64_t embkv_debug_heat_stamped(embkv_store *s) { return s->cache ? cache_heat_stamped(s->cache) : 0; }
 
+uint64_t embkv_debug_heat_skipped(embkv_store *s) { return s->heat ? heat_skipped(s->heat) : 0; }
+
 void embkv_debug_tier_pause(embkv_store *s, int paused) { atomic_store(&s->tw_paused, paused != 0); }

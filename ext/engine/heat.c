@@ -70,7 +70,9 @@ struct heat {
     bool mapped;               /* mem is a mapping of bytes - sizeof(heat) bytes */
     alignas(64) _Atomic uint64_t touches;
     _Atomic uint64_t counted;  /* touches that raised a counter */
-    _Atomic uint64_t swept;    /* blocks halved by the sweep so far (all rounds) */
+    _Atomic uint64_t swept;    /* blocks the sweep has claimed so far (all rounds) */
+    _Atomic uint64_t halved;   /* of those, blocks whose halving is done */
+    _Atomic uint64_t skipped;  /* heat_count touches (tests) */
     _Atomic uint64_t forced;   /* heat_age calls */
 };
 
@@ -122,6 +124,8 @@ heat *heat_new(uint64_t expected_ids)
     atomic_init(&h->touches, 0);
     atomic_init(&h->counted, 0);
     atomic_init(&h->swept, 0);
+    atomic_init(&h->halved, 0);
+    atomic_init(&h->skipped, 0);
     atomic_init(&h->forced, 0);
     return h;
 }
@@ -225,6 +229,7 @@ static void account(heat *h, uint64_t n, uint64_t raised)
         if (atomic_compare_exchange_weak_explicit(&h->swept, &s, due, memory_order_relaxed,
                                                   memory_order_relaxed)) {
             halve_blocks(h, s, due);
+            atomic_fetch_add_explicit(&h->halved, due - s, memory_order_release);
             break;
         }
     }
@@ -267,15 +272,28 @@ void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *sa
 
 void heat_count(heat *h, uint64_t n)
 {
-    if (n)
+    if (n) {
         account(h, n, 0);
+        atomic_fetch_add_explicit(&h->skipped, n, memory_order_relaxed);
+    }
+}
+
+uint64_t heat_skipped(const heat *h)
+{
+    return atomic_load_explicit(&h->skipped, memory_order_relaxed);
 }
 
 void heat_clock_now(const heat *h, heat_clock *k)
 {
     /* Block b has been halved once per sweep past it: round + (b < rem)
-     * times, blocks being swept in order from 0. */
+     * times, blocks being swept in order from 0.  The sweep claims blocks
+     * (swept) before it halves them (halved): in between, a touch may
+     * find a counter at the cap that is about to be halved, so no stamp is
+     * given then.  heat_age halves first and counts after, so a stamp
+     * taken before its count is stale once it is made. */
     uint64_t swept = atomic_load_explicit(&h->swept, memory_order_acquire);
+    uint64_t halved = atomic_load_explicit(&h->halved, memory_order_acquire);
+    k->settled = swept == halved;
     k->round = swept / h->nblocks;
     k->rem = swept % h->nblocks;
     k->forced = atomic_load_explicit(&h->forced, memory_order_acquire);
@@ -283,9 +301,14 @@ void heat_clock_now(const heat *h, heat_clock *k)
 
 uint32_t heat_stamp(const heat *h, const heat_clock *k, uint64_t hash)
 {
+    if (!k->settled)
+        return 0;
     uint64_t b = (uint64_t)(((unsigned __int128)hash * h->nblocks) >> 64);
     uint64_t halvings = k->round + (b < k->rem) + k->forced;
-    uint32_t st = (uint32_t)(halvings << 8) | (uint32_t)(hash >> 56);
+    /* 8 bits of a remix of the hash: the cache's shard and table home
+     * take the hash's own high and low bits, shared by the rows whose
+     * entries a stamp could be misfiled on. */
+    uint32_t st = (uint32_t)(halvings << 8) | (uint32_t)((hash * 0x9e3779b97f4a7c15ull) >> 56);
     return st ? st : 1;
 }
 

@@ -54,8 +54,10 @@ void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n);
  * were at HEAT_MAX_COUNT (the touch changed nothing). */
 void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *saturated);
 /* n touches counted (heat_touches) without reading the table: ids whose
- * touch is known to change nothing (heat_stamp). */
+ * touch is known to change nothing (heat_stamp).  heat_skipped: how many
+ * so far (tests). */
 void heat_count(heat *h, uint64_t n);
+uint64_t heat_skipped(const heat *h);
 
 /* A saturated id stays saturated until a halving reaches its block (the
  * sweep, or heat_age): nothing else lowers a counter.  heat_stamp names
@@ -63,12 +65,16 @@ void heat_count(heat *h, uint64_t n);
  * skip the id's touches (and its cache line) while its stamp is the same:
  * the table then holds what the touches would have left in it.  The stamp
  * is taken against a heat_clock, a snapshot of the halvings so far, and
- * carries 8 bits of the hash, so a stamp filed under the wrong id (a
- * caller's race) rarely matches.  Never 0.  A race can lose touches, as
- * two touches of one id racing can: a snapshot taken between a sweep's
- * claim of a block and its halving names the state after it. */
+ * carries 8 bits of the hash.  0 (no stamp) while a snapshot saw a sweep
+ * between claiming blocks and halving them: a touch then may see a
+ * counter at the cap just before it is halved.  So a stamp is filed only
+ * for a state the touch saw, and a clock older than a halving gives
+ * stamps that no longer match: a skip can miss only a halving that began
+ * after its clock was taken (take a fresh one every few hundred touches).
+ * Compare stamps only when nonzero. */
 typedef struct heat_clock {
     uint64_t round, rem, forced;
+    bool settled;
 } heat_clock;
 void heat_clock_now(const heat *h, heat_clock *k);
 uint32_t heat_stamp(const heat *h, const heat_clock *k, uint64_t hash);

@@ -777,7 +777,8 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
                 info->epoch = rec_epoch(&hd);
                 info->tier = EMBKV_TIER_DRAM;
             }
-            heat_touch(s->heat, h);
+            if (heat_counting(s))
+                heat_touch(s->heat, h);
             atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
             return EMBKV_OK;
         }
@@ -923,15 +924,19 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
  * its shared counters once, where a touch per id would wait for a cache
  * miss and two atomic adds in the middle of the batch pipeline (a third of
  * a batch get's time, measured). */
+enum { HEAT_BUF = 128 };
 typedef struct heat_buf {
     size_t n;
-    uint64_t h[128];
+    uint64_t h[HEAT_BUF];
     /* A pull with a cache: the cached rows whose touch may find them
      * saturated (id[k] set, else -1), filed so in the cache's table after
-     * the touches; and those already filed so, counted only. */
+     * the touches; and those found filed so under the clock, counted only
+     * (skipped, which take their places in the buffer's window, so that the
+     * touches are counted, and the sketch aged, at the same points of the
+     * batch as without a cache). */
     bool marking;
-    int64_t id[128];
-    uint64_t skipped;
+    int64_t id[HEAT_BUF];
+    size_t skipped;
     heat_clock clk;
 } heat_buf;
 
@@ -947,15 +952,25 @@ static inline void heat_buf_init(embkv_store *s, heat_buf *b, bool marking)
 static void heat_buf_touch(embkv_store *s, heat_buf *b)
 {
     if (!b->marking) {
-        heat_touch_batch(s->heat, b->h, b->n);
+        if (b->n)
+            heat_touch_batch(s->heat, b->h, b->n);
     } else {
-        uint8_t sat[sizeof b->h / sizeof b->h[0]];
-        heat_touch_batch_sat(s->heat, b->h, b->n, sat);
+        uint8_t sat[HEAT_BUF];
+        if (b->n)
+            heat_touch_batch_sat(s->heat, b->h, b->n, sat);
+        heat_count(s->heat, b->skipped);
+        /* Stamps under the clock taken before these touches: one taken
+         * after could name a halving their own counting ran. */
         for (size_t k = 0; k < b->n; k++)
-            if (sat[k] && b->id[k] >= 0)
-                cache_heat_mark(s->cache, b->id[k], b->h[k], heat_stamp(s->heat, &b->clk, b->h[k]));
+            if (sat[k] && b->id[k] >= 0) {
+                uint32_t st = heat_stamp(s->heat, &b->clk, b->h[k]);
+                if (st)
+                    cache_heat_mark(s->cache, b->id[k], b->h[k], st);
+            }
+        heat_clock_now(s->heat, &b->clk);
     }
     b->n = 0;
+    b->skipped = 0;
 }
 
 /* id: a cached row's (its touch files a stamp when saturated), or -1. */
@@ -964,17 +979,21 @@ static inline void heat_add(embkv_store *s, heat_buf *b, uint64_t h, int64_t id)
     if (b->marking)
         b->id[b->n] = id;
     b->h[b->n++] = h;
-    if (b->n == sizeof b->h / sizeof b->h[0])
+    if (b->n + b->skipped == HEAT_BUF)
+        heat_buf_touch(s, b);
+}
+
+/* A touch known to change nothing: counted, in its place. */
+static inline void heat_skip(embkv_store *s, heat_buf *b)
+{
+    if (++b->skipped + b->n == HEAT_BUF)
         heat_buf_touch(s, b);
 }
 
 static inline void heat_flush(embkv_store *s, heat_buf *b)
 {
-    if (b->n && s->heat)
+    if ((b->n || b->skipped) && s->heat)
         heat_buf_touch(s, b);
-    if (b->skipped)
-        heat_count(s->heat, b->skipped);
-    b->skipped = 0;
 }
 
 /* Where get_batch_rows puts row j of its batch. */
@@ -1038,8 +1057,8 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
             else
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 0);
             if (heat_counting(s)) {
-                if (si >= 0 && stamp == heat_stamp(s->heat, &hb.clk, h))
-                    hb.skipped++;
+                if (si >= 0 && stamp && stamp == heat_stamp(s->heat, &hb.clk, h))
+                    heat_skip(s, &hb);
                 else
                     heat_add(s, &hb, h, si >= 0 ? ids[j] : -1);
             }
