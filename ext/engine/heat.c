@@ -242,20 +242,12 @@ void heat_touch(heat *h, uint64_t hash)
 
 void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n)
 {
-    /* Far enough ahead to cover a DRAM miss at ~10-20 ns per touch. */
-    enum { AHEAD = 12 };
-    uint64_t raised = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i + AHEAD < n)
-            __builtin_prefetch((const void *)block_of(h, hashes[i + AHEAD]), 1, 3);
-        raised += bump(h, hashes[i]);
-    }
-    if (n)
-        account(h, n, raised);
+    heat_touch_batch_sat(h, hashes, n, NULL);
 }
 
 void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *saturated)
 {
+    /* Far enough ahead to cover a DRAM miss at ~10-20 ns per touch. */
     enum { AHEAD = 12 };
     uint64_t raised = 0;
     for (size_t i = 0; i < n; i++) {
@@ -263,7 +255,8 @@ void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *sa
             __builtin_prefetch((const void *)block_of(h, hashes[i + AHEAD]), 1, 3);
         /* bump raises a counter unless all four are at the cap */
         bool r = bump(h, hashes[i]);
-        saturated[i] = !r;
+        if (saturated)
+            saturated[i] = !r;
         raised += r;
     }
     if (n)

@@ -50,8 +50,9 @@ void heat_touch(heat *h, uint64_t hash);
 /* n accesses; the same counts as n heat_touch calls, faster (the table
  * lines are prefetched ahead and the shared counters updated once). */
 void heat_touch_batch(heat *h, const uint64_t *hashes, size_t n);
-/* heat_touch_batch that also tells, per hash, whether all its counters
- * were at HEAT_MAX_COUNT (the touch changed nothing). */
+/* heat_touch_batch that also tells (saturated may be NULL), per hash,
+ * whether all its counters were at HEAT_MAX_COUNT (the touch changed
+ * nothing). */
 void heat_touch_batch_sat(heat *h, const uint64_t *hashes, size_t n, uint8_t *saturated);
 /* n touches counted (heat_touches) without reading the table: ids whose
  * touch is known to change nothing (heat_stamp).  heat_skipped: how many
