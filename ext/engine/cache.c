@@ -423,8 +423,9 @@ uint64_t cache_prefetch_wb(cache *c, int64_t id, uint64_t h)
 
 /* The slot of id, or -1, from a probe no table change overlapped (a
  * lock-free reader's trusted answer; stable for a holder of id's key
- * lock, since only such a holder adds or drops id). */
-static int64_t stable_find(cache *c, int64_t id, uint64_t h)
+ * lock, since only such a holder adds or drops id); with it (stamp not
+ * NULL) the sketch stamp filed in id's entry, 0 if none. */
+static int64_t stable_find(cache *c, int64_t id, uint64_t h, uint32_t *stamp)
 {
     cshard *sh = shard_of(c, h);
     unsigned spins = 0;
@@ -434,7 +435,10 @@ static int64_t stable_find(cache *c, int64_t id, uint64_t h)
             ix_relax(&spins);
             continue;
         }
-        int64_t si = tab_find(sh, id, h);
+        const centry *e = tab_entry(sh, id, h);
+        int64_t si = e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
+        if (stamp)
+            *stamp = e ? atomic_load_explicit(&e->heat, memory_order_relaxed) : 0;
         seq_fence(__ATOMIC_ACQUIRE);
         if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
             return si;
@@ -448,33 +452,16 @@ static inline bool bit_get(cache *c, uint32_t si)
 
 int64_t cache_find(cache *c, int64_t id, uint64_t h, bool *dirty)
 {
-    int64_t si = stable_find(c, id, h);
+    int64_t si = stable_find(c, id, h, NULL);
     if (si >= 0 && dirty)
         *dirty = bit_get(c, (uint32_t)si);
     return si;
 }
 
 
-bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h) >= 0; }
+bool cache_contains(cache *c, int64_t id, uint64_t h) { return stable_find(c, id, h, NULL) >= 0; }
 
-int64_t cache_find_heat(cache *c, int64_t id, uint64_t h, uint32_t *stamp)
-{
-    cshard *sh = shard_of(c, h);
-    unsigned spins = 0;
-    for (;;) {
-        uint32_t v = atomic_load_explicit(&sh->tver, memory_order_acquire);
-        if (v & 1) {
-            ix_relax(&spins);
-            continue;
-        }
-        const centry *e = tab_entry(sh, id, h);
-        int64_t si = e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
-        *stamp = e ? atomic_load_explicit(&e->heat, memory_order_relaxed) : 0;
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (atomic_load_explicit(&sh->tver, memory_order_relaxed) == v)
-            return si;
-    }
-}
+int64_t cache_find_heat(cache *c, int64_t id, uint64_t h, uint32_t *stamp) { return stable_find(c, id, h, stamp); }
 
 void cache_heat_mark(cache *c, int64_t id, uint64_t h, uint32_t stamp)
 {
@@ -600,7 +587,7 @@ int64_t cache_load_locked(cache *c, int64_t id, uint64_t h, int64_t hint, void *
             si = hint;
     }
     if (si < 0)
-        si = stable_find(c, id, h);
+        si = stable_find(c, id, h, NULL);
     if (si >= 0) {
         if (rec)
             words_load(rec, slot_words(c, (uint32_t)si), 0, c->words);
