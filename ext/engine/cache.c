@@ -48,6 +48,13 @@
  * slot is its state (cslot) and its record side by side, rounded up to
  * whole 64-byte lines (slot_stride), so a hit fetches the lines of its
  * record and no other.  The shard tables follow, twice the slots, 16 bytes an entry.
+ *
+ * The sketch's line.  A read's touch of the sketch is one more line per
+ * hit, and for the hottest rows it changes nothing (their counters sit at
+ * the cap).  A table entry keeps the sketch's stamp (heat.h: heat_stamp)
+ * under which its row was seen saturated; batch reads that find it still
+ * current only count the touch (store_ops.c: get_batch_rows), so the
+ * sketch holds exactly what the touches would have left.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -32,6 +32,12 @@
  * stays shared between cores.  Two touches of one id racing may count
  * once, which is fine for statistics.
  *
+ * Stamps (heat_stamp): a saturated id stays saturated until a halving
+ * reaches its block, so a caller that saw it saturated may skip its
+ * touches until then; the count of halvings per block is what the stamp
+ * names.  The sweep claims blocks (swept) before it halves them (halved),
+ * and no stamp is given while the two differ.
+ *
  * Aging: TinyLFU halves all counters after a sample of W touches.  Here a
  * block is halved every W / nblocks counted touches, in order, by the
  * threads whose batches move the count past it (claimed on `swept` with a
