@@ -278,11 +278,13 @@ static inline centry *tab_entry(const cshard *sh, int64_t id, uint64_t h)
     }
 }
 
-static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h)
+/* The slot an entry (or NULL) names, or -1. */
+static inline int64_t entry_slot(const centry *e)
 {
-    const centry *e = tab_entry(sh, id, h);
     return e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
 }
+
+static inline int64_t tab_find(const cshard *sh, int64_t id, uint64_t h) { return entry_slot(tab_entry(sh, id, h)); }
 
 static void tab_insert(cshard *sh, int64_t id, uint64_t h, uint32_t si)
 {
@@ -443,7 +445,7 @@ static int64_t stable_find(cache *c, int64_t id, uint64_t h, uint32_t *stamp)
             continue;
         }
         const centry *e = tab_entry(sh, id, h);
-        int64_t si = e ? (int64_t)atomic_load_explicit(&e->slot1, memory_order_relaxed) - 1 : -1;
+        int64_t si = entry_slot(e);
         if (stamp)
             *stamp = e ? atomic_load_explicit(&e->heat, memory_order_relaxed) : 0;
         seq_fence(__ATOMIC_ACQUIRE);

@@ -680,7 +680,8 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
                           embkv_update_fn fn, void *ctx, size_t *nupdated);
 /* store_ops.c: embkv_exists_batch noting too, when in_slot and in_dirty are not
- * NULL, each row's cache slot (-1: not cached) and whether it is dirty. */
+ * NULL (a store with a cache only), each row's cache slot (-1: not cached)
+ * and whether it is dirty. */
 size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
                           uint8_t *in_dirty);
 

@@ -833,11 +833,6 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
     uint8_t cached[RING];
     size_t absent = 0;
     cache *c = s->cache;
-    if (in_slot && !c)
-        for (size_t j = 0; j < n; j++) {
-            in_slot[j] = -1;
-            in_dirty[j] = 0;
-        }
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {

@@ -848,10 +848,11 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     uint8_t *present = malloc(nu);
     /* Where the check found each row in the cache: the update's hints
      * (one probe of the cache per row for the whole push). */
-    int64_t *in_slot = malloc(nu * sizeof *in_slot);
-    uint8_t *in_dirty = malloc(nu);
+    bool hints = s->cache != NULL;
+    int64_t *in_slot = hints ? malloc(nu * sizeof *in_slot) : NULL;
+    uint8_t *in_dirty = hints ? malloc(nu) : NULL;
     size_t nmiss = 0;
-    if (!miss || !present || !in_slot || !in_dirty)
+    if (!miss || !present || (hints && (!in_slot || !in_dirty)))
         rc = embkv__err(EMBKV_NOMEM, "embkv_push: out of memory");
     else if (exists_batch_hints(s, uids, nu, present, in_slot, in_dirty))
         for (size_t i = 0; i < nu; i++)
