@@ -282,6 +282,7 @@ struct embkv_store {
     size_t dirty_words;
     atomic_uint_fast64_t *bdirty[2]; /* index buckets written in each epoch (mark_bucket) */
     size_t bdirty_words;
+    struct dirty_tally *tally;  /* per bucket bitmap: its set bits' count and sum (sync.c) */
     void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[] and bdirty[], or NULL (DRAM) */
     size_t dirty_map_len;
     bool sync_failed;          /* the last sync failed: the next flushes both bitmaps */

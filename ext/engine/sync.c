@@ -15,7 +15,9 @@
  * since the durable epoch (and their rows' records), and its cost follows
  * what changed, not the table.  An epoch's bitmaps are cleared only once
  * it is durable, so at any moment the two of each kind cover everything
- * written since the durable epoch.  (On real persistent memory nothing is
+ * written since the durable epoch.  A bucket bitmap's set bits are
+ * tallied beside it (count and hash sum): a bitmap that damage changed
+ * does not match its tally, and its store gets the full recovery.  (On real persistent memory nothing is
  * marked, and recovery visits every bucket.)
  *
  * Epochs: every write is stamped with the current write epoch E.  A row's
@@ -224,6 +226,7 @@ static void clear_words(atomic_uint_fast64_t *bm, size_t words)
  * of its bucket bitmap those pages hold (a page's 16 buckets sit in
  * bucket word page/4), so the cost follows the pages it changed. */
 #define BUCKETS_PER_PAGE ((1u << PAGE_SHIFT) / BUCKET_BYTES)
+static void tally_reset(embkv_store *s, unsigned e);
 static void clear_epoch(embkv_store *s, uint64_t e)
 {
     atomic_uint_fast64_t *pm = s->dirty[e & 1], *bm = s->bdirty[e & 1];
@@ -239,12 +242,55 @@ static void clear_epoch(embkv_store *s, uint64_t e)
         }
         atomic_store_explicit(&pm[w], 0, memory_order_relaxed);
     }
+    tally_reset(s, (unsigned)(e & 1));
 }
 
 /* ------------------------------------------------------- the dirty map */
 
-#define DIRTY_MAGIC "embkv-dirtymap2"  /* 16 bytes with its NUL */
+#define DIRTY_MAGIC "embkv-dirtymap3"  /* 16 bytes with its NUL */
 #define DIRTY_HDR 4096
+
+/* A bucket bitmap's tally, in the header page (one line each): how many
+ * bits mark_bucket set in it and the sum of a hash of their numbers.
+ * Nothing else tells a bit that damage cleared, and recovery would skip
+ * that bucket, keeping a change made after the checkpoint; an open checks
+ * each bitmap against its tally and a mismatch gets the full recovery.
+ * (A kill between a bit and its tally also mismatches: the full recovery
+ * again, correct if slower.) */
+#define DIRTY_TALLY_AT 1024
+struct dirty_tally {
+    atomic_uint_fast64_t count, sum;
+    char pad[48];
+};
+
+static inline uint64_t tally_hash(size_t b)
+{
+    uint64_t x = (uint64_t)b + 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static void tally_reset(embkv_store *s, unsigned e)
+{
+    atomic_store_explicit(&s->tally[e].count, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->tally[e].sum, 0, memory_order_relaxed);
+}
+
+/* Whether bucket bitmap e holds exactly the bits its tally counted. */
+static bool tally_matches(const embkv_store *s, unsigned e)
+{
+    uint64_t count = 0, sum = 0;
+    for (size_t w = 0; w < s->bdirty_words; w++) {
+        uint64_t bits = atomic_load_explicit(&s->bdirty[e][w], memory_order_relaxed);
+        for (; bits; bits &= bits - 1) {
+            count++;
+            sum += tally_hash(w * 64 + (size_t)__builtin_ctzll(bits));
+        }
+    }
+    return count == atomic_load_explicit(&s->tally[e].count, memory_order_relaxed) &&
+           sum == atomic_load_explicit(&s->tally[e].sum, memory_order_relaxed);
+}
 
 typedef struct dirty_hdr {
     char magic[16];
@@ -289,6 +335,8 @@ int dirtymap_open(embkv_store *s, bool *usable)
             if (!(s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t))) ||
                 !(s->bdirty[i] = calloc(s->bdirty_words, sizeof(uint64_t))))
                 return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+        if (!(s->tally = calloc(2, sizeof *s->tally)))
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
         return EMBKV_OK;
     }
     s->dirty_map = map;
@@ -299,6 +347,9 @@ int dirtymap_open(embkv_store *s, bool *usable)
     s->dirty[1] = (atomic_uint_fast64_t *)(p + pbytes);
     s->bdirty[0] = (atomic_uint_fast64_t *)(p + 2 * pbytes);
     s->bdirty[1] = (atomic_uint_fast64_t *)(p + 2 * pbytes + bbytes);
+    s->tally = (struct dirty_tally *)((char *)map + DIRTY_TALLY_AT);
+    if (*usable && (!tally_matches(s, 0) || !tally_matches(s, 1)))
+        *usable = false;
     return EMBKV_OK;
 }
 
@@ -312,8 +363,10 @@ void dirtymap_close(embkv_store *s)
             free((void *)s->dirty[i]);
             free((void *)s->bdirty[i]);
         }
+        free(s->tally);
     }
     s->dirty[0] = s->dirty[1] = s->bdirty[0] = s->bdirty[1] = NULL;
+    s->tally = NULL;
 }
 
 void mark_bucket(embkv_store *s, const void *bk)
@@ -321,10 +374,14 @@ void mark_bucket(embkv_store *s, const void *bk)
     if (s->is_pmem)
         return;
     size_t b = (size_t)((const char *)bk - s->pool_base) / BUCKET_BYTES;
-    atomic_uint_fast64_t *bm = s->bdirty[atomic_load_explicit(&s->cur_epoch, memory_order_relaxed) & 1];
+    unsigned e = (unsigned)(atomic_load_explicit(&s->cur_epoch, memory_order_relaxed) & 1);
+    atomic_uint_fast64_t *bm = s->bdirty[e];
     uint64_t bit = 1ull << (b & 63);
-    if (!(atomic_load_explicit(&bm[b >> 6], memory_order_relaxed) & bit))
-        atomic_fetch_or_explicit(&bm[b >> 6], bit, memory_order_relaxed);
+    if (!(atomic_load_explicit(&bm[b >> 6], memory_order_relaxed) & bit) &&
+        !(atomic_fetch_or_explicit(&bm[b >> 6], bit, memory_order_relaxed) & bit)) {
+        atomic_fetch_add_explicit(&s->tally[e].count, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->tally[e].sum, tally_hash(b), memory_order_relaxed);
+    }
 }
 
 bool dirtymap_marked(const embkv_store *s, const void *bk)
@@ -340,6 +397,7 @@ void dirtymap_reset(embkv_store *s)
     for (int i = 0; i < 2; i++) {
         clear_words(s->dirty[i], s->dirty_words);
         clear_words(s->bdirty[i], s->bdirty_words);
+        tally_reset(s, (unsigned)i);
     }
 }
 
