@@ -319,11 +319,15 @@ int main(int argc, char **argv)
     print_ratio("embkv get / baseline unprefetched get", &g_em, &g_bl);
     print_ratio("embkv RMW / baseline RMW", &u_em, &u_bl);
     double get_vs_pf = timing_best(&g_pf) / timing_best(&g_em);
+    /* The goals, against the baseline on 2 MiB pages: 0.5x without a
+     * cache (set against a baseline on 4 KiB pages), 0.8x with the hot set
+     * cached (--cache-pct 10). */
+    double goal = cache_pct ? 0.8 : 0.5;
     if (!strcmp(fs_name(embkv_path(s)), "tmpfs"))
-        printf("  goal: embkv get >= 0.5 x prefetched baseline on /dev/shm: %.3f -> %s\n", get_vs_pf,
-               get_vs_pf >= 0.5 ? "met" : "not met");
+        printf("  goal%s: embkv get >= %.1f x prefetched baseline on /dev/shm: %.3f -> %s\n",
+               cache_pct ? " with the hot set cached" : "", goal, get_vs_pf, get_vs_pf >= goal ? "met" : "not met");
     else
-        printf("  (the 0.5 x goal is for /dev/shm; on this file system: %.3f)\n", get_vs_pf);
+        printf("  (the %.1f x goal is for /dev/shm; on this file system: %.3f)\n", goal, get_vs_pf);
     embkv_stats est;
     ck(embkv_stats_get(s, &est), "embkv_stats_get");
     if (cache_pct)
