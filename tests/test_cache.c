@@ -861,6 +861,52 @@ static void test_dirty_row_rewritten(const char *root)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* A batch read offers every pool row it reads to the cache: with room for
+ * all, one batch get or pull of 3,000 rows brings them all in (only the
+ * first 512 were, found by the adversarial review). */
+static void test_batch_admits_all(const char *root)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/admitall", root);
+    embkv_store *s = open_with(dir, EMBKV_SGD, 4u << 20, true);
+    if (!s)
+        return;
+    enum { N = 3000 };
+    int64_t *ids = malloc(2 * N * sizeof *ids);
+    float *out = malloc((size_t)2 * N * DIM * sizeof *out);
+    uint8_t *found = malloc(2 * N);
+    CHECK(ids && out && found);
+    if (!ids || !out || !found)
+        return;
+    for (int64_t i = 0; i < 2 * N; i++) {
+        float v[DIM] = {(float)i};
+        ids[i] = 7 * i + 1;
+        CHECK_RC(embkv_put(s, ids[i], v, NULL, 0), EMBKV_OK);
+    }
+    embkv_stats a, b, c;
+    CHECK_RC(embkv_stats_get(s, &a), EMBKV_OK);
+    CHECK(a.cache_capacity_rows >= 2 * N);
+    size_t missing = 1;
+    CHECK_RC(embkv_get_batch(s, ids, N, out, found, &missing), EMBKV_OK);
+    CHECK(missing == 0 && out[(N - 1) * DIM] == (float)(N - 1));
+    CHECK_RC(embkv_stats_get(s, &b), EMBKV_OK);
+    CHECK(b.cache_rows == a.cache_rows + N);
+    embkv_session *ss = NULL;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    if (ss) {
+        CHECK_RC(embkv_pull(ss, ids + N, N, out), EMBKV_OK);
+        CHECK(out[(N - 1) * DIM] == (float)(2 * N - 1));
+        embkv_session_close(ss);
+    }
+    CHECK_RC(embkv_stats_get(s, &c), EMBKV_OK);
+    CHECK(c.cache_rows == b.cache_rows + N);
+    CHECK(c.cache_admissions == a.cache_admissions + 2 * N);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free(ids);
+    free(out);
+    free(found);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -875,6 +921,7 @@ int main(void)
     test_cleaner(root);
     test_heat_same(root);
     test_dirty_row_rewritten(root);
+    test_batch_admits_all(root);
     test_kills(root);
     return test_summary("test_cache");
 }

@@ -1019,10 +1019,20 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
     heat_buf hb;
     heat_buf_init(s, &hb, c != NULL);
     uint64_t hits = 0;
-    /* Pool rows worth offering to the cache (admitted after the batch). */
+    /* Pool rows worth offering to the cache (admitted after the batch):
+     * every one, on the heap past 512 (only 512 were, so a pull of 4,000
+     * rows into a cache with room for all took 8 pulls to bring them in;
+     * out of memory, the first 512 still are). */
     enum { OFFERS = 512 };
-    size_t noffer = 0, offer_at[OFFERS];
-    uint64_t offer_loc[OFFERS];
+    struct offer { size_t at; uint64_t loc; } offer_stack[OFFERS], *offers = offer_stack;
+    size_t noffer = 0, offer_cap = OFFERS;
+    if (c && n > OFFERS) {
+        struct offer *big = malloc(n * sizeof *big);
+        if (big) {
+            offers = big;
+            offer_cap = n;
+        }
+    }
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     int64_t cslot[RING];  /* per id in flight: its cache slot, or -1 */
@@ -1084,10 +1094,8 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
                 uint32_t probes;
                 loc = ix_lookup(ix, ids[j], hs[j % RING], &probes);
             }
-            if (c && noffer < OFFERS && loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD))) {
-                offer_at[noffer] = j;
-                offer_loc[noffer++] = loc;
-            }
+            if (c && noffer < offer_cap && loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+                offers[noffer++] = (struct offer){.at = j, .loc = loc};
             bool ok = loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD));
             if ((loc & LOC_SSD) && !(loc & LOC_TOMB)) {
                 if (locvec_push(&ssd_at, j) != EMBKV_OK || locvec_push(&ssd_locs, loc) != EMBKV_OK) {
@@ -1122,9 +1130,11 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
     if (c) {
         cache_count(c, hits, n - hits);
         for (size_t k = 0; k < noffer && rc == EMBKV_OK && !damaged; k++)
-            cache_offer_read(s, ids[offer_at[k]], embkv__hash(ids[offer_at[k]]), offer_loc[k]);
+            cache_offer_read(s, ids[offers[k].at], embkv__hash(ids[offers[k].at]), offers[k].loc);
     }
     ebr_leave();
+    if (offers != offer_stack)
+        free(offers);
     free(ssd_at.v);
     free(ssd_locs.v);
     if (nmissing)
