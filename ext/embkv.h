@@ -313,6 +313,14 @@ int embkv_heat_get(embkv_store *s, const int64_t *ids, size_t n, uint32_t *hits)
  * count): the SQLite binding's lookups by id.  Nothing while the
  * statistics are not counting. */
 void embkv_heat_touch(embkv_store *s, const int64_t *ids, size_t n);
+/* Offers the rows of ids that are in the pool to the DRAM cache, as the
+ * engine's batch reads (embkv_get_batch, pulls) do with the rows they read
+ * there: admitted while the cache has room, later only when the access
+ * statistics rank them above the victim.  Snapshot reads and scans offer
+ * nothing (one pass over a table would fill the cache with its cold rows):
+ * the SQLite binding's lookups by id call this after their reads.  Nothing
+ * without a cache. */
+void embkv_cache_offer(embkv_store *s, const int64_t *ids, size_t n);
 /* The up-to-n hottest rows present, hottest first (equal estimates in
  * index order), with their estimates (hits may be NULL); rows with no
  * counted access are never among them, so *nout may be below n. */

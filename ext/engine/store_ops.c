@@ -532,6 +532,23 @@ static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t lo
     keylock_release(s, h);
 }
 
+void embkv_cache_offer(embkv_store *s, const int64_t *ids, size_t n)
+{
+    if (!s || !s->cache || !ids)
+        return;
+    ebr_enter();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        if (cache_contains(s->cache, ids[i], h))
+            continue;
+        uint32_t probes;
+        uint64_t loc = ix_lookup(atomic_load(&s->ix), ids[i], h, &probes);
+        if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
+            cache_offer_read(s, ids[i], h, loc);
+    }
+    ebr_leave();
+}
+
 int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
 {
     *admitted = 0;

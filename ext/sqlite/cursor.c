@@ -374,9 +374,13 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
             return sqlite_rc_of(erc);
         }
         /* Lookups by id count in the access statistics (whatever columns
-         * they read); a scan visits every row once and would only flatten
-         * them. */
-        if (c->plan != PLAN_SCAN) embkv_heat_touch(v->store, ids, n);
+         * they read) and offer their rows to the DRAM cache; a scan visits
+         * every row once and would only flatten the one and flush the
+         * other. */
+        if (c->plan != PLAN_SCAN) {
+            embkv_heat_touch(v->store, ids, n);
+            embkv_cache_offer(v->store, ids, n);
+        }
     }
     c->lo = lo;
     c->hi = hi;

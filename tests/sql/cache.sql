@@ -1,7 +1,8 @@
 -- The DRAM cache from SQL: pulls and pushes go through it (tier 'dram'),
 -- reads see the newest version, UPDATE/DELETE of cached rows, ROLLBACK
 -- leaves no trace, a checkpoint writes the dirty rows back, a reopen reads
--- every row as last written; option errors name cache_size.
+-- every row as last written; lookups by id bring rows in, scans do not;
+-- option errors name cache_size.
 .headers off
 .mode list
 .nullvalue NULL
@@ -36,6 +37,14 @@ SELECT 'push', embkv_push('item', '[1]', '[1,1,1,1]');
 SELECT 'reopened', count(*), sum(id) FROM item;
 SELECT 'rows', id, embkv_json(vec), clock, tier FROM item WHERE id IN (1, 2, 4, 5, 6) ORDER BY id;
 SELECT 'tiers', tier, count(*) FROM item GROUP BY tier;
+-- lookups by id bring pool rows in (the row reads as it was found, then
+-- from the cache); scans do not
+SELECT 'scan', count(*), sum(length(vec)) FROM item;
+SELECT 'tiers', tier, count(*) FROM item GROUP BY tier;
+SELECT 'point', id, embkv_json(vec), tier FROM item WHERE id = 700;
+SELECT 'point', id, embkv_json(vec), tier FROM item WHERE id = 700;
+SELECT 'in', id, tier FROM item WHERE id IN (701, 702) ORDER BY id;
+SELECT 'in', id, tier FROM item WHERE id IN (701, 702) ORDER BY id;
 -- option errors
 CREATE VIRTUAL TABLE neg USING embkv(dim=4, cache_size='-1');
 CREATE VIRTUAL TABLE bad USING embkv(dim=4, cache_size='lots');
