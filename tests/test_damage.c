@@ -690,6 +690,40 @@ static void test_damaged_record_after_crash(void)
     CHECK_RC(embkv_destroy(d), EMBKV_OK);
 }
 
+/* A pool whose signature and layout are embkv's but which libpmemobj then
+ * refuses (damaged metadata) is damaged: EMBKV_CORRUPT naming store.pool.
+ * It was EMBKV_NOTSTORE, which the SQLite binding reported as the path
+ * option's fault (found by the adversarial review).  The first page past
+ * the header whose flipped byte libpmemobj refuses is found by trying. */
+static void test_refused_pool(void)
+{
+    size_t len = 0;
+    unsigned char *orig = read_file(pool_path, &len);
+    CHECK(orig != NULL && len > (1u << 20));
+    if (!orig) return;
+    int found = 0;
+    for (size_t off = 8192; off < (1u << 20) && !found; off += 4096) {
+        orig[off] ^= 0x55;
+        write_file(pool_path, orig, len);
+        orig[off] ^= 0x55;
+        embkv_store *s = NULL;
+        int rc = embkv_open(dir, NULL, 0, &s);
+        if (rc == EMBKV_OK) {
+            CHECK_RC(embkv_close(s), EMBKV_OK);
+            continue;
+        }
+        found = 1;
+        CHECK_RC(rc, EMBKV_CORRUPT);
+        CHECK(strstr(embkv_errmsg(), "store.pool is damaged") != NULL);
+    }
+    CHECK(found);
+    write_file(pool_path, orig, len);
+    free(orig);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     /* A probe that libpmemobj's damaged metadata sends into a loop must be
@@ -698,6 +732,7 @@ int main(void)
     const char *sc = getenv("EMBKV_TEST_SCALE");
     if (sc) scale = atof(sc);
     build_store();
+    test_refused_pool();
     test_record_flip();
     test_scan_flip();
     test_root_fields();

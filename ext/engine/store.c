@@ -741,9 +741,14 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
         if (rc != EMBKV_OK)
             return rc;
         s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
-        if (!s->pop)
-            return embkv__err(errno == EINVAL ? EMBKV_NOTSTORE : EMBKV_IO, "%s: cannot open %s: %s",
+        /* Its signature and layout are embkv's (check_pool_header): a pool
+         * libpmemobj then refuses is damaged, not someone else's file (a
+         * path option at fault, as the SQLite binding reported it). */
+        if (!s->pop && errno == EINVAL)
+            return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s",
                               s->path, POOL_FILE, pmemobj_errormsg());
+        if (!s->pop)
+            return embkv__err(EMBKV_IO, "%s: cannot open %s: %s", s->path, POOL_FILE, pmemobj_errormsg());
     } else {
         uint32_t rs = record_size(opt->dim, opt->state_floats);
         double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
