@@ -315,9 +315,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < rows; i++)
         bl_insert(&bl, d.ids[i], i, d.vecs + i * DIM);
     float *out = xalloc64(BATCH * DIM * sizeof *out);
-    /* Two passes, the faster reported: the first may still fault pages in. */
+    /* Three passes, the fastest reported: the first may still fault pages in. */
     double t_bl = 0;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 3; pass++) {
         double t0 = now_s();
         for (size_t b = 0; b < nbatches; b++) {
             bl_gather_pf(&bl, d.bids + b * BATCH, BATCH, out, pf_settings[1]);
@@ -338,7 +338,7 @@ int main(int argc, char **argv)
         size_t hot = (size_t)(frac[k] * (double)rows);
         floor_init(&f, &d, hot);
         t_floor[k] = 0;
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
             double t0 = now_s();
             for (size_t b = 0; b < nbatches; b++)
                 floor_step(&f, d.bids + b * BATCH, BATCH, grad, out, DIM);
@@ -389,7 +389,8 @@ int main(int argc, char **argv)
     ck(embkv_close(s), "embkv_close");
 
     /* The DRAM cache: the same steps with a cache of 5%, 10% and 25% of the
-     * rows (a pass to warm it, then the measured one; the sync after each
+     * rows (a pass to warm it, then three measured ones, the fastest
+     * reported, as the plain loop's best of three is; the sync after each
      * writes the dirty rows back and is timed apart). */
     double t_cache[3], hit[3];
     for (int k = 0; k < 3; k++) {
@@ -399,13 +400,24 @@ int main(int argc, char **argv)
         configure(s, EMBKV_STALENESS_UNLIMITED);
         run_trainers(s, &d, grad, 1);
         ck(embkv_sync(s), "embkv_sync");
-        embkv_stats a, b;
-        ck(embkv_stats_get(s, &a), "embkv_stats_get");
-        t_cache[k] = run_trainers(s, &d, grad, 1);
-        ck(embkv_stats_get(s, &b), "embkv_stats_get");
-        double t0 = now_s();
-        ck(embkv_sync(s), "embkv_sync");
-        double t_sync = now_s() - t0;
+        embkv_stats a, b, best_b;
+        double t_sync = 0;
+        for (int pass = 0; pass < 3; pass++) {
+            embkv_stats pa;
+            ck(embkv_stats_get(s, &pa), "embkv_stats_get");
+            double t = run_trainers(s, &d, grad, 1);
+            ck(embkv_stats_get(s, &b), "embkv_stats_get");
+            double t0 = now_s();
+            ck(embkv_sync(s), "embkv_sync");
+            double t_s = now_s() - t0;
+            if (pass == 0 || t < t_cache[k]) {
+                t_cache[k] = t;
+                t_sync = t_s;
+                a = pa;
+                best_b = b;
+            }
+        }
+        b = best_b;
         uint64_t h = b.cache_hits - a.cache_hits, m = b.cache_misses - a.cache_misses;
         hit[k] = h + m ? (double)h / (double)(h + m) : 0;
         char label[96];
