@@ -183,6 +183,12 @@ typedef struct store_root {
      * between the epoch's store and theirs leaves no count, not a wrong one. */
     uint64_t durable_rows;
     uint64_t durable_rows_check;
+    /* Per bucket bitmap of the dirty map (slot e & 1): how many bits
+     * mark_bucket set in it and a sum of a hash of their numbers (sync.c;
+     * zero in a root from before these fields).  In the pool, not beside
+     * the bitmaps: a store.dirty zeroed, or replaced by an older copy of
+     * itself, agrees with a tally of its own, but not with this one. */
+    atomic_uint_fast64_t dirty_count[2], dirty_sum[2];
 } store_root;
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 /* A row's clock stops at 2^63 - 1, the largest a SQL integer (and an
@@ -282,7 +288,6 @@ struct embkv_store {
     size_t dirty_words;
     atomic_uint_fast64_t *bdirty[2]; /* index buckets written in each epoch (mark_bucket) */
     size_t bdirty_words;
-    struct dirty_tally *tally;  /* per bucket bitmap: its set bits' count and sum (sync.c) */
     void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[] and bdirty[], or NULL (DRAM) */
     size_t dirty_map_len;
     bool sync_failed;          /* the last sync failed: the next flushes both bitmaps */

@@ -16,8 +16,9 @@
  * what changed, not the table.  An epoch's bitmaps are cleared only once
  * it is durable, so at any moment the two of each kind cover everything
  * written since the durable epoch.  A bucket bitmap's set bits are
- * tallied beside it (count and hash sum): a bitmap that damage changed
- * does not match its tally, and its store gets the full recovery.  (On real persistent memory nothing is
+ * tallied in the pool's root (count and hash sum): a bitmap that damage
+ * changed, zeroed or replaced by an older copy does not match its tally,
+ * and its store gets the full recovery.  (On real persistent memory nothing is
  * marked, and recovery visits every bucket.)
  *
  * Epochs: every write is stamped with the current write epoch E.  A row's
@@ -247,22 +248,17 @@ static void clear_epoch(embkv_store *s, uint64_t e)
 
 /* ------------------------------------------------------- the dirty map */
 
-#define DIRTY_MAGIC "embkv-dirtymap3"  /* 16 bytes with its NUL */
+#define DIRTY_MAGIC "embkv-dirtymap4"  /* 16 bytes with its NUL */
 #define DIRTY_HDR 4096
 
-/* A bucket bitmap's tally, in the header page (one line each): how many
+/* A bucket bitmap's tally (store_root: dirty_count, dirty_sum): how many
  * bits mark_bucket set in it and the sum of a hash of their numbers.
  * Nothing else tells a bit that damage cleared, and recovery would skip
  * that bucket, keeping a change made after the checkpoint; an open checks
- * each bitmap against its tally and a mismatch gets the full recovery.
- * (A kill between a bit and its tally also mismatches: the full recovery
- * again, correct if slower.) */
-#define DIRTY_TALLY_AT 1024
-struct dirty_tally {
-    atomic_uint_fast64_t count, sum;
-    char pad[48];
-};
-
+ * each bitmap against its tally, kept in the pool so that a dirty map
+ * zeroed or replaced by an older copy of itself does not match either,
+ * and a mismatch gets the full recovery.  (A kill between a bit and its
+ * tally also mismatches: the full recovery again, correct if slower.) */
 static inline uint64_t tally_hash(size_t b)
 {
     uint64_t x = (uint64_t)b + 0x9e3779b97f4a7c15ull;
@@ -273,8 +269,8 @@ static inline uint64_t tally_hash(size_t b)
 
 static void tally_reset(embkv_store *s, unsigned e)
 {
-    atomic_store_explicit(&s->tally[e].count, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->tally[e].sum, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->root->dirty_count[e], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->root->dirty_sum[e], 0, memory_order_relaxed);
 }
 
 /* Whether bucket bitmap e holds exactly the bits its tally counted. */
@@ -288,8 +284,8 @@ static bool tally_matches(const embkv_store *s, unsigned e)
             sum += tally_hash(w * 64 + (size_t)__builtin_ctzll(bits));
         }
     }
-    return count == atomic_load_explicit(&s->tally[e].count, memory_order_relaxed) &&
-           sum == atomic_load_explicit(&s->tally[e].sum, memory_order_relaxed);
+    return count == atomic_load_explicit(&s->root->dirty_count[e], memory_order_relaxed) &&
+           sum == atomic_load_explicit(&s->root->dirty_sum[e], memory_order_relaxed);
 }
 
 typedef struct dirty_hdr {
@@ -335,8 +331,6 @@ int dirtymap_open(embkv_store *s, bool *usable)
             if (!(s->dirty[i] = calloc(s->dirty_words, sizeof(uint64_t))) ||
                 !(s->bdirty[i] = calloc(s->bdirty_words, sizeof(uint64_t))))
                 return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
-        if (!(s->tally = calloc(2, sizeof *s->tally)))
-            return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
         return EMBKV_OK;
     }
     s->dirty_map = map;
@@ -347,7 +341,6 @@ int dirtymap_open(embkv_store *s, bool *usable)
     s->dirty[1] = (atomic_uint_fast64_t *)(p + pbytes);
     s->bdirty[0] = (atomic_uint_fast64_t *)(p + 2 * pbytes);
     s->bdirty[1] = (atomic_uint_fast64_t *)(p + 2 * pbytes + bbytes);
-    s->tally = (struct dirty_tally *)((char *)map + DIRTY_TALLY_AT);
     if (*usable && (!tally_matches(s, 0) || !tally_matches(s, 1)))
         *usable = false;
     return EMBKV_OK;
@@ -363,10 +356,8 @@ void dirtymap_close(embkv_store *s)
             free((void *)s->dirty[i]);
             free((void *)s->bdirty[i]);
         }
-        free(s->tally);
     }
     s->dirty[0] = s->dirty[1] = s->bdirty[0] = s->bdirty[1] = NULL;
-    s->tally = NULL;
 }
 
 void mark_bucket(embkv_store *s, const void *bk)
@@ -379,8 +370,8 @@ void mark_bucket(embkv_store *s, const void *bk)
     uint64_t bit = 1ull << (b & 63);
     if (!(atomic_load_explicit(&bm[b >> 6], memory_order_relaxed) & bit) &&
         !(atomic_fetch_or_explicit(&bm[b >> 6], bit, memory_order_relaxed) & bit)) {
-        atomic_fetch_add_explicit(&s->tally[e].count, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->tally[e].sum, tally_hash(b), memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->root->dirty_count[e], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->root->dirty_sum[e], tally_hash(b), memory_order_relaxed);
     }
 }
 
