@@ -142,7 +142,17 @@ static void e_lostbit(store_root *r, PMEMobjpool *pop)
         }
     }
 }
+/* The root zeroed (as when libpmemobj's root offset is damaged), a byte
+ * of the magic flipped, the magic zeroed with the rest of the root as it
+ * was: damage (they were "not an embkv store", which the SQLite binding
+ * blamed on the path option: the second adversarial review). */
+static void e_magic(store_root *r, PMEMobjpool *pop) { (void)pop; r->magic[1] ^= 0x5a; }
+static void e_nomagic(store_root *r, PMEMobjpool *pop) { (void)pop; memset(r->magic, 0, sizeof r->magic); }
+static void e_blank(store_root *r, PMEMobjpool *pop) { (void)pop; memset(r, 0, sizeof *r); }
 static const root_edit edits[] = {
+    {"root zeroed", e_blank, "the pool's root object is damaged: it is empty"},
+    {"magic flipped", e_magic, "the pool's root object is damaged: its magic is damaged"},
+    {"magic zeroed", e_nomagic, "the pool's root object is damaged: its magic is damaged"},
     {"max_load 0", e_load0, "max_load out of range"},
     {"max_load 1e300", e_loadhuge, "max_load out of range"},
     {"nbuckets 3", e_nb3, "root object is inconsistent"},

@@ -892,16 +892,25 @@ static int check_root(embkv_store *s)
 static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
 {
     store_root *r = s->root;
-    static const char zero[16];
-    if (!memcmp(r->magic, zero, sizeof zero)) {
+    /* The pool's layout is embkv's (check_pool_header): a root with a
+     * wrong magic, or none beside other fields set, is damaged.  So is an
+     * all-zero one in a pool opened without EMBKV_OPEN_CREATE: a pool is
+     * renamed store.pool only once its root is filled in, and a flipped
+     * byte of libpmemobj's root offset also lands on zeros. */
+    bool blank = true;
+    for (size_t i = 0; i < offsetof(store_root, dirty_count) && blank; i++)
+        blank = ((const unsigned char *)r)[i] == 0;
+    if (blank) {
         /* Created by embkv but never finished (or a fresh pool). */
-        if (!(flags & EMBKV_OPEN_CREATE) || !opt || !opt->dim)
+        if (!(flags & EMBKV_OPEN_CREATE))
+            return corrupt_root(s, "it is empty (libpmemobj's metadata is damaged, or the pool was never filled in)");
+        if (!opt || !opt->dim)
             return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: its creation never completed", s->path);
         int rc = init_root(s, opt);
         if (rc != EMBKV_OK)
             return rc;
     } else if (memcmp(r->magic, EMBKV_MAGIC, sizeof r->magic) != 0) {
-        return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: bad magic", s->path);
+        return corrupt_root(s, "its magic is damaged");
     }
     if (r->format_version != EMBKV_FORMAT_VERSION)
         return embkv__err(EMBKV_VERSION, "store %s: format version %u, this build reads version %d", s->path,

@@ -698,10 +698,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     sqlite3_free(ssd_path);
     if (erc != EMBKV_OK) {
-        /* The option is at fault when the path names something that is not
-         * a store of this version; a damaged or busy store is not an option
-         * error. */
-        int path_fault = v->opts.path &&
+        /* The option is at fault when the CREATE's path names something
+         * that is not a store of this version; a damaged or busy store is
+         * not an option error, nor is a store that has gone or changed
+         * since its table was created (the path was fine then). */
+        int path_fault = create && v->opts.path &&
                          !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path ") ||
                                     strstr(emsg, "cache_size") || strstr(emsg, "migrate_rate"))) &&
                          (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
