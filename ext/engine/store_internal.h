@@ -674,6 +674,10 @@ uint64_t store_grow_threshold(embkv_store *s);
  * out_row[j] of out (out_row NULL: at row j). */
 int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, const size_t *out_row, uint8_t *found,
                    size_t *nmissing);
+/* store_ops.c: a read of a row whose access the caller has already counted (a pull
+ * reading back the rows it created): as embkv_get, but not counted again in
+ * the cache's hits and misses or in the access statistics. */
+int get_uncounted(embkv_store *s, int64_t id, float *vec);
 /* store_ops.c: embkv_update_batch for the engine's own update functions
  * (train.c's optimizers), which may be handed a cached row's slot itself
  * instead of a private copy, its readers held off while fn runs: fn must

@@ -776,17 +776,18 @@ int embkv_delete(embkv_store *s, int64_t id)
 
 /* ------------------------------------------------------------ reads */
 
-int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info)
+/* embkv_get; counted false, a read that the cache's hits and misses and
+ * the access statistics do not count (get_uncounted). */
+static int get_one(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info, bool counted)
 {
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
     int rc = EMBKV_OK;
     ebr_enter();
     if (s->cache) {
         rec_hdr hd;
         uint64_t h = embkv__hash(id);
         bool hit = cache_read(s->cache, id, h, &hd, vec, s->dim, state, s->state_floats);
-        cache_count(s->cache, hit, !hit);
+        if (counted)
+            cache_count(s->cache, hit, !hit);
         if (hit) {
             ebr_leave();
             if (info) {
@@ -794,7 +795,7 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
                 info->epoch = rec_epoch(&hd);
                 info->tier = EMBKV_TIER_DRAM;
             }
-            if (heat_counting(s))
+            if (counted && heat_counting(s))
                 heat_touch(s->heat, h);
             atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
             return EMBKV_OK;
@@ -817,7 +818,7 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
             memcpy(state, rec_vec(r) + s->dim, 4 * (size_t)s->state_floats);
         if (info)
             fill_info(info, r, loc);
-        if (heat_counting(s))
+        if (counted && heat_counting(s))
             heat_touch(s->heat, embkv__hash(id));
         if (buf)
             tier_note_read(s, &id, &loc, &r, 1);
@@ -826,6 +827,18 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
     ebr_leave();
     atomic_fetch_add_explicit(&s->st_gets, 1, memory_order_relaxed);
     return rc;
+}
+
+int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
+    return get_one(s, id, vec, state, info, true);
+}
+
+int get_uncounted(embkv_store *s, int64_t id, float *vec)
+{
+    return get_one(s, id, vec, NULL, NULL, false);
 }
 
 int embkv_exists(embkv_store *s, int64_t id)

@@ -599,7 +599,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
             for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
                 if (found[i])
                     continue;
-                rc = embkv_get(s, ids[i], out + i * s->dim, NULL, NULL);
+                rc = get_uncounted(s, ids[i], out + i * s->dim);
                 if (rc == EMBKV_NOTFOUND)
                     rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
             }
