@@ -375,11 +375,18 @@ def connect():
     return c
 a, b = connect(), connect()
 b.execute("SELECT count(*) FROM t").fetchone()
+# One line at a time: print writes the text and its newline apart, and two
+# threads' lines came out as "importedcount 200000".
+out = threading.Lock()
+def say(word, num):
+    with out:
+        sys.stdout.write("%s %d\n" % (word, num))
+        sys.stdout.flush()
 def watch():
     while True:
-        print("count", b.execute("SELECT count(*) FROM t").fetchone()[0], flush=True)
+        say("count", b.execute("SELECT count(*) FROM t").fetchone()[0])
 threading.Thread(target=watch, daemon=True).start()
-print("imported", a.execute("SELECT embkv_import('t', ?)", (path,)).fetchone()[0], flush=True)
+say("imported", a.execute("SELECT embkv_import('t', ?)", (path,)).fetchone()[0])
 """
 
 
