@@ -53,6 +53,32 @@ static inline void write_mark(const char *mark, const char *text)
         _exit(20);
 }
 
+/* A whole file, malloc'ed, *len its size; NULL if it cannot be read. */
+static inline void *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *p = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (p = malloc((size_t)n + 1)) != NULL &&
+        fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    *len = n > 0 ? (size_t)n : 0;
+    return p;
+}
+
+/* path holds exactly len bytes of p; false if that failed. */
+static inline int test_write_file(const char *path, const void *p, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    int ok = fwrite(p, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
 static inline void test_cleanup(void) {
     if (check_tmp_root[0]) {
         char cmd[700];

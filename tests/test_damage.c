@@ -48,30 +48,14 @@ static void build_store(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
-static void *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc(*len);
-    if (p && fread(p, 1, *len, f) != *len) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    return p;
-}
+static void *read_file(const char *path, size_t *len) { return test_read_file(path, len); }
 
 static void write_file(const char *path, const void *p, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, 1, len, f) != len) {
+    if (!test_write_file(path, p, len)) {
         perror(path);
         exit(2);
     }
-    fclose(f);
 }
 
 /* Under the sanitizers a hung child says where it hung. */

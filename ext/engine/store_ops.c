@@ -516,14 +516,16 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
 
 /* Read paths: a row a batch read from the pool is admitted when the access
  * statistics rank it above the victim (cache.c).  Only with its key lock
- * free and the index still naming the record that was read. */
+ * free and the index still naming the record that was read (loc), or with
+ * loc LOC_NONE any pool record it names. */
 static void cache_offer_read(embkv_store *s, int64_t id, uint64_t h, uint64_t loc)
 {
     if (!cache_worth_admitting(s, s->cache, h) || !keylock_try(s, h))
         return;
     uint32_t probes;
-    if (ix_lookup(atomic_load(&s->ix), id, h, &probes) == loc) {
-        rec_hdr *r = rec_at(s, loc);
+    uint64_t now = ix_lookup(atomic_load(&s->ix), id, h, &probes);
+    if (loc == LOC_NONE ? now != LOC_NONE && !(now & (LOC_TOMB | LOC_SSD)) : now == loc) {
+        rec_hdr *r = rec_at(s, now);
         /* Whole: the batch checked only the id, and the cache's copy is
          * served to the reads that verify records. */
         if (rec_ok(s, r, id))
@@ -538,13 +540,10 @@ void embkv_cache_offer(embkv_store *s, const int64_t *ids, size_t n)
         return;
     ebr_enter();
     for (size_t i = 0; i < n; i++) {
+        /* (A cached row is not weighed: that would count a refusal.) */
         uint64_t h = embkv__hash(ids[i]);
-        if (cache_contains(s->cache, ids[i], h))
-            continue;
-        uint32_t probes;
-        uint64_t loc = ix_lookup(atomic_load(&s->ix), ids[i], h, &probes);
-        if (loc != LOC_NONE && !(loc & (LOC_TOMB | LOC_SSD)))
-            cache_offer_read(s, ids[i], h, loc);
+        if (!cache_contains(s->cache, ids[i], h))
+            cache_offer_read(s, ids[i], h, LOC_NONE);
     }
     ebr_leave();
 }
