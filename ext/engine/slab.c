@@ -24,8 +24,6 @@ static const char *snapshots_note(const embkv_store *s)
                : "";
 }
 
-#define TYPE_CHUNK 2
-
 int locvec_push(locvec *v, uint64_t x)
 {
     if (v->n == v->cap) {

@@ -30,9 +30,6 @@
 #include "store_internal.h"
 #include "log.h"
 
-#define TYPE_INDEX 1
-#define TYPE_CHUNK_TABLE 3
-#define TYPE_CHUNK 2   /* slab.c's record chunks */
 #define DEFAULT_EXPECTED_ROWS 100000
 #define DEFAULT_POOL_CAP (1ull << 30)
 #define DEFAULT_MAX_LOAD 0.9
@@ -47,12 +44,6 @@ uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
 uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
 const char *embkv_path(const embkv_store *s) { return s->path; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
-
-static uint32_t record_size(uint32_t dim, uint32_t state_floats)
-{
-    size_t bytes = sizeof(rec_hdr) + 4 * ((size_t)dim + state_floats);
-    return (uint32_t)((bytes + 63) & ~(size_t)63);  /* see chunk_records() */
-}
 
 /* Record chunks: about a thousandth of the pool, a power of two from
  * 256 KiB to 64 MiB less 64 bytes (so that with libpmemobj's allocation

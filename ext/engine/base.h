@@ -1,0 +1,90 @@
+/*
+ * base.h - layer 0 of the engine: what every file may use.
+ *
+ * Errors (errmsg.c), the reader epochs of the process (epoch.c), the id
+ * hash, the clock, growable vectors and the distinct ids of a batch
+ * (util.c).  Nothing here knows a store's layout.
+ *
+ * The engine is layered and calls go down: a file may call the files of
+ * lower layers and those listed before it in its own layer, never one
+ * above (`make check-layers` checks the objects against this list; it is
+ * the one place the order is written).  Each layer has its header, and a
+ * file includes its own layer's header, which includes those below.
+ *
+ * LAYERS (bottom to top; a file may use files of lower lines and those before it on its own line):
+ *   errmsg.c epoch.c util.c
+ *   persist.c log.c
+ *   pethash.c slab.c snapshot.c
+ *   heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
+ *   permits.c write.c read.c scan.c hotset.c migrate.c train.c
+ *   stats.c recover.c sync.c store.c backup.c debug.c
+ *
+ * Headers, in the same order: base.h, format.h, handle.h (layer 0);
+ * persist.h, log.h (1); index.h (2); heat.h, tiers.h (3); batch.h, ops.h
+ * (4); top.h (5).
+ */
+#ifndef EMBKV_BASE_H
+#define EMBKV_BASE_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "embkv.h"
+
+/* Seqlock fences.  ThreadSanitizer does not model fences; every field a
+ * seqlock guards is accessed atomically, so its build can drop them. */
+#ifdef EMBKV_TSAN
+#define seq_fence(order) ((void)0)
+#else
+#define seq_fence(order) __atomic_thread_fence(order)
+#endif
+
+/* ------------------------------------------------------------ errmsg.c */
+/* Records the message of the calling thread's last error (embkv_errmsg)
+ * and returns rc. */
+int embkv__err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* ------------------------------------------------------------- epoch.c */
+/* Epoch-based reclamation shared by all stores of the process. */
+void ebr_enter(void);
+void ebr_leave(void);
+uint64_t ebr_now(void);
+/* Advances the global epoch and returns the oldest epoch a reader may still
+ * be in: objects retired at an epoch strictly below it are unreachable. */
+uint64_t ebr_safe_epoch(void);
+/* Waits until every reader active now has left. */
+void ebr_synchronize(void);
+
+/* ------------------------------------------------------------- hash */
+static inline uint64_t embkv__hash(int64_t id)
+{
+    uint64_t x = (uint64_t)id;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+static inline uint8_t hash_fp(uint64_t h) { return (uint8_t)(h >> 56); }
+static inline uint64_t hash_step(uint64_t h) { return ((h >> 48) & 3) * 2 + 1; }
+
+/* ------------------------------------------------------------ vectors */
+typedef struct locvec {
+    uint64_t *v;
+    size_t n, cap;
+} locvec;
+
+/* EMBKV_OK, or EMBKV_NOMEM (v unchanged). */
+int locvec_push(locvec *v, uint64_t x);
+/* The distinct ids of a batch in first-seen order, uniq[0..*nu),
+ * and for each position i, slot_of[i] = its index in uniq (slot_of may be
+ * NULL).  EMBKV_NOMEM when the scratch table cannot be had. */
+int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu);
+
+#endif

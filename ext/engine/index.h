@@ -1,0 +1,253 @@
+/*
+ * index.h - layer 2: where a row's current version is, and the records.
+ *
+ * pethash.c: the PetHash index (probing, moves home, key locks, resize,
+ * the pins that hold resizes and moves off); slab.c: the record space in
+ * the pool's chunks and its reclamation; snapshot.c: write groups, the
+ * snapshots and the version log that lets a snapshot see replaced rows.
+ * The index's read path is inline here, for the batch loops.
+ */
+#ifndef EMBKV_INDEX_H
+#define EMBKV_INDEX_H
+
+#include "persist.h"
+#include "log.h"
+
+/* ------------------------------------------------------------- pethash.c */
+/* A DRAM descriptor of one index array; replaced whole on a resize. */
+typedef struct index_desc {
+    bucket *buckets;           /* 256-byte aligned inside the pool object */
+    uint64_t nbuckets;         /* power of two */
+    uint64_t mask;
+    uint64_t generation;       /* bumped on every resize (scan cursors) */
+    /* Odd while a key is being moved backwards (towards its home bucket):
+     * a lookup that misses during or across a move retries. */
+    atomic_uint_fast64_t move_seq;
+    /* Pages changed are reported to the owner for the next sync; NULL while a
+     * resize builds a private array. */
+    struct embkv_store *owner;
+} index_desc;
+
+typedef struct found_slot {
+    uint64_t bucket;
+    unsigned slot;
+    uint64_t loc;              /* as stored (may carry LOC_TOMB) */
+} found_slot;
+
+/* Seqlock of one bucket, for writers (the key's stripe lock held too). */
+void ix_lock_bucket(bucket *b);
+void ix_unlock_bucket(bucket *b);
+/* Insert a key known absent; the key's stripe lock held. Returns false only
+ * when no bucket on the whole probe cycle has room. */
+bool ix_insert(index_desc *ix, int64_t id, uint64_t h, uint64_t loc, found_slot *out);
+/* Whether slot i of bucket b is the first slot on id's path that holds id
+ * (recovery: a key moved along its path by a process killed half-way is
+ * there twice; readers find the first).  Unsynchronized: for recovery. */
+bool ix_first_on_path(const index_desc *ix, int64_t id, uint64_t h, uint64_t b, unsigned i);
+/* Remove the key at f (found by ix_find) and fix the counters on its path. */
+void ix_remove(index_desc *ix, uint64_t h, const found_slot *f);
+/* Position (0-based) of bucket b on the probe path of hash h. */
+uint64_t ix_path_pos(index_desc *ix, uint64_t h, uint64_t b);
+/* Recompute every overflow counter from the placement of the keys. */
+void ix_rebuild_overflow(index_desc *ix);
+/* Move a displaced key into its home bucket (hotset). 1 moved, 0 not. */
+int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h);
+
+static inline unsigned ix_fp_match(const bucket *b, uint8_t fp)
+{
+    uint64_t w0 = __atomic_load_n((const uint64_t *)&b->fp[0], __ATOMIC_RELAXED);
+    uint64_t w1 = __atomic_load_n((const uint64_t *)&b->fp[8], __ATOMIC_RELAXED);
+    const uint64_t ones = 0x0101010101010101ull, low7 = 0x7f7f7f7f7f7f7f7full;
+    uint64_t pat = ones * fp;
+    uint64_t x0 = w0 ^ pat, x1 = w1 ^ pat;
+    /* Exact per-byte zero test: high bit set in each byte that was zero. */
+    uint64_t z0 = ~(((x0 & low7) + low7) | x0 | low7);
+    uint64_t z1 = ~(((x1 & low7) + low7) | x1 | low7);
+    /* Gather the eight flag bits of each word into a byte. */
+    const uint64_t gather = 0x0102040810204080ull;
+    unsigned m = (unsigned)((((z0 >> 7) & ones) * gather) >> 56) |
+                 (unsigned)((((z1 >> 7) & ones) * gather) >> 56) << 8;
+    return m & __atomic_load_n(&b->used, __ATOMIC_RELAXED);
+}
+
+/* The read path, inlined into the batch loops.  ix_lookup: lock-free
+ * lookup returning the stored location or LOC_NONE; ix_find: the same with
+ * the slot, for writers holding the key's stripe lock. */
+static inline void ix_relax(unsigned *spins)
+{
+    if (++*spins > 64) {
+        sched_yield();
+        *spins = 0;
+    } else {
+        __builtin_ia32_pause();
+    }
+}
+
+/* One consistent read of a bucket: the slot holding id (or -1) and the
+ * overflow counter. */
+static inline int ix_read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint64_t *loc,
+                              uint16_t *ovf)
+{
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+        if (v1 & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        int found = -1;
+        unsigned m = ix_fp_match(bk, fp);
+        while (m) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            if (__atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED) == id) {
+                *loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+                found = (int)i;
+                break;
+            }
+            m &= m - 1;
+        }
+        *ovf = __atomic_load_n(&bk->overflow, __ATOMIC_RELAXED);
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+            return found;
+    }
+}
+
+/* Walk the probe path of id; fills out and returns true when found. */
+static inline bool ix_probe(index_desc *ix, int64_t id, uint64_t h, found_slot *out, uint32_t *probes)
+{
+    uint64_t step = hash_step(h);
+    uint8_t fp = hash_fp(h);
+    unsigned spins = 0;
+    for (;;) {
+        uint64_t seq = atomic_load(&ix->move_seq);
+        uint64_t b = h & ix->mask;
+        uint32_t n = 0;
+        for (uint64_t i = 0; i <= ix->mask; i++) {
+            uint64_t loc = LOC_NONE;
+            uint16_t ovf;
+            n++;
+            int s = ix_read_bucket(&ix->buckets[b], id, fp, &loc, &ovf);
+            if (s >= 0) {
+                out->bucket = b;
+                out->slot = (unsigned)s;
+                out->loc = loc;
+                if (probes)
+                    *probes = n;
+                return true;
+            }
+            if (ovf == 0)
+                break;
+            b = (b + step) & ix->mask;
+        }
+        /* A miss is only trusted when no key moved backwards meanwhile. */
+        uint64_t seq2 = atomic_load(&ix->move_seq);
+        if (seq == seq2 && !(seq & 1)) {
+            if (probes)
+                *probes = n;
+            return false;
+        }
+        ix_relax(&spins);
+    }
+}
+
+static inline uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes)
+{
+    found_slot f;
+    return ix_probe(ix, id, h, &f, probes) ? f.loc : LOC_NONE;
+}
+
+static inline bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *out)
+{
+    return ix_probe(ix, id, h, out, NULL);
+}
+/* Points the slot f found at loc; under the row's key lock, with
+ * s->writers held shared. */
+static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
+{
+    slot *sl = &ix->buckets[f->bucket].slots[f->slot];
+    /* Marked before the change (P4): recovery visits only marked buckets. */
+    mark_bucket(s, &ix->buckets[f->bucket]);
+    __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
+    debug_index_point();
+    persist_range(s, &sl->loc, sizeof sl->loc);
+}
+
+/* Key locks: one spin lock per stripe of ids' hashes; a writer of a row
+ * holds its stripe (ordering the writes of one id). */
+void keylock_acquire(embkv_store *s, uint64_t h);
+void keylock_release(embkv_store *s, uint64_t h);
+bool keylock_try(embkv_store *s, uint64_t h);
+static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) & (KEYLOCK_STRIPES - 1); }
+
+/* The resize: grows the index to hold need_entries at the load limit
+ * (takes s->writers exclusively; waits for scan pins). */
+int store_grow_index(embkv_store *s, uint64_t need_entries);
+/* Entries the current index holds before it must grow. */
+uint64_t store_grow_threshold(embkv_store *s);
+/* Pins held by the calling thread (on any store). */
+extern _Thread_local unsigned scan_pins_here;
+/* Points id's entry at q if it still names p (with s->writers shared). */
+bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
+/* While a move pin is held no row moves between buckets (a
+ * cursor that restarts after a resize instead of holding it off). */
+void move_pin(embkv_store *s);
+void move_unpin(embkv_store *s);
+
+/* ------------------------------------------------------------- slab.c */
+int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
+/* For tombstones: may take the delete reserve that slab_alloc leaves free. */
+int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
+void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
+/* embkv_room_for of the pool alone (store_ops.c adds demotion). */
+int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
+size_t slab_free_count(embkv_store *s);
+/* Free records, records in the chunks so far, and whether the pool refused
+ * a chunk (then the total is all the pool will hold). */
+void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhausted);
+int slab_rebuild(embkv_store *s);
+/* Where each record chunk's records begin (what rec_at needs): the part of
+ * slab_rebuild that recovery, which reads records, needs before it. */
+void slab_map_chunks(embkv_store *s);
+static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
+{
+    char *base = atomic_load_explicit(&s->chunk_base[loc_chunk(loc)], memory_order_acquire);
+    return (rec_hdr *)(base + (size_t)loc_index(loc) * s->rec_size);
+}
+static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
+/* Where a record enters from the medium (every read that copies one out):
+ * it must be id's and match its checksum, else the read fails naming the
+ * id (rec_damaged, in sync.c) instead of returning damaged data. */
+static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
+{
+    return r->id == id && r->check == rec_checksum(s, r);
+}
+/* Retire a location: freed once no reader can see it (P6). */
+void retire_now(embkv_store *s, const uint64_t *locs, size_t n);
+void reclaim(embkv_store *s, bool wait_for_readers);
+
+/* ------------------------------------------------------------- snapshot.c */
+int snap_init(embkv_store *s);
+void snap_free(embkv_store *s);
+/* Whether this thread is inside a write group on s. */
+bool group_held(embkv_store *s);
+/* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
+void groups_quiesce(embkv_store *s);
+void groups_resume(embkv_store *s);
+/* A snapshot in two steps, for a caller that must fix it at a moment of
+ * its own choosing (backup.c: at a sync's epoch switch): snap_register
+ * lists it (the groups begun from then on log their changes), snap_fix,
+ * called with the groups quiesced, fixes what it sees. */
+int snap_register(embkv_store *s, embkv_snapshot **out);
+void snap_fix(embkv_snapshot *snap);
+/* Before changing id's index entry from prev, inside a group. */
+int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
+/* locs[i] of ids[i] as of the snapshot, after the index lookups;
+ * logged (may be NULL): 1 where the version log decided locs[i]. */
+void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs,
+                  uint8_t *logged);
+/* Whether the calling thread's group on s logs (a snapshot was open when
+ * it began). */
+bool group_logging(embkv_store *s);
+
+#endif

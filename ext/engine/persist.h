@@ -1,0 +1,63 @@
+/*
+ * persist.h - layer 1: how bytes reach the media.
+ *
+ * Flushes and barriers (persist_range marks pages for the next sync on a
+ * mapped file, flushes cache lines on persistent memory), the record
+ * checksum, the dirty map that lets recovery visit only what changed
+ * since the durable epoch, and the crash points the tests arm.  The SSD
+ * log's segment files are the other medium of this layer (log.h).
+ */
+#ifndef EMBKV_PERSIST_H
+#define EMBKV_PERSIST_H
+
+#include "handle.h"
+
+/* [addr, addr+len) of the pool is to be durable at the next sync: flushed
+ * now on persistent memory, its pages marked in the current epoch's bitmap
+ * otherwise.  Any thread; no lock. */
+void persist_range(embkv_store *s, const void *addr, size_t len);
+/* Orders the flushes before it ahead of the stores after it (drains on
+ * persistent memory; nothing on a mapped file, whose order is the sync's). */
+void persist_barrier(embkv_store *s);
+/* The checksum of a record's header fields and floats (rec_hdr.check). */
+uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r);
+/* EMBKV_CORRUPT with the message naming id's damaged record. */
+int rec_damaged(const embkv_store *s, int64_t id);
+
+/* The dirty map.  dirty[] lives in DIRTY_FILE (a shared mapping,
+ * so it survives a killed process); dirtymap_open sets *usable when the
+ * file's bitmaps describe this pool since its durable epoch (recovery may
+ * then visit only the buckets on marked pages), and falls back to DRAM
+ * bitmaps (usable false) when the file cannot be used. */
+int dirtymap_open(embkv_store *s, bool *usable);
+void dirtymap_close(embkv_store *s);
+/* Index bucket bk (in the pool) changed in the current epoch: beside
+ * persist_range, wherever a slot, its used bit or an overflow counter
+ * changes (P4). */
+void mark_bucket(embkv_store *s, const void *bk);
+/* Whether bucket bk was changed since the durable epoch. */
+bool dirtymap_marked(const embkv_store *s, const void *bk);
+/* After recovery: the pool is as of its durable epoch, nothing marked. */
+void dirtymap_reset(embkv_store *s);
+
+/* The crash point of embkv_debug_kill_after_index_writes (debug.c): called
+ * right after an index slot changes, it costs one load while unarmed. */
+extern _Atomic uint64_t embkv__kill_countdown;
+void debug_index_written(void);
+static inline void debug_index_point(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&embkv__kill_countdown, memory_order_relaxed) != 0, 0))
+        debug_index_written();
+}
+
+/* embkv_debug_fail_syncs (debug.c): whether this sync is to fail (one
+ * relaxed load while unarmed). */
+extern _Atomic uint64_t embkv__fail_syncs;
+bool debug_sync_fails(void);
+static inline bool debug_sync_point(void)
+{
+    return __builtin_expect(atomic_load_explicit(&embkv__fail_syncs, memory_order_relaxed) != 0, 0) &&
+           debug_sync_fails();
+}
+
+#endif
