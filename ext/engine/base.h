@@ -74,7 +74,10 @@ static inline uint64_t embkv__hash(int64_t id)
 static inline uint8_t hash_fp(uint64_t h) { return (uint8_t)(h >> 56); }
 static inline uint64_t hash_step(uint64_t h) { return ((h >> 48) & 3) * 2 + 1; }
 
-/* ------------------------------------------------------------ vectors */
+/* ------------------------------------------------------------ util.c */
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t now_ns(void);
+
 typedef struct locvec {
     uint64_t *v;
     size_t n, cap;

@@ -9,7 +9,7 @@
 #include <sched.h>
 #include <stdlib.h>
 
-#include "store_internal.h"
+#include "base.h"
 
 #define EBR_SLOTS 1024
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "base.h"
 
 static _Thread_local char errbuf[512] = "no error";
 

@@ -83,13 +83,6 @@ struct lookahead {
     uint64_t queued, hits, late, wasted, reads, read_rows, wait_ns;
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* ------------------------------------------------------------ the table */
 
 static inline uint32_t la_home(const struct lookahead *la, int64_t id)

@@ -89,7 +89,7 @@ static double bom_cap(uint64_t rate)
 
 static void bom_refill(bucket_of_moves *b, uint64_t rate)
 {
-    uint64_t now = tier_now_ns();
+    uint64_t now = now_ns();
     b->tokens += (double)rate * (double)(now - b->last_ns) * 1e-9;
     if (b->tokens > bom_cap(rate))
         b->tokens = bom_cap(rate);
@@ -100,16 +100,16 @@ static void bom_refill(bucket_of_moves *b, uint64_t rate)
  * time; *whole says whether every ranked row was offered a move. */
 static uint64_t mg_round(embkv_store *s, int64_t *ids, size_t cap, bucket_of_moves *b, bool *whole)
 {
-    uint64_t t0 = tier_now_ns();
+    uint64_t t0 = now_ns();
     size_t want = hot_target(s), n = 0;
     *whole = false;
     if (want > cap)
         want = cap;
     if (embkv_hottest(s, want, ids, NULL, &n) != EMBKV_OK) {
         atomic_fetch_add(&s->st_mg_errors, 1);
-        return tier_now_ns() - t0;
+        return now_ns() - t0;
     }
-    uint64_t t1 = tier_now_ns();
+    uint64_t t1 = now_ns();
     size_t at = 0;
     while (at < n) {
         uint64_t rate = atomic_load_explicit(&s->mg_rate, memory_order_relaxed);
@@ -148,7 +148,7 @@ static void *mg_main(void *arg)
     size_t cap = 0;
     uint64_t wait_ns = MG_PERIOD_MS * 1000000ull, seen = UINT64_MAX;
     bool whole = false;
-    bucket_of_moves b = {0, tier_now_ns()};
+    bucket_of_moves b = {0, now_ns()};
     while (mg_sleep(s, wait_ns)) {
         /* Nothing counted since a round that offered every ranked row a
          * move: the ranking would be the same, and every row is in place
@@ -172,8 +172,8 @@ static void *mg_main(void *arg)
             atomic_fetch_add(&s->st_mg_errors, 1);
             continue;
         }
-        uint64_t start = tier_now_ns(), rank_ns = mg_round(s, ids, cap, &b, &whole);
-        uint64_t spent = tier_now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
+        uint64_t start = now_ns(), rank_ns = mg_round(s, ids, cap, &b, &whole);
+        uint64_t spent = now_ns() - start, next = MG_PERIOD_MS * 1000000ull;
         if (10 * rank_ns > next)
             next = 10 * rank_ns;
         wait_ns = next > spent ? next - spent : 0;

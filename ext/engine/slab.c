@@ -24,20 +24,6 @@ static const char *snapshots_note(const embkv_store *s)
                : "";
 }
 
-int locvec_push(locvec *v, uint64_t x)
-{
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 1024;
-        uint64_t *p = realloc(v->v, cap * sizeof *p);
-        if (!p)
-            return EMBKV_NOMEM;
-        v->v = p;
-        v->cap = cap;
-    }
-    v->v[v->n++] = x;
-    return EMBKV_OK;
-}
-
 static int locvec_reserve(locvec *v, size_t extra)
 {
     if (v->n + extra <= v->cap)

@@ -175,13 +175,6 @@ void reclaim(embkv_store *s, bool wait_for_readers)
     free(freed);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* msync a run of pages; records the first failure. */
 static void flush_run(embkv_store *s, size_t first, size_t npages, int *rc)
 {
@@ -423,7 +416,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: embkv_sync inside a write group of the same thread", s->path);
     pthread_mutex_lock(&s->sync_mu);
-    double t0 = now_ms();
+    uint64_t t0 = now_ns();
 
     /* Close epoch E between write groups (a crash returns to each group
      * entirely or not at all): groups in flight finish in E, later ones
@@ -499,7 +492,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     }
     free(pend.v);
     free(tombs);
-    double took = now_ms() - t0;
+    double took = (double)(now_ns() - t0) / 1e6;
     __atomic_store(&s->last_sync_ms, &took, __ATOMIC_RELAXED);
     atomic_fetch_add(&s->st_syncs, 1);
     pthread_mutex_unlock(&s->sync_mu);

@@ -325,13 +325,6 @@ static int log_rec_damaged(embkv_store *s, int64_t id, uint64_t loc)
 
 static inline bool in_log(uint64_t loc) { return (loc & LOC_SSD) && !(loc & LOC_TOMB); }
 
-uint64_t tier_now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n, char **buf, rec_hdr **recs,
               bool for_write)
 {
@@ -379,7 +372,7 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
         free(kid);
     }
     if (rc == EMBKV_OK && staged < k) {
-        uint64_t t0 = tier_now_ns();
+        uint64_t t0 = now_ns();
         size_t bad = 0;
         if (staged == 0) {
             if ((rc = log_read(s->log, q, k, b, &bad)) != EMBKV_OK)
@@ -405,7 +398,7 @@ int tier_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n
             free(mq);
             free(tmp);
         }
-        atomic_fetch_add_explicit(&s->st_ssd_wait_ns, tier_now_ns() - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->st_ssd_wait_ns, now_ns() - t0, memory_order_relaxed);
     }
     free(got);
     for (size_t j = 0; j < k && rc == EMBKV_OK; j++) {

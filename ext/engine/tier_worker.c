@@ -89,7 +89,7 @@ static bool tw_round(embkv_store *s, uint64_t *tokens)
 static void *tw_main(void *arg)
 {
     embkv_store *s = arg;
-    uint64_t tokens = COMPACT_PART, last = tier_now_ns();
+    uint64_t tokens = COMPACT_PART, last = now_ns();
     pthread_mutex_lock(&s->tw_mu);
     while (!s->tw_stop) {
         if (!s->tw_kick) {
@@ -101,7 +101,7 @@ static void *tw_main(void *arg)
         bool kicked = s->tw_kick;
         s->tw_kick = false;
         pthread_mutex_unlock(&s->tw_mu);
-        uint64_t now = tier_now_ns();
+        uint64_t now = now_ns();
         bool urgent = compact_urgent(s);
         tokens += (uint64_t)((double)(now - last) * 1e-9 * (double)(urgent ? COMPACT_URGENT_RATE : COMPACT_RATE));
         if (tokens > (urgent ? 16 : 4) * COMPACT_PART && !kicked)
@@ -149,7 +149,7 @@ int embkv_tier_idle(embkv_store *s, int timeout_ms)
         return embkv__err(EMBKV_INVALID, "embkv_tier_idle: store is NULL");
     if (!s->tw_started)
         return EMBKV_OK;
-    uint64_t deadline = tier_now_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000ull;
+    uint64_t deadline = now_ns() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * 1000000ull;
     pthread_mutex_lock(&s->tw_mu);
     int rc = EMBKV_OK;
     /* Idle: a whole round that found nothing to do, begun after this call. */
@@ -160,12 +160,12 @@ int embkv_tier_idle(embkv_store *s, int timeout_ms)
         while (s->tw_rounds < rounds0 + 2 && !s->tw_stop) {
             struct timespec until = after_ms(10);
             pthread_cond_timedwait(&s->tw_done, &s->tw_mu, &until);
-            if (tier_now_ns() > deadline)
+            if (now_ns() > deadline)
                 break;
         }
         if (s->tw_rounds >= rounds0 + 2 && s->tw_last_idle)
             break;
-        if (tier_now_ns() > deadline) {
+        if (now_ns() > deadline) {
             rc = embkv__err(EMBKV_BUSY, "store %s: the SSD tier's thread was still busy after %d ms", s->path,
                             timeout_ms);
             break;

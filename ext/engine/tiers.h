@@ -126,7 +126,6 @@ void tier_sync_done(embkv_store *s);
  * of the durable epoch, read to learn their epochs and prev links. */
 bool tier_after_tail(embkv_store *s, uint64_t loc);
 void tier_count_row(embkv_store *s, uint64_t loc);
-uint64_t tier_now_ns(void);
 /* Promotion: reads of log rows offer them (the admission policy picks);
  * the thread moves up to `room` of the queued ones into the pool. */
 void tier_note_read(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n);

@@ -402,32 +402,6 @@ static int create_rows(embkv_store *s, struct train_state *t, const embkv_train_
 
 /* ------------------------------------------------------------ batches */
 
-int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu)
-{
-    size_t cap = 16;
-    while (cap < 2 * n)
-        cap <<= 1;
-    size_t *table = malloc(cap * sizeof *table);
-    if (!table)
-        return EMBKV_NOMEM;
-    memset(table, 0xff, cap * sizeof *table);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t h = (size_t)embkv__hash(ids[i]) & (cap - 1);
-        while (table[h] != SIZE_MAX && uniq[table[h]] != ids[i])
-            h = (h + 1) & (cap - 1);
-        if (table[h] == SIZE_MAX) {
-            table[h] = k;
-            uniq[k++] = ids[i];
-        }
-        if (slot_of)
-            slot_of[i] = table[h];
-    }
-    free(table);
-    *nu = k;
-    return EMBKV_OK;
-}
-
 #define MEMO_KEEP 65536
 
 static void memo_drop(embkv_session *ss)
