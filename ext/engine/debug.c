@@ -1,37 +1,12 @@
 /*
- * debug.c - introspection of the PetHash layout for tests and benchmarks,
- * and a crash point and failing syncs for the crash tests.
+ * debug.c - introspection of the PetHash layout, the sketch and the tier
+ * thread for tests and benchmarks (the crash points are persist.c's).
  */
 #include <signal.h>
 
 #include "embkv_debug.h"
 #include "store_internal.h"
 #include "heat.h"
-
-_Atomic uint64_t embkv__kill_countdown;
-
-void embkv_debug_kill_after_index_writes(uint64_t n) { atomic_store(&embkv__kill_countdown, n); }
-
-/* Counts one down from a countdown not yet at zero: its value before. */
-static uint64_t countdown_take(_Atomic uint64_t *c)
-{
-    uint64_t n = atomic_load(c);
-    while (n && !atomic_compare_exchange_weak(c, &n, n - 1))
-        ;
-    return n;
-}
-
-void debug_index_written(void)
-{
-    if (countdown_take(&embkv__kill_countdown) == 1)
-        raise(SIGKILL);
-}
-
-_Atomic uint64_t embkv__fail_syncs;
-
-void embkv_debug_fail_syncs(uint64_t n) { atomic_store(&embkv__fail_syncs, n); }
-
-bool debug_sync_fails(void) { return countdown_take(&embkv__fail_syncs) != 0; }
 
 uint64_t embkv_debug_nbuckets(embkv_store *s) { return atomic_load(&s->ix)->nbuckets; }
 unsigned embkv_debug_slots_per_bucket(void) { return BUCKET_SLOTS; }

@@ -35,6 +35,12 @@ void dirtymap_close(embkv_store *s);
  * persist_range, wherever a slot, its used bit or an overflow counter
  * changes (P4). */
 void mark_bucket(embkv_store *s, const void *bk);
+/* msyncs every page marked in bitmap bm (s->dirty[e & 1] of the epoch e
+ * being synced), coalescing runs of pages; the bits stay until
+ * dirtymap_clear_epoch.  EMBKV_IO naming the pool on a failure. */
+int dirtymap_flush(embkv_store *s, atomic_uint_fast64_t *bm);
+/* Epoch e is durable: its page and bucket bitmaps and its tally cleared. */
+void dirtymap_clear_epoch(embkv_store *s, uint64_t e);
 /* Whether bucket bk was changed since the durable epoch. */
 bool dirtymap_marked(const embkv_store *s, const void *bk);
 /* After recovery: the pool is as of its durable epoch, nothing marked. */
