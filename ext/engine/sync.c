@@ -1,5 +1,5 @@
 /*
- * sync.c - reclamation and the durable point.
+ * sync.c - the durable point.
  *
  * How bytes reach the media (flushes, the dirty map) is persist.c's;
  * here, the sync that makes an epoch durable with them.
@@ -27,76 +27,6 @@
 #include "store_internal.h"
 #include "log.h"
 
-#define LIMBO_BATCH 4096
-
-void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
-{
-    if (n == 0)
-        return;
-    /* On persistent memory the index entries that stopped naming these
-     * records were flushed, not yet drained: drained before the records
-     * can be reused, or a power cut could bring back an entry naming a
-     * record another row has since filled (test_powercut). */
-    persist_barrier(s);
-    bool over = false;
-    pthread_mutex_lock(&s->retire_mu);
-    if (s->nlimbo + n > s->limbo_cap) {
-        size_t cap = s->limbo_cap ? s->limbo_cap : 1024;
-        while (cap < s->nlimbo + n)
-            cap *= 2;
-        limbo_entry *p = realloc(s->limbo, cap * sizeof *p);
-        if (!p) {
-            /* Cannot queue: wait out the readers and free right away, unless
-             * a snapshot may still read them (then they leak until the next
-             * open). */
-            pthread_mutex_unlock(&s->retire_mu);
-            if (atomic_load(&s->snap_floor) != UINT64_MAX)
-                return;
-            ebr_synchronize();
-            slab_free(s, locs, n);
-            return;
-        }
-        s->limbo = p;
-        s->limbo_cap = cap;
-    }
-    uint64_t e = ebr_now();
-    for (size_t i = 0; i < n; i++)
-        s->limbo[s->nlimbo++] = (limbo_entry){loc_plain(locs[i]), e};
-    over = s->nlimbo >= LIMBO_BATCH;
-    pthread_mutex_unlock(&s->retire_mu);
-    if (over)
-        reclaim(s, false);
-}
-
-void reclaim(embkv_store *s, bool wait_for_readers)
-{
-    if (wait_for_readers)
-        ebr_synchronize();
-    pthread_mutex_lock(&s->retire_mu);
-    uint64_t safe = ebr_safe_epoch();
-    /* Nothing retired since the oldest open snapshot began: it may read it. */
-    uint64_t floor = atomic_load(&s->snap_floor);
-    if (floor < safe)
-        safe = floor;
-    size_t k = 0;
-    while (k < s->nlimbo && s->limbo[k].ebr_epoch < safe)
-        k++;
-    uint64_t *freed = k ? malloc(k * sizeof *freed) : NULL;
-    if (k && !freed) {
-        pthread_mutex_unlock(&s->retire_mu);
-        return;  /* try again at the next reclaim */
-    }
-    if (k) {
-        for (size_t i = 0; i < k; i++)
-            freed[i] = s->limbo[i].loc;
-        memmove(s->limbo, s->limbo + k, (s->nlimbo - k) * sizeof *s->limbo);
-        s->nlimbo -= k;
-    }
-    pthread_mutex_unlock(&s->retire_mu);
-    if (k)
-        slab_free(s, freed, k);
-    free(freed);
-}
 
 /* Remove the index entries of rows deleted in an epoch that is now durable. */
 static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
