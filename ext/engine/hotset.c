@@ -14,7 +14,6 @@
  * order kept between calls (the sketch ages, so a cached ranking would be
  * stale anyway).  Rows never counted (estimate 0) are not hot at all.
  */
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,17 +33,11 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
     for (size_t i = 0; i < n; i++) {
         uint64_t h = embkv__hash(ids[i]);
         keylock_acquire(s, h);
-        /* A scan walks the buckets in order: a row moved home behind it
-         * would be missed, a victim pushed ahead of it seen twice.  While
-         * one is pinned, no row moves (see embkv_scan_pin). */
-        atomic_fetch_add(&s->moves_inflight, 1);
-        bool scanning = atomic_load(&s->scan_pins) > 0 || atomic_load(&s->move_pins) > 0;
-        if (!scanning)
-            m += (size_t)ix_move_home(s, ix, ids[i], h);
-        atomic_fetch_sub(&s->moves_inflight, 1);
+        int r = ix_move_home_unpinned(s, ix, ids[i], h);
         keylock_release(s, h);
-        if (scanning)
+        if (r < 0)
             break;
+        m += (size_t)r;
     }
     pthread_mutex_unlock(&s->move_mu);
     pthread_rwlock_unlock(&s->writers);
@@ -52,20 +45,6 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
     if (moved)
         *moved = m;
     return EMBKV_OK;
-}
-
-void move_pin(embkv_store *s)
-{
-    atomic_fetch_add(&s->move_pins, 1);
-    /* As embkv_scan_pin: a move under way finishes first, later ones see
-     * the pin. */
-    while (atomic_load(&s->moves_inflight) > 0)
-        sched_yield();
-}
-
-void move_unpin(embkv_store *s)
-{
-    atomic_fetch_sub(&s->move_pins, 1);
 }
 
 /* ------------------------------------------------- access statistics */

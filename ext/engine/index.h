@@ -185,6 +185,10 @@ static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) &
 int store_grow_index(embkv_store *s, uint64_t need_entries);
 /* Entries the current index holds before it must grow. */
 uint64_t store_grow_threshold(embkv_store *s);
+/* Grows the index first when `more` new entries could cross the load limit. */
+int ix_grow_for(embkv_store *s, uint64_t more);
+/* A descriptor of the bucket array in oid (calloc'd; NULL when out of memory). */
+index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 /* Points id's entry at q if it still names p (with s->writers shared). */
@@ -193,6 +197,10 @@ bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
  * cursor that restarts after a resize instead of holding it off). */
 void move_pin(embkv_store *s);
 void move_unpin(embkv_store *s);
+/* ix_move_home unless a scan or move pin is held: 1 moved, 0 not, -1
+ * pinned (the caller stops moving).  With id's key lock and s->writers
+ * shared held. */
+int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h);
 
 /* ------------------------------------------------------------- slab.c */
 int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);

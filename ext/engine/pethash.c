@@ -14,8 +14,13 @@
  * without touching the version (the copy-on-write switch).  Overflow
  * counters are changed atomically and only ever over-approximate during a
  * change (incremented before a key is placed, decremented after it left).
+ *
+ * Also here, because the index is what they protect: the key locks (one
+ * writer per id), the switch of an entry to a row's new copy, the pins
+ * that hold resizes and moves between buckets off a scan, and the resize.
  */
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "store_internal.h"
@@ -277,4 +282,242 @@ bool ix_first_on_path(const index_desc *ix, int64_t id, uint64_t h, uint64_t b, 
         }
     }
     return true;
+}
+
+/* ------------------------------------------------------------ key locks */
+
+void keylock_acquire(embkv_store *s, uint64_t h)
+{
+    atomic_uint *l = &s->keylocks[keylock_stripe(h)];
+    unsigned spins = 0;
+    while (atomic_exchange_explicit(l, 1, memory_order_acquire)) {
+        while (atomic_load_explicit(l, memory_order_relaxed)) {
+            if (++spins > 100) {
+                sched_yield();
+                spins = 0;
+            }
+        }
+    }
+}
+
+void keylock_release(embkv_store *s, uint64_t h)
+{
+    atomic_store_explicit(&s->keylocks[keylock_stripe(h)], 0, memory_order_release);
+}
+
+bool keylock_try(embkv_store *s, uint64_t h)
+{
+    return !atomic_exchange_explicit(&s->keylocks[keylock_stripe(h)], 1, memory_order_acquire);
+}
+
+/* ------------------------------------------------------------ switches */
+
+/* Points id's entry at the copy q if it still names p; with s->writers
+ * held shared (persist_range marks the epoch's dirty pages). */
+bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
+{
+    uint64_t h = embkv__hash(id);
+    bool done = false;
+    keylock_acquire(s, h);
+    index_desc *ix = atomic_load(&s->ix);
+    found_slot f;
+    if (ix_find(ix, id, h, &f) && f.loc == p) {
+        set_loc(s, ix, &f, q);  /* (a crash point of embkv_debug_kill_after_index_writes) */
+        done = true;
+    }
+    keylock_release(s, h);
+    return done;
+}
+
+/* ------------------------------------------------------------ pins */
+
+/* Scans and cursors pin the index: a resize (scan pins only) and moves
+ * between buckets wait for them, so that a cursor's bucket number stays
+ * meaningful and no row is met twice or missed because it moved.  The
+ * mover's side of the handshake is ix_move_home_unpinned. */
+_Thread_local unsigned scan_pins_here;
+
+void embkv_scan_pin(embkv_store *s)
+{
+    for (;;) {
+        atomic_fetch_add(&s->scan_pins, 1);
+        /* A resize waiting for scans to end must not be starved by new ones
+         * (unless this thread already scans: it could wait for itself). */
+        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0)
+            break;
+        atomic_fetch_sub(&s->scan_pins, 1);
+        while (atomic_load(&s->grow_pending))
+            sched_yield();
+    }
+    /* A move between buckets under way finishes first; later ones see the
+     * pin and wait (hotset.c).  Both sides are sequentially consistent:
+     * either the move sees the pin or the pin sees the move. */
+    while (atomic_load(&s->moves_inflight) > 0)
+        sched_yield();
+    scan_pins_here++;
+    /* A resize that started before the pin finishes before we go on. */
+    pthread_rwlock_rdlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);
+}
+
+void embkv_scan_unpin(embkv_store *s)
+{
+    scan_pins_here--;
+    atomic_fetch_sub(&s->scan_pins, 1);
+}
+
+void move_pin(embkv_store *s)
+{
+    atomic_fetch_add(&s->move_pins, 1);
+    /* As embkv_scan_pin: a move under way finishes first, later ones see
+     * the pin. */
+    while (atomic_load(&s->moves_inflight) > 0)
+        sched_yield();
+}
+
+void move_unpin(embkv_store *s)
+{
+    atomic_fetch_sub(&s->move_pins, 1);
+}
+
+int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h)
+{
+    /* A scan walks the buckets in order: a row moved home behind it
+     * would be missed, a victim pushed ahead of it seen twice.  While
+     * one is pinned, no row moves (see embkv_scan_pin). */
+    atomic_fetch_add(&s->moves_inflight, 1);
+    bool pinned = atomic_load(&s->scan_pins) > 0 || atomic_load(&s->move_pins) > 0;
+    int r = pinned ? -1 : ix_move_home(s, ix, id, h);
+    atomic_fetch_sub(&s->moves_inflight, 1);
+    return r;
+}
+
+/* ------------------------------------------------------------ resize */
+
+index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation)
+{
+    index_desc *ix = calloc(1, sizeof *ix);
+    if (!ix)
+        return NULL;
+    uintptr_t p = (uintptr_t)pmemobj_direct(oid);
+    ix->buckets = (bucket *)((p + BUCKET_BYTES - 1) & ~(uintptr_t)(BUCKET_BYTES - 1));
+    ix->nbuckets = nbuckets;
+    ix->mask = nbuckets - 1;
+    ix->generation = generation;
+    ix->owner = s;
+    return ix;
+}
+
+uint64_t store_grow_threshold(embkv_store *s)
+{
+    return (uint64_t)(s->max_load * (double)atomic_load(&s->index_slots));
+}
+
+int store_grow_index(embkv_store *s, uint64_t need_entries)
+{
+    pthread_rwlock_wrlock(&s->writers);
+    index_desc *old = atomic_load(&s->ix);
+    uint64_t nb = old->nbuckets;
+    if (atomic_load(&s->scan_pins) > 0) {
+        pthread_rwlock_unlock(&s->writers);
+        if (scan_pins_here > 0) {
+            /* This thread is itself scanning (a scan callback inserting):
+             * keep inserting into the current array while it has room and
+             * grow after the scan. */
+            if (need_entries <= old->nbuckets * BUCKET_SLOTS * 98 / 100)
+                return EMBKV_OK;
+            return embkv__err(EMBKV_BUSY, "store %s: the index is full and cannot grow during this scan",
+                              s->path);
+        }
+        /* Let running scans finish; new ones wait for the resize. */
+        atomic_fetch_add(&s->grow_pending, 1);
+        while (atomic_load(&s->scan_pins) > 0)
+            sched_yield();
+        int rc = store_grow_index(s, need_entries);
+        atomic_fetch_sub(&s->grow_pending, 1);
+        return rc;
+    }
+    while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries) {
+        nb <<= 1;
+        if (nb > s->pool_size / BUCKET_BYTES) {  /* bounded whatever need_entries says */
+            pthread_rwlock_unlock(&s->writers);
+            return embkv__err(EMBKV_FULL, "store %s: an index for %llu entries does not fit the pool", s->path,
+                              (unsigned long long)need_entries);
+        }
+    }
+    if (nb == old->nbuckets) {
+        pthread_rwlock_unlock(&s->writers);
+        return EMBKV_OK;  /* another thread grew it meanwhile */
+    }
+    store_root *r = s->root;
+    if (pmemobj_zalloc(s->pop, &r->index_next, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0) {
+        pthread_rwlock_unlock(&s->writers);
+        return embkv__err(EMBKV_FULL, "store %s: pool full: no room to grow the index to %llu buckets; "
+                          "copy the rows into a store with a larger pool_size (a pool does not grow)", s->path,
+                          (unsigned long long)nb);
+    }
+    index_desc *nix = make_desc(s, r->index_next, nb, old->generation + 1);
+    if (!nix) {
+        pmemobj_free(&r->index_next);
+        pthread_rwlock_unlock(&s->writers);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    }
+    /* Writers are out; readers keep using the old array, which does not
+     * change, until the switch below. */
+    nix->owner = NULL;
+    for (uint64_t b = 0; b < old->nbuckets; b++) {
+        bucket *bk = &old->buckets[b];
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++)
+            if (bk->used & (1u << i))
+                ix_insert(nix, bk->slots[i].key, embkv__hash(bk->slots[i].key), bk->slots[i].loc, NULL);
+    }
+    pmemobj_persist(s->pop, nix->buckets, nb * BUCKET_BYTES);
+    /* Its slots came from buckets marked in this epoch or before: a
+     * recovery once the root names it must visit all of it (marked before
+     * the switch, which a crash may follow at once). */
+    persist_range(s, nix->buckets, nb * BUCKET_BYTES);
+    for (uint64_t b = 0; b < nb; b++)
+        mark_bucket(s, &nix->buckets[b]);
+    int rc = EMBKV_OK;
+    TX_BEGIN(s->pop) {
+        pmemobj_tx_add_range_direct(&r->nbuckets, sizeof r->nbuckets);
+        pmemobj_tx_add_range_direct(&r->index, 3 * sizeof(PMEMoid));
+        r->index_old = r->index;
+        r->index = r->index_next;
+        r->index_next = OID_NULL;
+        r->nbuckets = nb;
+    } TX_ONABORT {
+        rc = embkv__err(EMBKV_FULL, "store %s: cannot switch to the grown index: %s", s->path,
+                        pmemobj_errormsg());
+    } TX_END
+    if (rc != EMBKV_OK) {
+        free(nix);
+        pmemobj_free(&r->index_next);
+        pthread_rwlock_unlock(&s->writers);
+        return rc;
+    }
+    nix->owner = s;
+    atomic_store(&s->ix, nix);
+    atomic_store(&s->index_slots, nb * BUCKET_SLOTS);
+    ebr_synchronize();
+    pmemobj_free(&r->index_old);
+    free(old);
+    atomic_fetch_add(&s->st_resizes, 1);
+    pthread_rwlock_unlock(&s->writers);
+    return EMBKV_OK;
+}
+
+int ix_grow_for(embkv_store *s, uint64_t more)
+{
+    uint64_t need = atomic_load(&s->entries) + more;
+    if (need <= store_grow_threshold(s))
+        return EMBKV_OK;
+    return store_grow_index(s, need);
+}
+
+int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_grow_index_for: store is NULL");
+    return new_ids ? ix_grow_for(s, new_ids) : EMBKV_OK;
 }

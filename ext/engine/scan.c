@@ -1,16 +1,15 @@
 /*
  * scan.c - walks over the index: embkv_scan (every row, with its record)
- * and embkv_scan_ids (ids only, a bucket cursor), and the scan pin that
- * keeps rows from moving between buckets under a cursor.
+ * and embkv_scan_ids (ids only, a bucket cursor).
  *
  * A scan reads one bucket at a time under its seqlock, inside an epoch, and
  * hands the rows to its caller outside it, so a long scan holds neither
  * writers nor reclamation for more than a bucket.  A scan does not see one
  * moment: rows written while it runs may or may not be in it (a snapshot,
- * embkv_get_batch_at, is for that).  The pin counts scans in flight: an
- * index resize and the hot-set moves between buckets (hotset.c) wait for
- * them, so a cursor position (a bucket number) stays meaningful and no row
- * is met twice or missed because it moved.
+ * embkv_get_batch_at, is for that).  It holds the scan pin (pethash.c): an
+ * index resize and the hot-set moves between buckets wait for it, so a
+ * cursor position (a bucket number) stays meaningful and no row is met
+ * twice or missed because it moved.
  */
 #include <sched.h>
 #include <stdlib.h>
@@ -43,37 +42,6 @@ static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
         if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
             return n;
     }
-}
-
-_Thread_local unsigned scan_pins_here;
-
-void embkv_scan_pin(embkv_store *s)
-{
-    for (;;) {
-        atomic_fetch_add(&s->scan_pins, 1);
-        /* A resize waiting for scans to end must not be starved by new ones
-         * (unless this thread already scans: it could wait for itself). */
-        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0)
-            break;
-        atomic_fetch_sub(&s->scan_pins, 1);
-        while (atomic_load(&s->grow_pending))
-            sched_yield();
-    }
-    /* A move between buckets under way finishes first; later ones see the
-     * pin and wait (hotset.c).  Both sides are sequentially consistent:
-     * either the move sees the pin or the pin sees the move. */
-    while (atomic_load(&s->moves_inflight) > 0)
-        sched_yield();
-    scan_pins_here++;
-    /* A resize that started before the pin finishes before we go on. */
-    pthread_rwlock_rdlock(&s->writers);
-    pthread_rwlock_unlock(&s->writers);
-}
-
-void embkv_scan_unpin(embkv_store *s)
-{
-    scan_pins_here--;
-    atomic_fetch_sub(&s->scan_pins, 1);
 }
 
 int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)

@@ -155,14 +155,6 @@ int slab_alloc_tombstone(embkv_store *s, uint64_t *loc)
     return alloc_keeping(s, loc, 1, 0);
 }
 
-int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)
-{
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_grow_index_for: store is NULL");
-    uint64_t need = atomic_load(&s->entries) + new_ids;
-    return new_ids && need > store_grow_threshold(s) ? store_grow_index(s, need) : EMBKV_OK;
-}
-
 int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     /* Puts leave the delete reserve free; deletes may take it. */

@@ -35,32 +35,6 @@
 #define RING 32
 #define RETIRE_BUF 64
 
-/* ------------------------------------------------------------ key locks */
-
-void keylock_acquire(embkv_store *s, uint64_t h)
-{
-    atomic_uint *l = &s->keylocks[keylock_stripe(h)];
-    unsigned spins = 0;
-    while (atomic_exchange_explicit(l, 1, memory_order_acquire)) {
-        while (atomic_load_explicit(l, memory_order_relaxed)) {
-            if (++spins > 100) {
-                sched_yield();
-                spins = 0;
-            }
-        }
-    }
-}
-
-void keylock_release(embkv_store *s, uint64_t h)
-{
-    atomic_store_explicit(&s->keylocks[keylock_stripe(h)], 0, memory_order_release);
-}
-
-bool keylock_try(embkv_store *s, uint64_t h)
-{
-    return !atomic_exchange_explicit(&s->keylocks[keylock_stripe(h)], 1, memory_order_acquire);
-}
-
 /* ------------------------------------------------------------ retirement */
 
 /* Versions displaced by one writer, handed over in bulk.  `keep` are durable
@@ -589,15 +563,6 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     return slab_room_for(s, puts, deletes);
 }
 
-/* Grow the index first when `more` new entries could cross the load limit. */
-static int make_room(embkv_store *s, uint64_t more)
-{
-    uint64_t need = atomic_load(&s->entries) + more;
-    if (need <= store_grow_threshold(s))
-        return EMBKV_OK;
-    return store_grow_index(s, need);
-}
-
 static int put_row(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags,
                    uint64_t clock)
 {
@@ -610,7 +575,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
         return rc;
-    rc = make_room(s, 1);
+    rc = ix_grow_for(s, 1);
     uint64_t loc;
     if (rc != EMBKV_OK || (rc = alloc_records(s, &loc, 1, false)) != EMBKV_OK) {
         embkv_group_end(s);
@@ -1438,7 +1403,7 @@ static void pre_read_rows(embkv_store *s, const int64_t *ids, size_t n, pre_read
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                                  unsigned flags, const batch_hints *given, size_t *nupdated)
 {
-    int rc = (flags & EMBKV_UPDATE_CREATE) ? make_room(s, n) : EMBKV_OK;
+    int rc = (flags & EMBKV_UPDATE_CREATE) ? ix_grow_for(s, n) : EMBKV_OK;
     if (rc != EMBKV_OK)
         return rc;
     cache *c = s->cache;

@@ -479,23 +479,6 @@ static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
     return n;
 }
 
-/* Points id's entry at the copy q if it still names p; with s->writers
- * held shared (persist_range marks the epoch's dirty pages). */
-bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
-{
-    uint64_t h = embkv__hash(id);
-    bool done = false;
-    keylock_acquire(s, h);
-    index_desc *ix = atomic_load(&s->ix);
-    found_slot f;
-    if (ix_find(ix, id, h, &f) && f.loc == p) {
-        set_loc(s, ix, &f, q);  /* (a crash point of embkv_debug_kill_after_index_writes) */
-        done = true;
-    }
-    keylock_release(s, h);
-    return done;
-}
-
 static int demote_batch(embkv_store *s, size_t want, size_t *moved)
 {
     size_t cap = want * DEMOTE_SAMPLE + BUCKET_SLOTS;
