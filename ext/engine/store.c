@@ -400,6 +400,9 @@ static void free_store(embkv_store *s)
 {
     if (!s)
         return;
+    /* The tier's thread works on everything below: stopped first (a no-op
+     * where embkv_close or a failed open stopped it already). */
+    tier_worker_stop(s);
     free(atomic_load(&s->ix));
     free(s->free_locs.v);
     for (int i = 0; i < 2; i++) {

@@ -296,7 +296,6 @@ int tier_open(embkv_store *s, const embkv_options *opt)
 
 void tier_close(embkv_store *s)
 {
-    tier_worker_stop(s);
     la_close(s);
     promo_free(s);
     if (s->log)

@@ -102,6 +102,8 @@ int tier_open(embkv_store *s, const embkv_options *opt);
  * process, which keeps its tier as it is: a larger ssd_size, or a tier
  * where there is none, is refused. */
 int tier_check_open(embkv_store *s, const embkv_options *opt);
+/* Closes the log and frees the tier's state; its thread stopped first
+ * (tier_worker_stop). */
 void tier_close(embkv_store *s);
 /* Reads the records of the log locations among locs[0..n) (the others are
  * left alone) in one batch, checking each is its id's and whole (callers
