@@ -194,6 +194,31 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
     return hotset_move(s, ids, n, moves, true);
 }
 
+/* Brings ids into the cache (hotset_move); *admitted counts them. */
+static int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
+{
+    *admitted = 0;
+    if (!s->cache)
+        return EMBKV_OK;
+    ebr_enter();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = embkv__hash(ids[i]);
+        keylock_acquire(s, h);
+        uint32_t probes;
+        uint64_t loc = ix_lookup(atomic_load(&s->ix), ids[i], h, &probes);
+        if (loc != LOC_NONE && !(loc & LOC_TOMB) && !cache_contains(s->cache, ids[i], h)) {
+            char *buf = NULL;
+            rec_hdr *r = NULL;
+            if (tier_rec(s, ids[i], loc, &buf, &r, false) == EMBKV_OK && rec_ok(s, r, ids[i]))
+                *admitted += cache_admit_locked(s, s->cache, ids[i], h, r, true);
+            free(buf);
+        }
+        keylock_release(s, h);
+    }
+    ebr_leave();
+    return EMBKV_OK;
+}
+
 int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves, bool raise)
 {
     memset(moves, 0, sizeof *moves);

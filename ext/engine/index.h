@@ -248,6 +248,8 @@ void groups_resume(embkv_store *s);
  * called with the groups quiesced, fixes what it sees. */
 int snap_register(embkv_store *s, embkv_snapshot **out);
 void snap_fix(embkv_snapshot *snap);
+/* Closes a snapshot registered and never fixed (its open failed). */
+void snap_drop(embkv_snapshot *snap);
 /* Before changing id's index entry from prev, inside a group. */
 int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
 /* locs[i] of ids[i] as of the snapshot, after the index lookups;

@@ -53,8 +53,6 @@ int cache_flush_quiesce(embkv_store *s);
  * dirty, quiesces the groups and writes back the rows the CLOCK hands
  * reach next (down to 7/8). */
 int cache_clean(embkv_store *s);
-/* Brings ids into the cache (embkv_hotset_move); *admitted counts them. */
-int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted);
 
 /* ------------------------------------------------------------- hotset.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as

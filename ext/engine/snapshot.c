@@ -9,7 +9,7 @@
  * with each group entirely or not at all, too.
  *
  * How.  Groups hold the store's `groups` lock shared; opening a snapshot
- * takes it exclusively for an instant, so every group is wholly before or
+ * (sync.c: embkv_snapshot_open) takes it exclusively for an instant, so every group is wholly before or
  * wholly after the snapshot's sequence number S.  Groups that begin while
  * any snapshot is open log, before switching a row's index entry, the
  * location the row had (the version log: id -> newest-first list of
@@ -363,36 +363,10 @@ void snap_fix(embkv_snapshot *snap)
     pthread_mutex_unlock(&st->mu);
 }
 
-int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
+void snap_drop(embkv_snapshot *snap)
 {
-    if (!s || !out)
-        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
-    *out = NULL;
-    if (group_held(s))
-        return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
-                          "thread", s->path);
-    embkv_snapshot *snap;
-    int rc = snap_register(s, &snap);
-    if (rc != EMBKV_OK)
-        return rc;
-    /* Groups running now end before this returns; later ones log.  The
-     * cache's dirty rows go home meanwhile: while a snapshot is open no row
-     * is dirty (cached rows are written through), so the version log
-     * covers every change a snapshot must not see. */
-    if (s->cache) {
-        rc = cache_flush_quiesce(s);
-        if (rc != EMBKV_OK) {
-            snap->seq = UINT64_MAX;
-            embkv_snapshot_close(snap);
-            return rc;
-        }
-    } else {
-        groups_quiesce(s);
-    }
-    snap_fix(snap);
-    groups_resume(s);
-    *out = snap;
-    return EMBKV_OK;
+    snap->seq = UINT64_MAX;
+    embkv_snapshot_close(snap);
 }
 
 void embkv_snapshot_close(embkv_snapshot *snap)

@@ -522,30 +522,6 @@ void embkv_cache_offer(embkv_store *s, const int64_t *ids, size_t n)
     ebr_leave();
 }
 
-int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
-{
-    *admitted = 0;
-    if (!s->cache)
-        return EMBKV_OK;
-    ebr_enter();
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = embkv__hash(ids[i]);
-        keylock_acquire(s, h);
-        uint32_t probes;
-        uint64_t loc = ix_lookup(atomic_load(&s->ix), ids[i], h, &probes);
-        if (loc != LOC_NONE && !(loc & LOC_TOMB) && !cache_contains(s->cache, ids[i], h)) {
-            char *buf = NULL;
-            rec_hdr *r = NULL;
-            if (tier_rec(s, ids[i], loc, &buf, &r, false) == EMBKV_OK && rec_ok(s, r, ids[i]))
-                *admitted += cache_admit_locked(s, s->cache, ids[i], h, r, true);
-            free(buf);
-        }
-        keylock_release(s, h);
-    }
-    ebr_leave();
-    return EMBKV_OK;
-}
-
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     if (!s)

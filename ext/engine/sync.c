@@ -1,14 +1,19 @@
 /*
- * sync.c - the durable point.
+ * sync.c - the store's moments: the sync (checkpoint) that makes an epoch
+ * durable, and the opening of a snapshot.
  *
- * How bytes reach the media (flushes, the dirty map) is persist.c's;
- * here, the sync that makes an epoch durable with them.
+ * Both stop the write groups for an instant (groups_quiesce, P7) with the
+ * DRAM cache's dirty rows written back, and fix what they see there: a
+ * sync closes epoch E between groups, a snapshot takes its sequence
+ * number between them.  They are together because backup.c needs both at
+ * once (sync_fixing: a snapshot of exactly what a sync made durable).
+ * How bytes reach the media (flushes, the dirty map) is persist.c's.
  *
  * Epochs: every write is stamped with the current write epoch E.  A row's
  * version from before E (its durable version) is kept, linked as `prev`,
- * until sync E completes; recovery after a crash follows `prev` for every
- * record newer than the durable epoch, so the store reopens exactly as of
- * the last completed sync.
+ * until sync E completes (P2); recovery after a crash follows `prev` for
+ * every record newer than the durable epoch (P5), so the store reopens
+ * exactly as of the last completed sync.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -140,6 +145,37 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     atomic_fetch_add(&s->st_syncs, 1);
     pthread_mutex_unlock(&s->sync_mu);
     return rc;
+}
+
+int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
+{
+    if (!s || !out)
+        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
+    *out = NULL;
+    if (group_held(s))
+        return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
+                          "thread", s->path);
+    embkv_snapshot *snap;
+    int rc = snap_register(s, &snap);
+    if (rc != EMBKV_OK)
+        return rc;
+    /* Groups running now end before this returns; later ones log.  The
+     * cache's dirty rows go home meanwhile: while a snapshot is open no row
+     * is dirty (cached rows are written through), so the version log
+     * covers every change a snapshot must not see. */
+    if (s->cache) {
+        rc = cache_flush_quiesce(s);
+        if (rc != EMBKV_OK) {
+            snap_drop(snap);
+            return rc;
+        }
+    } else {
+        groups_quiesce(s);
+    }
+    snap_fix(snap);
+    groups_resume(s);
+    *out = snap;
+    return EMBKV_OK;
 }
 
 /* ------------------------------------------------------------- checks */
