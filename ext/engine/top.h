@@ -1,7 +1,8 @@
 /*
  * top.h - layer 5: the store's moments and its life.
  *
- * sync.c: the checkpoint (sync) and the moment a snapshot is fixed;
+ * stats.c: statistics and the consistency check; recover.c: crash
+ * recovery; sync.c: the checkpoint (sync) and the moment a snapshot is fixed;
  * store.c: open, create, recover, close, destroy; backup.c: online backup
  * into a new store; debug.c: the tests' introspection.
  */
@@ -9,6 +10,14 @@
 #define EMBKV_TOP_H
 
 #include "ops.h"
+
+/* ------------------------------------------------------------- recover.c */
+/* Rolls every row of ix back to its version as of the durable epoch (P5);
+ * marked: only the buckets the dirty map marked.  *unknown counts the rows
+ * left on a record that could not be read.  At open, single-threaded. */
+int recover_rows(embkv_store *s, index_desc *ix, bool marked, uint64_t *unknown);
+/* s->rows and s->entries from the index (and the log's rows). */
+void recover_count(embkv_store *s, index_desc *ix);
 
 /* ------------------------------------------------------------- sync.c */
 /* embkv_sync that also fixes snap (registered, not fixed) at its epoch
