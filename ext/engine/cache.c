@@ -12,7 +12,7 @@
  * they have a home), so counts, scans and placement keep using the index.
  *
  * Who may change what.  A row's slot content, its dirty bit, and its
- * presence in the cache change only under the row's key lock (store_ops.c:
+ * presence in the cache change only under the row's key lock (write.c:
  * the stripe lock every writer of the row holds), so a writer holding it
  * sees a stable entry.  The tables and the clock hand of a shard change
  * under the shard's lock.  Readers take neither: a table probe is checked
@@ -40,7 +40,7 @@
  * but a move never evicts a row as hot as the one it brings, or a
  * background migration that brings the hottest rows first would, in a
  * full shard, churn them out again with the colder ones after.  Dirty rows are never evicted: they
- * are written back first (store_ops.c: cache_clean), so eviction costs no
+ * are written back first (write.c: cache_clean), so eviction costs no
  * I/O and no allocation in the middle of a batch.
  *
  * Memory.  Slots live in one anonymous mapping advised MADV_HUGEPAGE: at
@@ -53,7 +53,7 @@
  * hit, and for the hottest rows it changes nothing (their counters sit at
  * the cap).  A table entry keeps the sketch's stamp (heat.h: heat_stamp)
  * under which its row was seen saturated; batch reads that find it still
- * current only count the touch (store_ops.c: get_batch_rows), so the
+ * current only count the touch (write.c: get_batch_rows), so the
  * sketch holds exactly what the touches would have left.
  */
 #include <errno.h>

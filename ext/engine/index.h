@@ -207,7 +207,7 @@ int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
 /* For tombstones: may take the delete reserve that slab_alloc leaves free. */
 int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
-/* embkv_room_for of the pool alone (store_ops.c adds demotion). */
+/* embkv_room_for of the pool alone (write.c adds demotion). */
 int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 size_t slab_free_count(embkv_store *s);
 /* Free records, records in the chunks so far, and whether the pool refused

@@ -14,7 +14,7 @@
  *     sync that makes them unneeded).  The pool record is freed once no
  *     reader can be inside it; no checkpoint needs it (the copy is equal).
  *   - A write of a log-resident row writes its new version into the pool
- *     (store_ops.c); the log record becomes garbage through the same
+ *     (write.c); the log record becomes garbage through the same
  *     pending/limbo path as a replaced pool record, and reclamation returns
  *     it to the log's live counts (sync.c), so segments empty out and are
  *     deleted after a sync.

@@ -139,7 +139,7 @@ static void reads(embkv_store *s, unsigned flags)
             if (found[i])
                 check_vec(q[i], out + i * FZ_DIM, "embkv_get_batch_at");
     /* The pull path: by design it checks a pool record's id, not its
-     * checksum (embkv_get_batch in store_ops.c), so a damaged vector may
+     * checksum (embkv_get_batch in write.c), so a damaged vector may
      * come back from it; only its return code is checked. */
     rc = embkv_get_batch(s, q, n, out, found, &missing);
     fz_check_rc(rc, "embkv_get_batch");

@@ -1,5 +1,5 @@
 /*
- * store_ops.c - reads and writes of rows (the index walks are scan.c).
+ * write.c - reads and writes of rows (the index walks are scan.c).
  *
  * Reads take no lock: they run inside an epoch (so a record they found
  * cannot be reused under them) and read buckets under their seqlock.
