@@ -2,7 +2,7 @@
  * ops.h - layer 4: the operations on rows.
  *
  * permits.c: staleness permits; write.c: row writes (copy-on-write,
- * the cache's write-backs) and reads; scan.c: index walks; hotset.c: the
+ * the cache's write-backs); read.c: row reads; scan.c: index walks; hotset.c: the
  * hottest rows and their moves up; migrate.c: the migration thread;
  * train.c: pull/push, optimizers, deferred initialization, sessions.
  */
@@ -22,15 +22,7 @@ void permit_return(permit_table *pt, int64_t id);
 unsigned permit_count(permit_table *pt, int64_t id);
 
 /* ------------------------------------------------------------- write.c */
-/* write.c: embkv_get_batch putting row j of the batch at row
- * out_row[j] of out (out_row NULL: at row j). */
-int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, const size_t *out_row, uint8_t *found,
-                   size_t *nmissing);
-/* write.c: a read of a row whose access the caller has already counted (a pull
- * reading back the rows it created): as embkv_get, but not counted again in
- * the cache's hits and misses or in the access statistics. */
-int get_uncounted(embkv_store *s, int64_t id, float *vec);
-/* write.c: embkv_update_batch for the engine's own update functions
+/* embkv_update_batch for the engine's own update functions
  * (train.c's optimizers), which may be handed a cached row's slot itself
  * instead of a private copy, its readers held off while fn runs: fn must
  * be quick, must not call into the store, and if it returns nonzero its
@@ -41,18 +33,28 @@ int get_uncounted(embkv_store *s, int64_t id, float *vec);
  * reached, having been deleted and written again since, gets one then). */
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
                           embkv_update_fn fn, void *ctx, size_t *nupdated);
-/* write.c: embkv_exists_batch noting too, when in_slot and in_dirty are not
- * NULL (a store with a cache only), each row's cache slot (-1: not cached)
- * and whether it is dirty. */
-size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
-                          uint8_t *in_dirty);
-/* write.c: the cache's write-backs.  Quiesces the groups (groups_quiesce) with every dirty row written back;
- * on failure the groups are resumed. */
+/* The cache's write-backs.  Quiesces the groups (groups_quiesce) with
+ * every dirty row written back; on failure the groups are resumed. */
 int cache_flush_quiesce(embkv_store *s);
 /* Outside any group of the thread: once more than 15/16 of the cache is
  * dirty, quiesces the groups and writes back the rows the CLOCK hands
  * reach next (down to 7/8). */
 int cache_clean(embkv_store *s);
+
+/* ------------------------------------------------------------- read.c */
+/* embkv_get_batch putting row j of the batch at row
+ * out_row[j] of out (out_row NULL: at row j). */
+int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, const size_t *out_row, uint8_t *found,
+                   size_t *nmissing);
+/* A read of a row whose access the caller has already counted (a pull
+ * reading back the rows it created): as embkv_get, but not counted again in
+ * the cache's hits and misses or in the access statistics. */
+int get_uncounted(embkv_store *s, int64_t id, float *vec);
+/* embkv_exists_batch noting too, when in_slot and in_dirty are not
+ * NULL (a store with a cache only), each row's cache slot (-1: not cached)
+ * and whether it is dirty. */
+size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
+                          uint8_t *in_dirty);
 
 /* ------------------------------------------------------------- hotset.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as
