@@ -39,7 +39,7 @@
 
 #include "bench_common.h"
 #include "heat.h"
-#include "store_internal.h"  /* embkv__hash: the hash the read path computes */
+#include "base.h"  /* embkv__hash: the hash the read path computes */
 
 #define BATCH 512
 #define NONE UINT32_MAX

@@ -16,7 +16,8 @@
  */
 #include "embkv.h"
 #include "check.h"
-#include "store_internal.h"
+#include "format.h"
+#include "handle.h"
 
 #include <fcntl.h>
 #include <signal.h>

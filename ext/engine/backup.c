@@ -47,7 +47,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store_internal.h"
+#include "top.h"
 
 #define BACKUP_CHUNK_BYTES (4u << 20)
 #define BACKUP_CHUNK_MAX 1024

@@ -7,21 +7,26 @@
  *
  * The engine is layered and calls go down: a file may call the files of
  * lower layers and those listed before it in its own layer, never one
- * above (`make check-layers` checks the objects against this list; it is
- * the one place the order is written).  Each layer has its header, and a
- * file includes its own layer's header, which includes those below.
+ * above, and includes the headers of its own layer and those below.  The
+ * list below is the one place the order is written: `make check-layers`
+ * (tests/check_layers.py) checks every object's undefined symbols (nm)
+ * and every file's includes against it.  A new file goes into the layer
+ * it belongs to; one that needs something from above means the shared
+ * piece belongs lower.
  *
- * LAYERS (bottom to top; a file may use files of lower lines and those before it on its own line):
- *   errmsg.c epoch.c util.c
- *   persist.c log.c
- *   pethash.c slab.c snapshot.c
- *   heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
- *   permits.c write.c read.c scan.c hotset.c migrate.c train.c
- *   stats.c recover.c sync.c store.c backup.c debug.c
+ * LAYERS (bottom to top; headers first, then the files in calling order):
+ *   base.h format.h handle.h | errmsg.c epoch.c util.c
+ *   persist.h log.h | persist.c log.c
+ *   index.h | pethash.c slab.c snapshot.c
+ *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
+ *   ops.h batch.h | permits.c write.c read.c scan.c hotset.c migrate.c train.c
+ *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
- * Headers, in the same order: base.h, format.h, handle.h (layer 0);
- * persist.h, log.h (1); index.h (2); heat.h, tiers.h (3); batch.h, ops.h
- * (4); top.h (5).
+ * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,
+ * the on-media layout and the invariants P1-P7; handle.h, the store
+ * handle.  1: persistence and the SSD log's files.  2: the index, the
+ * record space, snapshots.  3: the tiers.  4: the operations on rows.
+ * 5: the store's moments and life.
  */
 #ifndef EMBKV_BASE_H
 #define EMBKV_BASE_H

@@ -61,8 +61,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "heat.h"
-#include "store_internal.h"
+#include "tiers.h"
 
 #define CACHE_SHARDS 64
 #define EVICT_SCAN 64   /* slots the hand looks at for one admission */

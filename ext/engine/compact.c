@@ -28,8 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
-#include "log.h"
+#include "tiers.h"
 
 /* Segments whose live fraction is below this are compacted ... */
 #define COMPACT_MAX_LIVE 0.5

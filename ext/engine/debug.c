@@ -4,9 +4,8 @@
  */
 #include <signal.h>
 
+#include "top.h"
 #include "embkv_debug.h"
-#include "store_internal.h"
-#include "heat.h"
 
 uint64_t embkv_debug_nbuckets(embkv_store *s) { return atomic_load(&s->ix)->nbuckets; }
 unsigned embkv_debug_slots_per_bucket(void) { return BUCKET_SLOTS; }

@@ -17,8 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "heat.h"
-#include "store_internal.h"
+#include "ops.h"
 
 int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
 {

@@ -46,8 +46,6 @@
 
 #include "log.h"
 
-int embkv__err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 #define SEG_MAGIC "embkv-log-seg\0\0"  /* 16 bytes */
 #define SEG_FORMAT 1
 #define NRINGS 4

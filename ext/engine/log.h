@@ -18,11 +18,7 @@
 #ifndef EMBKV_LOG_H
 #define EMBKV_LOG_H
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#include "embkv.h"
+#include "base.h"
 
 /* A log location as the index stores it: bit 63 (LOC_SSD) set, bit 62
  * (LOC_TOMB) left to the index, the segment number in bits 32..61 and the

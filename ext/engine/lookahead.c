@@ -33,8 +33,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "store_internal.h"
-#include "log.h"
+#include "tiers.h"
 
 #define LA_BYTES (32u << 20)
 #define LA_MIN_ROWS 1024u

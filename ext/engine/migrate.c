@@ -31,8 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "heat.h"
-#include "store_internal.h"
+#include "ops.h"
 
 #define MG_PERIOD_MS 1000
 #define MG_CHUNK 256

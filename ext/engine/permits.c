@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "store_internal.h"
+#include "ops.h"
 
 #define PERMIT_STRIPES 1024
 

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "index.h"
 
 #define FULL_MASK ((uint16_t)((1u << BUCKET_SLOTS) - 1))
 

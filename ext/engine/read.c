@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "ops.h"
 #include "batch.h"
 
 /* Read paths: a row a batch read from the pool is admitted when the access

@@ -12,7 +12,7 @@
  */
 #include <stdlib.h>
 
-#include "store_internal.h"
+#include "top.h"
 
 /* Where id's version at loc is, for recover_rows(): PM in place, or read from the
  * log into *ssd (the previous one freed).  EMBKV_CORRUPT with *unreadable

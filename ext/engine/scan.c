@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "ops.h"
 
 /* Snapshot of the live rows of one bucket. */
 static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)

@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
-#include "log.h"
+#include "index.h"
 
 /* What else keeps versions, for the messages of a full pool. */
 static const char *snapshots_note(const embkv_store *s)

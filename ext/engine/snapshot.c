@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "index.h"
 
 #define VLOG_STRIPES 64
 #define TL_GROUPS 8

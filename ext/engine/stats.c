@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "top.h"
 
 int embkv_check(embkv_store *s)
 {

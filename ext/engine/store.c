@@ -26,9 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "heat.h"
-#include "store_internal.h"
-#include "log.h"
+#include "top.h"
 
 #define DEFAULT_EXPECTED_ROWS 100000
 #define DEFAULT_POOL_CAP (1ull << 30)

@@ -18,9 +18,7 @@
 #include <libpmem.h>
 #include <stdlib.h>
 
-#include "heat.h"
-#include "store_internal.h"
-#include "log.h"
+#include "top.h"
 
 
 /* Remove the index entries of rows deleted in an epoch that is now durable. */

@@ -50,9 +50,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store_internal.h"
-#include "heat.h"
-#include "log.h"
+#include "tiers.h"
 
 #define MIN_SSD_SIZE (4ull << 20)
 #define DEMOTE_BATCH 4096

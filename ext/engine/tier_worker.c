@@ -25,8 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "store_internal.h"
-#include "log.h"
+#include "tiers.h"
 
 #define TW_TICK_MS 20
 #define COMPACT_RATE (64ull << 20)

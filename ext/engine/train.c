@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "store_internal.h"
+#include "ops.h"
 #include "embkv_debug.h"
 
 /* The optimizers' loops and the finiteness checks in clones for wider

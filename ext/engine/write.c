@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_internal.h"
+#include "ops.h"
 #include "batch.h"
 
 #define RETIRE_BUF 64

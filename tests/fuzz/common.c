@@ -31,7 +31,8 @@
  * move the root onto other bytes.  Nothing else is filtered.
  */
 #include "common.h"
-#include "store_internal.h"
+#include "format.h"
+#include "handle.h"
 
 #include <dirent.h>
 #include <errno.h>
