@@ -2,16 +2,18 @@
 # Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
 # threaded ones) under TSan; the SQL tests through the sqlite3 shell against
 # expected output; the Python tests.  Ends with "N passed, N failed".
-# An argument picks one group: c, sql, python or crash (each also run
-# against the sanitizer builds); none runs them all.  The crash group is
-# the SIGKILL harness (tests/crash/: 100 kills, 30 more against the
-# sanitized extension; EMBKV_CRASH_ROUNDS changes the first).
+# An argument picks one group: c, sql, python, crash (each also run
+# against the sanitizer builds) or docs; none runs them all.  The crash
+# group is the SIGKILL harness (tests/crash/: 100 kills, 30 more against
+# the sanitized extension; EMBKV_CRASH_ROUNDS changes the first).  The docs
+# group is tests/docs_check.py: docs/ documents every function and option
+# the extension registers, and the README's examples run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 group=${1:-all}
 case $group in
-    all | c | sql | python | crash) ;;
-    *) echo "usage: tests/run.sh [c|sql|python|crash]" >&2; exit 2 ;;
+    all | c | sql | python | crash | docs) ;;
+    *) echo "usage: tests/run.sh [c|sql|python|crash|docs]" >&2; exit 2 ;;
 esac
 want() { [[ $group == all || $group == "$1" ]]; }
 passed=0 failed=0 failures=()
@@ -55,6 +57,10 @@ fi
 if want crash && [[ -f tests/crash/crash_sql.py ]]; then
     run_one "crash/crash_sql" bash tests/python_run.sh tests/crash/crash_sql.py \
         --rounds "${EMBKV_CRASH_ROUNDS:-100}"
+fi
+
+if want docs && [[ -f tests/docs_check.py ]]; then
+    run_one "docs/docs_check" bash tests/python_run.sh tests/docs_check.py
 fi
 
 # The SQL and Python tests again against the extension built with

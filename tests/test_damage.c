@@ -351,7 +351,7 @@ static int read_all(void *arg)
     return j->kind != R_INDEX && wrong ? 3 : 0;
 }
 
-/* EMBKV_DAMAGE_FLIPS=N runs N rounds (the crash-rate figure of the README
+/* EMBKV_DAMAGE_FLIPS=N runs N rounds (the crash-rate figure of docs/design.md
  * comes from N=1000), EMBKV_DAMAGE_KIND picks one kind of region, and
  * EMBKV_DAMAGE_SEED replays a failure. */
 static void test_random_flips(void)

@@ -794,7 +794,7 @@ int main(void)
 #ifdef MODEL_TIER
     opts.pool_size = 32ull << 20;  /* its record space holds about a tenth of the rows */
     /* About 4x the log's rows (a row of 512 floats takes a 4 KiB block),
-     * as the README advises: at 2x, with three of these runs on two cores,
+     * as docs/tiers.md advises: at 2x, with three of these runs on two cores,
      * compaction fell behind and writes were refused until the next sync
      * (test_tier's test_writers_compact is the test of a log near its
      * limit; this one is of logic across tiers). */

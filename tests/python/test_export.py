@@ -209,7 +209,7 @@ class TestConsistentBackup(TempDirTest):
 class TestBackupNames(TempDirTest):
     def test_relative_dir_is_beside_the_database(self):
         """A relative backup directory is taken from the database file's
-        directory, as path= is: the README's restore finds the rows
+        directory, as path= is: the restore of docs/operations.md finds the rows
         whatever the process's current directory; the table's options
         come along (a CREATE leaving them out trains as the source)."""
         sub = os.path.join(self.dir, "sub")

@@ -1,6 +1,6 @@
 """Snapshot reads under concurrent writers, checked against a model.
 
-The visibility rule (README, "Visibility"): a statement reads the table as of
+The visibility rule (docs/sql.md, "Visibility"): a statement reads the table as of
 one moment, so what it returns is the state after some prefix of the
 committed COMMITs and pushes, and a later statement never sees a shorter
 prefix.  The model here keeps the states the writer committed, in order; each
