@@ -182,17 +182,17 @@ static inline unsigned keylock_stripe(uint64_t h) { return (unsigned)(h >> 20) &
 
 /* The resize: grows the index to hold need_entries at the load limit
  * (takes s->writers exclusively; waits for scan pins). */
-int store_grow_index(embkv_store *s, uint64_t need_entries);
+int ix_grow(embkv_store *s, uint64_t need_entries);
 /* Entries the current index holds before it must grow. */
-uint64_t store_grow_threshold(embkv_store *s);
+uint64_t ix_grow_threshold(embkv_store *s);
 /* Grows the index first when `more` new entries could cross the load limit. */
 int ix_grow_for(embkv_store *s, uint64_t more);
 /* A descriptor of the bucket array in oid (calloc'd; NULL when out of memory). */
-index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation);
+index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 /* Points id's entry at q if it still names p (with s->writers shared). */
-bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
+bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
 /* While a move pin is held no row moves between buckets (a
  * cursor that restarts after a resize instead of holding it off). */
 void move_pin(embkv_store *s);

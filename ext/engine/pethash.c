@@ -314,7 +314,7 @@ bool keylock_try(embkv_store *s, uint64_t h)
 
 /* Points id's entry at the copy q if it still names p; with s->writers
  * held shared (persist_range marks the epoch's dirty pages). */
-bool tier_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
+bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
 {
     uint64_t h = embkv__hash(id);
     bool done = false;
@@ -394,7 +394,7 @@ int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h
 
 /* ------------------------------------------------------------ resize */
 
-index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation)
+index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation)
 {
     index_desc *ix = calloc(1, sizeof *ix);
     if (!ix)
@@ -408,12 +408,12 @@ index_desc *make_desc(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t g
     return ix;
 }
 
-uint64_t store_grow_threshold(embkv_store *s)
+uint64_t ix_grow_threshold(embkv_store *s)
 {
     return (uint64_t)(s->max_load * (double)atomic_load(&s->index_slots));
 }
 
-int store_grow_index(embkv_store *s, uint64_t need_entries)
+int ix_grow(embkv_store *s, uint64_t need_entries)
 {
     pthread_rwlock_wrlock(&s->writers);
     index_desc *old = atomic_load(&s->ix);
@@ -433,7 +433,7 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
         atomic_fetch_add(&s->grow_pending, 1);
         while (atomic_load(&s->scan_pins) > 0)
             sched_yield();
-        int rc = store_grow_index(s, need_entries);
+        int rc = ix_grow(s, need_entries);
         atomic_fetch_sub(&s->grow_pending, 1);
         return rc;
     }
@@ -456,7 +456,7 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
                           "copy the rows into a store with a larger pool_size (a pool does not grow)", s->path,
                           (unsigned long long)nb);
     }
-    index_desc *nix = make_desc(s, r->index_next, nb, old->generation + 1);
+    index_desc *nix = ix_desc_new(s, r->index_next, nb, old->generation + 1);
     if (!nix) {
         pmemobj_free(&r->index_next);
         pthread_rwlock_unlock(&s->writers);
@@ -510,9 +510,9 @@ int store_grow_index(embkv_store *s, uint64_t need_entries)
 int ix_grow_for(embkv_store *s, uint64_t more)
 {
     uint64_t need = atomic_load(&s->entries) + more;
-    if (need <= store_grow_threshold(s))
+    if (need <= ix_grow_threshold(s))
         return EMBKV_OK;
-    return store_grow_index(s, need);
+    return ix_grow(s, need);
 }
 
 int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)

@@ -764,7 +764,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (!OID_IS_NULL(r->index_old))
         pmemobj_free(&r->index_old);
 
-    index_desc *ix = make_desc(s, r->index, r->nbuckets, 1);
+    index_desc *ix = ix_desc_new(s, r->index, r->nbuckets, 1);
     if (!ix)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
     atomic_store(&s->ix, ix);
