@@ -231,8 +231,8 @@ static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
     return r->id == id && r->check == rec_checksum(s, r);
 }
 /* Retire a location: freed once no reader can see it (P6). */
-void retire_now(embkv_store *s, const uint64_t *locs, size_t n);
-void reclaim(embkv_store *s, bool wait_for_readers);
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n);
+void slab_reclaim(embkv_store *s, bool wait_for_readers);
 
 /* ------------------------------------------------------------- snapshot.c */
 int snap_init(embkv_store *s);

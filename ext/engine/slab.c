@@ -8,9 +8,9 @@
  * points at it), so a crash can neither leak nor double-allocate a record.
  *
  * A record's whole life is here: a replaced version is retired
- * (retire_now) and waits in the limbo list until no reader can still
+ * (slab_retire) and waits in the limbo list until no reader can still
  * see it (P6: epochs, and no snapshot older than its retirement), then
- * reclaim frees it.  Durable versions replaced since the last sync wait
+ * slab_reclaim frees it.  Durable versions replaced since the last sync wait
  * first in the pending lists, until that sync (P2: sync.c).
  */
 #include <errno.h>
@@ -103,7 +103,7 @@ static int add_chunk(embkv_store *s)
     return EMBKV_OK;
 }
 
-/* With slab_mu held (dropped and retaken around a reclaim): make at least
+/* With slab_mu held (dropped and retaken around a slab_reclaim): make at least
  * `want` records free, reclaiming what epochs allow first, then adding
  * chunks while the pool has room. */
 static int ensure_free(embkv_store *s, size_t want)
@@ -114,7 +114,7 @@ static int ensure_free(embkv_store *s, size_t want)
         if (!reclaimed) {
             /* Records retired to the epoch limbo may be free by now. */
             pthread_mutex_unlock(&s->slab_mu);
-            reclaim(s, false);
+            slab_reclaim(s, false);
             reclaimed = true;
             pthread_mutex_lock(&s->slab_mu);
             continue;
@@ -181,7 +181,7 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n)
 {
     /* (A freed record may be named by an index entry this thread changed
-     * and flushed: drained first, as in retire_now.) */
+     * and flushed: drained first, as in slab_retire.) */
     persist_barrier(s);
     pthread_mutex_lock(&s->slab_mu);
     /* Room for every record of every chunk was reserved in add_chunk.  A
@@ -298,9 +298,9 @@ void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhauste
 
 /* ------------------------------------------------------------ reclamation */
 
-#define LIMBO_BATCH 4096  /* retired records that make a reclaim run */
+#define LIMBO_BATCH 4096  /* retired records that make a slab_reclaim run */
 
-void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n)
 {
     if (n == 0)
         return;
@@ -336,10 +336,10 @@ void retire_now(embkv_store *s, const uint64_t *locs, size_t n)
     over = s->nlimbo >= LIMBO_BATCH;
     pthread_mutex_unlock(&s->retire_mu);
     if (over)
-        reclaim(s, false);
+        slab_reclaim(s, false);
 }
 
-void reclaim(embkv_store *s, bool wait_for_readers)
+void slab_reclaim(embkv_store *s, bool wait_for_readers)
 {
     if (wait_for_readers)
         ebr_synchronize();
@@ -355,7 +355,7 @@ void reclaim(embkv_store *s, bool wait_for_readers)
     uint64_t *freed = k ? malloc(k * sizeof *freed) : NULL;
     if (k && !freed) {
         pthread_mutex_unlock(&s->retire_mu);
-        return;  /* try again at the next reclaim */
+        return;  /* try again at the next slab_reclaim */
     }
     if (k) {
         for (size_t i = 0; i < k; i++)

@@ -22,7 +22,7 @@
  * them (one load sees an empty log); writers pay nothing while no snapshot
  * is open (one load at the start of a group).  Old versions stay readable
  * because reclamation never frees a record retired after the oldest open
- * snapshot began (reclaim() takes snap_floor into account): an open
+ * snapshot began (slab_reclaim() takes snap_floor into account): an open
  * statement holds the old versions of rows changed meanwhile, as in any
  * multi-version store.  The log is trimmed when snapshots close.
  */

@@ -33,7 +33,7 @@ static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
         if (ix_find(ix, t[i].id, h, &f) && f.loc == t[i].loc) {
             ix_remove(ix, h, &f);
             atomic_fetch_sub(&s->entries, 1);
-            retire_now(s, &t[i].loc, 1);
+            slab_retire(s, &t[i].loc, 1);
         }
         keylock_release(s, h);
         pthread_rwlock_unlock(&s->writers);
@@ -114,8 +114,8 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         s->sync_failed = false;
         /* Versions replaced during E and rows deleted during E are garbage. */
         purge_tombstones(s, tombs, ntombs);
-        retire_now(s, pend.v, pend.n);
-        reclaim(s, false);
+        slab_retire(s, pend.v, pend.n);
+        slab_reclaim(s, false);
         tier_sync_done(s);
     } else {
         s->sync_failed = true;

@@ -67,7 +67,7 @@ static void retire_flush(embkv_store *s, retire_buf *rb)
         push_tombs(s, parity, rb->tombs, rb->ntombs);
         pthread_mutex_unlock(&s->retire_mu);
     }
-    retire_now(s, rb->now, rb->nnow);
+    slab_retire(s, rb->now, rb->nnow);
     rb->nkeep = rb->nnow = rb->ntombs = 0;
 }
 
