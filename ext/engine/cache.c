@@ -40,7 +40,7 @@
  * but a move never evicts a row as hot as the one it brings, or a
  * background migration that brings the hottest rows first would, in a
  * full shard, churn them out again with the colder ones after.  Dirty rows are never evicted: they
- * are written back first (write.c: cache_clean), so eviction costs no
+ * are written back first (write.c: writeback_clean), so eviction costs no
  * I/O and no allocation in the middle of a batch.
  *
  * Memory.  Slots live in one anonymous mapping advised MADV_HUGEPAGE: at

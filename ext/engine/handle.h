@@ -107,7 +107,7 @@ struct embkv_store {
     /* the DRAM cache (cache.c); NULL without one */
     struct cache *_Atomic cache; /* set once (store.c: cache_attach), read once per call */
     uint64_t cache_size;       /* as the open that made it asked */
-    atomic_bool cache_cleaning; /* one cache_clean at a time */
+    atomic_bool cache_cleaning; /* one writeback_clean at a time */
 
     /* training (train.c): options, permits; NULL until configured */
     struct train_state *_Atomic train;

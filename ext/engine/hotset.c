@@ -194,7 +194,7 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
 }
 
 /* Brings ids into the cache (hotset_move); *admitted counts them. */
-static int cache_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
+static int hotset_admit(embkv_store *s, const int64_t *ids, size_t n, size_t *admitted)
 {
     *admitted = 0;
     if (!s->cache)
@@ -270,7 +270,7 @@ int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves
                 hh[q] = embkv__hash(u[j + q]);
             heat_saturate_batch(s->heat, hh, m);
         }
-        rc = cache_hotset(s, u, k, &dram);
+        rc = hotset_admit(s, u, k, &dram);
         moves->to_dram = dram;
         atomic_fetch_add(&s->st_hot_to_dram, dram);
     }

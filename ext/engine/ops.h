@@ -35,11 +35,11 @@ int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const in
                           embkv_update_fn fn, void *ctx, size_t *nupdated);
 /* The cache's write-backs.  Quiesces the groups (groups_quiesce) with
  * every dirty row written back; on failure the groups are resumed. */
-int cache_flush_quiesce(embkv_store *s);
+int writeback_quiesce(embkv_store *s);
 /* Outside any group of the thread: once more than 15/16 of the cache is
  * dirty, quiesces the groups and writes back the rows the CLOCK hands
  * reach next (down to 7/8). */
-int cache_clean(embkv_store *s);
+int writeback_clean(embkv_store *s);
 
 /* ------------------------------------------------------------- read.c */
 /* embkv_get_batch putting row j of the batch at row

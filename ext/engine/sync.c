@@ -61,7 +61,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     /* The cache's dirty rows go home in E (with the groups held for the
      * last of them): the checkpoint holds every change of every group. */
     if (s->cache) {
-        int frc = cache_flush_quiesce(s);
+        int frc = writeback_quiesce(s);
         if (frc != EMBKV_OK) {
             pthread_mutex_unlock(&s->sync_mu);
             return frc;
@@ -152,7 +152,7 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
      * is dirty (cached rows are written through), so the version log
      * covers every change a snapshot must not see. */
     if (s->cache) {
-        rc = cache_flush_quiesce(s);
+        rc = writeback_quiesce(s);
         if (rc != EMBKV_OK) {
             snap_drop(snap);
             return rc;

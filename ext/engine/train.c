@@ -810,7 +810,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     /* The rows it creates and its updates are one write group: seen by
      * snapshots and kept by checkpoints entirely or not at all.  (A cache
      * short of clean rows is cleaned first, outside the group.) */
-    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK) {

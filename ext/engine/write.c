@@ -329,7 +329,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
     return rc;
 }
 
-int cache_flush_quiesce(embkv_store *s)
+int writeback_quiesce(embkv_store *s)
 {
     groups_quiesce(s);
     int64_t *ids = NULL;
@@ -345,7 +345,7 @@ int cache_flush_quiesce(embkv_store *s)
     return rc;
 }
 
-int cache_clean(embkv_store *s)
+int writeback_clean(embkv_store *s)
 {
     cache *c = s->cache;
     uint64_t cap = cache_capacity(c), nd = cache_ndirty(c);
@@ -494,7 +494,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         return embkv__err(EMBKV_INVALID, "embkv_put: %s is NULL", s ? "vec" : "store");
     if ((flags & EMBKV_PUT_INSERT) && (flags & EMBKV_PUT_UPDATE))
         return embkv__err(EMBKV_INVALID, "embkv_put: EMBKV_PUT_INSERT and EMBKV_PUT_UPDATE together");
-    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
@@ -696,7 +696,7 @@ static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_upda
         return embkv__err(EMBKV_INVALID, "embkv_update_batch: NULL argument");
     if (n == 0)
         return EMBKV_OK;
-    int rc = s->cache ? cache_clean(s) : EMBKV_OK;
+    int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
