@@ -161,6 +161,7 @@ static int step_locked(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
     if (c.n && rc == EMBKV_OK) {
         pthread_mutex_lock(&s->demote_mu);
         rc = log_append(s->log, c.recs, c.n, nl, true);
+        /* The copies durable before the index names them (P1). */
         if (rc == EMBKV_OK && (rc = log_sync(s->log)) != EMBKV_OK)
             for (size_t i = 0; i < c.n; i++)
                 log_release(s->log, nl[i]);

@@ -12,8 +12,8 @@
  * Every append starts on a fresh block.  That wastes at most a block per
  * append (appends are demotion and compaction batches of thousands of
  * rows), and buys the rule that no block holding records of an earlier
- * checkpoint is ever written again: a torn write can only hit records no
- * checkpoint refers to yet.
+ * checkpoint is ever written again (P3): a torn write can only hit records
+ * no checkpoint refers to yet.
  *
  * Segments are never appended to after a reopen: the first append of a
  * process starts a new segment, so the log needs no record of where the

@@ -276,6 +276,7 @@ void dirtymap_close(embkv_store *s)
     s->dirty[0] = s->dirty[1] = s->bdirty[0] = s->bdirty[1] = NULL;
 }
 
+/* Before the bucket changes (P4), with its tally. */
 void mark_bucket(embkv_store *s, const void *bk)
 {
     if (s->is_pmem)

@@ -51,9 +51,9 @@ static inline uint64_t next_bucket(const index_desc *ix, uint64_t b, uint64_t st
     return (b + step) & ix->mask;
 }
 
-/* A bucket is marked for recovery before it changes (sync.c: recovery
- * visits only the buckets marked since the durable epoch, so a process
- * killed between a change and its mark would keep the change past the
+/* A bucket is marked for recovery before it changes (P4: recovery visits
+ * only the buckets marked since the durable epoch, so a process killed
+ * between a change and its mark would keep the change past the
  * checkpoint), and its page is marked for the next flush after. */
 static inline void will_touch(const index_desc *ix, const bucket *bk)
 {

@@ -345,7 +345,8 @@ void slab_reclaim(embkv_store *s, bool wait_for_readers)
         ebr_synchronize();
     pthread_mutex_lock(&s->retire_mu);
     uint64_t safe = ebr_safe_epoch();
-    /* Nothing retired since the oldest open snapshot began: it may read it. */
+    /* Nothing retired since the oldest open snapshot began: it may read
+     * it (P6, with the readers' epochs). */
     uint64_t floor = atomic_load(&s->snap_floor);
     if (floor < safe)
         safe = floor;

@@ -8,7 +8,7 @@
  * (checkpoint) never falls inside a group, so a crash returns to a state
  * with each group entirely or not at all, too.
  *
- * How.  Groups hold the store's `groups` lock shared; opening a snapshot
+ * How (P7).  Groups hold the store's `groups` lock shared; opening a snapshot
  * (sync.c: embkv_snapshot_open) takes it exclusively for an instant, so every group is wholly before or
  * wholly after the snapshot's sequence number S.  Groups that begin while
  * any snapshot is open log, before switching a row's index entry, the
@@ -22,7 +22,7 @@
  * them (one load sees an empty log); writers pay nothing while no snapshot
  * is open (one load at the start of a group).  Old versions stay readable
  * because reclamation never frees a record retired after the oldest open
- * snapshot began (slab_reclaim() takes snap_floor into account): an open
+ * snapshot began (P6) (slab_reclaim() takes snap_floor into account): an open
  * statement holds the old versions of rows changed meanwhile, as in any
  * multi-version store.  The log is trimmed when snapshots close.
  */

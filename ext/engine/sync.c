@@ -60,6 +60,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     uint64_t tail = tier_sync_tail(s);  /* log records below it are from epoch E or before */
     /* The cache's dirty rows go home in E (with the groups held for the
      * last of them): the checkpoint holds every change of every group. */
+    /* No sync inside a write group (P7): the groups in flight end in E. */
     if (s->cache) {
         int frc = writeback_quiesce(s);
         if (frc != EMBKV_OK) {
@@ -112,7 +113,8 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         if (!s->is_pmem)
             dirtymap_clear_epoch(s, e);
         s->sync_failed = false;
-        /* Versions replaced during E and rows deleted during E are garbage. */
+        /* Versions replaced during E and rows deleted during E are garbage
+         * now that E is durable (P2), freed once no reader holds them (P6). */
         purge_tombstones(s, tombs, ntombs);
         slab_retire(s, pend.v, pend.n);
         slab_reclaim(s, false);
@@ -120,7 +122,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     } else {
         s->sync_failed = true;
         /* The epoch is not durable: keep its old versions for recovery by
-         * carrying them into the next epoch's lists. */
+         * carrying them into the next epoch's lists (P2). */
         pthread_mutex_lock(&s->retire_mu);
         for (size_t i = 0; i < pend.n; i++)
             locvec_push(&s->pending[(e + 1) & 1], pend.v[i]);

@@ -508,7 +508,7 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
         goto out;
     if ((rc = log_append(s->log, buf, k, q, false)) != EMBKV_OK)
         goto out;
-    /* Durable before any index entry points at it. */
+    /* Durable before any index entry points at it (P1). */
     if ((rc = log_sync(s->log)) != EMBKV_OK) {
         for (size_t i = 0; i < k; i++)
             log_release(s->log, q[i]);
@@ -771,7 +771,7 @@ static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, 
             memcpy(d, recs + i * s->rec_size, s->rec_size);
             persist_range(s, d, s->rec_size);
         }
-        persist_barrier(s);  /* the copies are durable before the index names them */
+        persist_barrier(s);  /* the copies are durable before the index names them (P1) */
         for (size_t i = 0; i < k; i++) {
             if (ix_switch(s, ids[i], q[i], p[i])) {
                 q[m] = q[i];

@@ -110,7 +110,7 @@ static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, co
                          uint32_t epoch)
 {
     if (rec_epoch(old) < epoch) {
-        /* The old version is what a crash must return to: keep it. */
+        /* The old version is what a crash must return to: keep it (P2). */
         retire_add(s, rb, f->loc, true);
         return loc_plain(f->loc);
     }
@@ -190,7 +190,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     nr->prev = have ? displace(s, rb, &f, old, epoch) : LOC_NONE;
     nr->check = rec_checksum(s, nr);
     persist_range(s, nr, s->rec_size);
-    persist_barrier(s);  /* the record is durable before anything points at it */
+    persist_barrier(s);  /* the record is durable before anything points at it (P1) */
     if (have) {
         set_loc(s, ix, &f, newloc);
         if (f.loc & LOC_SSD)
@@ -619,7 +619,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         t->epoch = epoch | REC_TOMB;
         t->check = rec_checksum(s, t);
         persist_range(s, t, s->rec_size);
-        persist_barrier(s);
+        persist_barrier(s);  /* (P1) */
         set_loc(s, ix, &f, *tloc | LOC_TOMB);
         rb.tombs[rb.ntombs++] = (tomb_entry){id, *tloc | LOC_TOMB};
         *tloc = LOC_NONE;  /* consumed */
