@@ -190,8 +190,9 @@ uint64_t embkv_count(embkv_store *s);
  * into a DRAM stage of 32 MiB of rows (at least 1024, at most 262144); the
  * next read of such a row (embkv_get_batch, a pull, any read path) takes it
  * from the stage, or waits for its read if still in flight, instead of
- * reading the log.  A staged row stays until read once or until the stage
- * is full and it is the oldest staged row (counted as wasted in the stats);
+ * reading the log.  A staged row stays, read or not, until a write replaces
+ * the row or the stage is full and it is the oldest staged row (counted as
+ * wasted in the stats when it was never read);
  * rows in flight are never dropped, so a full stage queues fewer.  Takes no
  * staleness permits.  Without an SSD tier: EMBKV_OK, nothing queued. */
 int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued);

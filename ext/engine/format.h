@@ -11,7 +11,8 @@
  *   index    - one level of 256-byte buckets (PetHash).  Each bucket has a
  *              seqlock version, an overflow counter, a bitmap of used slots,
  *              14 one-byte fingerprints and 14 (id, location) slots.
- *   chunks   - 4 MiB pmemobj allocations carved into fixed-size records by
+ *   chunks   - pmemobj allocations (about a thousandth of the pool, 256 KiB
+ *              to 64 MiB) carved into fixed-size records by
  *              embkv's own slab allocator (free lists live in DRAM and are
  *              rebuilt from the index at open).
  *

@@ -1,7 +1,8 @@
 /*
  * slab.c - fixed-size record space inside the pool.
  *
- * The pool hands out 4 MiB chunks (one pmemobj allocation each, published
+ * The pool hands out chunks (one pmemobj allocation each, of about a
+ * thousandth of the pool: store.c, chunk_bytes_for; published
  * atomically into the root's chunk table); embkv carves them into records of
  * the table's record size.  Which records are free is DRAM state only: it is
  * rebuilt at open from the index (a record is in use exactly when the index
