@@ -30,8 +30,9 @@ PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL      ?= install
 # Run after a real install (no DESTDIR) as root; empty: not run.
 LDCONFIG     ?= ldconfig
-# The Python the package is installed for (its sqlite3 must load extensions).
-PYTHON       ?= /usr/bin/python3
+# The Python the package is installed for (its sqlite3 must load extensions;
+# Debian's can).  Another: make PYTHON=... venv
+PYTHON       := /usr/bin/python3
 VENV         := $(B)/venv
 
 # ext/engine is the store engine (no SQLite inside), ext/sqlite the binding.
