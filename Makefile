@@ -1,7 +1,10 @@
 # embkv build.  `make` builds the engine library and the SQLite extension;
 # `make test` installs what is missing (Debian packages), builds every
 # variant and runs all tests; `make demo` runs the shell walkthrough;
-# `make bench` runs the benchmarks.
+# `make bench` runs the benchmarks.  `make install` (PREFIX, DESTDIR,
+# LIBDIR, INCLUDEDIR, EXTDIR) installs the header, the libraries, the
+# extension and embkv.pc; `make venv` installs the Python package into
+# build/venv (docs/install.md).
 
 CC      ?= cc
 CSTD    := -std=c11 -D_GNU_SOURCE
@@ -12,6 +15,25 @@ LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
 
 B := build
 .DEFAULT_GOAL := all
+
+# The release: EMBKV_VERSION_STRING of ext/embkv.h, the one place it is written.
+VERSION := $(shell sed -n 's/^.define EMBKV_VERSION_STRING "\([^"]*\)".*/\1/p' ext/embkv.h)
+# The shared library's ABI number (its soname is libembkv.so.$(SOVERSION)).
+SOVERSION := 0
+
+# Where `make install` puts things (DESTDIR is prepended to each).
+PREFIX       ?= /usr/local
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+EXTDIR       ?= $(LIBDIR)/sqlite3
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+INSTALL      ?= install
+# Run after a real install (no DESTDIR) as root; empty: not run.
+LDCONFIG     ?= ldconfig
+# The Python the package is installed for (its sqlite3 must load extensions;
+# Debian's can).  Another: make PYTHON=... venv
+PYTHON       := /usr/bin/python3
+VENV         := $(B)/venv
 
 # ext/engine is the store engine (no SQLite inside), ext/sqlite the binding.
 ENGINE_SRC := $(wildcard ext/engine/*.c)
@@ -47,11 +69,14 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers all deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
-all: $(B)/libembkv.a $(B)/embkv.so
+.PHONY: check-headers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
+all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
 	cp $< $@
+# The engine as a shared library (installed as libembkv.so.$(VERSION)).
+$(B)/libembkv.so: $(plain_ENGINE_OBJ)
+	$(CC) -shared -Wl,-soname,libembkv.so.$(SOVERSION) -Wl,-z,defs -o $@ $(plain_ENGINE_OBJ) $(LDLIBS)
 $(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
 	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
@@ -63,6 +88,54 @@ $(B)/asan/embkv.so: $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a
 deps:
 	@bash tests/deps.sh
 
+# C users: $(INCLUDEDIR)/embkv.h (the public API), $(LIBDIR)/libembkv.a and
+# libembkv.so, $(PKGCONFIGDIR)/embkv.pc; the SQLite extension as
+# $(EXTDIR)/embkv.so (`.load $(EXTDIR)/embkv` in the sqlite3 shell).
+install: all
+	@test -n "$(VERSION)" || { echo "embkv: no EMBKV_VERSION_STRING in ext/embkv.h" >&2; exit 1; }
+	$(INSTALL) -d "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(EXTDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
+	$(INSTALL) -m 644 ext/embkv.h "$(DESTDIR)$(INCLUDEDIR)/embkv.h"
+	$(INSTALL) -m 644 $(B)/libembkv.a "$(DESTDIR)$(LIBDIR)/libembkv.a"
+	$(INSTALL) -m 755 $(B)/libembkv.so "$(DESTDIR)$(LIBDIR)/libembkv.so.$(VERSION)"
+	ln -sf libembkv.so.$(VERSION) "$(DESTDIR)$(LIBDIR)/libembkv.so.$(SOVERSION)"
+	ln -sf libembkv.so.$(SOVERSION) "$(DESTDIR)$(LIBDIR)/libembkv.so"
+	$(INSTALL) -m 755 $(B)/embkv.so "$(DESTDIR)$(EXTDIR)/embkv.so"
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
+	    '# the SQLite extension (load_extension takes the path with or without .so)' \
+	    'extension=$(EXTDIR)/embkv.so' '' \
+	    'Name: embkv' \
+	    'Description: embkv storage engine for ML embedding tables (C API; SQLite extension at $${extension})' \
+	    'Version: $(VERSION)' \
+	    'Requires.private: libpmemobj libpmem liburing libcjson zlib' \
+	    'Libs: -L$${libdir} -lembkv' \
+	    'Libs.private: -lm -pthread' \
+	    'Cflags: -I$${includedir}' > "$(DESTDIR)$(PKGCONFIGDIR)/embkv.pc"
+	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/embkv.pc"
+	@# the dynamic linker's cache, for a real install as root
+	$(if $(LDCONFIG),@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi)
+
+uninstall:
+	rm -f "$(DESTDIR)$(INCLUDEDIR)/embkv.h" "$(DESTDIR)$(LIBDIR)/libembkv.a" \
+	    "$(DESTDIR)$(LIBDIR)/libembkv.so" "$(DESTDIR)$(LIBDIR)/libembkv.so.$(SOVERSION)" \
+	    "$(DESTDIR)$(LIBDIR)/libembkv.so.$(VERSION)" "$(DESTDIR)$(EXTDIR)/embkv.so" \
+	    "$(DESTDIR)$(PKGCONFIGDIR)/embkv.pc"
+	@rmdir "$(DESTDIR)$(EXTDIR)" 2>/dev/null || true
+
+# The Python package installed (with pip, no network) into a virtual
+# environment that sees Debian's numpy and torch: the Python tests, the
+# samples and the benchmarks run with $(VENV)/bin/python.  Installed again
+# when the extension or the package's files change.
+venv: $(VENV)/.installed
+$(VENV)/.installed: $(B)/embkv.so ext/embkv.h setup.py $(wildcard pysample/embkv/*.py)
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv --system-site-packages $(VENV) || { \
+	    echo "embkv: could not create $(VENV) with $(PYTHON) -m venv (Debian: apt-get install python3-venv, or make deps)" >&2; \
+	    rm -rf $(VENV); exit 1; }
+	@$(VENV)/bin/python -c 'import sqlite3; sqlite3.connect(":memory:").enable_load_extension(True)' 2>/dev/null || { \
+	    echo "embkv: the sqlite3 module of $(PYTHON) cannot load extensions: make PYTHON=/usr/bin/python3 (Debian's) venv" >&2; \
+	    rm -rf $(VENV); exit 1; }
+	$(VENV)/bin/python -m pip install --quiet --no-index --no-cache-dir --disable-pip-version-check .
+	@touch $@
+
 # On a machine without the Debian packages, say so (instead of a compiler's
 # "libpmemobj.h: No such file or directory").
 check-headers:
@@ -72,7 +145,7 @@ check-headers:
 	    echo "embkv: missing headers:$$missing; run 'make deps' (installs the Debian packages) first" >&2; exit 1; fi
 
 test: deps
-	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so
+	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so venv
 	@bash tests/run.sh
 	@bash tests/fuzz/run.sh short
 
@@ -83,16 +156,16 @@ test-c: deps
 # The SIGKILL harness alone (tests/crash/), and its long run:
 # CRASH_ROUNDS kills (default 10000, about 80 minutes here).
 test-crash: deps
-	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
+	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so venv
 	@bash tests/run.sh crash
 # 8 threads of mixed work on one table for SOAK_SECONDS (default 600),
 # memory and the store's files sampled (bench/soak.py).
-soak: deps all
-	@/usr/bin/python3 bench/soak.py /dev/shm/embkv-soak.$$$$ --seconds $(or $(SOAK_SECONDS),600) $(if $(SOAK_SSD_MB),--ssd-mb $(SOAK_SSD_MB))
-crash-soak: deps all
+soak: deps all venv
+	@$(VENV)/bin/python bench/soak.py /dev/shm/embkv-soak.$$$$ --seconds $(or $(SOAK_SECONDS),600) $(if $(SOAK_SSD_MB),--ssd-mb $(SOAK_SSD_MB))
+crash-soak: deps all venv
 	@bash tests/python_run.sh tests/crash/crash_sql.py --rounds $(or $(CRASH_ROUNDS),10000)
 test-sql test-python: deps
-	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so
+	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so $(if $(filter test-python,$@),venv)
 	@bash tests/run.sh $(patsubst test-%,%,$@)
 
 plain-tests: $(plain_TESTS) $(B)/pmemsim.so
@@ -109,7 +182,7 @@ $(B)/bench/%: bench/%.c bench/bench_common.h bench/bench_baseline.h $(B)/plain/l
 $(B)/bench:
 	mkdir -p $@
 
-bench: deps $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+bench: deps $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC)) venv
 	@bash bench/run.sh
 
 # The larger-than-memory benchmark: embkv against RocksDB and LMDB, each run
@@ -127,7 +200,7 @@ demo: deps all
 
 # The CTR model of pysample/train_ctr.py, about a minute on 2 cores; the
 # database and the curves go to build/ctr-demo.db(.png).
-demo-train: deps all
+demo-train: deps all venv
 	@bash pysample/run.sh pysample/train_ctr.py --db $(B)/ctr-demo.db --fresh --workers 2 --staleness 4
 
 clean:

@@ -4,7 +4,10 @@ embkv-backed embeddings against torch.nn.Embedding in memory (sparse
 Adagrad, the same initial rows), then HET's table: 2 and 4 worker threads at
 staleness 0, 1, 4, 16 and unlimited, examples/s and held-out AUC.
 
-    /usr/bin/python3 bench/bench_ctr.py [--train-rows N] [--out DIR]
+    python bench/bench_ctr.py [--train-rows N] [--out DIR]
+
+with the embkv package installed (docs/install.md; `make bench` uses
+build/venv/bin/python, where `make venv` installs it).
 """
 import argparse
 import json
@@ -15,11 +18,14 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "pysample", "train_ctr.py")
+# The sample's directory stays off sys.path: it imports the installed embkv
+# package, not pysample/embkv beside it.
+SAMPLE_ENV = dict(os.environ, PYTHONSAFEPATH="1")
 
 
 def run(db, *extra):
     out = subprocess.run([sys.executable, SCRIPT, "--db", db, "--quiet", "--json", "--eval-every", "0"] + list(extra),
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=SAMPLE_ENV)
     if out.returncode:
         sys.exit("bench_ctr: train_ctr.py failed: %s" % out.stderr[-2000:])
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
@@ -42,10 +48,8 @@ def main():
 
     def fresh_embkv(workers, staleness):
         # Same data: drop the table and the checkpoints, keep the samples.
-        import sqlite3
-        c = sqlite3.connect(db)
-        c.enable_load_extension(True)
-        c.load_extension(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
+        import embkv
+        c = embkv.connect(db)
         c.execute("DROP TABLE IF EXISTS emb")
         c.close()
         for f in os.listdir(d):

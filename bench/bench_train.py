@@ -154,6 +154,19 @@ def bench_sqlite(dirpath, ids, vecs, rows_of, grads, nbatches):
     return rate
 
 
+def default_extension():
+    """The extension of the installed embkv package ($EMBKV_EXT first)."""
+    try:
+        import embkv
+    except ImportError as e:
+        sys.exit("%s: the embkv package cannot be imported (%s): install it (docs/install.md; `make venv` "
+                 "puts it in build/venv), or name the extension with --ext" % (os.path.basename(__file__), e))
+    try:
+        return embkv.find_extension()
+    except embkv.EmbkvError as e:
+        sys.exit(str(e))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -163,8 +176,11 @@ def main():
                     help="batches for the plain SQLite baseline (it is slow)")
     ap.add_argument("--cache-frac", type=float, default=0.1,
                     help="the cached run's cache, as a fraction of the rows (0: no cached run)")
-    ap.add_argument("--ext", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "embkv"))
+    ap.add_argument("--ext", default=None,
+                    help="the extension (default: the installed embkv package's, embkv.find_extension())")
     a = ap.parse_args()
+    if a.ext is None:
+        a.ext = default_extension()
     need_extension_loading()
     if os.path.exists(a.dir) and os.listdir(a.dir):
         sys.exit(f"{a.dir} must be absent or empty")

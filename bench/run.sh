@@ -5,6 +5,8 @@
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
 #   bench_train, bench_train.py, bench_recovery, bench_ctr.py (below)
+# The Python ones run with build/venv/bin/python, the embkv package installed
+# there by `make venv` (which `make bench` runs) as users install it.
 # Everything printed is also written to build/bench-results.txt.  Pools live
 # in per-run directories that are removed on exit, failure or interrupt.
 # BENCH_ROWS / BENCH_BATCHES override the data size (default 2M rows, 2000
@@ -13,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=build/bench
+PY=build/venv/bin/python
 OUT=build/bench-results.txt
 ROWS=${BENCH_ROWS:-2000000}
 BATCHES=${BENCH_BATCHES:-2000}
@@ -169,10 +172,12 @@ if [[ -x $BIN/bench_train && -f build/embkv.so ]]; then
     run "bench_train (/dev/shm)" "$BIN/bench_train" "$SHM_ROOT/train" --ext build/embkv \
         --rows "$ROWS" --batches "$BATCHES" --pool-mb "$POOL_MB"
     rm -rf "$SHM_ROOT/train"
-    if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
-        run "bench_train.py (/dev/shm)" /usr/bin/python3 bench/bench_train.py "$SHM_ROOT/trainpy" \
-            --ext build/embkv --rows "$ROWS" --batches "$BATCHES"
+    if [[ -x $PY ]] && "$PY" -c 'import embkv' 2>/dev/null; then
+        run "bench_train.py (/dev/shm)" "$PY" bench/bench_train.py "$SHM_ROOT/trainpy" \
+            --rows "$ROWS" --batches "$BATCHES"
         rm -rf "$SHM_ROOT/trainpy"
+    else
+        echo; echo "bench_train.py skipped: $PY cannot import embkv (make venv installs it)"; status=1
     fi
 fi
 
@@ -192,9 +197,11 @@ fi
 
 # The PyTorch CTR model: embkv against torch in memory, and workers x
 # staleness (HET's table).
-if [[ -f build/embkv.so ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-    run "bench_ctr.py (/dev/shm)" /usr/bin/python3 bench/bench_ctr.py --out "$SHM_ROOT/ctr"
+if [[ -x $PY ]] && "$PY" -c 'import embkv, torch' 2>/dev/null; then
+    run "bench_ctr.py (/dev/shm)" "$PY" bench/bench_ctr.py --out "$SHM_ROOT/ctr"
     rm -rf "$SHM_ROOT/ctr"
+else
+    echo; echo "bench_ctr.py skipped: $PY cannot import embkv and torch (make deps venv installs them)"; status=1
 fi
 
 echo

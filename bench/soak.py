@@ -76,6 +76,19 @@ def du_mb_file(path):
         return 0.0
 
 
+def default_extension():
+    """The extension of the installed embkv package ($EMBKV_EXT first)."""
+    try:
+        import embkv
+    except ImportError as e:
+        sys.exit("%s: the embkv package cannot be imported (%s): install it (docs/install.md; `make venv` "
+                 "puts it in build/venv), or name the extension with --ext" % (os.path.basename(__file__), e))
+    try:
+        return embkv.find_extension()
+    except embkv.EmbkvError as e:
+        sys.exit(str(e))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -83,8 +96,11 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--sample", type=float, default=10)
     ap.add_argument("--ssd-mb", type=int, default=0, help="ssd_size in MiB (default: 4 MiB per 1000 rows)")
-    ap.add_argument("--ext", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "embkv"))
+    ap.add_argument("--ext", default=None,
+                    help="the extension (default: the installed embkv package's, embkv.find_extension())")
     a = ap.parse_args()
+    if a.ext is None:
+        a.ext = default_extension()
     if os.path.exists(a.dir) and os.listdir(a.dir):
         sys.exit(f"{a.dir} must be absent or empty")
     os.makedirs(a.dir, exist_ok=True)

@@ -33,6 +33,9 @@
 extern "C" {
 #endif
 
+/* The release (embkv_version() in SQL, embkv.__version__ in Python, the
+ * pkg-config Version): the one place it is written. */
+#define EMBKV_VERSION_STRING "0.1.0"
 #define EMBKV_FORMAT_VERSION 1
 #define EMBKV_MAX_DIM 8192
 #define EMBKV_MAX_STATE_FLOATS 16384

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# pysample/run.sh SCRIPT [args]: runs a Python sample with a Python whose
-# sqlite3 module can load extensions (Debian's /usr/bin/python3 first).
+# pysample/run.sh SCRIPT [args]: runs a Python sample with build/venv/bin/python,
+# where `make venv` (run first; it does nothing when up to date) installs the
+# embkv package with pip, as a user installs it.  The sample's own directory
+# is kept off sys.path (PYTHONSAFEPATH), so `import embkv` is the installed
+# package, not pysample/embkv beside it.
 set -euo pipefail
-probe='import sqlite3; sqlite3.connect(":memory:").enable_load_extension(True)'
-for py in /usr/bin/python3 "$(command -v python3 || true)"; do
-    if [[ -n $py && -x $py ]] && "$py" -c "$probe" 2>/dev/null; then
-        exec "$py" "$@"
-    fi
-done
-echo "pysample/run.sh: no Python whose sqlite3 module can load extensions (tried /usr/bin/python3 and" \
-     "python3 on PATH); install Debian's python3 (make deps)" >&2
-exit 1
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [[ $# -lt 1 ]]; then
+    echo "usage: pysample/run.sh SCRIPT.py [args]" >&2
+    exit 2
+fi
+if ! make -s --no-print-directory -C "$root" venv >&2; then
+    echo "pysample/run.sh: \`make venv\` failed (messages above): the embkv package could not be installed" \
+         "into $root/build/venv" >&2
+    exit 2
+fi
+exec env PYTHONSAFEPATH=1 "$root/build/venv/bin/python" "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A DLRM-style click-through-rate model trained through embkv.
 
-    make && /usr/bin/python3 pysample/train_ctr.py            # or: make demo-train
+    python3 pysample/train_ctr.py       # with the embkv package installed (docs/install.md)
+    make demo-train                     # or: installs it into build/venv and runs this
 
 The data: a generated Criteo-like set in an ordinary SQLite table `samples`
 of the same database (26 categorical fields with Zipf-distributed ids over
@@ -34,9 +35,6 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
 try:
     import numpy as np
     import torch
@@ -44,9 +42,12 @@ try:
 except ImportError as e:  # pragma: no cover
     sys.exit("train_ctr.py: %s: run it with Debian's /usr/bin/python3 (this is %s), with the packages "
              "python3-numpy and python3-torch (`make deps` installs them)" % (e, sys.executable))
-
-import embkv  # noqa: E402
-import embkv.torch as ekt  # noqa: E402
+try:
+    import embkv
+    import embkv.torch as ekt
+except ImportError as e:  # pragma: no cover
+    sys.exit("train_ctr.py: %s: install the embkv package for %s (docs/install.md), or run `make demo-train`"
+             % (e, sys.executable))
 
 NCAT, NDENSE = 26, 13
 POS_ROW = -1          # reserved id of emb: (generation, batches done)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """embkv from Python: the standard sqlite3 module plus numpy.
 
-    make                                   # builds build/embkv.so
-    /usr/bin/python3 pysample/train_demo.py
+    python pysample/train_demo.py          # the embkv package installed (docs/install.md)
+    pysample/run.sh pysample/train_demo.py # or: with build/venv (make venv)
 
 What it shows, in order:
   1. loading the extension (conn.load_extension, no entry-point argument);
@@ -13,8 +13,9 @@ What it shows, in order:
   4. similarities: numpy on the batch, and the same in SQL with embkv_cosine;
   5. a toy SGD step written back with UPDATE, then embkv_checkpoint.
 
-Options: --ext PATH (the extension, default <repo>/build/embkv; also the
-EMBKV_EXT environment variable), --rows N, --dim D.
+Options: --ext PATH (the extension; default embkv.find_extension() of the
+installed embkv package: $EMBKV_EXT, else the copy installed with it),
+--rows N, --dim D.
 
 It needs a Python whose sqlite3 module can load extensions.  Debian's
 /usr/bin/python3 can (numpy comes from the python3-numpy package); Pythons
@@ -27,9 +28,6 @@ import os
 import sqlite3
 import sys
 import tempfile
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def refuse(msg):
     sys.stderr.write("train_demo.py: %s\n" % msg)
@@ -54,13 +52,27 @@ def check_python():
         )
 
 
+def default_extension():
+    """The extension the installed embkv package would load."""
+    try:
+        import embkv
+    except ImportError as e:
+        refuse("the embkv package cannot be imported (%s): install it for %s (docs/install.md), or name the "
+               "extension with --ext PATH" % (e, sys.executable))
+    try:
+        return embkv.find_extension()
+    except embkv.EmbkvError as e:
+        refuse(str(e))
+
+
 def connect(db_path, ext):
     conn = sqlite3.connect(db_path)
     conn.enable_load_extension(True)
     try:
         conn.load_extension(ext)
     except sqlite3.OperationalError as e:
-        refuse("cannot load the embkv extension from %s: %s (run `make` first)" % (ext, e))
+        refuse("cannot load the embkv extension from %s: %s (build it with `make`, or name another with --ext)"
+               % (ext, e))
     finally:
         conn.enable_load_extension(False)  # no further extension loading through SQL
     return conn
@@ -68,15 +80,16 @@ def connect(db_path, ext):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ext", default=os.environ.get("EMBKV_EXT", os.path.join(REPO, "build", "embkv")))
+    ap.add_argument("--ext", default=None, help="the extension (default: the installed embkv package's)")
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--dim", type=int, default=16)
     args = ap.parse_args()
     check_python()
     import numpy as np
+    ext = args.ext or default_extension()
 
     with tempfile.TemporaryDirectory(prefix="embkv-pysample-") as tmp:
-        conn = connect(os.path.join(tmp, "demo.db"), args.ext)
+        conn = connect(os.path.join(tmp, "demo.db"), ext)
         version = conn.execute("SELECT embkv_version()").fetchone()[0]
         print("embkv %s loaded into SQLite %s" % (version, sqlite3.sqlite_version))
 

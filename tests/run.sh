@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
 # threaded ones) under TSan; the SQL tests through the sqlite3 shell against
-# expected output; the Python tests.  Ends with "N passed, N failed".
-# An argument picks one group: c, sql, python, crash (each also run
-# against the sanitizer builds) or docs; none runs them all.  The crash
-# group is the SIGKILL harness (tests/crash/: 100 kills, 30 more against
-# the sanitized extension; EMBKV_CRASH_ROUNDS changes the first).  The docs
-# group is tests/docs_check.py: docs/ documents every function and option
-# the extension registers, and the README's examples run.
+# expected output; the Python tests (with the embkv package installed into
+# build/venv: tests/python_run.sh); the docs check; the install test.  Ends
+# with "N passed, N failed".  An argument picks one group: c, sql, python or
+# crash (each also run against the sanitizer builds), docs or install; none
+# runs them all.  The crash group is the SIGKILL harness (tests/crash/: 100
+# kills, 30 more against the sanitized extension; EMBKV_CRASH_ROUNDS
+# changes the first).  The docs group is tests/docs_check.py: docs/
+# documents every function and option the extension registers, and the
+# README's examples run.  The install group is tests/install.sh (make
+# install into a temporary directory, a C program built with pkg-config,
+# pip install into a fresh virtual environment).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 group=${1:-all}
 case $group in
-    all | c | sql | python | crash | docs) ;;
-    *) echo "usage: tests/run.sh [c|sql|python|crash|docs]" >&2; exit 2 ;;
+    all | c | sql | python | crash | docs | install) ;;
+    *) echo "usage: tests/run.sh [c|sql|python|crash|docs|install]" >&2; exit 2 ;;
 esac
 want() { [[ $group == all || $group == "$1" ]]; }
 passed=0 failed=0 failures=()
@@ -52,6 +56,10 @@ if want python && [[ -d tests/python ]]; then
     for t in tests/python/test_*.py; do
         [[ -f $t ]] && run_one "python/$(basename "$t" .py)" bash tests/python_run.sh "$t"
     done
+fi
+
+if want install; then
+    run_one "install/install.sh" bash tests/install.sh
 fi
 
 if want crash && [[ -f tests/crash/crash_sql.py ]]; then

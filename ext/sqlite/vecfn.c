@@ -18,7 +18,7 @@
  *   embkv_add(a, b), embkv_sub(a, b), embkv_scale(a, k) -> BLOB
  *   embkv_sum(v), embkv_avg(v)   aggregates (and window functions) -> BLOB;
  *                                NULL rows are skipped, no rows -> NULL
- *   embkv_version()      -> TEXT   "0.1.0"
+ *   embkv_version()      -> TEXT   the release, EMBKV_VERSION_STRING of embkv.h
  *   embkv_build()        -> TEXT   JSON: which optional parts were compiled in
  *
  * Semantics shared by all of them:
@@ -55,10 +55,6 @@ SQLITE_EXTENSION_INIT3
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef EMBKV_VERSION_STRING
-#define EMBKV_VERSION_STRING "0.1.0"
-#endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define VEC_BIG_ENDIAN 1

@@ -1,14 +1,16 @@
 """embkv from Python: load the extension, and numpy helpers for training.
 
-    import sys; sys.path.insert(0, "pysample")      # or PYTHONPATH=pysample
     import embkv
     conn = embkv.connect("model.db")                # sqlite3 connection, embkv loaded
     vecs = embkv.pull(conn, "item", ids)            # (len(ids), dim) float32
     embkv.push(conn, "item", ids, grads)            # the table's optimizer applies them
 
-The extension is looked for in $EMBKV_EXT, then in build/ of the repository
-this package sits in (run `make` first).  A Python whose sqlite3 module cannot
-load extensions (many self-built ones) gets an error naming one that can
+Installed with pip (docs/install.md), the package holds the extension
+(embkv/embkv.so).  find_extension() looks in $EMBKV_EXT first (another
+build, e.g. a sanitizer one), then in the package, then in build/ of the
+source checkout the package sits in (so running from the repository without
+installing works after `make`).  A Python whose sqlite3 module cannot load
+extensions (many self-built ones) gets an error naming one that can
 (Debian's /usr/bin/python3).
 
 The helpers exchange ids and vectors as raw int64 / float32 bytes: numpy
@@ -18,13 +20,31 @@ result BLOB (no copy either).  embkv.torch has nn.Module wrappers.
 """
 import json
 import os
+import re
 import sqlite3
 
 import numpy as np
 
-__all__ = ["EmbkvError", "find_extension", "load", "connect", "dim", "pull", "push", "release", "checkpoint"]
+__all__ = ["__version__", "EmbkvError", "find_extension", "load", "connect", "dim", "pull", "push", "release",
+           "checkpoint"]
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The source checkout this package sits in (<repo>/pysample/embkv), if any.
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+_IN_CHECKOUT = os.path.isfile(os.path.join(_REPO, "ext", "embkv.h")) and \
+    os.path.isfile(os.path.join(_REPO, "Makefile"))
+
+
+def _checkout_version():
+    with open(os.path.join(_REPO, "ext", "embkv.h")) as f:
+        m = re.search(r'^#define EMBKV_VERSION_STRING "([^"]+)"', f.read(), re.M)
+    return m.group(1) if m else "unknown"
+
+
+try:  # written by setup.py when the package is built
+    from ._version import __version__
+except ImportError:  # running from the source checkout
+    __version__ = _checkout_version() if _IN_CHECKOUT else "unknown"
 
 
 class EmbkvError(RuntimeError):
@@ -32,13 +52,30 @@ class EmbkvError(RuntimeError):
 
 
 def find_extension():
-    """Path of the extension without its .so suffix (what load_extension takes)."""
-    cand = os.environ.get("EMBKV_EXT") or os.path.join(_REPO, "build", "embkv")
-    base = cand[:-3] if cand.endswith(".so") else cand
-    if not os.path.exists(base + ".so"):
-        raise EmbkvError("embkv: the extension %s.so does not exist: run `make` in %s, or set EMBKV_EXT"
-                         % (base, _REPO))
-    return base
+    """Path of the extension without its .so suffix (what load_extension
+    takes): $EMBKV_EXT, else embkv.so in this package, else build/embkv.so
+    of the source checkout the package sits in."""
+    env = os.environ.get("EMBKV_EXT")
+    if env:
+        base = env[:-3] if env.endswith(".so") else env
+        if not os.path.isfile(base + ".so"):
+            raise EmbkvError("embkv: EMBKV_EXT is set to %r, but %s.so does not exist: point it at a built "
+                             "extension (path with or without .so), or unset it to use the one installed with "
+                             "this package" % (env, base))
+        return os.path.abspath(base)
+    tried = [os.path.join(_HERE, "embkv.so")]
+    if _IN_CHECKOUT:
+        tried.append(os.path.join(_REPO, "build", "embkv.so"))
+    for path in tried:
+        if os.path.isfile(path):
+            return path[:-3]
+    if _IN_CHECKOUT:
+        advice = "run `make` in %s, or install the package (pip install %s; see docs/install.md)" % (_REPO, _REPO)
+    else:
+        advice = ("reinstall the package from the embkv source tree (pip install . there; see docs/install.md), "
+                  "which builds the extension into it")
+    raise EmbkvError("embkv: the SQLite extension was not found (looked for %s; EMBKV_EXT is not set): %s, "
+                     "or set EMBKV_EXT to a built extension" % (" and ".join(tried), advice))
 
 
 def load(conn, path=None):

@@ -24,7 +24,8 @@ Every round prints its seed; a failure prints the differences and the
 seed to run again (--rounds 1 --seed S on a copy of the directory).
 
 Usage: crash_sql.py [--rounds N] [--seed S] [--dir DIR] [--keep]
-(EMBKV_EXT names the extension without .so; default build/embkv.)
+Run it with tests/python_run.sh (the installed package's extension, or
+$EMBKV_EXT: another build, path with or without .so).
 """
 import argparse
 import json
@@ -39,9 +40,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-EXT = os.path.abspath(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
+import embkv
+
+EXT = embkv.find_extension()
 
 TABLES = {
     "a": ("dim=4, optimizer='sgd', lr=1, init='zeros', cache_size='64K', pool_size='16M', "

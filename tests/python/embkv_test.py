@@ -1,8 +1,13 @@
-"""What the Python tests share: the extension's path ($EMBKV_EXT, else
-build/embkv), a connect() that loads it, and a TestCase with a fresh
-temporary directory per test.  Importing it checks that this Python's sqlite3
-can load extensions and that numpy is there, and exits with a message naming
-what to use otherwise."""
+"""What the Python tests share: the extension's path (embkv.find_extension()
+of the installed package: $EMBKV_EXT when set, e.g. the sanitizer build,
+else the copy installed with the package), a connect() that loads it, and a
+TestCase with a fresh temporary directory per test.  Importing it checks that
+this Python's sqlite3 can load extensions and that numpy and the embkv
+package are there, and exits with a message naming what to use otherwise.
+
+The tests run with build/venv/bin/python (tests/python_run.sh), where
+`make venv` installed the package with pip as users do: `import embkv` is
+the installed package, not pysample/."""
 import os
 import shutil
 import sqlite3
@@ -17,10 +22,17 @@ except ImportError:  # pragma: no cover
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-EXT = os.path.abspath(os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv"))
 
 if not hasattr(sqlite3.Connection, "enable_load_extension"):  # pragma: no cover
-    sys.exit("embkv Python tests: this Python's sqlite3 cannot load extensions; use /usr/bin/python3")
+    sys.exit("embkv Python tests: this Python's sqlite3 cannot load extensions; run them with "
+             "tests/python_run.sh (build/venv/bin/python, made from Debian's /usr/bin/python3)")
+try:
+    import embkv
+except ImportError:  # pragma: no cover
+    sys.exit("embkv Python tests: the embkv package is not installed for %s; run them with tests/python_run.sh "
+             "(it installs the package into build/venv: make venv)" % sys.executable)
+
+EXT = embkv.find_extension()
 
 
 def connect(path, **kw):

@@ -13,13 +13,16 @@ import numpy as np
 from embkv_test import REPO, TempDirTest, connect
 
 SCRIPT = os.path.join(REPO, "pysample", "train_ctr.py")
+# The sample's directory stays off sys.path: it imports the installed embkv
+# package, as for a user, not pysample/embkv beside it.
+SAMPLE_ENV = dict(os.environ, PYTHONSAFEPATH="1")
 SMALL = ["--train-rows", "20000", "--test-rows", "5000", "--vocab-scale", "0.1", "--batch", "256",
          "--epochs", "2", "--quiet", "--json", "--eval-every", "0"]
 
 
 def run(db, *extra, check=True):
     out = subprocess.run([sys.executable, SCRIPT, "--db", db] + SMALL + list(extra), capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env=SAMPLE_ENV)
     if check and out.returncode != 0:
         raise AssertionError("train_ctr.py failed: %s" % out.stderr[-3000:])
     return out
@@ -67,7 +70,7 @@ class TestCtr(TempDirTest):
         run(ref_db, "--max-batches", str(target))
         want = table_rows(ref_db)
         p = subprocess.Popen([sys.executable, SCRIPT, "--db", self.db] + SMALL + ["--checkpoint-every", "7"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SAMPLE_ENV)
         deadline = time.time() + 120
         # Kill it once two checkpoints are behind it, in the middle of work:
         # dense-3 is written only after checkpoint 2 committed (with

@@ -7,7 +7,7 @@ called as `name(`, a module used as `USING name`, `FROM name` (also JOIN, INTO) 
 (tests/sql/registry.*), which names every function by design, and this file
 do not count.  Flags are checked by tests/sql/registry.sql.
 
-Also runnable alone: /usr/bin/python3 tests/python/test_fn_coverage.py
+Also runnable alone: tests/python_run.sh tests/python/test_fn_coverage.py
 """
 import glob
 import os
@@ -15,9 +15,11 @@ import re
 import sqlite3
 import unittest
 
+import embkv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-EXT = os.environ.get("EMBKV_EXT") or os.path.join(REPO, "build", "embkv")
+EXT = embkv.find_extension()
 EXCLUDED = {os.path.join(REPO, "tests", "sql", "registry.sql"),
             os.path.join(REPO, "tests", "sql", "registry.expected"),
             os.path.abspath(__file__)}

@@ -7,16 +7,14 @@ torch.nn.Embedding / EmbeddingBag (sparse) trained with torch.optim.SGD /
 Adagrad, within float32 tolerance: every mode, duplicates, per_sample_weights,
 padding_idx, empty bags."""
 import gc
-import os
 import sys
 import threading
 import unittest
 
 import numpy as np
 
-from embkv_test import REPO, TempDirTest
+from embkv_test import TempDirTest
 
-sys.path.insert(0, os.path.join(REPO, "pysample"))
 try:
     import torch
 except ImportError:  # pragma: no cover

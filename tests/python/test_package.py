@@ -1,0 +1,128 @@
+"""The embkv package under test is the installed one (pip, `make venv`), its
+version is the release of ext/embkv.h, and find_extension() looks where
+docs/install.md says: $EMBKV_EXT, then the extension installed inside the
+package, then build/ of a source checkout the package sits in; when none is
+there, the error says what to do."""
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import unittest
+
+import embkv
+
+from embkv_test import REPO, TempDirTest, connect
+
+SOURCE = os.path.join(REPO, "pysample", "embkv")
+
+
+def header_version():
+    with open(os.path.join(REPO, "ext", "embkv.h")) as f:
+        return re.search(r'^#define EMBKV_VERSION_STRING "([^"]+)"', f.read(), re.M).group(1)
+
+
+class WithoutEnv:
+    """EMBKV_EXT unset (or set to value) for the duration."""
+
+    def __init__(self, value=None):
+        self.value = value
+
+    def __enter__(self):
+        self.saved = os.environ.pop("EMBKV_EXT", None)
+        if self.value is not None:
+            os.environ["EMBKV_EXT"] = self.value
+
+    def __exit__(self, *exc):
+        os.environ.pop("EMBKV_EXT", None)
+        if self.saved is not None:
+            os.environ["EMBKV_EXT"] = self.saved
+
+
+class Installed(TempDirTest):
+    def test_the_installed_package_is_imported(self):
+        pkg = os.path.realpath(os.path.dirname(embkv.__file__))
+        self.assertNotEqual(pkg, os.path.realpath(SOURCE), "the tests must import the installed package")
+        self.assertTrue(os.path.isfile(os.path.join(pkg, "embkv.so")), pkg)
+        self.assertTrue(os.path.isfile(os.path.join(pkg, "_version.py")), pkg)
+        ekt = importlib.import_module("embkv.torch")
+        self.assertEqual(os.path.dirname(os.path.realpath(ekt.__file__)), pkg)
+
+    def test_version_is_the_release(self):
+        self.assertEqual(embkv.__version__, header_version())
+        c = connect(self.db)
+        try:
+            self.assertEqual(c.execute("SELECT embkv_version()").fetchone()[0], embkv.__version__)
+        finally:
+            c.close()
+
+    def test_find_extension_order(self):
+        inside = os.path.join(os.path.dirname(embkv.__file__), "embkv")
+        with WithoutEnv():
+            self.assertEqual(embkv.find_extension(), inside)
+        other = os.path.join(self.dir, "other.so")
+        shutil.copy(inside + ".so", other)
+        for value in (other, other[:-3]):
+            with WithoutEnv(value):
+                self.assertEqual(embkv.find_extension(), other[:-3])
+        missing = os.path.join(self.dir, "nothere")
+        with WithoutEnv(missing):
+            with self.assertRaises(embkv.EmbkvError) as cm:
+                embkv.find_extension()
+        self.assertIn("EMBKV_EXT", str(cm.exception))
+        self.assertIn(missing + ".so does not exist", str(cm.exception))
+
+
+def probe(pythonpath, cwd):
+    """find_extension() and __version__ of the package found on pythonpath,
+    in a fresh interpreter without EMBKV_EXT."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EMBKV_EXT", "PYTHONPATH")}
+    env["PYTHONPATH"] = pythonpath
+    code = ("import embkv\nprint(embkv.__file__)\nprint(embkv.__version__)\n"
+            "try:\n    print(embkv.find_extension())\nexcept embkv.EmbkvError as e:\n    print('ERROR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    if r.returncode:
+        raise AssertionError(r.stderr)
+    where, version, found = r.stdout.splitlines()
+    if where != os.path.join(pythonpath, "embkv", "__init__.py"):
+        raise AssertionError("imported %s, not the copy on PYTHONPATH %s" % (where, pythonpath))
+    return version, found
+
+
+class SourceCopies(TempDirTest):
+    """The package's source files (no extension, no _version.py), placed in
+    a fake source checkout and outside of any."""
+
+    def copy_source(self, dst):
+        os.makedirs(dst)
+        for f in os.listdir(SOURCE):
+            if f.endswith(".py"):
+                shutil.copy(os.path.join(SOURCE, f), dst)
+
+    def test_in_a_source_checkout(self):
+        repo = os.path.join(self.dir, "repo")
+        self.copy_source(os.path.join(repo, "pysample", "embkv"))
+        os.makedirs(os.path.join(repo, "ext"))
+        with open(os.path.join(repo, "ext", "embkv.h"), "w") as f:
+            f.write('#define EMBKV_VERSION_STRING "9.8.7"\n')
+        open(os.path.join(repo, "Makefile"), "w").close()
+        version, found = probe(os.path.join(repo, "pysample"), self.dir)
+        self.assertEqual(version, "9.8.7")
+        self.assertTrue(found.startswith("ERROR embkv: the SQLite extension was not found"), found)
+        self.assertIn("run `make` in %s" % repo, found)
+        os.makedirs(os.path.join(repo, "build"))
+        shutil.copy(embkv.find_extension() + ".so", os.path.join(repo, "build", "embkv.so"))
+        self.assertEqual(probe(os.path.join(repo, "pysample"), self.dir)[1], os.path.join(repo, "build", "embkv"))
+
+    def test_outside_a_checkout_without_the_extension(self):
+        self.copy_source(os.path.join(self.dir, "site", "embkv"))
+        version, found = probe(os.path.join(self.dir, "site"), self.dir)
+        self.assertEqual(version, "unknown")
+        self.assertTrue(found.startswith("ERROR embkv: the SQLite extension was not found"), found)
+        self.assertIn("reinstall the package", found)
+        self.assertIn("EMBKV_EXT", found)
+
+
+if __name__ == "__main__":
+    unittest.main()
