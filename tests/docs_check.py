@@ -13,8 +13,8 @@ Checks, each failure naming what is at fault:
      sqlite3 shell in a temporary directory (build/ linked there, so that
      `.load ./build/embkv` works; the extension loaded first when the
      block does not load it), ```python blocks with this Python in a
-     temporary directory (PYTHONPATH the repository's pysample/, EMBKV_EXT
-     the extension), and in ```sh blocks every `make X` names a target that
+     temporary directory (the embkv package installed in build/venv, whose
+     Python runs this check, as a user has it), and in ```sh blocks every `make X` names a target that
      exists (`make -n X` succeeds; nothing is run) and every other command
      is found;
   4. README.md has at most 200 lines;
@@ -212,9 +212,9 @@ def run_python(code, where):
         script = os.path.join(d, "readme_block.py")
         with open(script, "w") as f:
             f.write(code)
-        env = dict(os.environ, TMPDIR=d, EMBKV_EXT=EXT,
-                   PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "pysample"),
-                                                            os.environ.get("PYTHONPATH")])))
+        # As a user runs it: the installed package (tests/python_run.sh runs
+        # this check with build/venv's Python), from a directory of its own.
+        env = dict(os.environ, TMPDIR=d)
         try:
             p = subprocess.run([sys.executable, script], cwd=d, env=env, capture_output=True, text=True,
                                timeout=300)
