@@ -11,7 +11,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 OPT     ?= -O3 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext -Iext/engine -Iext/sqlite
-LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
+LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lz -lm -pthread
 
 B := build
 .DEFAULT_GOAL := all

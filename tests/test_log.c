@@ -9,7 +9,9 @@
  * faults: ssd_size reached (nothing appended), a truncated segment, a
  * damaged header, another store's segment, a foreign file, a location the
  * log never wrote, an unwritable directory: each an exact error, and the
- * records of the other segments still read.  Live accounting: a segment
+ * records of the other segments still read; segment headers of both
+ * formats (zlib's crc32, and format 1's FNV-1a), a check that does not
+ * match its format, a format unknown.  Live accounting: a segment
  * whose records are all released is deleted, and the victim for compaction
  * is the emptiest one.
  */
@@ -24,6 +26,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <zlib.h>
 #ifdef __x86_64__
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -336,6 +339,79 @@ static void test_damage(void)
     free(locs);
 }
 
+/* A segment header's check: zlib's crc32 of the 40 bytes before it
+ * (format 2, what the log writes), or FNV-1a (format 1, still read).  A
+ * header rewritten in format 1 reads; one whose check does not match its
+ * format is damaged. */
+static void rewrite_header(const char *file, uint32_t format, bool fnv)
+{
+    unsigned char h[48];
+    int fd = open(file, O_RDWR);
+    CHECK(fd >= 0 && pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h);
+    memcpy(h + 16, &format, 4);
+    uint64_t c;
+    if (fnv) {
+        c = 0xcbf29ce484222325ull;
+        for (int i = 0; i < 40; i++)
+            c = (c ^ h[i]) * 0x100000001b3ull;
+    } else {
+        c = crc32(0, h, 40);
+    }
+    memcpy(h + 40, &c, 8);
+    CHECK(pwrite(fd, h, sizeof h, 0) == (ssize_t)sizeof h);
+    close(fd);
+}
+
+static void test_header_formats(void)
+{
+    const char *dir = test_tmpdir("formats");
+    uint32_t rec = 512;
+    uint64_t per_seg = (SEG / LOG_BLOCK - 1) * (LOG_BLOCK / rec);
+    size_t n = (size_t)(3 * per_seg);
+    uint64_t *locs = malloc(n * sizeof *locs);
+    embkv_log *l;
+    CHECK_RC(open_log(dir, rec, 0, false, &l), EMBKV_OK);
+    CHECK_RC(append_n(l, rec, 0, n, locs, 5), EMBKV_OK);
+    CHECK_RC(log_sync(l), EMBKV_OK);
+    log_close(l);
+    char p[700];
+    /* As written: format 2 with zlib's crc32 (the rewrite changes nothing). */
+    seg_path(p, sizeof p, dir, 1);
+    unsigned char before[48], after[48];
+    int fd = open(p, O_RDONLY);
+    CHECK(fd >= 0 && pread(fd, before, sizeof before, 0) == (ssize_t)sizeof before);
+    close(fd);
+    rewrite_header(p, 2, false);
+    fd = open(p, O_RDONLY);
+    CHECK(fd >= 0 && pread(fd, after, sizeof after, 0) == (ssize_t)sizeof after);
+    close(fd);
+    CHECK(memcmp(before, after, sizeof before) == 0);
+    /* Segment 2 in format 1 (FNV-1a): read; segment 3 in format 1 with a
+     * crc32 check: damaged. */
+    seg_path(p, sizeof p, dir, 2);
+    rewrite_header(p, 1, true);
+    seg_path(p, sizeof p, dir, 3);
+    rewrite_header(p, 1, false);
+    CHECK_RC(open_log(dir, rec, 0, false, &l), EMBKV_OK);
+    log_stats st;
+    log_stats_get(l, &st);
+    CHECK(st.segments == 3 && st.damaged_segments == 1);
+    CHECK(read_range(l, rec, locs, 0, 2 * per_seg, 5));
+    unsigned char *out = malloc(rec);
+    CHECK_RC(log_read(l, &locs[2 * per_seg], 1, out, NULL), EMBKV_CORRUPT);
+    CHECK(has(embkv_errmsg(), "seg-0000000003.log is damaged: its header is damaged"));
+    /* A format this build does not know: refused by name. */
+    log_close(l);
+    seg_path(p, sizeof p, dir, 3);
+    rewrite_header(p, 3, false);
+    CHECK_RC(open_log(dir, rec, 0, false, &l), EMBKV_OK);
+    CHECK_RC(log_read(l, &locs[2 * per_seg], 1, out, NULL), EMBKV_CORRUPT);
+    CHECK(has(embkv_errmsg(), "seg-0000000003.log is damaged: it was written by another format version"));
+    log_close(l);
+    free(out);
+    free(locs);
+}
+
 static void test_bad_options(void)
 {
     embkv_log *l = NULL;
@@ -542,6 +618,7 @@ int main(void)
     test_roundtrip(4096, false, "block");
     test_full();
     test_damage();
+    test_header_formats();
     test_bad_options();
     test_live();
     test_refused_uring();

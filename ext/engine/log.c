@@ -43,11 +43,15 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "log.h"
 
 #define SEG_MAGIC "embkv-log-seg\0\0"  /* 16 bytes */
-#define SEG_FORMAT 1
+/* Format 2: the header's check is zlib's crc32.  Format 1 (an FNV-1a
+ * check) is still read: a store's older segments stay readable. */
+#define SEG_FORMAT 2
+#define SEG_FORMAT_FNV 1
 #define NRINGS 4
 #define RING_DEPTH 256
 #define WRITE_CHUNK (1u << 20)   /* bytes per write request */
@@ -60,7 +64,7 @@ typedef struct seg_header {
     uint32_t segment_bytes;
     uint32_t seg;
     uint64_t tag;
-    uint64_t check;            /* FNV-1a of the fields above */
+    uint64_t check;            /* crc32 of the fields above (FNV-1a in format 1) */
 } seg_header;
 
 typedef struct segment {
@@ -109,13 +113,19 @@ struct embkv_log {
     atomic_uint_fast64_t writes, write_bytes, write_submits, syncs, deleted;
 };
 
-static uint64_t fnv(const void *p, size_t n)
+/* The header's check as its format computes it. */
+static uint64_t header_check(const seg_header *h)
 {
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
+    size_t n = offsetof(seg_header, check);
+    if (h->format == SEG_FORMAT_FNV) {
+        /* Format 1's FNV-1a: no library has it, and those segments must read. */
+        const unsigned char *b = (const unsigned char *)h;
+        uint64_t x = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < n; i++)
+            x = (x ^ b[i]) * 0x100000001b3ull;
+        return x;
+    }
+    return crc32(0, (const Bytef *)h, (uInt)n);
 }
 
 static void *block_alloc(size_t bytes)
@@ -213,10 +223,10 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
     } else if (r < (ssize_t)LOG_BLOCK) {
         seg_damage(g, "%s", "it is truncated (shorter than its header)");
         g->unborn = true;
-    } else if (memcmp(h->magic, SEG_MAGIC, 16) != 0 || h->check != fnv(h, offsetof(seg_header, check))) {
+    } else if (memcmp(h->magic, SEG_MAGIC, 16) != 0 || h->check != header_check(h)) {
         seg_damage(g, "%s", "its header is damaged");
         g->unborn = true;
-    } else if (h->format != SEG_FORMAT) {
+    } else if (h->format != SEG_FORMAT && h->format != SEG_FORMAT_FNV) {
         seg_damage(g, "%s", "it was written by another format version");
     } else if (h->tag != l->tag || h->seg != id) {
         seg_damage(g, "%s", "it belongs to another store or was renamed");
@@ -268,7 +278,7 @@ static int seg_create(embkv_log *l, segment **out)
         h->segment_bytes = l->seg_bytes;
         h->seg = id;
         h->tag = l->tag;
-        h->check = fnv(h, offsetof(seg_header, check));
+        h->check = header_check(h);
         ssize_t w = pwrite(fd, h, LOG_BLOCK, 0);
         if (w != (ssize_t)LOG_BLOCK)
             rc = embkv__err(w < 0 && errno == ENOSPC ? EMBKV_FULL : EMBKV_IO, "%s: cannot write %s: %s", l->what,
