@@ -75,8 +75,9 @@ all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
 $(B)/libembkv.a: $(B)/plain/libembkv.a
 	cp $< $@
 # The engine as a shared library (installed as libembkv.so.$(VERSION)).
-$(B)/libembkv.so: $(plain_ENGINE_OBJ)
-	$(CC) -shared -Wl,-soname,libembkv.so.$(SOVERSION) -Wl,-z,defs -o $@ $(plain_ENGINE_OBJ) $(LDLIBS)
+$(B)/libembkv.so: $(plain_ENGINE_OBJ) ext/libembkv.map
+	$(CC) -shared -Wl,-soname,libembkv.so.$(SOVERSION) -Wl,-z,defs -Wl,--version-script=ext/libembkv.map \
+	    -o $@ $(plain_ENGINE_OBJ) $(LDLIBS)
 $(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
 	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
