@@ -14,7 +14,9 @@
  *     rewrites K more without a checkpoint and is killed with SIGKILL; the
  *     parent times the reopen (which rolls the K rows back) for K = 0,
  *     1,000, 10,000, 100,000 and N/10, and checks that the rows are those
- *     of the checkpoint;
+ *     of the checkpoint; then for K = 0 and 10,000 with the dirty map
+ *     removed before the reopen, which then reads every row (the full
+ *     recovery of a store whose map is lost or damaged);
  *   - checkpoint: K rows rewritten in place, then embkv_sync timed, for the
  *     same K.
  * The page cache is not dropped between phases: on /dev/shm it is the
@@ -24,6 +26,7 @@
 #include "bench_common.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,6 +54,56 @@ static void rewrite(embkv_store *s, size_t rows, size_t dim, size_t k, uint32_t 
         ck(embkv_put(s, id, v, NULL, EMBKV_PUT_UPDATE), "embkv_put");
     }
     free(v);
+}
+
+/* A child opens the store, rewrites 1,000 rows and checkpoints, rewrites
+ * k more and is killed; the reopen (recovery) is timed into t and the
+ * checkpoint's rows checked.  no_map: store.dirty is removed first, so the
+ * reopen reads every row (the full recovery). */
+static void crash_round(const char *dir, size_t rows, size_t dim, size_t k, uint32_t gen, bool no_map, timing *t)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        embkv_store *c;
+        ck(embkv_open(dir, NULL, 0, &c), "embkv_open (child)");
+        rewrite(c, rows, dim, 1000, gen);      /* checkpointed */
+        ck(embkv_sync(c), "embkv_sync (child)");
+        rewrite(c, rows, dim, k, gen + 1);     /* lost */
+        raise(SIGKILL);
+        _exit(3);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL)
+        die("the child did not die of SIGKILL (status %d)", st);
+    if (no_map) {
+        char map[4096];
+        snprintf(map, sizeof map, "%s/store.dirty", dir);
+        if (unlink(map) != 0)
+            die("unlink %s: %s", map, strerror(errno));
+    }
+    embkv_store *s;
+    double t0 = now_s();
+    ck(embkv_open(dir, NULL, 0, &s), "embkv_open (recovery)");
+    timing_add(t, now_s() - t0);
+    /* The checkpoint's rows, not the lost ones. */
+    float *v = xmalloc(dim * sizeof *v), *w = xmalloc(dim * sizeof *w);
+    size_t stride = rows / 1000;
+    for (size_t i = 0; i < 1000; i += 97) {
+        int64_t id = (int64_t)(i * stride);
+        ck(embkv_get(s, id, w, NULL, NULL), "embkv_get");
+        fill(v, dim, id, gen);
+        if (memcmp(v, w, dim * sizeof *v))
+            die("row %" PRId64 " after recovery is not the checkpoint's", id);
+    }
+    free(v);
+    free(w);
+    embkv_stats es;
+    ck(embkv_stats_get(s, &es), "embkv_stats_get");
+    if (!es.recovered)
+        die("the reopen after SIGKILL did not recover");
+    ck(embkv_close(s), "embkv_close");
 }
 
 int main(int argc, char **argv)
@@ -109,46 +162,22 @@ int main(int argc, char **argv)
     printf("\n-- reopen after SIGKILL, K rows rewritten since the last checkpoint\n");
     uint32_t gen = 1;
     for (int ki = 0; ki < 5; ki++) {
-        size_t k = ks[ki];
         char name[96];
-        snprintf(name, sizeof name, "K = %zu", k);
+        snprintf(name, sizeof name, "K = %zu", ks[ki]);
         timing t = {.name = name};
-        for (size_t r = 0; r < reps; r++, gen += 2) {
-            pid_t pid = fork();
-            if (pid < 0)
-                die("fork: %s", strerror(errno));
-            if (pid == 0) {
-                embkv_store *c;
-                ck(embkv_open(dir, NULL, 0, &c), "embkv_open (child)");
-                rewrite(c, rows, dim, 1000, gen);      /* checkpointed */
-                ck(embkv_sync(c), "embkv_sync (child)");
-                rewrite(c, rows, dim, k, gen + 1);     /* lost */
-                raise(SIGKILL);
-                _exit(3);
-            }
-            int st;
-            if (waitpid(pid, &st, 0) != pid || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL)
-                die("the child did not die of SIGKILL (status %d)", st);
-            t0 = now_s();
-            ck(embkv_open(dir, NULL, 0, &s), "embkv_open (recovery)");
-            timing_add(&t, now_s() - t0);
-            /* The checkpoint's rows, not the lost ones. */
-            float *w = xmalloc(dim * sizeof *w);
-            size_t stride = rows / 1000;
-            for (size_t i = 0; i < 1000; i += 97) {
-                int64_t id = (int64_t)(i * stride);
-                ck(embkv_get(s, id, w, NULL, NULL), "embkv_get");
-                fill(v, dim, id, gen);
-                if (memcmp(v, w, dim * sizeof *v))
-                    die("row %" PRId64 " after recovery is not the checkpoint's", id);
-            }
-            free(w);
-            embkv_stats es;
-            ck(embkv_stats_get(s, &es), "embkv_stats_get");
-            if (!es.recovered)
-                die("the reopen after SIGKILL did not recover");
-            ck(embkv_close(s), "embkv_close");
-        }
+        for (size_t r = 0; r < reps; r++, gen += 2)
+            crash_round(dir, rows, dim, ks[ki], gen, false, &t);
+        timing_print_ms(&t);
+    }
+    /* The same without the dirty map (a store whose map is lost or
+     * damaged, or on persistent memory): recovery reads every row. */
+    printf("\n-- reopen after SIGKILL without the dirty map (full recovery)\n");
+    for (int ki = 0; ki < 3; ki += 2) {
+        char name[96];
+        snprintf(name, sizeof name, "K = %zu", ks[ki]);
+        timing t = {.name = name};
+        for (size_t r = 0; r < reps; r++, gen += 2)
+            crash_round(dir, rows, dim, ks[ki], gen, true, &t);
         timing_print_ms(&t);
     }
 
