@@ -24,7 +24,7 @@
  * row from one version.  A full scan adds the rows deleted since the
  * snapshot (embkv_snapshot_changed_ids) to the ids the index still has.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>

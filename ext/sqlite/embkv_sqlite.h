@@ -12,7 +12,7 @@
 /* The embkv virtual table module, the embkv_pending module, embkv_stats()
  * and embkv_checkpoint() (vtab.c, cursor.c, values.c,
  * txn.c, registry.c, pending.c, stats.c; their
- * private declarations are in vtab.h). */
+ * private declarations are in binding.h). */
 int embkv_vtab_register(sqlite3 *db);
 
 /* Options of an embkv virtual table, the key=value arguments of

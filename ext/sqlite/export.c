@@ -82,7 +82,7 @@
  * Errors name the function, the table and the file:
  * "embkv_import: table t: file 'x.db' is not an embkv export (...)".
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <errno.h>
@@ -130,7 +130,7 @@ static uint32_t crc_update(uint32_t crc, const void *p, size_t n)
     uint32_t c = ~crc;
     while (n >= 8) {
         uint32_t lo, hi;
-        memcpy(&lo, b, 4); /* a little-endian host (vtab.h) */
+        memcpy(&lo, b, 4); /* a little-endian host (binding.h) */
         memcpy(&hi, b + 4, 4);
         lo ^= c;
         c = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^ crc_tab[5][(lo >> 16) & 0xff] ^

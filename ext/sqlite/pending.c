@@ -17,7 +17,7 @@
  * Only the binding can write to embkv_pending; SELECT * FROM embkv_pending
  * shows what the open transaction will remove.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>

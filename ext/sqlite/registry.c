@@ -14,7 +14,7 @@
  * transactions, is in pending.c; embkv_table_lookup(), embkv_stats()
  * and embkv_checkpoint() in stats.c.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dlfcn.h>

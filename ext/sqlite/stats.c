@@ -6,7 +6,7 @@
  *   embkv_checkpoint(table)  embkv_sync, returning the durable epoch.
  * Both SQL functions are SQLITE_DIRECTONLY.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

@@ -8,7 +8,7 @@
  * numbers that fit float32; NaN and infinities are rejected either way.
  * Every message names the table and the id and says what was expected.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

@@ -38,14 +38,14 @@
  *
  * Reading (plans, cursors) is in cursor.c, the parsing of ids and
  * vectors in values.c, the per-connection and per-process state in
- * registry.c, embkv_stats/embkv_checkpoint in stats.c.
+ * registry.c, embkv_stats/embkv_checkpoint in stats.c, the error
+ * messages and codes in errors.c.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dirent.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,34 +54,6 @@ SQLITE_EXTENSION_INIT3
 #include <sys/stat.h>
 
 #define EK_SCHEMA "CREATE TABLE x(id INTEGER PRIMARY KEY, vec BLOB, clock INTEGER HIDDEN, tier TEXT HIDDEN)"
-
-void vt_err(ekvtab *v, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *m = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    sqlite3_free(v->base.zErrMsg);
-    v->base.zErrMsg = sqlite3_mprintf("embkv table %s: %s", v->zName, m ? m : "out of memory");
-    sqlite3_free(m);
-}
-
-int sqlite_rc_of(int erc)
-{
-    switch (erc) {
-    case EMBKV_OK: return SQLITE_OK;
-    case EMBKV_NOMEM: return SQLITE_NOMEM;
-    case EMBKV_FULL: return SQLITE_FULL;
-    case EMBKV_IO: return SQLITE_IOERR;
-    case EMBKV_LOCKED: return SQLITE_BUSY;
-    case EMBKV_BUSY: return SQLITE_BUSY;
-    case EMBKV_CORRUPT: return SQLITE_CORRUPT;
-    case EMBKV_EXISTS: return SQLITE_CONSTRAINT_PRIMARYKEY;
-    case EMBKV_NOTSTORE:
-    case EMBKV_VERSION: return SQLITE_CANTOPEN;
-    default: return SQLITE_ERROR;
-    }
-}
 
 /* ------------------------------------------------------------------------
  * Options: one line per option.
@@ -900,14 +872,6 @@ static int vt_rename(sqlite3_vtab *pv, const char *zNew)
 static int vt_shadow_name(const char *suffix)
 {
     return sqlite3_stricmp(suffix, "config") == 0;
-}
-
-/* A table connected without its store (see vt_init) can only be dropped. */
-int vt_unusable(ekvtab *v)
-{
-    if (v->store) return 0;
-    vt_err(v, "%s", v->broken);
-    return 1;
 }
 
 void vt_detach_table(ekconn *c, const char *tid)

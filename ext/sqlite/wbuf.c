@@ -1,9 +1,9 @@
 /*
  * wbuf.c - a connection's uncommitted writes to one store, shared by
- * the connection's tables on that store (see ekwbuf in vtab.h), and
+ * the connection's tables on that store (see ekwbuf in binding.h), and
  * the steps that commit them.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <string.h>

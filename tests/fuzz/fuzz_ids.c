@@ -16,7 +16,7 @@
  * pull takes is released at once, so nothing accumulates between inputs).
  */
 #include "common.h"
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <math.h>
