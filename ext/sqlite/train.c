@@ -15,7 +15,7 @@
  * keep the two worlds apart, a connection with uncommitted SQL writes to the
  * table cannot pull or push it until it commits.
  */
-#include "embkv_sqlite.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
