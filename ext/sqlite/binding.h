@@ -458,10 +458,5 @@ int embkv_export_register(sqlite3 *db);
 /* The embkv virtual table module, the embkv_pending module, embkv_stats()
  * and embkv_checkpoint() (the functions through ekfn_register). */
 int embkv_vtab_register(sqlite3 *db);
-/* A DROP of the table with stable id tid has committed: the connection's
- * other instances of it (an instance under the
- * table's old name after ALTER TABLE RENAME, kept by a cached statement)
- * let go of the store, so that its directory can go now. */
-void vt_detach_table(ekconn *c, const char *tid);
 
 #endif

@@ -16,6 +16,11 @@
  * the removal exactly when the transaction (or a ROLLBACK TO) decides it.
  * Only the binding can write to embkv_pending; SELECT * FROM embkv_pending
  * shows what the open transaction will remove.
+ *
+ * A committed DROP also makes the connection's other instances of the
+ * table (kept by cached statements) let go of the store: that is part of
+ * carrying out the removal, since the directory cannot go while they hold
+ * it, so it is done here rather than in the module.
  */
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
@@ -70,6 +75,28 @@ int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, c
 int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err)
 {
     return defer(c, when, dir, tid, 1, owner, err);
+}
+
+/* A DROP of the table with stable id tid has committed: the connection's
+ * other instances of it (an instance under the
+ * table's old name after ALTER TABLE RENAME, kept by a cached statement)
+ * let go of the store, so that its directory can go now. */
+static void vt_detach_table(ekconn *c, const char *tid)
+{
+    for (ekvtab *v = c->tabs; v; v = v->next) {
+        if (!v->store || strcmp(v->tid, tid) != 0) continue;
+        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
+        if (!why) continue;  /* keeps the store: the directory goes with the connection */
+        if (v->session) embkv_session_close(v->session);
+        v->session = NULL;
+        if (v->wb) ekwbuf_release(v->wb, c);
+        v->wb = NULL;
+        v->txn = NULL;
+        ekreg_close(v->store);
+        v->store = NULL;
+        sqlite3_free(v->broken);
+        v->broken = why;
+    }
 }
 
 static void pend_carry_out(ekconn *c, ekpend *p, int committed)

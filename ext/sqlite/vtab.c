@@ -874,24 +874,6 @@ static int vt_shadow_name(const char *suffix)
     return sqlite3_stricmp(suffix, "config") == 0;
 }
 
-void vt_detach_table(ekconn *c, const char *tid)
-{
-    for (ekvtab *v = c->tabs; v; v = v->next) {
-        if (!v->store || strcmp(v->tid, tid) != 0) continue;
-        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
-        if (!why) continue;  /* keeps the store: the directory goes with the connection */
-        if (v->session) embkv_session_close(v->session);
-        v->session = NULL;
-        if (v->wb) ekwbuf_release(v->wb, c);
-        v->wb = NULL;
-        v->txn = NULL;
-        ekreg_close(v->store);
-        v->store = NULL;
-        sqlite3_free(v->broken);
-        v->broken = why;
-    }
-}
-
 /* ------------------------------------------------------------------------
  * xUpdate: INSERT, UPDATE, DELETE into the transaction buffer
  */
