@@ -299,6 +299,13 @@ void ekconn_unref_v(void *c);      /* for SQLite destructors */
 void ekconn_add(ekconn *c, ekvtab *v);
 void ekconn_remove(ekconn *c, ekvtab *v);
 ekconn *ekconn_of(sqlite3 *db);   /* the state of a connection, or NULL */
+/* What a connection holds, freed by its last ekconn_unref: its pending
+ * removals (pending.c also clears them when the transaction ends) and its
+ * write buffers (wbuf.c also frees one when the last of its tables lets
+ * go of it). */
+void ekconn_pend_clear(ekconn *c);
+void wbuf_free(ekwbuf *wb);
+void ekconn_free_wbufs(ekconn *c);
 
 /* Opens a store and counts the binding's references per canonical
  * directory (embkv_open itself shares one handle per directory).  Returns
@@ -365,8 +372,6 @@ void ekconn_end_stranded(ekconn *c, int commit);
  * from embkv_pending (idempotent for buffers whose tables heard it too). */
 enum { EK_SAVEPOINT, EK_RELEASE, EK_ROLLBACK_TO };
 int ekconn_wbufs_savepoint(ekconn *c, int op, int n);
-/* The connection closes. */
-void ekconn_free_wbufs(ekconn *c);
 
 /* ========================================================================
  * stats.c: embkv_table_lookup, and embkv_stats and embkv_checkpoint,
@@ -410,7 +415,6 @@ int ekfn_register(sqlite3 *db, ekconn *c);
  * goes too), or NULL.
  */
 int ekconn_register_pending(sqlite3 *db, ekconn *c);
-void ekconn_pend_clear(ekconn *c);
 int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err);
 /* The same for taking table tid off the list of dir's tables (removing dir
  * when that leaves none; see ekpend.unlist). */

@@ -28,13 +28,6 @@ SQLITE_EXTENSION_INIT3
 #include <stdlib.h>
 #include <string.h>
 
-void ekconn_pend_clear(ekconn *c)
-{
-    for (int i = 0; i < c->npend; i++) free(c->pend[i].dir);
-    c->npend = 0;
-    c->pnsp = 0;
-}
-
 /* ------------------------------------------------------------------------
  * Removals tied to the transaction: the embkv_pending eponymous table
  */

@@ -1,20 +1,14 @@
 /*
  * wbuf.c - a connection's uncommitted writes to one store, shared by
  * the connection's tables on that store (see ekwbuf in binding.h), and
- * the steps that commit them.
+ * the steps that commit them.  A buffer is freed by registry.c's
+ * wbuf_free, which the closing connection calls too: so the registry
+ * needs nothing from this file.
  */
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <string.h>
-
-static void wbuf_free(ekwbuf *wb)
-{
-    ektxn_free(wb->txn);
-    if (wb->store) ekreg_close(wb->store);
-    sqlite3_free(wb->dir);
-    sqlite3_free(wb);
-}
 
 static void wbuf_unlink(ekconn *c, ekwbuf *wb)
 {
@@ -192,13 +186,4 @@ int ekconn_wbufs_savepoint(ekconn *c, int op, int n)
         }
     }
     return SQLITE_OK;
-}
-
-void ekconn_free_wbufs(ekconn *c)
-{
-    while (c->wbufs) {
-        ekwbuf *wb = c->wbufs;
-        c->wbufs = wb->next;
-        wbuf_free(wb);
-    }
 }
