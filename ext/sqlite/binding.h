@@ -46,7 +46,7 @@ typedef struct embkv_tabopts {
     uint64_t pool_size;    /* pool_size: pool file bytes (0: the engine's default) */
     uint64_t capacity;     /* capacity: expected rows (0: the engine's default) */
     /* optimizer, lr, initial_accumulator, eps, beta1, beta2, init, seed,
-     * staleness, wait_ms: the training options (train.c) */
+     * staleness, wait_ms: the training options (values.c parses them) */
     embkv_train_options train;
     uint64_t ssd_size;     /* ssd_size: the SSD tier's bytes (0: none, or the store's) */
     const char *ssd_path;  /* ssd_path: its directory as written, NULL: <store>/log */
@@ -269,6 +269,21 @@ int write_id(ekvtab *v, sqlite3_value *val, int64_t *out);
 /* A vector (BLOB or JSON array) into out (dim floats), or an error naming
  * the table and id. */
 int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
+/* An ids argument (an int64 BLOB, a JSON array of integers or one integer)
+ * as an array (sqlite3_malloc'd, *n entries); NULL with an error message in
+ * *err (sqlite3_malloc'd) when it is not one of the forms, NULL with *err
+ * NULL when out of memory. */
+int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
+/* The parsers of the training options (0 when the value is valid). */
+int embkv_parse_optimizer(const char *val, void *field);
+int embkv_parse_init(const char *val, void *field);
+int embkv_parse_staleness(const char *val, void *field);
+int embkv_parse_positive(const char *val, void *field);
+int embkv_parse_nonnegative(const char *val, void *field);
+int embkv_parse_unit(const char *val, void *field);
+/* Fills the defaults the options start from / completes them after parsing. */
+void embkv_train_opts_begin(embkv_train_options *t);
+void embkv_train_opts_end(embkv_train_options *t);
 
 /* ========================================================================
  * leftovers.c: what killed processes left behind.  ekleft_sweep_db: the
@@ -426,24 +441,9 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, i
 int embkv_vecfn_register(sqlite3 *db);
 
 /* ========================================================================
- * train.c: embkv_pull, embkv_push, embkv_release; and the parsers
- * of the training options (0 when the value is valid).
+ * train.c: embkv_pull, embkv_push, embkv_release, embkv_lookahead.
  */
 int embkv_train_register(sqlite3 *db);
-/* An ids argument (an int64 BLOB, a JSON array of integers or one integer)
- * as an array (sqlite3_malloc'd, *n entries); NULL with an error message in
- * *err (sqlite3_malloc'd) when it is not one of the forms, NULL with *err
- * NULL when out of memory. */
-int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
-int embkv_parse_optimizer(const char *val, void *field);
-int embkv_parse_init(const char *val, void *field);
-int embkv_parse_staleness(const char *val, void *field);
-int embkv_parse_positive(const char *val, void *field);
-int embkv_parse_nonnegative(const char *val, void *field);
-int embkv_parse_unit(const char *val, void *field);
-/* Fills the defaults the options start from / completes them after parsing. */
-void embkv_train_opts_begin(embkv_train_options *t);
-void embkv_train_opts_end(embkv_train_options *t);
 
 /* ========================================================================
  * heat.c: embkv_heat (a table-valued function) and embkv_hotset.
