@@ -228,12 +228,12 @@ int ektxn_unapply(ektxn *t, embkv_store *s);
  * errors.c
  */
 /* Sets the table's error message: "embkv table <name>: <fmt...>". */
-void vt_err(ekvtab *v, const char *fmt, ...);
+void ekerr_table(ekvtab *v, const char *fmt, ...);
 /* The SQLite result code for an embkv_rc. */
-int sqlite_rc_of(int erc);
+int ekerr_rc(int erc);
 /* A table connected without its store can only be dropped: sets the
  * message and returns 1 for such a table. */
-int vt_unusable(ekvtab *v);
+int ekerr_unusable(ekvtab *v);
 
 /* ========================================================================
  * dirusers.c: the tables using a store directory, listed in it.

@@ -13,7 +13,7 @@ SQLITE_EXTENSION_INIT3
 
 #include <stdarg.h>
 
-void vt_err(ekvtab *v, const char *fmt, ...)
+void ekerr_table(ekvtab *v, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -24,7 +24,7 @@ void vt_err(ekvtab *v, const char *fmt, ...)
     sqlite3_free(m);
 }
 
-int sqlite_rc_of(int erc)
+int ekerr_rc(int erc)
 {
     switch (erc) {
     case EMBKV_OK: return SQLITE_OK;
@@ -42,9 +42,9 @@ int sqlite_rc_of(int erc)
 }
 
 /* A table connected without its store (see vt_init) can only be dropped. */
-int vt_unusable(ekvtab *v)
+int ekerr_unusable(ekvtab *v)
 {
     if (v->store) return 0;
-    vt_err(v, "%s", v->broken);
+    ekerr_table(v, "%s", v->broken);
     return 1;
 }

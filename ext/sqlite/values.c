@@ -143,16 +143,16 @@ int write_id(ekvtab *v, sqlite3_value *val, int64_t *out)
     if (value_to_id(val, out)) return SQLITE_OK;
     switch (sqlite3_value_type(val)) {
     case SQLITE_NULL:
-        vt_err(v, "id must be an INTEGER, got NULL (an embkv table has no automatic ids)");
+        ekerr_table(v, "id must be an INTEGER, got NULL (an embkv table has no automatic ids)");
         break;
     case SQLITE_TEXT:
-        vt_err(v, "id must be an INTEGER, got TEXT '%.40s'", (const char *)sqlite3_value_text(val));
+        ekerr_table(v, "id must be an INTEGER, got TEXT '%.40s'", (const char *)sqlite3_value_text(val));
         break;
     case SQLITE_FLOAT:
-        vt_err(v, "id must be an INTEGER, got REAL %!.15g", sqlite3_value_double(val));
+        ekerr_table(v, "id must be an INTEGER, got REAL %!.15g", sqlite3_value_double(val));
         break;
     default:
-        vt_err(v, "id must be an INTEGER, got a %d-byte BLOB", sqlite3_value_bytes(val));
+        ekerr_table(v, "id must be an INTEGER, got a %d-byte BLOB", sqlite3_value_bytes(val));
         break;
     }
     return SQLITE_MISMATCH;
@@ -174,14 +174,14 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         int n = sqlite3_value_bytes(val);
         const void *b = sqlite3_value_blob(val);
         if ((unsigned)n != dim * 4 || !b) {
-            vt_err(v, EXPECT "a %d-byte BLOB", EXPECT_ARGS, n);
+            ekerr_table(v, EXPECT "a %d-byte BLOB", EXPECT_ARGS, n);
             return SQLITE_MISMATCH;
         }
         memcpy(out, b, (size_t)dim * 4);
         for (unsigned i = 0; i < dim; i++) {
             if (!isfinite(out[i])) {
-                vt_err(v, "id %lld: vec[%u] is %s; vector elements must be finite", (long long)id, i,
-                       nonfinite_name(out[i]));
+                ekerr_table(v, "id %lld: vec[%u] is %s; vector elements must be finite", (long long)id, i,
+                            nonfinite_name(out[i]));
                 return SQLITE_MISMATCH;
             }
         }
@@ -196,27 +196,27 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         int rc = SQLITE_MISMATCH;
         if (nul) {
             /* cJSON would skip it as white space */
-            vt_err(v, EXPECT "text with a NUL byte at offset %d, which is not JSON", EXPECT_ARGS, (int)(nul - s));
+            ekerr_table(v, EXPECT "text with a NUL byte at offset %d, which is not JSON", EXPECT_ARGS, (int)(nul - s));
         } else if (!j) {
-            vt_err(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
+            ekerr_table(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
         } else if (!cJSON_IsArray(j)) {
-            vt_err(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
+            ekerr_table(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
         } else if ((unsigned)cJSON_GetArraySize(j) != dim) {
-            vt_err(v, EXPECT "a JSON array of %d elements", EXPECT_ARGS, cJSON_GetArraySize(j));
+            ekerr_table(v, EXPECT "a JSON array of %d elements", EXPECT_ARGS, cJSON_GetArraySize(j));
         } else {
             unsigned i = 0;
             const cJSON *e;
             rc = SQLITE_OK;
             cJSON_ArrayForEach(e, j) {
                 if (!cJSON_IsNumber(e)) {
-                    vt_err(v, EXPECT "a JSON array whose element %u is not a number", EXPECT_ARGS, i);
+                    ekerr_table(v, EXPECT "a JSON array whose element %u is not a number", EXPECT_ARGS, i);
                     rc = SQLITE_MISMATCH;
                     break;
                 }
                 double d = cJSON_GetNumberValue(e);
                 float f = (float)d;
                 if (!isfinite(d) || !isfinite(f)) {
-                    vt_err(v, "id %lld: vec[%u] = %.9g is out of float32 range", (long long)id, i, d);
+                    ekerr_table(v, "id %lld: vec[%u] = %.9g is out of float32 range", (long long)id, i, d);
                     rc = SQLITE_MISMATCH;
                     break;
                 }
@@ -227,13 +227,13 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         return rc;
     }
     case SQLITE_NULL:
-        vt_err(v, EXPECT "NULL", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "NULL", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     case SQLITE_INTEGER:
-        vt_err(v, EXPECT "an INTEGER", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "an INTEGER", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     default:
-        vt_err(v, EXPECT "a REAL", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "a REAL", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     }
 #undef EXPECT

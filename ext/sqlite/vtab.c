@@ -686,7 +686,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
                               emsg ? emsg : "out of memory");
         sqlite3_free(emsg);
-        rc = sqlite_rc_of(erc);
+        rc = ekerr_rc(erc);
         /* Another process holding the store, or a passing condition, is an
          * error here and now; a store that is not there is a broken table. */
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
@@ -826,7 +826,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     else if (v->store && !v->is_tmp)
         rc = ekconn_defer_unlist(v->conn, EK_ON_COMMIT, v->dir, v->tid, v->owns_dir, &err);
     if (rc != SQLITE_OK) {
-        vt_err(v, "%s", err ? err : sqlite3_errstr(rc));
+        ekerr_table(v, "%s", err ? err : sqlite3_errstr(rc));
         sqlite3_free(err);
         return rc;
     }
@@ -836,7 +836,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
     sqlite3_free(sql);
     if (rc != SQLITE_OK) {
-        vt_err(v, "cannot drop its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
+        ekerr_table(v, "cannot drop its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         return rc;
     }
@@ -859,7 +859,7 @@ static int vt_rename(sqlite3_vtab *pv, const char *zNew)
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
     sqlite3_free(sql);
     if (rc != SQLITE_OK) {
-        vt_err(v, "cannot rename its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
+        ekerr_table(v, "cannot rename its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         sqlite3_free(name);
         return rc;
@@ -887,7 +887,7 @@ static int conflict(ekvtab *v, int64_t id, int *replace)
         return SQLITE_OK;
     }
     if (mode == SQLITE_IGNORE) return SQLITE_CONSTRAINT; /* SQLite skips the row */
-    vt_err(v, "id %lld already exists (UNIQUE constraint failed: %s.id)", (long long)id, v->zName);
+    ekerr_table(v, "id %lld already exists (UNIQUE constraint failed: %s.id)", (long long)id, v->zName);
     return SQLITE_CONSTRAINT_PRIMARYKEY;
 }
 
@@ -898,7 +898,7 @@ static int check_hidden(ekvtab *v, int64_t id, sqlite3_value **argv, int is_inse
         sqlite3_value *h = argv[2 + COL_CLOCK + k];
         int written = is_insert ? sqlite3_value_type(h) != SQLITE_NULL : !sqlite3_value_nochange(h);
         if (written) {
-            vt_err(v, "id %lld: column %s is read-only", (long long)id, names[k]);
+            ekerr_table(v, "id %lld: column %s is read-only", (long long)id, names[k]);
             return SQLITE_ERROR;
         }
     }
@@ -909,7 +909,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
 {
     ekvtab *v = (ekvtab *)pv;
     int rc;
-    if (vt_unusable(v)) return SQLITE_ERROR;
+    if (ekerr_unusable(v)) return SQLITE_ERROR;
     if (!v->joined) {
         /* Only a table in the transaction is written; should SQLite have
          * enlisted it without xBegin, it is joined all the same. */
@@ -934,7 +934,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     sqlite3_value *src = id_given ? a_id : (is_insert && !rowid_given) ? a_id : a_rowid;
     if ((rc = write_id(v, src, &newid)) != SQLITE_OK) return rc;
     if (id_given && rowid_given && (!value_to_id(a_rowid, &rid) || rid != newid)) {
-        vt_err(v, "id %lld: id and rowid are set to different values", (long long)newid);
+        ekerr_table(v, "id %lld: id and rowid are set to different values", (long long)newid);
         return SQLITE_ERROR;
     }
     if ((rc = check_hidden(v, newid, argv, is_insert)) != SQLITE_OK) return rc;
@@ -945,7 +945,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
         int r = read_row(v, oldid, vec);
         if (r < 0) return SQLITE_ERROR;
         if (r == 0) {
-            vt_err(v, "id %lld: row not found", (long long)oldid);
+            ekerr_table(v, "id %lld: row not found", (long long)oldid);
             return SQLITE_ERROR;
         }
     } else {
@@ -995,7 +995,7 @@ static int vt_sync(sqlite3_vtab *pv)
     if (!v->wb) return SQLITE_OK;
     char *msg = NULL;
     int rc = ekwbuf_sync(v->wb, &msg);
-    if (rc != SQLITE_OK) vt_err(v, "%s", msg ? msg : "COMMIT failed: out of memory");
+    if (rc != SQLITE_OK) ekerr_table(v, "%s", msg ? msg : "COMMIT failed: out of memory");
     sqlite3_free(msg);
     return rc;
 }

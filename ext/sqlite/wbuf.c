@@ -81,7 +81,7 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         else
             *msg = sqlite3_mprintf("COMMIT failed: %s; nothing was written", why ? why : "out of memory");
         sqlite3_free(why);
-        return sqlite_rc_of(erc);
+        return ekerr_rc(erc);
     }
     erc = embkv_sync(wb->store);
     if (erc != EMBKV_OK) {
@@ -90,7 +90,7 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         *msg = sqlite3_mprintf("COMMIT failed to make the table durable: %s; %s", why ? why : "?",
                                urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
         sqlite3_free(why);
-        return sqlite_rc_of(erc);
+        return ekerr_rc(erc);
     }
     wb->synced = 1;
     return SQLITE_OK;
