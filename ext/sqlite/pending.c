@@ -74,7 +74,7 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, i
  * other instances of it (an instance under the
  * table's old name after ALTER TABLE RENAME, kept by a cached statement)
  * let go of the store, so that its directory can go now. */
-static void vt_detach_table(ekconn *c, const char *tid)
+static void pend_detach_table(ekconn *c, const char *tid)
 {
     for (ekvtab *v = c->tabs; v; v = v->next) {
         if (!v->store || strcmp(v->tid, tid) != 0) continue;
@@ -97,7 +97,7 @@ static void pend_carry_out(ekconn *c, ekpend *p, int committed)
     /* A committed DROP: instances of the table that SQLite still keeps
      * (cached statements) let go of it.  A rolled-back CREATE's instance
      * goes with the rollback itself. */
-    if (committed && p->tid[0]) vt_detach_table(c, p->tid);
+    if (committed && p->tid[0]) pend_detach_table(c, p->tid);
     if (p->unlist) {
         int left = ekusers_remove(p->dir, p->tid);
         if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);
