@@ -319,7 +319,7 @@ ekconn *ekconn_of(sqlite3 *db);   /* the state of a connection, or NULL */
  * write buffers (wbuf.c also frees one when the last of its tables lets
  * go of it). */
 void ekconn_pend_clear(ekconn *c);
-void wbuf_free(ekwbuf *wb);
+void ekreg_free_wbuf(ekwbuf *wb);
 void ekconn_free_wbufs(ekconn *c);
 
 /* Opens a store and counts the binding's references per canonical

@@ -381,7 +381,7 @@ void ekconn_pend_clear(ekconn *c)
     c->pnsp = 0;
 }
 
-void wbuf_free(ekwbuf *wb)
+void ekreg_free_wbuf(ekwbuf *wb)
 {
     ektxn_free(wb->txn);
     if (wb->store) ekreg_close(wb->store);
@@ -394,7 +394,7 @@ void ekconn_free_wbufs(ekconn *c)
     while (c->wbufs) {
         ekwbuf *wb = c->wbufs;
         c->wbufs = wb->next;
-        wbuf_free(wb);
+        ekreg_free_wbuf(wb);
     }
 }
 

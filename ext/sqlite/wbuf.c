@@ -2,7 +2,7 @@
  * wbuf.c - a connection's uncommitted writes to one store, shared by
  * the connection's tables on that store (see ekwbuf in binding.h), and
  * the steps that commit them.  A buffer is freed by registry.c's
- * wbuf_free, which the closing connection calls too: so the registry
+ * ekreg_free_wbuf, which the closing connection calls too: so the registry
  * needs nothing from this file.
  */
 #include "binding.h"
@@ -39,7 +39,7 @@ int ekwbuf_acquire(ekvtab *v)
         char *err = NULL;
         if (!wb->dir || !wb->txn || ekreg_open(v->dir, &eo, 0, &wb->store, &err) != EMBKV_OK) {
             sqlite3_free(err);
-            wbuf_free(wb);
+            ekreg_free_wbuf(wb);
             return SQLITE_NOMEM;
         }
         wb->next = c->wbufs;
@@ -55,7 +55,7 @@ void ekwbuf_release(ekwbuf *wb, ekconn *c)
 {
     if (--wb->refs > 0 || (wb->in_txn && ektxn_count(wb->txn) > 0)) return;
     wbuf_unlink(c, wb);
-    wbuf_free(wb);
+    ekreg_free_wbuf(wb);
 }
 
 void ekwbuf_begin(ekwbuf *wb)
@@ -167,7 +167,7 @@ void ekconn_end_stranded(ekconn *c, int commit)
         else ekwbuf_rollback(wb);
         if (wb->refs == 0) {
             wbuf_unlink(c, wb);
-            wbuf_free(wb);
+            ekreg_free_wbuf(wb);
         }
     }
 }
