@@ -275,15 +275,15 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
  * NULL when out of memory. */
 int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
 /* The parsers of the training options (0 when the value is valid). */
-int embkv_parse_optimizer(const char *val, void *field);
-int embkv_parse_init(const char *val, void *field);
-int embkv_parse_staleness(const char *val, void *field);
-int embkv_parse_positive(const char *val, void *field);
-int embkv_parse_nonnegative(const char *val, void *field);
-int embkv_parse_unit(const char *val, void *field);
+int ek_parse_optimizer(const char *val, void *field);
+int ek_parse_init(const char *val, void *field);
+int ek_parse_staleness(const char *val, void *field);
+int ek_parse_positive(const char *val, void *field);
+int ek_parse_nonnegative(const char *val, void *field);
+int ek_parse_unit(const char *val, void *field);
 /* Fills the defaults the options start from / completes them after parsing. */
-void embkv_train_opts_begin(embkv_train_options *t);
-void embkv_train_opts_end(embkv_train_options *t);
+void ek_parse_train_begin(embkv_train_options *t);
+void ek_parse_train_end(embkv_train_options *t);
 
 /* ========================================================================
  * leftovers.c: what killed processes left behind.  ekleft_sweep_db: the

@@ -311,13 +311,13 @@ int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
 
 /* ------------------------------------------------------------ options */
 
-void embkv_train_opts_begin(embkv_train_options *t)
+void ek_parse_train_begin(embkv_train_options *t)
 {
     embkv_train_defaults(t);
     t->eps = 0;  /* "not given": the optimizer's default is chosen at the end */
 }
 
-void embkv_train_opts_end(embkv_train_options *t)
+void ek_parse_train_end(embkv_train_options *t)
 {
     /* PyTorch's defaults: Adagrad eps 1e-10, Adam eps 1e-8. */
     if (t->eps == 0)
@@ -356,7 +356,7 @@ static int parse_double(const char *val, double *out)
     return 0;
 }
 
-int embkv_parse_positive(const char *val, void *field)
+int ek_parse_positive(const char *val, void *field)
 {
     double d;
     if (parse_double(val, &d) || !(d > 0))
@@ -365,7 +365,7 @@ int embkv_parse_positive(const char *val, void *field)
     return 0;
 }
 
-int embkv_parse_nonnegative(const char *val, void *field)
+int ek_parse_nonnegative(const char *val, void *field)
 {
     double d;
     if (parse_double(val, &d) || !(d >= 0))
@@ -374,7 +374,7 @@ int embkv_parse_nonnegative(const char *val, void *field)
     return 0;
 }
 
-int embkv_parse_unit(const char *val, void *field)
+int ek_parse_unit(const char *val, void *field)
 {
     double d;
     if (parse_double(val, &d) || !(d >= 0 && d < 1))
@@ -383,7 +383,7 @@ int embkv_parse_unit(const char *val, void *field)
     return 0;
 }
 
-int embkv_parse_optimizer(const char *val, void *field)
+int ek_parse_optimizer(const char *val, void *field)
 {
     static const char *const names[] = {"sgd", "adagrad", "adam"};
     for (int i = 0; i < 3; i++)
@@ -394,7 +394,7 @@ int embkv_parse_optimizer(const char *val, void *field)
     return -1;
 }
 
-int embkv_parse_staleness(const char *val, void *field)
+int ek_parse_staleness(const char *val, void *field)
 {
     if (sqlite3_stricmp(val, "unlimited") == 0) {
         *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
@@ -410,7 +410,7 @@ int embkv_parse_staleness(const char *val, void *field)
 
 /* none | zeros | uniform(a,b) | normal(mean,std); field is the whole
  * embkv_train_options. */
-int embkv_parse_init(const char *val, void *field)
+int ek_parse_init(const char *val, void *field)
 {
     embkv_train_options *t = field;
     val = skip_blanks(val);

@@ -88,18 +88,18 @@ static const ekopt_def ek_options[] = {
     {"capacity", EKO_U64, offsetof(embkv_tabopts, capacity), 1, 1ull << 40,
      "a row count from 1 to 1099511627776", NULL},
     {"optimizer", EKO_CUSTOM, offsetof(embkv_tabopts, train.optimizer), 0, 0, "sgd, adagrad or adam",
-     embkv_parse_optimizer},
-    {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", embkv_parse_positive},
+     ek_parse_optimizer},
+    {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", ek_parse_positive},
     {"initial_accumulator", EKO_CUSTOM, offsetof(embkv_tabopts, train.initial_accumulator), 0, 0,
-     "a number >= 0", embkv_parse_nonnegative},
-    {"eps", EKO_CUSTOM, offsetof(embkv_tabopts, train.eps), 0, 0, "a positive number", embkv_parse_positive},
-    {"beta1", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta1), 0, 0, "a number in [0, 1)", embkv_parse_unit},
-    {"beta2", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta2), 0, 0, "a number in [0, 1)", embkv_parse_unit},
+     "a number >= 0", ek_parse_nonnegative},
+    {"eps", EKO_CUSTOM, offsetof(embkv_tabopts, train.eps), 0, 0, "a positive number", ek_parse_positive},
+    {"beta1", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta1), 0, 0, "a number in [0, 1)", ek_parse_unit},
+    {"beta2", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta2), 0, 0, "a number in [0, 1)", ek_parse_unit},
     {"init", EKO_CUSTOM, offsetof(embkv_tabopts, train), 0, 0,
-     "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", embkv_parse_init},
+     "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", ek_parse_init},
     {"seed", EKO_U64, offsetof(embkv_tabopts, train.seed), 0, UINT64_MAX, "an integer from 0 to 18446744073709551615", NULL},
     {"staleness", EKO_CUSTOM, offsetof(embkv_tabopts, train.staleness), 0, 0,
-     "an integer >= 0 or unlimited", embkv_parse_staleness},
+     "an integer >= 0 or unlimited", ek_parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
     /* Kept by the engine with the store (it checks a reopen's values). */
@@ -190,7 +190,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
 {
     uint64_t seen = 0;
-    embkv_train_opts_begin(&v->opts.train);
+    ek_parse_train_begin(&v->opts.train);
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
@@ -266,7 +266,7 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is not given");
         return SQLITE_ERROR;
     }
-    embkv_train_opts_end(&v->opts.train);
+    ek_parse_train_end(&v->opts.train);
     v->given = seen;
     return SQLITE_OK;
 }
