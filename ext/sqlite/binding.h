@@ -1,17 +1,39 @@
 /*
  * binding.h - the SQLite binding's objects and the functions its files
- * export to each other (ext/sqlite/).
+ * export to each other (ext/sqlite/), and the order of its layers.
  *
  * Why one header, in this order: every layer of the binding handles the
  * same few objects (errors.c sets an ekvtab's message, values.c reads its
  * dim, registry.c keeps a connection's ekvtab list, the module builds them),
  * so the objects come first, as SQLite's sqliteInt.h declares its structs
- * before the layers' headers; then one section per file, lowest layer
- * first.
- * The SQL functions that only need a table by name do not touch these
- * objects: they go through embkv_table_lookup (stats.c).
+ * before the layers' headers; then one section per file, in the order of
+ * the layers below, so that a file's section comes after those of the
+ * files it uses.  The SQL functions that only need a table by name do not
+ * touch these objects: they go through embkv_table_lookup (stats.c).
+ *
+ * The layers, bottom up: what needs nothing of the binding but this header
+ * (the transaction buffer, error reporting, a directory's list of tables,
+ * the readers of SQL values, the removal of what killed processes left;
+ * values.c reports through errors.c, leftovers.c reads dirusers.c's
+ * list); the registry of open stores and connections, which frees
+ * everything a connection holds; the parts the module is made of (cursors,
+ * write buffers, the table lookup, removals tied to the transaction); the
+ * SQL interfaces (the functions and the module); the entry point.  A file
+ * calls only files of lower layers and those before it in its own.  The
+ * block below is the one place this order is written, kept in a form a
+ * check can read.  Every file uses sqlite3_api, which ext.c defines
+ * (SQLITE_EXTENSION_INIT1) while it calls every register function: the
+ * usual form of an extension, not a use of a higher layer.
  *
  * Every file of the binding but ext.c uses SQLITE_EXTENSION_INIT3.
+ */
+/* LAYERS (bottom to top; a file may use files of lower lines and those before it on its own line):
+ *   binding.h
+ *   txn.c errors.c dirusers.c values.c leftovers.c
+ *   registry.c
+ *   cursor.c wbuf.c stats.c pending.c
+ *   vecfn.c train.c heat.c export.c vtab.c
+ *   ext.c
  */
 #ifndef EMBKV_BINDING_H
 #define EMBKV_BINDING_H
