@@ -8,7 +8,7 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 OPT     ?= -O3 -g
 CFLAGS  += $(CSTD) $(WARN) $(OPT) -fPIC -pthread -Iext -Iext/engine -Iext/sqlite
-LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lm -pthread
+LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lz -lm -pthread
 
 B := build
 .DEFAULT_GOAL := all
@@ -66,7 +66,7 @@ deps:
 # On a machine without the Debian packages, say so (instead of a compiler's
 # "libpmemobj.h: No such file or directory").
 check-headers:
-	@missing=; for h in libpmemobj.h libpmem.h liburing.h cjson/cJSON.h sqlite3ext.h; do \
+	@missing=; for h in libpmemobj.h libpmem.h liburing.h cjson/cJSON.h sqlite3ext.h zlib.h; do \
 	    [ -f /usr/include/$$h ] || missing="$$missing $$h"; done; \
 	if [ -n "$$missing" ]; then \
 	    echo "embkv: missing headers:$$missing; run 'make deps' (installs the Debian packages) first" >&2; exit 1; fi

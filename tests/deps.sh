@@ -2,7 +2,7 @@
 # Install the Debian packages embkv needs to build and test, when absent.
 set -euo pipefail
 pkgs=(gcc make sqlite3 libsqlite3-dev libpmemobj-dev libpmem-dev liburing-dev
-      libcjson-dev python3 python3-numpy python3-torch python3-tqdm python3-matplotlib valgrind
+      libcjson-dev zlib1g-dev python3 python3-numpy python3-torch python3-tqdm python3-matplotlib valgrind
       clang-14 libclang-rt-14-dev libfuzzer-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
