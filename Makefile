@@ -140,7 +140,7 @@ $(VENV)/.installed: $(B)/embkv.so ext/embkv.h setup.py $(wildcard pysample/embkv
 # On a machine without the Debian packages, say so (instead of a compiler's
 # "libpmemobj.h: No such file or directory").
 check-headers:
-	@missing=; for h in libpmemobj.h libpmem.h liburing.h cjson/cJSON.h sqlite3ext.h; do \
+	@missing=; for h in libpmemobj.h libpmem.h liburing.h cjson/cJSON.h sqlite3ext.h zlib.h; do \
 	    [ -f /usr/include/$$h ] || missing="$$missing $$h"; done; \
 	if [ -n "$$missing" ]; then \
 	    echo "embkv: missing headers:$$missing; run 'make deps' (installs the Debian packages) first" >&2; exit 1; fi

@@ -24,7 +24,7 @@
  * row from one version.  A full scan adds the rows deleted since the
  * snapshot (embkv_snapshot_changed_ids) to the ids the index still has.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>
@@ -47,7 +47,7 @@ static int read_row_at(ekvtab *v, embkv_snapshot *snap, int64_t id, float *out)
     uint8_t found = 0;
     int erc = embkv_get_batch_at(v->store, snap, &id, 1, out, NULL, &found, NULL);
     if (erc == EMBKV_OK) return found;
-    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
+    ekerr_table(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
     return -1;
 }
 
@@ -72,7 +72,7 @@ static const char *const plan_name[4][3] = {
 int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
 {
     ekvtab *v = (ekvtab *)pv;
-    if (vt_unusable(v)) return SQLITE_ERROR;
+    if (ekerr_unusable(v)) return SQLITE_ERROR;
     int eq = -1, in = -1;
     for (int i = 0; i < info->nConstraint; i++) {
         const struct sqlite3_index_constraint *k = &info->aConstraint[i];
@@ -219,8 +219,8 @@ static int add_changed_ids(ekcur *c, ekvtab *v)
     size_t nch = 0;
     int erc = embkv_snapshot_changed_ids(c->snap, &ch, &nch);
     if (erc != EMBKV_OK) {
-        vt_err(v, "scan failed: %s", embkv_errmsg());
-        return sqlite_rc_of(erc);
+        ekerr_table(v, "scan failed: %s", embkv_errmsg());
+        return ekerr_rc(erc);
     }
     if (nch == 0) return SQLITE_OK;
     qsort(ch, nch, sizeof *ch, cmp_id);
@@ -263,8 +263,8 @@ static int collect_all(ekcur *c, ekvtab *v)
         if (erc == 1) return SQLITE_NOMEM;
     }
     if (erc != EMBKV_OK) {
-        vt_err(v, "scan failed: %s", embkv_errmsg());
-        return sqlite_rc_of(erc);
+        ekerr_table(v, "scan failed: %s", embkv_errmsg());
+        return ekerr_rc(erc);
     }
     int rc = add_changed_ids(c, v);
     if (rc != SQLITE_OK) return rc;
@@ -370,8 +370,8 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
             }
         }
         if (erc != EMBKV_OK) {
-            vt_err(v, "read failed: %s", embkv_errmsg());
-            return sqlite_rc_of(erc);
+            ekerr_table(v, "read failed: %s", embkv_errmsg());
+            return ekerr_rc(erc);
         }
         /* Lookups by id count in the access statistics (whatever columns
          * they read) and offer their rows to the DRAM cache; a scan visits
@@ -411,12 +411,12 @@ int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc,
     ekcur *c = (ekcur *)pc;
     ekvtab *v = (ekvtab *)pc->pVtab;
     int rc = SQLITE_OK;
-    if (vt_unusable(v)) return SQLITE_ERROR;
+    if (ekerr_unusable(v)) return SQLITE_ERROR;
     if (!c->snap) {
         int erc = embkv_snapshot_open(v->store, &c->snap);
         if (erc != EMBKV_OK) {
-            vt_err(v, "cannot open a snapshot: %s", embkv_errmsg());
-            return sqlite_rc_of(erc);
+            ekerr_table(v, "cannot open a snapshot: %s", embkv_errmsg());
+            return ekerr_rc(erc);
         }
     }
     c->plan = idxNum;
@@ -503,8 +503,8 @@ static int load_info(ekcur *c, ekvtab *v, int clock)
     c->info_state = 1;
     return SQLITE_OK;
 fail:
-    vt_err(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
-    return sqlite_rc_of(erc);
+    ekerr_table(v, "id %lld: read failed: %s", (long long)id, embkv_errmsg());
+    return ekerr_rc(erc);
 }
 
 int vt_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)

@@ -15,7 +15,7 @@
  * a DROP and the update of the list leaves a stale id: the store then
  * outlives its tables, which is the safe way to be wrong.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <errno.h>

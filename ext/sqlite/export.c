@@ -82,7 +82,7 @@
  * Errors name the function, the table and the file:
  * "embkv_import: table t: file 'x.db' is not an embkv export (...)".
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <errno.h>
@@ -96,6 +96,7 @@ SQLITE_EXTENSION_INIT3
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define EXPORT_FORMAT "embkv-export"
 #define EXPORT_FLOATS "float32-le"
@@ -107,50 +108,19 @@ SQLITE_EXTENSION_INIT3
 #define IMPORT_IDS 4096               /* ids per existence check */
 
 /* ------------------------------------------------------------------------
- * CRC-32 (the polynomial of zlib's crc32, reflected), eight bytes a step.
+ * The row checksum: zlib's crc32, so that any reader of the file can check
+ * a row with its own zlib.  The id and the clock go in as 8-byte
+ * little-endian integers, the host's order (binding.h).  A row's bytes
+ * (dim <= 8192 floats and their optimizer state) fit crc32's length type.
  */
-static uint32_t crc_tab[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_tab[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
-}
-
-/* crc of the bytes so far (0 to start) extended by p[0..n). */
-static uint32_t crc_update(uint32_t crc, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint32_t c = ~crc;
-    while (n >= 8) {
-        uint32_t lo, hi;
-        memcpy(&lo, b, 4); /* a little-endian host (vtab.h) */
-        memcpy(&hi, b + 4, 4);
-        lo ^= c;
-        c = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^ crc_tab[5][(lo >> 16) & 0xff] ^
-            crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xff] ^ crc_tab[2][(hi >> 8) & 0xff] ^
-            crc_tab[1][(hi >> 16) & 0xff] ^ crc_tab[0][hi >> 24];
-        b += 8;
-        n -= 8;
-    }
-    while (n--) c = crc_tab[0][(c ^ *b++) & 0xff] ^ (c >> 8);
-    return ~c;
-}
-
 static uint32_t row_crc(int64_t id, uint64_t clock, const void *vec, size_t vbytes, const void *state, size_t sbytes)
 {
     unsigned char head[16];
     memcpy(head, &id, 8);
     memcpy(head + 8, &clock, 8);
-    uint32_t c = crc_update(0, head, sizeof head);
-    c = crc_update(c, vec, vbytes);
-    return sbytes ? crc_update(c, state, sbytes) : c;
+    uLong c = crc32(0L, head, sizeof head);
+    c = crc32(c, vec, (uInt)vbytes);
+    return (uint32_t)(sbytes ? crc32(c, state, (uInt)sbytes) : c);
 }
 
 /* ------------------------------------------------------------------------
@@ -644,7 +614,6 @@ static void fn_export(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     memset(&e, 0, sizeof e);
     e.ctx = ctx;
     if (args(ctx, "embkv_export", argv, &e.ref, &e.file)) return;
-    pthread_once(&crc_once, crc_init);
     uint64_t rows = 0;
     int erc, ok = open_out(&e) == 0 && write_meta(&e) == 0;
     /* The table as of now: the snapshot first, then the ids. */
@@ -997,7 +966,6 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     memset(&m, 0, sizeof m);
     m.ctx = ctx;
     if (args(ctx, "embkv_import", argv, &m.ref, &m.file)) return;
-    pthread_once(&crc_once, crc_init);
     embkv_store *s = m.ref.store;
     uint64_t rows = 0, fresh = 0, done = 0;
     int ok = open_in(&m) == 0 && check_file(&m, &rows, &fresh) == 0;

@@ -2,7 +2,7 @@
  * ext.c - the SQLite extension's entry point: registers the embkv
  * virtual-table module, its table-level functions and the vector functions.
  */
-#include "embkv_sqlite.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT1
 
 #ifdef _WIN32

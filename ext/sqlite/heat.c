@@ -18,7 +18,7 @@
  * Its rows are the store's: uncommitted writes of the connection's own
  * transaction are not in it (they have not been accessed in the store).
  */
-#include "embkv_sqlite.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <limits.h>

@@ -23,7 +23,7 @@
  *    process dies, however it dies).  The first temporary table a process
  *    makes removes those whose lock it can take.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dirent.h>

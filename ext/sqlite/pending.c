@@ -16,19 +16,17 @@
  * the removal exactly when the transaction (or a ROLLBACK TO) decides it.
  * Only the binding can write to embkv_pending; SELECT * FROM embkv_pending
  * shows what the open transaction will remove.
+ *
+ * A committed DROP also makes the connection's other instances of the
+ * table (kept by cached statements) let go of the store: that is part of
+ * carrying out the removal, since the directory cannot go while they hold
+ * it, so it is done here rather than in the module.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>
 #include <string.h>
-
-void ekconn_pend_clear(ekconn *c)
-{
-    for (int i = 0; i < c->npend; i++) free(c->pend[i].dir);
-    c->npend = 0;
-    c->pnsp = 0;
-}
 
 /* ------------------------------------------------------------------------
  * Removals tied to the transaction: the embkv_pending eponymous table
@@ -72,12 +70,34 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, i
     return defer(c, when, dir, tid, 1, owner, err);
 }
 
+/* A DROP of the table with stable id tid has committed: the connection's
+ * other instances of it (an instance under the
+ * table's old name after ALTER TABLE RENAME, kept by a cached statement)
+ * let go of the store, so that its directory can go now. */
+static void pend_detach_table(ekconn *c, const char *tid)
+{
+    for (ekvtab *v = c->tabs; v; v = v->next) {
+        if (!v->store || strcmp(v->tid, tid) != 0) continue;
+        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
+        if (!why) continue;  /* keeps the store: the directory goes with the connection */
+        if (v->session) embkv_session_close(v->session);
+        v->session = NULL;
+        if (v->wb) ekwbuf_release(v->wb, c);
+        v->wb = NULL;
+        v->txn = NULL;
+        ekreg_close(v->store);
+        v->store = NULL;
+        sqlite3_free(v->broken);
+        v->broken = why;
+    }
+}
+
 static void pend_carry_out(ekconn *c, ekpend *p, int committed)
 {
     /* A committed DROP: instances of the table that SQLite still keeps
      * (cached statements) let go of it.  A rolled-back CREATE's instance
      * goes with the rollback itself. */
-    if (committed && p->tid[0]) vt_detach_table(c, p->tid);
+    if (committed && p->tid[0]) pend_detach_table(c, p->tid);
     if (p->unlist) {
         int left = ekusers_remove(p->dir, p->tid);
         if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);

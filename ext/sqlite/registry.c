@@ -8,13 +8,16 @@
  *  - per connection (ekconn, the client data of the modules and functions):
  *    the connected tables (so SQL functions can resolve a table name), the
  *    temporary directories it uses, and the directory removals waiting for
- *    the outcome of the open transaction;
+ *    the outcome of the open transaction; and the freeing of all it holds
+ *    when it closes (those removals, its write buffers), here although
+ *    pending.c and wbuf.c fill them, so that closing a connection calls
+ *    nothing above the registry;
  *  - the directory removals themselves (ek_remove_tree).
  * The eponymous table embkv_pending, which ties removals to the outcome of
  * transactions, is in pending.c; embkv_table_lookup(), embkv_stats()
  * and embkv_checkpoint() in stats.c.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dlfcn.h>
@@ -368,6 +371,31 @@ void ekconn_ref(ekconn *c)
     pthread_mutex_lock(&ek_mu);
     c->refs++;
     pthread_mutex_unlock(&ek_mu);
+}
+
+/* What a connection holds (binding.h says who else frees it). */
+void ekconn_pend_clear(ekconn *c)
+{
+    for (int i = 0; i < c->npend; i++) free(c->pend[i].dir);
+    c->npend = 0;
+    c->pnsp = 0;
+}
+
+void ekreg_free_wbuf(ekwbuf *wb)
+{
+    ektxn_free(wb->txn);
+    if (wb->store) ekreg_close(wb->store);
+    sqlite3_free(wb->dir);
+    sqlite3_free(wb);
+}
+
+void ekconn_free_wbufs(ekconn *c)
+{
+    while (c->wbufs) {
+        ekwbuf *wb = c->wbufs;
+        c->wbufs = wb->next;
+        ekreg_free_wbuf(wb);
+    }
 }
 
 void ekconn_unref(ekconn *c)

@@ -1,12 +1,12 @@
 /*
  * stats.c - SQL functions over a named embkv table:
- *   embkv_table_lookup()  (C, embkv_sqlite.h) resolves a table name of a
+ *   embkv_table_lookup()  (C, binding.h) resolves a table name of a
  *                         connection to its store and options;
  *   embkv_stats(table)    statistics as JSON (cJSON);
  *   embkv_checkpoint(table)  embkv_sync, returning the durable epoch.
  * Both SQL functions are SQLITE_DIRECTONLY.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

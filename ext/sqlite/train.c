@@ -15,12 +15,11 @@
  * keep the two worlds apart, a connection with uncommitted SQL writes to the
  * table cannot pull or push it until it commits.
  */
-#include "embkv_sqlite.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* Result error "fname: table T: message" with the engine's code mapped. */
@@ -36,73 +35,6 @@ static void train_error(sqlite3_context *ctx, const char *fname, const char *tab
     /* A missing id is the caller's error (SQLITE_ERROR): SQLITE_NOTFOUND
      * is SQLite's internal code, which Python raises as InternalError. */
     default: break;
-    }
-}
-
-int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
-{
-    *n = 0;
-    *err = NULL;
-    switch (sqlite3_value_type(v)) {
-    case SQLITE_INTEGER: {
-        int64_t *ids = sqlite3_malloc64(sizeof *ids);
-        if (!ids)
-            return NULL;
-        ids[0] = sqlite3_value_int64(v);
-        *n = 1;
-        return ids;
-    }
-    case SQLITE_BLOB: {
-        int bytes = sqlite3_value_bytes(v);
-        if (bytes <= 0 || bytes % 8) {
-            *err = sqlite3_mprintf("ids BLOB must hold int64 values (a non-empty multiple of 8 bytes), got %d bytes",
-                                   bytes);
-            return NULL;
-        }
-        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)bytes);
-        if (!ids)
-            return NULL;
-        memcpy(ids, sqlite3_value_blob(v), (size_t)bytes);
-        *n = (size_t)bytes / 8;
-        return ids;
-    }
-    case SQLITE_TEXT: {
-        cJSON *j = ek_json_parse((const char *)sqlite3_value_text(v), (size_t)sqlite3_value_bytes(v));
-        int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
-        if (count <= 0) {
-            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers, an int64 BLOB or an integer");
-            cJSON_Delete(j);
-            return NULL;
-        }
-        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)count * sizeof *ids);
-        int k = 0;
-        for (cJSON *e = j->child; ids && e; e = e->next, k++) {
-            double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
-            if (!cJSON_IsNumber(e)) {
-                *err = sqlite3_mprintf("ids element %d is not an integer (it is %s)", k,
-                                       cJSON_IsString(e) ? "a string" : cJSON_IsArray(e) ? "an array"
-                                       : cJSON_IsObject(e) ? "an object" : cJSON_IsBool(e) ? "a boolean" : "null");
-                sqlite3_free(ids);
-                ids = NULL;
-                break;
-            }
-            /* cJSON keeps numbers as double: integers beyond 2^53 are not exact. */
-            if (!(d == floor(d)) || fabs(d) >= 9007199254740992.0) {
-                *err = sqlite3_mprintf("ids element %d is not an integer of magnitude below 2^53 (use an int64 BLOB for "
-                                       "larger ids)", k);
-                sqlite3_free(ids);
-                ids = NULL;
-                break;
-            }
-            ids[k] = (int64_t)d;
-        }
-        cJSON_Delete(j);
-        *n = ids ? (size_t)count : 0;
-        return ids;
-    }
-    default:
-        *err = sqlite3_mprintf("ids must be an int64 BLOB, a JSON array of integers or an integer");
-        return NULL;
     }
 }
 
@@ -318,140 +250,6 @@ static void fn_lookahead(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         train_error(ctx, "embkv_lookahead", ref.name, rc, embkv_errmsg());
     else
         sqlite3_result_int64(ctx, (sqlite3_int64)queued);
-}
-
-/* ------------------------------------------------------------ options */
-
-void embkv_train_opts_begin(embkv_train_options *t)
-{
-    embkv_train_defaults(t);
-    t->eps = 0;  /* "not given": the optimizer's default is chosen at the end */
-}
-
-void embkv_train_opts_end(embkv_train_options *t)
-{
-    /* PyTorch's defaults: Adagrad eps 1e-10, Adam eps 1e-8. */
-    if (t->eps == 0)
-        t->eps = t->optimizer == EMBKV_ADAM ? 1e-8 : 1e-10;
-}
-
-static const char *skip_blanks(const char *p)
-{
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-        p++;
-    return p;
-}
-
-/* A decimal number as JSON writes it (no hex, no '1.', no leading zeros),
- * white space around allowed; *end after it and the blanks that follow. */
-static int read_number(const char *p, double *out, const char **end)
-{
-    p = skip_blanks(p);
-    size_t k = ek_json_number(p);
-    if (!k)
-        return -1;
-    double d = strtod(p, NULL);
-    if (!isfinite(d))
-        return -1;
-    *out = d;
-    *end = skip_blanks(p + k);
-    return 0;
-}
-
-/* A whole finite number; 0 on success. */
-static int parse_double(const char *val, double *out)
-{
-    const char *end;
-    if (read_number(val, out, &end) || *end)
-        return -1;
-    return 0;
-}
-
-int embkv_parse_positive(const char *val, void *field)
-{
-    double d;
-    if (parse_double(val, &d) || !(d > 0))
-        return -1;
-    *(double *)field = d;
-    return 0;
-}
-
-int embkv_parse_nonnegative(const char *val, void *field)
-{
-    double d;
-    if (parse_double(val, &d) || !(d >= 0))
-        return -1;
-    *(double *)field = d;
-    return 0;
-}
-
-int embkv_parse_unit(const char *val, void *field)
-{
-    double d;
-    if (parse_double(val, &d) || !(d >= 0 && d < 1))
-        return -1;
-    *(double *)field = d;
-    return 0;
-}
-
-int embkv_parse_optimizer(const char *val, void *field)
-{
-    static const char *const names[] = {"sgd", "adagrad", "adam"};
-    for (int i = 0; i < 3; i++)
-        if (sqlite3_stricmp(val, names[i]) == 0) {
-            *(int *)field = i;  /* EMBKV_SGD, EMBKV_ADAGRAD, EMBKV_ADAM */
-            return 0;
-        }
-    return -1;
-}
-
-int embkv_parse_staleness(const char *val, void *field)
-{
-    if (sqlite3_stricmp(val, "unlimited") == 0) {
-        *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
-        return 0;
-    }
-    char *end;
-    long long s = strtoll(val, &end, 10);
-    if (end == val || *end || s < 0 || s > 1000000)
-        return -1;
-    *(int64_t *)field = s;
-    return 0;
-}
-
-/* none | zeros | uniform(a,b) | normal(mean,std); field is the whole
- * embkv_train_options. */
-int embkv_parse_init(const char *val, void *field)
-{
-    embkv_train_options *t = field;
-    val = skip_blanks(val);
-    size_t len = strlen(val);
-    while (len && (val[len - 1] == ' ' || val[len - 1] == '\t' || val[len - 1] == '\n' || val[len - 1] == '\r'))
-        len--;
-    if (len == 4 && sqlite3_strnicmp(val, "none", 4) == 0) {
-        t->init = EMBKV_INIT_NONE;
-        return 0;
-    }
-    if (len == 5 && sqlite3_strnicmp(val, "zeros", 5) == 0) {
-        t->init = EMBKV_INIT_ZEROS;
-        return 0;
-    }
-    int kind = sqlite3_strnicmp(val, "uniform(", 8) == 0 ? EMBKV_INIT_UNIFORM
-               : sqlite3_strnicmp(val, "normal(", 7) == 0 ? EMBKV_INIT_NORMAL
-                                                          : -1;
-    if (kind < 0)
-        return -1;
-    const char *p = strchr(val, '(') + 1, *end;
-    double a, b;
-    if (read_number(p, &a, &end) || *end != ',' || read_number(end + 1, &b, &end) || *end != ')' ||
-        *skip_blanks(end + 1))
-        return -1;
-    if ((kind == EMBKV_INIT_UNIFORM && !(a < b)) || (kind == EMBKV_INIT_NORMAL && !(b >= 0)))
-        return -1;
-    t->init = kind;
-    t->init_a = a;
-    t->init_b = b;
-    return 0;
 }
 
 /* ------------------------------------------------------------ registration */

@@ -31,7 +31,7 @@
  * Memory: vectors live in an arena freed when the transaction ends.  With no
  * savepoint open, a second change of the same row reuses its vector.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <stdlib.h>
@@ -301,7 +301,7 @@ static void remove_slot(ektxn *t, ektxn_entry *e)
 
 int ektxn_savepoint(ektxn *t, int n)
 {
-    /* Already open: another table sharing this buffer (vtab.h,
+    /* Already open: another table sharing this buffer (binding.h,
      * ekwbuf) joined the transaction and is told of the savepoints it
      * missed; the mark set when the savepoint began stays. */
     if (n < 0 || n < t->nsp) return SQLITE_OK;

@@ -1,5 +1,7 @@
 /*
- * values.c - the values an embkv table takes: ids and vectors.
+ * values.c - the values the binding reads from SQL: the ids and vectors an
+ * embkv table takes, the ids argument of the SQL functions, the values of
+ * the training options, and the JSON reader they all share.
  *
  * An id is an INTEGER, or a REAL with an integral value, or TEXT that reads
  * as an integer (what INTEGER affinity would convert); anything else is an
@@ -7,8 +9,14 @@
  * little-endian BLOB of exactly dim*4 bytes or a JSON array (TEXT) of dim
  * numbers that fit float32; NaN and infinities are rejected either way.
  * Every message names the table and the id and says what was expected.
+ *
+ * Why the ids argument and the option parsers are here and not with the
+ * training functions: the module (its CREATE options) and heat.c (its ids)
+ * use them too, and all of them read numbers as JSON writes them
+ * (ek_json_number); kept in train.c they tied the module and the SQL
+ * functions to one another.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
@@ -135,16 +143,16 @@ int write_id(ekvtab *v, sqlite3_value *val, int64_t *out)
     if (value_to_id(val, out)) return SQLITE_OK;
     switch (sqlite3_value_type(val)) {
     case SQLITE_NULL:
-        vt_err(v, "id must be an INTEGER, got NULL (an embkv table has no automatic ids)");
+        ekerr_table(v, "id must be an INTEGER, got NULL (an embkv table has no automatic ids)");
         break;
     case SQLITE_TEXT:
-        vt_err(v, "id must be an INTEGER, got TEXT '%.40s'", (const char *)sqlite3_value_text(val));
+        ekerr_table(v, "id must be an INTEGER, got TEXT '%.40s'", (const char *)sqlite3_value_text(val));
         break;
     case SQLITE_FLOAT:
-        vt_err(v, "id must be an INTEGER, got REAL %!.15g", sqlite3_value_double(val));
+        ekerr_table(v, "id must be an INTEGER, got REAL %!.15g", sqlite3_value_double(val));
         break;
     default:
-        vt_err(v, "id must be an INTEGER, got a %d-byte BLOB", sqlite3_value_bytes(val));
+        ekerr_table(v, "id must be an INTEGER, got a %d-byte BLOB", sqlite3_value_bytes(val));
         break;
     }
     return SQLITE_MISMATCH;
@@ -166,14 +174,14 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         int n = sqlite3_value_bytes(val);
         const void *b = sqlite3_value_blob(val);
         if ((unsigned)n != dim * 4 || !b) {
-            vt_err(v, EXPECT "a %d-byte BLOB", EXPECT_ARGS, n);
+            ekerr_table(v, EXPECT "a %d-byte BLOB", EXPECT_ARGS, n);
             return SQLITE_MISMATCH;
         }
         memcpy(out, b, (size_t)dim * 4);
         for (unsigned i = 0; i < dim; i++) {
             if (!isfinite(out[i])) {
-                vt_err(v, "id %lld: vec[%u] is %s; vector elements must be finite", (long long)id, i,
-                       nonfinite_name(out[i]));
+                ekerr_table(v, "id %lld: vec[%u] is %s; vector elements must be finite", (long long)id, i,
+                            nonfinite_name(out[i]));
                 return SQLITE_MISMATCH;
             }
         }
@@ -188,27 +196,27 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         int rc = SQLITE_MISMATCH;
         if (nul) {
             /* cJSON would skip it as white space */
-            vt_err(v, EXPECT "text with a NUL byte at offset %d, which is not JSON", EXPECT_ARGS, (int)(nul - s));
+            ekerr_table(v, EXPECT "text with a NUL byte at offset %d, which is not JSON", EXPECT_ARGS, (int)(nul - s));
         } else if (!j) {
-            vt_err(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
+            ekerr_table(v, EXPECT "text that is not JSON: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
         } else if (!cJSON_IsArray(j)) {
-            vt_err(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
+            ekerr_table(v, EXPECT "JSON that is not an array: '%.32s%s'", EXPECT_ARGS, s, n > 32 ? "..." : "");
         } else if ((unsigned)cJSON_GetArraySize(j) != dim) {
-            vt_err(v, EXPECT "a JSON array of %d elements", EXPECT_ARGS, cJSON_GetArraySize(j));
+            ekerr_table(v, EXPECT "a JSON array of %d elements", EXPECT_ARGS, cJSON_GetArraySize(j));
         } else {
             unsigned i = 0;
             const cJSON *e;
             rc = SQLITE_OK;
             cJSON_ArrayForEach(e, j) {
                 if (!cJSON_IsNumber(e)) {
-                    vt_err(v, EXPECT "a JSON array whose element %u is not a number", EXPECT_ARGS, i);
+                    ekerr_table(v, EXPECT "a JSON array whose element %u is not a number", EXPECT_ARGS, i);
                     rc = SQLITE_MISMATCH;
                     break;
                 }
                 double d = cJSON_GetNumberValue(e);
                 float f = (float)d;
                 if (!isfinite(d) || !isfinite(f)) {
-                    vt_err(v, "id %lld: vec[%u] = %.9g is out of float32 range", (long long)id, i, d);
+                    ekerr_table(v, "id %lld: vec[%u] = %.9g is out of float32 range", (long long)id, i, d);
                     rc = SQLITE_MISMATCH;
                     break;
                 }
@@ -219,16 +227,218 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
         return rc;
     }
     case SQLITE_NULL:
-        vt_err(v, EXPECT "NULL", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "NULL", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     case SQLITE_INTEGER:
-        vt_err(v, EXPECT "an INTEGER", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "an INTEGER", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     default:
-        vt_err(v, EXPECT "a REAL", EXPECT_ARGS);
+        ekerr_table(v, EXPECT "a REAL", EXPECT_ARGS);
         return SQLITE_MISMATCH;
     }
 #undef EXPECT
 #undef EXPECT_ARGS
 }
 
+/* ------------------------------------------------------------ ids arguments */
+
+int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
+{
+    *n = 0;
+    *err = NULL;
+    switch (sqlite3_value_type(v)) {
+    case SQLITE_INTEGER: {
+        int64_t *ids = sqlite3_malloc64(sizeof *ids);
+        if (!ids)
+            return NULL;
+        ids[0] = sqlite3_value_int64(v);
+        *n = 1;
+        return ids;
+    }
+    case SQLITE_BLOB: {
+        int bytes = sqlite3_value_bytes(v);
+        if (bytes <= 0 || bytes % 8) {
+            *err = sqlite3_mprintf("ids BLOB must hold int64 values (a non-empty multiple of 8 bytes), got %d bytes",
+                                   bytes);
+            return NULL;
+        }
+        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)bytes);
+        if (!ids)
+            return NULL;
+        memcpy(ids, sqlite3_value_blob(v), (size_t)bytes);
+        *n = (size_t)bytes / 8;
+        return ids;
+    }
+    case SQLITE_TEXT: {
+        cJSON *j = ek_json_parse((const char *)sqlite3_value_text(v), (size_t)sqlite3_value_bytes(v));
+        int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
+        if (count <= 0) {
+            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers, an int64 BLOB or an integer");
+            cJSON_Delete(j);
+            return NULL;
+        }
+        int64_t *ids = sqlite3_malloc64((sqlite3_uint64)count * sizeof *ids);
+        int k = 0;
+        for (cJSON *e = j->child; ids && e; e = e->next, k++) {
+            double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+            if (!cJSON_IsNumber(e)) {
+                *err = sqlite3_mprintf("ids element %d is not an integer (it is %s)", k,
+                                       cJSON_IsString(e) ? "a string" : cJSON_IsArray(e) ? "an array"
+                                       : cJSON_IsObject(e) ? "an object" : cJSON_IsBool(e) ? "a boolean" : "null");
+                sqlite3_free(ids);
+                ids = NULL;
+                break;
+            }
+            /* cJSON keeps numbers as double: integers beyond 2^53 are not exact. */
+            if (!(d == floor(d)) || fabs(d) >= 9007199254740992.0) {
+                *err = sqlite3_mprintf("ids element %d is not an integer of magnitude below 2^53 (use an int64 BLOB for "
+                                       "larger ids)", k);
+                sqlite3_free(ids);
+                ids = NULL;
+                break;
+            }
+            ids[k] = (int64_t)d;
+        }
+        cJSON_Delete(j);
+        *n = ids ? (size_t)count : 0;
+        return ids;
+    }
+    default:
+        *err = sqlite3_mprintf("ids must be an int64 BLOB, a JSON array of integers or an integer");
+        return NULL;
+    }
+}
+
+/* ------------------------------------------------------------ options */
+
+void ek_parse_train_begin(embkv_train_options *t)
+{
+    embkv_train_defaults(t);
+    t->eps = 0;  /* "not given": the optimizer's default is chosen at the end */
+}
+
+void ek_parse_train_end(embkv_train_options *t)
+{
+    /* PyTorch's defaults: Adagrad eps 1e-10, Adam eps 1e-8. */
+    if (t->eps == 0)
+        t->eps = t->optimizer == EMBKV_ADAM ? 1e-8 : 1e-10;
+}
+
+static const char *skip_blanks(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* A decimal number as JSON writes it (no hex, no '1.', no leading zeros),
+ * white space around allowed; *end after it and the blanks that follow. */
+static int read_number(const char *p, double *out, const char **end)
+{
+    p = skip_blanks(p);
+    size_t k = ek_json_number(p);
+    if (!k)
+        return -1;
+    double d = strtod(p, NULL);
+    if (!isfinite(d))
+        return -1;
+    *out = d;
+    *end = skip_blanks(p + k);
+    return 0;
+}
+
+/* A whole finite number; 0 on success. */
+static int parse_double(const char *val, double *out)
+{
+    const char *end;
+    if (read_number(val, out, &end) || *end)
+        return -1;
+    return 0;
+}
+
+int ek_parse_positive(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d > 0))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int ek_parse_nonnegative(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d >= 0))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int ek_parse_unit(const char *val, void *field)
+{
+    double d;
+    if (parse_double(val, &d) || !(d >= 0 && d < 1))
+        return -1;
+    *(double *)field = d;
+    return 0;
+}
+
+int ek_parse_optimizer(const char *val, void *field)
+{
+    static const char *const names[] = {"sgd", "adagrad", "adam"};
+    for (int i = 0; i < 3; i++)
+        if (sqlite3_stricmp(val, names[i]) == 0) {
+            *(int *)field = i;  /* EMBKV_SGD, EMBKV_ADAGRAD, EMBKV_ADAM */
+            return 0;
+        }
+    return -1;
+}
+
+int ek_parse_staleness(const char *val, void *field)
+{
+    if (sqlite3_stricmp(val, "unlimited") == 0) {
+        *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
+        return 0;
+    }
+    char *end;
+    long long s = strtoll(val, &end, 10);
+    if (end == val || *end || s < 0 || s > 1000000)
+        return -1;
+    *(int64_t *)field = s;
+    return 0;
+}
+
+/* none | zeros | uniform(a,b) | normal(mean,std); field is the whole
+ * embkv_train_options. */
+int ek_parse_init(const char *val, void *field)
+{
+    embkv_train_options *t = field;
+    val = skip_blanks(val);
+    size_t len = strlen(val);
+    while (len && (val[len - 1] == ' ' || val[len - 1] == '\t' || val[len - 1] == '\n' || val[len - 1] == '\r'))
+        len--;
+    if (len == 4 && sqlite3_strnicmp(val, "none", 4) == 0) {
+        t->init = EMBKV_INIT_NONE;
+        return 0;
+    }
+    if (len == 5 && sqlite3_strnicmp(val, "zeros", 5) == 0) {
+        t->init = EMBKV_INIT_ZEROS;
+        return 0;
+    }
+    int kind = sqlite3_strnicmp(val, "uniform(", 8) == 0 ? EMBKV_INIT_UNIFORM
+               : sqlite3_strnicmp(val, "normal(", 7) == 0 ? EMBKV_INIT_NORMAL
+                                                          : -1;
+    if (kind < 0)
+        return -1;
+    const char *p = strchr(val, '(') + 1, *end;
+    double a, b;
+    if (read_number(p, &a, &end) || *end != ',' || read_number(end + 1, &b, &end) || *end != ')' ||
+        *skip_blanks(end + 1))
+        return -1;
+    if ((kind == EMBKV_INIT_UNIFORM && !(a < b)) || (kind == EMBKV_INIT_NORMAL && !(b >= 0)))
+        return -1;
+    t->init = kind;
+    t->init_a = a;
+    t->init_b = b;
+    return 0;
+}

@@ -45,7 +45,7 @@
  *    SQLITE_DETERMINISTIC, so they may be used in views, triggers, indexes
  *    and generated columns.
  */
-#include "embkv_sqlite.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>

@@ -38,14 +38,14 @@
  *
  * Reading (plans, cursors) is in cursor.c, the parsing of ids and
  * vectors in values.c, the per-connection and per-process state in
- * registry.c, embkv_stats/embkv_checkpoint in stats.c.
+ * registry.c, embkv_stats/embkv_checkpoint in stats.c, the error
+ * messages and codes in errors.c.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <dirent.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,34 +54,6 @@ SQLITE_EXTENSION_INIT3
 #include <sys/stat.h>
 
 #define EK_SCHEMA "CREATE TABLE x(id INTEGER PRIMARY KEY, vec BLOB, clock INTEGER HIDDEN, tier TEXT HIDDEN)"
-
-void vt_err(ekvtab *v, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *m = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    sqlite3_free(v->base.zErrMsg);
-    v->base.zErrMsg = sqlite3_mprintf("embkv table %s: %s", v->zName, m ? m : "out of memory");
-    sqlite3_free(m);
-}
-
-int sqlite_rc_of(int erc)
-{
-    switch (erc) {
-    case EMBKV_OK: return SQLITE_OK;
-    case EMBKV_NOMEM: return SQLITE_NOMEM;
-    case EMBKV_FULL: return SQLITE_FULL;
-    case EMBKV_IO: return SQLITE_IOERR;
-    case EMBKV_LOCKED: return SQLITE_BUSY;
-    case EMBKV_BUSY: return SQLITE_BUSY;
-    case EMBKV_CORRUPT: return SQLITE_CORRUPT;
-    case EMBKV_EXISTS: return SQLITE_CONSTRAINT_PRIMARYKEY;
-    case EMBKV_NOTSTORE:
-    case EMBKV_VERSION: return SQLITE_CANTOPEN;
-    default: return SQLITE_ERROR;
-    }
-}
 
 /* ------------------------------------------------------------------------
  * Options: one line per option.
@@ -116,18 +88,18 @@ static const ekopt_def ek_options[] = {
     {"capacity", EKO_U64, offsetof(embkv_tabopts, capacity), 1, 1ull << 40,
      "a row count from 1 to 1099511627776", NULL},
     {"optimizer", EKO_CUSTOM, offsetof(embkv_tabopts, train.optimizer), 0, 0, "sgd, adagrad or adam",
-     embkv_parse_optimizer},
-    {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", embkv_parse_positive},
+     ek_parse_optimizer},
+    {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", ek_parse_positive},
     {"initial_accumulator", EKO_CUSTOM, offsetof(embkv_tabopts, train.initial_accumulator), 0, 0,
-     "a number >= 0", embkv_parse_nonnegative},
-    {"eps", EKO_CUSTOM, offsetof(embkv_tabopts, train.eps), 0, 0, "a positive number", embkv_parse_positive},
-    {"beta1", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta1), 0, 0, "a number in [0, 1)", embkv_parse_unit},
-    {"beta2", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta2), 0, 0, "a number in [0, 1)", embkv_parse_unit},
+     "a number >= 0", ek_parse_nonnegative},
+    {"eps", EKO_CUSTOM, offsetof(embkv_tabopts, train.eps), 0, 0, "a positive number", ek_parse_positive},
+    {"beta1", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta1), 0, 0, "a number in [0, 1)", ek_parse_unit},
+    {"beta2", EKO_CUSTOM, offsetof(embkv_tabopts, train.beta2), 0, 0, "a number in [0, 1)", ek_parse_unit},
     {"init", EKO_CUSTOM, offsetof(embkv_tabopts, train), 0, 0,
-     "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", embkv_parse_init},
+     "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", ek_parse_init},
     {"seed", EKO_U64, offsetof(embkv_tabopts, train.seed), 0, UINT64_MAX, "an integer from 0 to 18446744073709551615", NULL},
     {"staleness", EKO_CUSTOM, offsetof(embkv_tabopts, train.staleness), 0, 0,
-     "an integer >= 0 or unlimited", embkv_parse_staleness},
+     "an integer >= 0 or unlimited", ek_parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
     /* Kept by the engine with the store (it checks a reopen's values). */
@@ -218,7 +190,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
 {
     uint64_t seen = 0;
-    embkv_train_opts_begin(&v->opts.train);
+    ek_parse_train_begin(&v->opts.train);
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
@@ -294,7 +266,7 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is not given");
         return SQLITE_ERROR;
     }
-    embkv_train_opts_end(&v->opts.train);
+    ek_parse_train_end(&v->opts.train);
     v->given = seen;
     return SQLITE_OK;
 }
@@ -714,7 +686,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
                               emsg ? emsg : "out of memory");
         sqlite3_free(emsg);
-        rc = sqlite_rc_of(erc);
+        rc = ekerr_rc(erc);
         /* Another process holding the store, or a passing condition, is an
          * error here and now; a store that is not there is a broken table. */
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
@@ -854,7 +826,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     else if (v->store && !v->is_tmp)
         rc = ekconn_defer_unlist(v->conn, EK_ON_COMMIT, v->dir, v->tid, v->owns_dir, &err);
     if (rc != SQLITE_OK) {
-        vt_err(v, "%s", err ? err : sqlite3_errstr(rc));
+        ekerr_table(v, "%s", err ? err : sqlite3_errstr(rc));
         sqlite3_free(err);
         return rc;
     }
@@ -864,7 +836,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
     sqlite3_free(sql);
     if (rc != SQLITE_OK) {
-        vt_err(v, "cannot drop its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
+        ekerr_table(v, "cannot drop its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         return rc;
     }
@@ -887,7 +859,7 @@ static int vt_rename(sqlite3_vtab *pv, const char *zNew)
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
     sqlite3_free(sql);
     if (rc != SQLITE_OK) {
-        vt_err(v, "cannot rename its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
+        ekerr_table(v, "cannot rename its shadow table %s_config: %s", v->zName, msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         sqlite3_free(name);
         return rc;
@@ -900,32 +872,6 @@ static int vt_rename(sqlite3_vtab *pv, const char *zNew)
 static int vt_shadow_name(const char *suffix)
 {
     return sqlite3_stricmp(suffix, "config") == 0;
-}
-
-/* A table connected without its store (see vt_init) can only be dropped. */
-int vt_unusable(ekvtab *v)
-{
-    if (v->store) return 0;
-    vt_err(v, "%s", v->broken);
-    return 1;
-}
-
-void vt_detach_table(ekconn *c, const char *tid)
-{
-    for (ekvtab *v = c->tabs; v; v = v->next) {
-        if (!v->store || strcmp(v->tid, tid) != 0) continue;
-        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
-        if (!why) continue;  /* keeps the store: the directory goes with the connection */
-        if (v->session) embkv_session_close(v->session);
-        v->session = NULL;
-        if (v->wb) ekwbuf_release(v->wb, c);
-        v->wb = NULL;
-        v->txn = NULL;
-        ekreg_close(v->store);
-        v->store = NULL;
-        sqlite3_free(v->broken);
-        v->broken = why;
-    }
 }
 
 /* ------------------------------------------------------------------------
@@ -941,7 +887,7 @@ static int conflict(ekvtab *v, int64_t id, int *replace)
         return SQLITE_OK;
     }
     if (mode == SQLITE_IGNORE) return SQLITE_CONSTRAINT; /* SQLite skips the row */
-    vt_err(v, "id %lld already exists (UNIQUE constraint failed: %s.id)", (long long)id, v->zName);
+    ekerr_table(v, "id %lld already exists (UNIQUE constraint failed: %s.id)", (long long)id, v->zName);
     return SQLITE_CONSTRAINT_PRIMARYKEY;
 }
 
@@ -952,7 +898,7 @@ static int check_hidden(ekvtab *v, int64_t id, sqlite3_value **argv, int is_inse
         sqlite3_value *h = argv[2 + COL_CLOCK + k];
         int written = is_insert ? sqlite3_value_type(h) != SQLITE_NULL : !sqlite3_value_nochange(h);
         if (written) {
-            vt_err(v, "id %lld: column %s is read-only", (long long)id, names[k]);
+            ekerr_table(v, "id %lld: column %s is read-only", (long long)id, names[k]);
             return SQLITE_ERROR;
         }
     }
@@ -963,7 +909,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
 {
     ekvtab *v = (ekvtab *)pv;
     int rc;
-    if (vt_unusable(v)) return SQLITE_ERROR;
+    if (ekerr_unusable(v)) return SQLITE_ERROR;
     if (!v->joined) {
         /* Only a table in the transaction is written; should SQLite have
          * enlisted it without xBegin, it is joined all the same. */
@@ -988,7 +934,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     sqlite3_value *src = id_given ? a_id : (is_insert && !rowid_given) ? a_id : a_rowid;
     if ((rc = write_id(v, src, &newid)) != SQLITE_OK) return rc;
     if (id_given && rowid_given && (!value_to_id(a_rowid, &rid) || rid != newid)) {
-        vt_err(v, "id %lld: id and rowid are set to different values", (long long)newid);
+        ekerr_table(v, "id %lld: id and rowid are set to different values", (long long)newid);
         return SQLITE_ERROR;
     }
     if ((rc = check_hidden(v, newid, argv, is_insert)) != SQLITE_OK) return rc;
@@ -999,7 +945,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
         int r = read_row(v, oldid, vec);
         if (r < 0) return SQLITE_ERROR;
         if (r == 0) {
-            vt_err(v, "id %lld: row not found", (long long)oldid);
+            ekerr_table(v, "id %lld: row not found", (long long)oldid);
             return SQLITE_ERROR;
         }
     } else {
@@ -1049,7 +995,7 @@ static int vt_sync(sqlite3_vtab *pv)
     if (!v->wb) return SQLITE_OK;
     char *msg = NULL;
     int rc = ekwbuf_sync(v->wb, &msg);
-    if (rc != SQLITE_OK) vt_err(v, "%s", msg ? msg : "COMMIT failed: out of memory");
+    if (rc != SQLITE_OK) ekerr_table(v, "%s", msg ? msg : "COMMIT failed: out of memory");
     sqlite3_free(msg);
     return rc;
 }

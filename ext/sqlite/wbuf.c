@@ -1,20 +1,14 @@
 /*
  * wbuf.c - a connection's uncommitted writes to one store, shared by
- * the connection's tables on that store (see ekwbuf in vtab.h), and
- * the steps that commit them.
+ * the connection's tables on that store (see ekwbuf in binding.h), and
+ * the steps that commit them.  A buffer is freed by registry.c's
+ * ekreg_free_wbuf, which the closing connection calls too: so the registry
+ * needs nothing from this file.
  */
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <string.h>
-
-static void wbuf_free(ekwbuf *wb)
-{
-    ektxn_free(wb->txn);
-    if (wb->store) ekreg_close(wb->store);
-    sqlite3_free(wb->dir);
-    sqlite3_free(wb);
-}
 
 static void wbuf_unlink(ekconn *c, ekwbuf *wb)
 {
@@ -45,7 +39,7 @@ int ekwbuf_acquire(ekvtab *v)
         char *err = NULL;
         if (!wb->dir || !wb->txn || ekreg_open(v->dir, &eo, 0, &wb->store, &err) != EMBKV_OK) {
             sqlite3_free(err);
-            wbuf_free(wb);
+            ekreg_free_wbuf(wb);
             return SQLITE_NOMEM;
         }
         wb->next = c->wbufs;
@@ -61,7 +55,7 @@ void ekwbuf_release(ekwbuf *wb, ekconn *c)
 {
     if (--wb->refs > 0 || (wb->in_txn && ektxn_count(wb->txn) > 0)) return;
     wbuf_unlink(c, wb);
-    wbuf_free(wb);
+    ekreg_free_wbuf(wb);
 }
 
 void ekwbuf_begin(ekwbuf *wb)
@@ -87,7 +81,7 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         else
             *msg = sqlite3_mprintf("COMMIT failed: %s; nothing was written", why ? why : "out of memory");
         sqlite3_free(why);
-        return sqlite_rc_of(erc);
+        return ekerr_rc(erc);
     }
     erc = embkv_sync(wb->store);
     if (erc != EMBKV_OK) {
@@ -96,7 +90,7 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         *msg = sqlite3_mprintf("COMMIT failed to make the table durable: %s; %s", why ? why : "?",
                                urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
         sqlite3_free(why);
-        return sqlite_rc_of(erc);
+        return ekerr_rc(erc);
     }
     wb->synced = 1;
     return SQLITE_OK;
@@ -173,7 +167,7 @@ void ekconn_end_stranded(ekconn *c, int commit)
         else ekwbuf_rollback(wb);
         if (wb->refs == 0) {
             wbuf_unlink(c, wb);
-            wbuf_free(wb);
+            ekreg_free_wbuf(wb);
         }
     }
 }
@@ -192,13 +186,4 @@ int ekconn_wbufs_savepoint(ekconn *c, int op, int n)
         }
     }
     return SQLITE_OK;
-}
-
-void ekconn_free_wbufs(ekconn *c)
-{
-    while (c->wbufs) {
-        ekwbuf *wb = c->wbufs;
-        c->wbufs = wb->next;
-        wbuf_free(wb);
-    }
 }

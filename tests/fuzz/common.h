@@ -13,7 +13,7 @@
  * data the template really holds.
  *
  * This header does not include sqlite3ext.h: common.c calls SQLite
- * directly, while the targets that include the binding's vtab.h go through
+ * directly, while the targets that include binding.h go through
  * the extension's API table, which the first connection opened here sets.
  */
 #ifndef EMBKV_FUZZ_COMMON_H

@@ -1,6 +1,6 @@
 /*
  * fuzz_ids.c - libFuzzer target: the ids argument of the training and
- * hot-set functions (ek_parse_ids in ext/sqlite/train.c: an int64 BLOB, a
+ * hot-set functions (ek_parse_ids in ext/sqlite/values.c: an int64 BLOB, a
  * JSON array of integers, or one integer) and the gradients that go with
  * them in embkv_push (a float32 BLOB or a JSON array).
  *
@@ -16,7 +16,7 @@
  * pull takes is released at once, so nothing accumulates between inputs).
  */
 #include "common.h"
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <math.h>

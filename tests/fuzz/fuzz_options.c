@@ -1,7 +1,7 @@
 /*
  * fuzz_options.c - libFuzzer target: the options of
  * CREATE VIRTUAL TABLE t USING embkv(<input>) (ext/sqlite/vtab.c's option
- * table and parsers, train.c's parsers of the training options, and the
+ * table and parsers, values.c's parsers of the training options, and the
  * engine's checks of what they give it).
  *
  * Driven through SQL on a database file in a fresh directory per input, as

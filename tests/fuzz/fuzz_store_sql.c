@@ -13,7 +13,7 @@
  * code is fine; what must not happen is a crash, a sanitizer report, a
  * hang, or a vector that is not the row's own.
  *
- * Not including vtab.h: this file calls SQLite directly.
+ * Not including binding.h: this file calls SQLite directly.
  */
 #include "common.h"
 

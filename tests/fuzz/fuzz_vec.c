@@ -20,7 +20,7 @@
  * embkv_vec accepts with the same floats.
  */
 #include "common.h"
-#include "vtab.h"
+#include "binding.h"
 SQLITE_EXTENSION_INIT3
 
 #include <math.h>
