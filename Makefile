@@ -69,7 +69,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
+.PHONY: check-headers check-layers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
 all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -146,9 +146,15 @@ check-headers:
 	    echo "embkv: missing headers:$$missing; run 'make deps' (installs the Debian packages) first" >&2; exit 1; fi
 
 test: deps
-	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so venv
+	@$(MAKE) --no-print-directory all plain-tests asan-tests tsan-tests $(B)/asan/embkv.so venv check-layers
 	@bash tests/run.sh
 	@bash tests/fuzz/run.sh short
+
+# Calls and includes go down the layers of the engine and of the binding:
+# the objects' undefined symbols (nm) and the files' includes against the
+# LAYERS blocks of ext/engine/base.h and ext/sqlite/binding.h.
+check-layers: $(plain_ENGINE_OBJ) $(plain_SQLEXT_OBJ)
+	@$(PYTHON) tests/check_layers.py $(B)/plain/ext
 
 # One group of `make test` at a time (each with its sanitizer runs).
 test-c: deps

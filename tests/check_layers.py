@@ -17,7 +17,8 @@ What is checked, for each wing:
   - every #include "..." of the wing's files names a header of the wing
     ranked at or below the includer (or a public header of ext/).
 
-Exit 0 when all holds; else each fault on a line of its own, naming the
+First a self-test: each wing's order reversed must give faults of both
+kinds.  Exit 0 when all holds; else each fault on a line of its own, naming the
 two files, the symbol or header, and their layers, then exit 1.
 """
 import os
@@ -33,13 +34,16 @@ PUBLIC = {"embkv.h", "embkv_debug.h"}  # ext/: the engine's API and its test hoo
 SHARED_SYMBOLS = {"sqlite3_api"}
 
 
-def read_layers(path):
+def read_layers(path, reverse=False):
     text = open(path).read()
     m = re.search(r"LAYERS \(bottom to top[^\n]*\n((?:[ \t]*\*[ \t]+\S[^\n]*\n)+)", text)
     if not m:
         sys.exit("check_layers: no LAYERS block in %s" % path)
     rank = {}
-    for line_no, line in enumerate(m.group(1).splitlines()):
+    lines = m.group(1).splitlines()
+    if reverse:  # (the self-test: the order upside down must fail)
+        lines = lines[::-1]
+    for line_no, line in enumerate(lines):
         names = [w for w in line.strip().lstrip("*").split() if w != "|"]
         for pos, name in enumerate(names):
             if name in rank:
@@ -60,8 +64,8 @@ def nm(obj):
     return defined, undefined
 
 
-def check_wing(name, src, bottom, objdir, faults):
-    rank = read_layers(os.path.join(ROOT, src, bottom))
+def check_wing(name, src, bottom, objdir, faults, reverse=False):
+    rank = read_layers(os.path.join(ROOT, src, bottom), reverse)
     files = sorted(f for f in os.listdir(os.path.join(ROOT, src)) if f.endswith((".c", ".h")))
     for f in files:
         if f not in rank:
@@ -112,9 +116,23 @@ def check_wing(name, src, bottom, objdir, faults):
                               % (src, f, layer(f), sym, g, layer(g), above(f, g)))
 
 
+def self_test(objdir):
+    """The check must fail on each wing's order turned upside down: a check
+    that passes everything would pass the real order too."""
+    for name, src, bottom in WINGS:
+        faults = []
+        check_wing(name, src, bottom, objdir, faults, reverse=True)
+        calls = [f for f in faults if " uses " in f]
+        incs = [f for f in faults if " includes " in f]
+        if not calls or not incs:
+            sys.exit("check_layers: self-test: %s's order reversed gives %d call and %d include faults; "
+                     "the check sees nothing" % (src, len(calls), len(incs)))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: tests/check_layers.py OBJDIR (the objects' ext/ directory, e.g. build/plain/ext)")
+    self_test(sys.argv[1])
     faults = []
     for name, src, bottom in WINGS:
         check_wing(name, src, bottom, sys.argv[1], faults)

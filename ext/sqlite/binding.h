@@ -45,7 +45,7 @@
 #include <cjson/cJSON.h>
 #include <sqlite3ext.h>
 
-#include "../embkv.h"
+#include "embkv.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "embkv stores vectors as little-endian float32 BLOBs: a little-endian host is required"
