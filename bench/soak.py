@@ -20,8 +20,9 @@ than 64 MiB), and checks every row by a full scan.
 The SSD tier gets 4 MiB per 1000 rows (about 7x the rows' bytes): the
 readers' full-table queries hold snapshots, and while one is open the
 cache writes through and replaced versions stay, so the log carries 4-6x
-the live rows' bytes (3.1 GiB at most in 10 minutes of 1M rows); with 2
-MiB per 1000 rows pushes failed with "ssd_size reached" after 2-3 minutes.
+the live rows' bytes (3.1 GiB at most in 10 minutes of 1M rows).  With
+less room, a log near ssd_size can refuse writes until the next sync
+deletes what compaction emptied (docs/tiers.md: sizing the SSD tier).
 Also per sample: the log's live MiB, rows demoted and segments compacted.
 
 Usage: soak.py DIR [--seconds S] [--rows N] [--ssd-mb M] [--ext PATH]

@@ -10,7 +10,7 @@
  * needs them; the first use of either function on a table starts them
  * (embkv_heat_enable), so a first call sees no hits and moves nothing by
  * heat: that is the cost model a user of a pool that holds every row
- * chose, and what the README says.
+ * chose, and what docs/tiers.md says.
  *
  * embkv_heat materializes its rows when the scan begins (10 bytes a row),
  * as the table's own full scan does with its ids: the store is pinned (no

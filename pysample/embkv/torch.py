@@ -159,9 +159,9 @@ class _TableModule(torch.nn.Module):
 
     def lookahead(self, ids):
         """Announce the ids of coming batches (embkv_lookahead), so that rows
-        on the SSD tier are read ahead; returns the rows queued.  Tables
-        without an SSD tier (all of them until that tier exists) have every
-        row in memory already: nothing to queue, 0."""
+        on the SSD tier are read ahead; returns the rows queued.  A table
+        without an SSD tier (no ssd_size) has every row in memory already:
+        nothing to queue, 0."""
         a = np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64)
         try:
             return self.conn.execute("SELECT embkv_lookahead(?, ?)", (self.table, a.tobytes())).fetchone()[0]
