@@ -37,6 +37,9 @@ typedef struct found_slot {
 /* Seqlock of one bucket, for writers (the key's stripe lock held too). */
 void ix_lock_bucket(bucket *b);
 void ix_unlock_bucket(bucket *b);
+/* ix_insert and ix_remove change slots: with the key's stripe lock
+ * (keylock_acquire) and s->writers held shared, or alone on the array (a
+ * resize's private one, recovery). */
 /* Insert a key known absent; the key's stripe lock held. Returns false only
  * when no bucket on the whole probe cycle has room. */
 bool ix_insert(index_desc *ix, int64_t id, uint64_t h, uint64_t loc, found_slot *out);
@@ -203,16 +206,25 @@ void move_unpin(embkv_store *s);
 int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h);
 
 /* ------------------------------------------------------------- slab.c */
+/* n free records into locs, leaving the delete reserve free: EMBKV_OK, or
+ * EMBKV_FULL naming the pool (nothing taken).  Takes slab_mu; any thread. */
 int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
 /* For tombstones: may take the delete reserve that slab_alloc leaves free. */
 int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
+/* Back to the free list at once (pool records) or to the log's live
+ * counts (log locations): only for records no reader can hold any more
+ * (slab_reclaim), or never published. */
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
 /* embkv_room_for of the pool alone (write.c adds demotion). */
 int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
+/* Free records now (under slab_mu: a moment's figure). */
 size_t slab_free_count(embkv_store *s);
 /* Free records, records in the chunks so far, and whether the pool refused
  * a chunk (then the total is all the pool will hold). */
 void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhausted);
+/* At open, single-threaded: maps the chunks and rebuilds the free list
+ * from the index (a record is in use exactly when an entry names it);
+ * EMBKV_CORRUPT for an index that names records it cannot hold. */
 int slab_rebuild(embkv_store *s);
 /* Where each record chunk's records begin (what rec_at needs): the part of
  * slab_rebuild that recovery, which reads records, needs before it. */
@@ -232,15 +244,21 @@ static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
 }
 /* Retire a location: freed once no reader can see it (P6). */
 void slab_retire(embkv_store *s, const uint64_t *locs, size_t n);
+/* Frees the retired records no reader or snapshot can hold any more (P6);
+ * wait_for_readers: waits out the readers in an epoch now first (so never
+ * from inside ebr_enter).  Takes retire_mu, and slab_mu after it. */
 void slab_reclaim(embkv_store *s, bool wait_for_readers);
 
 /* ------------------------------------------------------------- snapshot.c */
+/* The store's group lock and version log (at open: EMBKV_NOMEM or OK);
+ * freed at close, with no group or snapshot left. */
 int snap_init(embkv_store *s);
 void snap_free(embkv_store *s);
 /* Whether this thread is inside a write group on s. */
 bool group_held(embkv_store *s);
 /* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
 void groups_quiesce(embkv_store *s);
+/* Lets the groups held off by groups_quiesce go on. */
 void groups_resume(embkv_store *s);
 /* A snapshot in two steps, for a caller that must fix it at a moment of
  * its own choosing (backup.c: at a sync's epoch switch): snap_register

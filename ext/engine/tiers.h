@@ -92,6 +92,8 @@ int cache_dirty_ids(cache *c, int64_t **ids, size_t *n);
  * first the shard's CLOCK hand reaches (unreferenced ones first).  A hint,
  * as above; malloc'd. */
 int cache_clean_ahead(cache *c, size_t want, int64_t **ids, size_t *n);
+/* The cache's fields of embkv_stats (cache_rows, cache_capacity_rows, its
+ * hits and misses...); nothing without a cache (c NULL). */
 void cache_stats(const cache *c, embkv_stats *st);
 
 /* ------------------------------------------------------------- tier.c */
@@ -138,6 +140,7 @@ int tier_promote_queued(embkv_store *s, size_t room, bool make_room, size_t *mov
  * without asking admission, making room by demoting colder rows; a row
  * whose record is damaged stays in the log.  Without a tier: nothing. */
 int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved);
+/* Rows queued for promotion now (promo_mu: a moment's figure). */
 size_t tier_promote_pending(embkv_store *s);
 
 /* ------------------------------------------------------------- compact.c */
@@ -153,6 +156,9 @@ bool compact_urgent(embkv_store *s);
 void compact_pay(embkv_store *s, size_t nrecs);
 
 /* ------------------------------------------------------------- tier_worker.c */
+/* The tier's thread (demotion to the watermark, queued promotions,
+ * compaction): started at open for a store with a log; stopped, and
+ * joined, before anything it uses is freed (no-op when not running). */
 int tier_worker_start(embkv_store *s);
 void tier_worker_stop(embkv_store *s);
 
@@ -165,7 +171,10 @@ size_t la_take(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t 
 /* Rows a pull just read from the log, kept in the stage for the push that
  * follows (only while the stage exists: once look-ahead was used). */
 void la_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr *const *recs, size_t n);
+/* Look-ahead's fields of embkv_stats (zero before its first use). */
 void la_stats(embkv_store *s, embkv_stats *st);
+/* Stops look-ahead's thread and frees the stage; at close, or when the
+ * tier goes. */
 void la_close(embkv_store *s);
 
 #endif
