@@ -26,6 +26,8 @@ import sqlite3
 import sys
 import time
 
+from bench_py import default_extension
+
 try:
     import numpy as np
 except ImportError:
@@ -154,19 +156,6 @@ def bench_sqlite(dirpath, ids, vecs, rows_of, grads, nbatches):
     return rate
 
 
-def default_extension():
-    """The extension of the installed embkv package ($EMBKV_EXT first)."""
-    try:
-        import embkv
-    except ImportError as e:
-        sys.exit("%s: the embkv package cannot be imported (%s): install it (docs/install.md; `make venv` "
-                 "puts it in build/venv), or name the extension with --ext" % (os.path.basename(__file__), e))
-    try:
-        return embkv.find_extension()
-    except embkv.EmbkvError as e:
-        sys.exit(str(e))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -180,7 +169,7 @@ def main():
                     help="the extension (default: the installed embkv package's, embkv.find_extension())")
     a = ap.parse_args()
     if a.ext is None:
-        a.ext = default_extension()
+        a.ext = default_extension(__file__)
     need_extension_loading()
     if os.path.exists(a.dir) and os.listdir(a.dir):
         sys.exit(f"{a.dir} must be absent or empty")

@@ -38,6 +38,8 @@ import sys
 import threading
 import time
 
+from bench_py import default_extension
+
 import numpy as np
 
 DIM = 64
@@ -77,19 +79,6 @@ def du_mb_file(path):
         return 0.0
 
 
-def default_extension():
-    """The extension of the installed embkv package ($EMBKV_EXT first)."""
-    try:
-        import embkv
-    except ImportError as e:
-        sys.exit("%s: the embkv package cannot be imported (%s): install it (docs/install.md; `make venv` "
-                 "puts it in build/venv), or name the extension with --ext" % (os.path.basename(__file__), e))
-    try:
-        return embkv.find_extension()
-    except embkv.EmbkvError as e:
-        sys.exit(str(e))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -101,7 +90,7 @@ def main():
                     help="the extension (default: the installed embkv package's, embkv.find_extension())")
     a = ap.parse_args()
     if a.ext is None:
-        a.ext = default_extension()
+        a.ext = default_extension(__file__)
     if os.path.exists(a.dir) and os.listdir(a.dir):
         sys.exit(f"{a.dir} must be absent or empty")
     os.makedirs(a.dir, exist_ok=True)
