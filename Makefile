@@ -151,10 +151,12 @@ test: deps
 	@bash tests/fuzz/run.sh short
 
 # Calls and includes go down the layers of the engine and of the binding:
-# the objects' undefined symbols (nm) and the files' includes against the
-# LAYERS blocks of ext/engine/base.h and ext/sqlite/binding.h.
-check-layers: $(plain_ENGINE_OBJ) $(plain_SQLEXT_OBJ)
-	@$(PYTHON) tests/check_layers.py $(B)/plain/ext
+# the objects' undefined symbols (nm; every variant's, for code built in
+# one only) and the files' includes against the LAYERS blocks of
+# ext/engine/base.h and ext/sqlite/binding.h; the binding calls the engine
+# through ext/embkv.h only.
+check-layers: $(plain_ENGINE_OBJ) $(plain_SQLEXT_OBJ) $(asan_ENGINE_OBJ) $(asan_SQLEXT_OBJ) $(tsan_ENGINE_OBJ)
+	@$(PYTHON) tests/check_layers.py $(B)/plain/ext $(B)/asan/ext $(B)/tsan/ext
 
 # One group of `make test` at a time (each with its sanitizer runs).
 test-c: deps

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_layers.py OBJDIR: calls and includes go down the layers.
+"""check_layers.py OBJDIR...: calls and includes go down the layers.
 
 The layer order of each wing is written in one place, a LAYERS block in
 a comment at the top of its bottom header (ext/engine/base.h,
@@ -12,10 +12,17 @@ lines, a header those of lower lines and those before it on its line.
 What is checked, for each wing:
   - every .c and .h of the wing's directory is in the list (a new file
     must be placed);
-  - every undefined symbol of OBJDIR/<wing>/<file>.o (nm) that another of
-    the wing's objects defines is defined by a file ranked below it;
-  - every #include "..." of the wing's files names a header of the wing
-    ranked at or below the includer (or a public header of ext/).
+  - in each OBJDIR given (one per build variant: code compiled only for
+    one, under #ifdef, is seen there), every undefined symbol of
+    OBJDIR/<wing>/<file>.o (nm) that another of the wing's objects defines
+    is defined by a file ranked below it;
+  - every #include of the wing's files ("..." or <...>, however spaced)
+    that names a header of the wing names one ranked at or below the
+    includer; a "..." include must be the wing's or a public header of
+    ext/;
+and across the wings: the binding uses of the engine only the functions
+its public header ext/embkv.h declares (the engine's internals are not
+the binding's, even though the extension links the whole library).
 
 First a self-test: each wing's order reversed must give faults of both
 kinds.  Exit 0 when all holds; else each fault on a line of its own, naming the
@@ -64,7 +71,13 @@ def nm(obj):
     return defined, undefined
 
 
-def check_wing(name, src, bottom, objdir, faults, reverse=False):
+def includes(text):
+    """(quote, header) of each #include of a file: "..." or <...>, with any
+    spacing around the '#' (the preprocessor takes them all)."""
+    return re.findall(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^">]+)[">]', text, re.M)
+
+
+def check_wing(name, src, bottom, objdirs, faults, reverse=False):
     rank = read_layers(os.path.join(ROOT, src, bottom), reverse)
     files = sorted(f for f in os.listdir(os.path.join(ROOT, src)) if f.endswith((".c", ".h")))
     for f in files:
@@ -81,21 +94,42 @@ def check_wing(name, src, bottom, objdir, faults, reverse=False):
     for f in files:
         if f not in rank:
             continue
-        for inc in re.findall(r'^#include "([^"]+)"', open(os.path.join(ROOT, src, f)).read(), re.M):
+        text = open(os.path.join(ROOT, src, f)).read()
+        for quote, inc in includes(text):
+            inc = os.path.basename(inc)
             if inc in PUBLIC:
                 continue
             if inc not in rank:
-                faults.append("%s/%s includes %s, which is not a header of its wing" % (src, f, inc))
+                if quote == '"':
+                    faults.append("%s/%s includes %s, which is not a header of its wing" % (src, f, inc))
                 continue
             ok = rank[inc][0] < rank[f][0] or (rank[inc][0] == rank[f][0] and
                                                (f.endswith(".c") or rank[inc][1] < rank[f][1]))
             if not ok:
                 faults.append("%s/%s (%s) includes %s (%s), which is %s"
                               % (src, f, layer(f), inc, layer(inc), above(f, inc)))
-    # symbols
+    # symbols, in each build variant
+    for objdir in objdirs:
+        defs, needs = objects(objdir, name, src, [f for f in files if f in rank])
+        for f, syms in sorted(needs.items()):
+            for sym in sorted(syms):
+                g = defs.get(sym)
+                if g is None or g == f or sym in SHARED_SYMBOLS:
+                    continue
+                if rank[g] > rank[f]:
+                    fault = ("%s/%s (%s) uses %s, defined by %s (%s), which is %s"
+                             % (src, f, layer(f), sym, g, layer(g), above(f, g)))
+                    if fault not in faults:
+                        faults.append(fault)
+
+
+def objects(objdir, name, src, files):
+    """The symbols each object of a wing defines (name -> file) and needs."""
     defs, needs = {}, {}
+    if not os.path.isdir(os.path.join(objdir, name)):
+        return defs, needs  # a variant that builds only the other wing (TSan: the engine)
     for f in files:
-        if not f.endswith(".c") or f not in rank:
+        if not f.endswith(".c"):
             continue
         obj = os.path.join(objdir, name, f[:-2] + ".o")
         if not os.path.exists(obj):
@@ -104,24 +138,48 @@ def check_wing(name, src, bottom, objdir, faults, reverse=False):
         needs[f] = u
         for sym in d:
             defs[sym] = f
-    for f, syms in sorted(needs.items()):
-        if f not in rank:
-            continue
-        for sym in sorted(syms):
-            g = defs.get(sym)
-            if g is None or g == f or sym in SHARED_SYMBOLS or g not in rank:
-                continue
-            if rank[g] > rank[f]:
-                faults.append("%s/%s (%s) uses %s, defined by %s (%s), which is %s"
-                              % (src, f, layer(f), sym, g, layer(g), above(f, g)))
+    return defs, needs
 
 
-def self_test(objdir):
+def check_api(objdirs, faults):
+    """The binding calls the engine through ext/embkv.h only."""
+    api = set(re.findall(r"\b(embkv_\w+)\s*\(", open(os.path.join(ROOT, "ext", "embkv.h")).read()))
+    for objdir in objdirs:
+        eng_src = os.path.join(ROOT, "ext", "engine")
+        eng, _ = objects(objdir, "engine", "ext/engine",
+                         sorted(f for f in os.listdir(eng_src) if f.endswith(".c")))
+        bind_src = os.path.join(ROOT, "ext", "sqlite")
+        _, needs = objects(objdir, "sqlite", "ext/sqlite",
+                           sorted(f for f in os.listdir(bind_src) if f.endswith(".c")))
+        for fault in api_faults(api, eng, needs):
+            if fault not in faults:
+                faults.append(fault)
+
+
+def api_faults(api, eng_defs, needs):
+    """The binding's uses (file -> symbols) of engine symbols (symbol ->
+    file) that the public API (a set of names) does not declare."""
+    return ["ext/sqlite/%s uses %s of ext/engine/%s, which ext/embkv.h does not declare: "
+            "the binding goes through the engine's public API" % (f, sym, eng_defs[sym])
+            for f, syms in sorted(needs.items()) for sym in sorted(syms)
+            if sym in eng_defs and sym not in api]
+
+
+def self_test(objdirs):
     """The check must fail on each wing's order turned upside down: a check
-    that passes everything would pass the real order too."""
+    that passes everything would pass the real order too.  And the parts
+    that read text must see what the compiler sees."""
+    want = [('"', "top.h"), ("<", "top.h"), ('"', "top.h"), ("<", "stdio.h")]
+    got = includes('#include "top.h"\n#include <top.h>\n  #  include"top.h"\n#include <stdio.h>\n'
+                   '/* #include "x.h" */\n')
+    if got != want:
+        sys.exit("check_layers: self-test: includes() reads %r, not %r" % (got, want))
+    if not api_faults({"embkv_open"}, {"embkv_open": "store.c", "tier_close": "tier.c"},
+                      {"vtab.c": {"embkv_open", "tier_close", "sqlite3_free"}}):
+        sys.exit("check_layers: self-test: a binding call of tier_close is not seen")
     for name, src, bottom in WINGS:
         faults = []
-        check_wing(name, src, bottom, objdir, faults, reverse=True)
+        check_wing(name, src, bottom, objdirs, faults, reverse=True)
         calls = [f for f in faults if " uses " in f]
         incs = [f for f in faults if " includes " in f]
         if not calls or not incs:
@@ -130,12 +188,15 @@ def self_test(objdir):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: tests/check_layers.py OBJDIR (the objects' ext/ directory, e.g. build/plain/ext)")
-    self_test(sys.argv[1])
+    if len(sys.argv) < 2:
+        sys.exit("usage: tests/check_layers.py OBJDIR... (the objects' ext/ directory of each build variant, "
+                 "e.g. build/plain/ext build/tsan/ext)")
+    objdirs = sys.argv[1:]
+    self_test(objdirs)
     faults = []
     for name, src, bottom in WINGS:
-        check_wing(name, src, bottom, sys.argv[1], faults)
+        check_wing(name, src, bottom, objdirs, faults)
+    check_api(objdirs, faults)
     for f in faults:
         print(f)
     if faults:
