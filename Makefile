@@ -28,6 +28,10 @@ INCLUDEDIR   ?= $(PREFIX)/include
 EXTDIR       ?= $(LIBDIR)/sqlite3
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL      ?= install
+# A path as a .pc file holds it: spaces escaped, as pkg-config reads them.
+empty :=
+space := $(empty) $(empty)
+pc_path = $(subst $(space),\$(space),$(1))
 # Run after a real install (no DESTDIR) as root; empty: not run.
 LDCONFIG     ?= ldconfig
 # The Python the package is installed for (its sqlite3 must load extensions;
@@ -78,13 +82,15 @@ $(B)/libembkv.a: $(B)/plain/libembkv.a
 $(B)/libembkv.so: $(plain_ENGINE_OBJ) ext/libembkv.map
 	$(CC) -shared -Wl,-soname,libembkv.so.$(SOVERSION) -Wl,-z,defs -Wl,--version-script=ext/libembkv.map \
 	    -o $@ $(plain_ENGINE_OBJ) $(LDLIBS)
-$(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a
-	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
+$(B)/embkv.so: $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a ext/sqlite/embkv.map
+	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -Wl,--version-script=ext/sqlite/embkv.map \
+	    -o $@ $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS)
 
 # The extension built with ASan+UBSan, for the SQL and Python tests (loaded
 # with the sanitizer runtimes preloaded: see tests/run.sh).
-$(B)/asan/embkv.so: $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a
-	$(CC) -shared -fsanitize=address,undefined -Wl,-z,defs -Wl,-z,nodelete -o $@ $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a $(LDLIBS)
+$(B)/asan/embkv.so: $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a ext/sqlite/embkv.map
+	$(CC) -shared -fsanitize=address,undefined -Wl,-z,defs -Wl,-z,nodelete -Wl,--version-script=ext/sqlite/embkv.map \
+	    -o $@ $(asan_SQLEXT_OBJ) $(B)/asan/libembkv.a $(LDLIBS)
 
 deps:
 	@bash tests/deps.sh
@@ -94,6 +100,10 @@ deps:
 # $(EXTDIR)/embkv.so (`.load $(EXTDIR)/embkv` in the sqlite3 shell).
 install: all
 	@test -n "$(VERSION)" || { echo "embkv: no EMBKV_VERSION_STRING in ext/embkv.h" >&2; exit 1; }
+	@for v in 'PREFIX=$(PREFIX)' 'LIBDIR=$(LIBDIR)' 'INCLUDEDIR=$(INCLUDEDIR)' 'EXTDIR=$(EXTDIR)' \
+	          'PKGCONFIGDIR=$(PKGCONFIGDIR)'; do case "$${v#*=}" in /*) ;; *) \
+	    echo "embkv: $${v%%=*} must be an absolute path, not '$${v#*=}' (the pkg-config file and the programs" \
+	         "linked with the library name it as given)" >&2; exit 1;; esac; done
 	$(INSTALL) -d "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(EXTDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
 	$(INSTALL) -m 644 ext/embkv.h "$(DESTDIR)$(INCLUDEDIR)/embkv.h"
 	$(INSTALL) -m 644 $(B)/libembkv.a "$(DESTDIR)$(LIBDIR)/libembkv.a"
@@ -101,9 +111,10 @@ install: all
 	ln -sf libembkv.so.$(VERSION) "$(DESTDIR)$(LIBDIR)/libembkv.so.$(SOVERSION)"
 	ln -sf libembkv.so.$(SOVERSION) "$(DESTDIR)$(LIBDIR)/libembkv.so"
 	$(INSTALL) -m 755 $(B)/embkv.so "$(DESTDIR)$(EXTDIR)/embkv.so"
-	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
+	printf '%s\n' 'prefix=$(call pc_path,$(PREFIX))' 'libdir=$(call pc_path,$(LIBDIR))' \
+	    'includedir=$(call pc_path,$(INCLUDEDIR))' \
 	    '# the SQLite extension (load_extension takes the path with or without .so)' \
-	    'extension=$(EXTDIR)/embkv.so' '' \
+	    'extension=$(call pc_path,$(EXTDIR))/embkv.so' '' \
 	    'Name: embkv' \
 	    'Description: embkv storage engine for ML embedding tables (C API; SQLite extension at $${extension})' \
 	    'Version: $(VERSION)' \

@@ -9,6 +9,10 @@
 #      an rpath) and again with `pkg-config --static` (libembkv.a linked in)
 #      creates a store, puts a row, reopens the store and reads the row back
 #      bit for bit; the sqlite3 shell loads the installed extension.
+#      The libraries export only their interfaces: libembkv.so the C API
+#      (embkv_ and a letter), the extension its entry point.  A PREFIX
+#      with a space works through pkg-config (its paths escaped, read with
+#      eval); a relative PREFIX is refused, naming it.
 #   3. A fresh virtual environment (--system-site-packages: Debian's numpy
 #      and torch) gets the repository with `pip install --no-index` (no
 #      network), and from another directory, with no PYTHONPATH and no
@@ -136,7 +140,31 @@ out=$(cd "$tmp" && sqlite3 -batch :memory: ".load ${ext%.so}" "SELECT embkv_vers
     "INSERT INTO t(id, vec) VALUES (5, embkv_vec('[0.5, -2]'));" \
     "SELECT id, embkv_json(vec) FROM t;")
 [[ $out == "$version"$'\n''5|[0.5,-2]' ]] || fail "the sqlite3 shell with the installed extension printed\n$out"
+
+step "exported symbols"
+extra=$(nm -D --defined-only "$prefix/lib/libembkv.so.$version" | awk '{print $3}' | grep -v '^embkv_[a-z]' || true)
+[[ -z $extra ]] || fail "libembkv.so exports symbols outside the C API:\n$extra"
+nm -D --defined-only "$prefix/lib/libembkv.so.$version" | grep -q ' embkv_open$' || fail "libembkv.so does not export embkv_open"
+got=$(nm -D --defined-only "$ext" | awk '{print $3}')
+[[ $got == sqlite3_embkv_init ]] || fail "the extension exports more than its entry point:\n$got"
 mk uninstall PREFIX="$prefix"
+
+step "make install PREFIX='$tmp/with space'"
+spaced="$tmp/with space"
+mk install PREFIX="$spaced" LDCONFIG=
+flags=$(PKG_CONFIG_PATH="$spaced/lib/pkgconfig" pkg-config --cflags --libs embkv)
+[[ $flags == *'with\ space/include'* ]] || fail "pkg-config did not escape the space: $flags"
+# (pkg-config's escapes are read by the shell: through eval)
+eval "cc \"\${cflags[@]}\" -o \"\$tmp/app-spaced\" \"\$tmp/app.c\" $flags -Wl,-rpath,\"\$spaced/lib\""
+(cd "$tmp" && ./app-spaced "$tmp/store-spaced") || fail "the program built against PREFIX='$spaced' failed"
+mk uninstall PREFIX="$spaced"
+[[ -z $(find "$spaced" \( -type f -o -type l \)) ]] || fail "make uninstall PREFIX='$spaced' left files"
+if msg=$(mk install PREFIX=relative-prefix LDCONFIG= 2>&1); then
+    fail "make install PREFIX=relative-prefix was accepted"
+fi
+[[ $msg == *"PREFIX must be an absolute path, not 'relative-prefix'"* ]] ||
+    fail "make install PREFIX=relative-prefix said\n$msg"
+[[ ! -e $root/relative-prefix ]] || fail "make install PREFIX=relative-prefix made $root/relative-prefix"
 
 # ---- 3. pip install into a fresh virtual environment -----------------------
 venv=$tmp/venv
