@@ -263,10 +263,28 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         return SQLITE_ERROR;
     }
     if (v->opts.migrate_rate && !v->opts.migrate) {
-        *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is not given");
+        int given = 0;
+        for (unsigned j = 0; j < N_OPTIONS; j++)
+            if ((seen >> j & 1) && strcmp(ek_options[j].name, "migrate") == 0) given = 1;
+        *err = sqlite3_mprintf("option migrate_rate: it bounds migrate='auto', which is %s",
+                               given ? "off here: give migrate='auto', or leave migrate_rate out" : "not given");
         return SQLITE_ERROR;
     }
     ek_parse_train_end(&v->opts.train);
+    /* The optimizer's state lives in the record: dim and the optimizer
+     * together bound it (Adam keeps 2 * dim + 1 floats). */
+    uint32_t state = embkv_train_state_floats(&v->opts.train, v->opts.dim);
+    if (state > EMBKV_MAX_STATE_FLOATS) {
+        static const char *const optim[] = {"sgd", "adagrad", "adam"};
+        uint32_t most = v->opts.dim;
+        while (most > 1 && embkv_train_state_floats(&v->opts.train, most) > EMBKV_MAX_STATE_FLOATS) most--;
+        unsigned o = (unsigned)v->opts.train.optimizer;
+        *err = sqlite3_mprintf("option dim: dim %u with optimizer '%s' keeps %u floats of optimizer state per row, "
+                               "at most %d: use dim at most %u with '%s', or another optimizer",
+                               v->opts.dim, o < 3 ? optim[o] : "?", state, EMBKV_MAX_STATE_FLOATS, most,
+                               o < 3 ? optim[o] : "?");
+        return SQLITE_ERROR;
+    }
     v->given = seen;
     return SQLITE_OK;
 }

@@ -194,3 +194,10 @@ INSERT INTO strict(id, vec) VALUES (7, '[-0.5e1, 2]');
 SELECT 'json-ok', embkv_json(vec) FROM strict WHERE id = 7;
 CREATE VIRTUAL TABLE hex USING embkv(dim=2, lr=0x10);
 CREATE VIRTUAL TABLE strict2 USING embkv(dim=2, init='uniform(0x1, 2)');
+-- dim and the optimizer together: Adam's state (2 * dim + 1 floats) must
+-- fit a record, and the error says which dim does.
+CREATE VIRTUAL TABLE adam8192 USING embkv(dim=8192, optimizer='adam');
+CREATE VIRTUAL TABLE adam8191 USING embkv(dim=8191, optimizer='adam', pool_size='64M', capacity=100);
+SELECT 'adam8191', count(*) FROM adam8191;
+-- migrate_rate with migrate='off' given: says so.
+CREATE VIRTUAL TABLE mig USING embkv(dim=2, migrate='off', migrate_rate=5);
