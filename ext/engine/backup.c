@@ -128,14 +128,8 @@ static int check_target(embkv_store *s, const char *dir, const char *abs)
     }
     /* nor inside another store (it would find a foreign directory in it) */
     char up[PATH_MAX];
-    snprintf(up, sizeof up, "%s", abs);
-    for (char *slash = strrchr(up, '/'); slash && slash != up; slash = strrchr(up, '/')) {
-        *slash = 0;
-        char pool[PATH_MAX + 16];
-        snprintf(pool, sizeof pool, "%s/%s", up, POOL_FILE);
-        if (access(pool, F_OK) == 0)
-            return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the embkv store %s", dir, up);
-    }
+    if (path_below_file(abs, POOL_FILE, up, sizeof up))
+        return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the embkv store %s", dir, up);
     struct stat st;
     if (lstat(abs, &st) != 0) {
         if (errno == ENOENT)

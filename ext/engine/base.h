@@ -90,6 +90,14 @@ typedef struct locvec {
 
 /* EMBKV_OK, or EMBKV_NOMEM (v unchanged). */
 int locvec_push(locvec *v, uint64_t x);
+/* Whether a directory above the absolute path abs (not abs itself, which
+ * need not exist) holds a file called name; *found gets the first such
+ * directory, nearest first.  (A store's directory holds only its own
+ * files: no store, backup or log goes inside another's.) */
+bool path_below_file(const char *abs, const char *name, char *found, size_t len);
+/* The absolute path abs with links and ".." resolved as far as it exists
+ * (the rest appended as given); false when it cannot be. */
+bool path_resolve(const char *abs, char *out, size_t len);
 /* The distinct ids of a batch in first-seen order, uniq[0..*nu),
  * and for each position i, slot_of[i] = its index in uniq (slot_of may be
  * NULL).  EMBKV_NOMEM when the scratch table cannot be had. */

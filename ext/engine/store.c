@@ -957,6 +957,25 @@ out:
     return rc;
 }
 
+/* A new store is never made inside another store's directory: that store
+ * holds only its own files, and would refuse to open with a directory of
+ * another's in it (a store made inside one bricked it). */
+static int refuse_nested(const char *dir)
+{
+    char abs[PATH_MAX], found[PATH_MAX];
+    if (dir[0] == '/') {
+        snprintf(abs, sizeof abs, "%s", dir);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd) || snprintf(abs, sizeof abs, "%s/%s", cwd, dir) >= (int)sizeof abs)
+            return embkv__err(EMBKV_INVALID, "store %s: the directory name is too long to resolve", dir);
+    }
+    if (path_below_file(abs, POOL_FILE, found, sizeof found))
+        return embkv__err(EMBKV_INVALID, "store %s: the directory would be inside the embkv store %s, whose "
+                          "directory holds only its own files: put the new store beside it", dir, found);
+    return EMBKV_OK;
+}
+
 int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_store **out)
 {
     if (!out)
@@ -979,6 +998,8 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
             rc = embkv__err(EMBKV_NOTSTORE, "no embkv store at %s: the directory does not exist", dir);
             goto unlock;
         }
+        if ((rc = refuse_nested(dir)) != EMBKV_OK)
+            goto unlock;
         if (mkdir(dir, 0755) != 0 || stat(dir, &st) != 0) {
             rc = embkv__err(EMBKV_IO, "store %s: cannot create the directory: %s", dir, strerror(errno));
             goto unlock;
@@ -1018,6 +1039,8 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
      * at work there, and then the answer is EMBKV_LOCKED) */
     int state = inspect_dir(dir, foreign, sizeof foreign);
     if (state != -3 && (rc = dir_verdict(dir, state, foreign, flags & EMBKV_OPEN_CREATE)) != EMBKV_OK)
+        goto unlock;
+    if (state == 0 && (rc = refuse_nested(dir)) != EMBKV_OK)
         goto unlock;
 
     embkv_store *s = alloc_store();

@@ -160,6 +160,26 @@ static int tier_check(embkv_store *s, const embkv_options *opt, char *given, cha
     if (strlen(given) >= SSD_PATH_MAX)
         return embkv__err(EMBKV_INVALID, "store %s: option ssd_path is longer than %d bytes", s->path,
                           SSD_PATH_MAX - 1);
+    if (path && !r->ssd_size) {
+        /* A new tier's directory: the store's own log/ or outside any
+         * store (another directory inside a store's bricks it: a store's
+         * directory holds only its own files). */
+        char store[PATH_MAX], at[PATH_MAX], found[PATH_MAX];
+        if (!path_resolve(s->path, store, sizeof store))
+            snprintf(store, sizeof store, "%s", s->path);
+        if (!path_resolve(given, at, sizeof at))
+            snprintf(at, sizeof at, "%s", given);
+        size_t sl = strlen(store);
+        bool in_own = !strncmp(at, store, sl) && (at[sl] == '/' || at[sl] == 0);
+        bool is_own_log = in_own && !strcmp(at + sl, "/" LOG_DIR);
+        bool nested = in_own || path_below_file(given, POOL_FILE, found, sizeof found);
+        if (in_own)
+            snprintf(found, sizeof found, "%s", store);
+        if (nested && !is_own_log)
+            return embkv__err(EMBKV_INVALID, "store %s: option ssd_path %s is inside the embkv store %s, whose "
+                              "directory holds only its own files: name a directory outside it (or leave "
+                              "ssd_path out: the log goes to %s/%s)", s->path, path, found, s->path, LOG_DIR);
+    }
     if (r->ssd_size) {
         log_dir_of(s, dir, len);
         if (path && strcmp(given, dir) != 0)

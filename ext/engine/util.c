@@ -1,13 +1,17 @@
 /*
  * util.c - small pieces every layer uses: the monotonic clock, growable
- * vectors of locations and the distinct ids of a batch.
+ * vectors of locations, the distinct ids of a batch, and whether a path
+ * lies below a directory holding a given file (a store's pool).
  *
  * Here, at the bottom, so that no file needs a higher one for them (there
  * were three copies of the clock).
  */
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base.h"
 
@@ -56,4 +60,59 @@ int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, s
     free(table);
     *nu = k;
     return EMBKV_OK;
+}
+
+bool path_resolve(const char *abs, char *out, size_t len)
+{
+    /* realpath of the deepest part that exists, the rest appended. */
+    char path[PATH_MAX], head[PATH_MAX];
+    if (abs[0] != '/' || snprintf(path, sizeof path, "%s", abs) >= (int)sizeof path)
+        return false;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        path[--n] = 0;
+    memcpy(head, path, n + 1);
+    char real[PATH_MAX];
+    size_t cut = n;  /* head is path[0..cut) */
+    while (!realpath(head, real)) {
+        char *slash = strrchr(head, '/');
+        if (!slash)
+            return false;
+        cut = (size_t)(slash - head);
+        if (slash == head)
+            slash[1] = 0;
+        else
+            *slash = 0;
+    }
+    const char *tail = path + cut;
+    while (*tail == '/')
+        tail++;
+    if (!strcmp(tail, "..") || !strncmp(tail, "../", 3) || strstr(tail, "/../") ||
+        (strlen(tail) >= 3 && !strcmp(tail + strlen(tail) - 3, "/..")))
+        return false;  /* (a ".." past what exists: left unresolved) */
+    if (!*tail)
+        return snprintf(out, len, "%s", real) < (int)len;
+    return snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", tail) < (int)len;
+}
+
+bool path_below_file(const char *abs, const char *name, char *found, size_t len)
+{
+    char real[PATH_MAX];
+    if (!path_resolve(abs, real, sizeof real))
+        return false;
+    for (;;) {
+        char *slash = strrchr(real, '/');
+        if (!slash || !strcmp(real, "/"))
+            return false;
+        if (slash == real)
+            slash[1] = 0;
+        else
+            *slash = 0;
+        char probe[PATH_MAX + 256];
+        snprintf(probe, sizeof probe, "%s/%s", strcmp(real, "/") ? real : "", name);
+        if (access(probe, F_OK) == 0) {
+            snprintf(found, len, "%s", real);
+            return true;
+        }
+    }
 }

@@ -201,3 +201,17 @@ CREATE VIRTUAL TABLE adam8191 USING embkv(dim=8191, optimizer='adam', pool_size=
 SELECT 'adam8191', count(*) FROM adam8191;
 -- migrate_rate with migrate='off' given: says so.
 CREATE VIRTUAL TABLE mig USING embkv(dim=2, migrate='off', migrate_rate=5);
+-- A store's directory holds only its own files: no store and no SSD log
+-- goes inside another store's (one there made it refuse to open), and the
+-- outer store reopens untouched.  Its own log/ may be named.
+CREATE VIRTUAL TABLE outer_t USING embkv(dim=2, path='outer.store');
+INSERT INTO outer_t(id, vec) VALUES (1, '[1,2]');
+CREATE VIRTUAL TABLE inner_t USING embkv(dim=2, path='outer.store/inner');
+CREATE VIRTUAL TABLE logged USING embkv(dim=2, path='logged.store', ssd_size='8M', ssd_path='logged.store/seglog');
+CREATE VIRTUAL TABLE logged2 USING embkv(dim=2, path='logged2.store', ssd_size='8M', ssd_path='outer.store/seglog');
+CREATE VIRTUAL TABLE ownlog USING embkv(dim=2, path='ownlog.store', ssd_size='8M', ssd_path='ownlog.store/log');
+INSERT INTO ownlog(id, vec) VALUES (2, '[3,4]');
+.shell ls outer.store; ls -d logged.store logged2.store 2>&1 | sed 's/.*cannot access/cannot access/'
+-- @reopen
+SELECT 'outer', id, embkv_json(vec) FROM outer_t;
+SELECT 'ownlog', id, embkv_json(vec) FROM ownlog;
