@@ -155,7 +155,8 @@ typedef struct embkv_rowinfo {
  * put:  insert or replace.  state NULL keeps the existing state (zeros for a
  *       new row).  A replaced row's clock is old clock + 1 (up to 2^63 - 1); a new row's is 0.
  *       flags: EMBKV_PUT_INSERT (fail with EMBKV_EXISTS when present),
- *              EMBKV_PUT_UPDATE (fail with EMBKV_NOTFOUND when absent). */
+ *              EMBKV_PUT_UPDATE (fail with EMBKV_NOTFOUND when absent).
+ *       A NaN or infinity in vec or state: EMBKV_INVALID naming the id. */
 #define EMBKV_PUT_INSERT 0x1
 #define EMBKV_PUT_UPDATE 0x2
 #define EMBKV_PUT_RESET 0x4   /* a new row replaces any present: clock 0, state zeros unless given */

@@ -6,7 +6,7 @@
  * bigger than the pool), NULL arguments and handles, missing
  * and foreign directories, a path that is a file, garbage and foreign pool
  * files, dim / state_floats mismatch on reopen, insert-only and update-only
- * puts, deletes and gets of missing ids, a pool too small for its rows, and a
+ * puts, NaN and infinity in a put, deletes and gets of missing ids, a pool too small for its rows, and a
  * second process opening a store that is open (EMBKV_LOCKED, both ways).
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpmemobj.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -508,6 +509,25 @@ static void test_rows(void)
     pthread_create(&th, NULL, other_thread, s);
     pthread_join(th, NULL);
     check_msg_id(id);
+
+    /* NaN or infinity in a vector or its state: refused naming the id and
+     * the element, the row untouched */
+    float nanv[DIM], bst[2] = {0, 0};
+    memcpy(nanv, other, sizeof nanv);
+    nanv[DIM - 1] = NAN;
+    CHECK_RC(embkv_put(s, id, nanv, NULL, 0), EMBKV_INVALID);
+    check_msg_id(id);
+    CHECK(strstr(embkv_errmsg(), "vector element 7 is NaN") != NULL);
+    nanv[DIM - 1] = 0;
+    nanv[0] = -INFINITY;
+    CHECK_RC(embkv_put_clock(s, id, nanv, NULL, 5), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "vector element 0 is infinite") != NULL);
+    bst[1] = INFINITY;
+    CHECK_RC(embkv_put(s, 31337, other, bst, EMBKV_PUT_INSERT), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "id 31337: state element 1 is infinite") != NULL);
+    CHECK(embkv_exists(s, 31337) == 0);
+    CHECK_RC(embkv_get(s, id, w, st2, &info), EMBKV_OK);
+    CHECK(memcmp(v, w, sizeof v) == 0 && info.clock == 1);
 
     /* update-only put, delete and get of a missing id: NOTFOUND, nothing made */
     const int64_t miss = 9000000000000000001;

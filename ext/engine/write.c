@@ -14,6 +14,7 @@
  * before it takes their locks, and again under the lock only if one moved
  * meanwhile); a write always puts the new version in the pool.
  */
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -487,6 +488,15 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     return slab_room_for(s, puts, deletes);
 }
 
+/* The first element of v[0..n) that is NaN or infinite, or n. */
+static uint32_t first_not_finite(const float *v, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return n;
+}
+
 static int put_row(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags,
                    uint64_t clock)
 {
@@ -494,6 +504,16 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
         return embkv__err(EMBKV_INVALID, "embkv_put: %s is NULL", s ? "vec" : "store");
     if ((flags & EMBKV_PUT_INSERT) && (flags & EMBKV_PUT_UPDATE))
         return embkv__err(EMBKV_INVALID, "embkv_put: EMBKV_PUT_INSERT and EMBKV_PUT_UPDATE together");
+    /* A stored row is finite: what it is trained with, read back by SQL
+     * and exported, and its import, all require it. */
+    uint32_t bad = first_not_finite(vec, s->dim);
+    if (bad < s->dim)
+        return embkv__err(EMBKV_INVALID, "store %s: id %lld: vector element %u is %s: rows hold finite values only",
+                          s->path, (long long)id, bad, isnan(vec[bad]) ? "NaN" : "infinite");
+    bad = state ? first_not_finite(state, s->state_floats) : s->state_floats;
+    if (bad < s->state_floats)
+        return embkv__err(EMBKV_INVALID, "store %s: id %lld: state element %u is %s: rows hold finite values only",
+                          s->path, (long long)id, bad, isnan(state[bad]) ? "NaN" : "infinite");
     int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
