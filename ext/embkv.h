@@ -180,6 +180,12 @@ int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *s
  * reservation: other writers may take the room. */
 int embkv_grow_index_for(embkv_store *s, uint64_t new_ids);
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
+/* Whether `new_rows` rows beside those the store holds could fit its pool
+ * and its SSD log together (a bound: EMBKV_OK does not promise room, but
+ * EMBKV_FULL, with a message naming ssd_size, means they cannot).  For a
+ * store with an SSD tier, where embkv_room_for would demote rows to make
+ * room in the pool; without one, embkv_room_for(s, new_rows, 0). */
+int embkv_capacity_for(embkv_store *s, uint64_t new_rows);
 int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
 /* found[i] = embkv_exists(ids[i]) for a whole batch, with the buckets
  * prefetched ahead; returns the number absent. */

@@ -888,3 +888,18 @@ void tier_count_row(embkv_store *s, uint64_t loc)
     log_hold(s->log, loc);
     atomic_fetch_add(&s->rows_ssd, 1);
 }
+
+uint64_t tier_log_room(embkv_store *s)
+{
+    if (!s->log)
+        return 0;
+    log_stats st;
+    log_stats_get(s->log, &st);
+    uint64_t usable = s->root->ssd_size > log_segment_bytes(s->log) ? s->root->ssd_size - log_segment_bytes(s->log) : 0;
+    if (usable <= st.live_bytes)
+        return 0;
+    uint64_t blocks = (usable - st.live_bytes) / LOG_BLOCK;
+    if (s->rec_size <= LOG_BLOCK)
+        return blocks * (LOG_BLOCK / s->rec_size);
+    return blocks / ((s->rec_size + LOG_BLOCK - 1) / LOG_BLOCK);
+}

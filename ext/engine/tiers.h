@@ -143,6 +143,10 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
 /* Rows queued for promotion now (promo_mu: a moment's figure). */
 size_t tier_promote_pending(embkv_store *s);
 
+/* Records the log could still take at most: its room (ssd_size less the
+ * segment kept for compaction) less the blocks its live records hold. */
+uint64_t tier_log_room(embkv_store *s);
+
 /* ------------------------------------------------------------- compact.c */
 /* One part of a compaction (about max_bytes of a segment read); *scanned
  * says how much was read, 0 when there was nothing to compact. */

@@ -488,6 +488,33 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     return slab_room_for(s, puts, deletes);
 }
 
+int embkv_capacity_for(embkv_store *s, uint64_t new_rows)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_capacity_for: store is NULL");
+    if (!s->log)
+        return embkv_room_for(s, new_rows, 0);
+    /* At most the pool's free records and those of the chunks it may still
+     * allocate, and what the log can still take. */
+    size_t free_recs, total;
+    bool exhausted;
+    slab_space(s, &free_recs, &total, &exhausted);
+    uint64_t chunks = total / s->recs_per_chunk, limit = s->chunk_limit;
+    if (!limit) {
+        uint64_t index = atomic_load(&s->ix)->nbuckets * BUCKET_BYTES;
+        uint64_t used = chunks * s->chunk_bytes + index;
+        limit = chunks + (s->pool_size > used ? (s->pool_size - used) / s->chunk_bytes : 0);
+    }
+    uint64_t room = free_recs + (exhausted || limit <= chunks ? 0 : (limit - chunks) * s->recs_per_chunk);
+    room = (room > s->delete_reserve ? room - s->delete_reserve : 0) + tier_log_room(s);
+    if (new_rows <= room)
+        return EMBKV_OK;
+    return embkv__err(EMBKV_FULL, "store %s: %llu more rows do not fit: the pool and the SSD log together have room "
+                      "for at most %llu more (ssd_size %llu, records of %u bytes); give the table a larger ssd_size",
+                      s->path, (unsigned long long)new_rows, (unsigned long long)room,
+                      (unsigned long long)s->root->ssd_size, s->rec_size);
+}
+
 /* The first element of v[0..n) that is NaN or infinite, or n. */
 static uint32_t first_not_finite(const float *v, uint32_t n)
 {

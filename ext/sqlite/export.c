@@ -977,10 +977,14 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         int erc = embkv_stats_get(s, &st);
         if (erc == EMBKV_OK) erc = embkv_grow_index_for(s, fresh);
         if (erc == EMBKV_OK && !st.ssd_size) erc = embkv_room_for(s, rows, 0);
+        /* (with a tier, a bound: the new rows must fit the pool and the
+         * log together) */
+        if (erc == EMBKV_OK && st.ssd_size) erc = embkv_capacity_for(s, fresh);
         if (erc != EMBKV_OK)
             ok = 0, im_fail(&m, code_of(erc), "file '%s' holds %llu rows (%llu of them new to the table): %s%s",
                             m.file, (unsigned long long)rows, (unsigned long long)fresh, embkv_errmsg(),
-                            erc == EMBKV_FULL ? " (create the table with a larger capacity or pool_size)" : "");
+                            erc == EMBKV_FULL && !st.ssd_size ? " (create the table with a larger capacity or pool_size)"
+                                                              : "");
     }
     if (ok) {
         /* No COMMIT or checkpoint of the store inside the import: a crash
@@ -994,8 +998,14 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
                 ok = 0, im_fail(&m, code_of(erc), "the rows are in the table but the checkpoint after them failed: %s",
                                 embkv_errmsg());
         } else if (done) {
-            char *more = sqlite3_mprintf("%s (%llu of %llu rows were imported: run the import again to complete it)",
-                                         m.why, (unsigned long long)done, (unsigned long long)rows);
+            /* Running it again helps when others filled the room meanwhile;
+             * a table that is full stays so. */
+            char *more = sqlite3_mprintf("%s (%llu of %llu rows were imported and stay; run the import again once "
+                                         "the table has room: %s)", m.why, (unsigned long long)done,
+                                         (unsigned long long)rows,
+                                         m.code == SQLITE_FULL ? "a full pool or log stays full: import into a "
+                                                                 "table with a larger pool_size or ssd_size"
+                                                               : "after what failed is fixed");
             if (more) {
                 sqlite3_free(m.why);
                 m.why = more;

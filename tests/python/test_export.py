@@ -362,6 +362,36 @@ class TestTiers(TempDirTest):
         self.assertEqual(file_rows(f2), rows)
         c.close()
 
+    def test_import_that_cannot_fit_the_tiers(self):
+        """An import into a table whose pool and SSD log together cannot hold
+        the file's new rows is refused before it writes (it wrote part and
+        advised running it again, which failed the same way), naming
+        ssd_size; one with room imports every row."""
+        dim, n = 32, 60000
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE src USING embkv(dim=%d, capacity=%d)" % (dim, n))
+        v = np.ones(dim, dtype=np.float32).tobytes()
+        c.execute("BEGIN")
+        c.executemany("INSERT INTO src(id, vec) VALUES (?, ?)", ((i, v) for i in range(n)))
+        c.execute("COMMIT")
+        f = os.path.join(self.dir, "src.export")
+        c.execute("SELECT embkv_export('src', ?)", (f,)).fetchone()
+        c.execute("CREATE VIRTUAL TABLE small USING embkv(dim=%d, pool_size='16M', ssd_size='4M')" % dim)
+        c.execute("INSERT INTO small(id, vec) VALUES (-1, ?)", (v,))
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            c.execute("SELECT embkv_import('small', ?)", (f,)).fetchone()
+        self.assertEqual(getattr(e.exception, "sqlite_errorcode", sqlite3.SQLITE_FULL), sqlite3.SQLITE_FULL)
+        self.assertIn("embkv_import: table small: file '%s' holds %d rows (%d of them new to the table)" % (f, n, n),
+                      str(e.exception))
+        self.assertIn("more rows do not fit: the pool and the SSD log together have room for at most",
+                      str(e.exception))
+        self.assertIn("give the table a larger ssd_size", str(e.exception))
+        self.assertEqual(c.execute("SELECT id FROM small").fetchall(), [(-1,)])
+        c.execute("CREATE VIRTUAL TABLE big USING embkv(dim=%d, pool_size='16M', ssd_size='64M')" % dim)
+        self.assertEqual(c.execute("SELECT embkv_import('big', ?)", (f,)).fetchone()[0], n)
+        self.assertEqual(c.execute("SELECT count(*) FROM big").fetchone()[0], n)
+        c.close()
+
 
 # A process that imports argv[3] into table t of database argv[1] while a
 # thread prints the row count it sees, over and over.
