@@ -725,9 +725,11 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
         pthread_mutex_unlock(&l->write_mu);
         return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments (%llu of them emptied by "
                           "compaction, deleted at the next sync), ssd_size %llu (%u bytes of it kept for "
-                          "compaction), %zu records to append", l->what,
+                          "compaction), %zu records to append; %s", l->what,
                           (unsigned long long)l->file_bytes, (unsigned long long)empty,
-                          (unsigned long long)l->max_bytes, l->seg_bytes, n);
+                          (unsigned long long)l->max_bytes, l->seg_bytes, n,
+                          empty ? "a checkpoint deletes the emptied segments"
+                                : "open the store with a larger ssd_size (it may grow, not shrink)");
     }
     const char *p = recs;
     size_t done = 0;
