@@ -29,8 +29,12 @@ static uint64_t *gen;          /* per id, written only by its writer (id % WRITE
 static atomic_int stop;
 static _Atomic uint64_t bad_reads, reads_done, lookaheads, failed_calls, moved_to_pm;
 
-/* CHECK's counters are not for threads: calls that fail are counted here. */
-#define T_CHECK(cond) ((cond) ? (void)0 : (void)atomic_fetch_add(&failed_calls, 1))
+/* CHECK's counters are not for threads: calls that fail are counted here,
+ * and say why. */
+#define T_CHECK(cond)                                                                                   \
+    ((cond) ? (void)0                                                                                   \
+            : (void)(atomic_fetch_add(&failed_calls, 1),                                                \
+                     fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #cond, embkv_errmsg())))
 
 static void make_vec(int64_t id, uint64_t g, float *v)
 {
@@ -59,12 +63,15 @@ static void *writer(void *arg)
         if (rnd_below(&r, 20) == 0) {
             int rc = embkv_delete(S, id);
             T_CHECK(gen[id] ? rc == EMBKV_OK : rc == EMBKV_NOTFOUND);
-            gen[id] = 0;
+            if (rc == EMBKV_OK || rc == EMBKV_NOTFOUND)
+                gen[id] = 0;
         } else {
             uint64_t g = (gen[id] ? gen[id] : 1000) + 1;
             make_vec(id, g, v);
-            T_CHECK(embkv_put(S, id, v, NULL, 0) == EMBKV_OK);
-            gen[id] = g;
+            int rc = embkv_put(S, id, v, NULL, 0);
+            T_CHECK(rc == EMBKV_OK);
+            if (rc == EMBKV_OK)  /* (a failed put changes nothing: the row is checked so) */
+                gen[id] = g;
         }
     }
     return NULL;
