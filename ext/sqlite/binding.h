@@ -136,6 +136,15 @@ typedef struct ekcurbuf {
     int *tiers;            /* embkv_locate_batch_at's, for ids-only plans */
 } ekcurbuf;
 
+/* A table as a store's list of users names it (dirusers.c): its stable
+ * id, and the database file holding it (device and inode; 0 0 for a
+ * database without a file). */
+typedef struct ekuser {
+    char tid[17];
+    unsigned long long dev, ino;
+    int known;  /* 0: a line written before file identities were kept */
+} ekuser;
+
 /* A directory removal waiting for the outcome of the transaction
  * (pending.c). */
 enum { EK_ON_COMMIT = 1, EK_ON_ROLLBACK = 2 };
@@ -144,7 +153,8 @@ typedef struct ekpend {
     int consumed;   /* set by embkv_pending's xUpdate */
     char *dir;
     char tid[17];   /* the temporary directory's id, or with unlist the table's */
-    int unlist;     /* take tid off dir's list of tables (dirusers.c),
+    ekuser who;     /* with unlist: the table and its file */
+    int unlist;     /* take `who` off dir's list of tables (dirusers.c),
                      * and remove dir if that leaves the list empty, or if
                      * dir has no list and `owner` (the table made it) */
     int owner;
@@ -177,6 +187,7 @@ struct ekvtab {
     char *zDb;            /* schema: "main", "temp", ... */
     char *zName;          /* current table name */
     char tid[17];         /* stable id: 16 hex digits, kept in <name>_config */
+    ekuser who;           /* tid and its database file, as store lists say it */
     int is_tmp;           /* store in a temporary directory (:memory:/temp db) */
     int owns_dir;         /* the CREATE made the directory: DROP removes it */
     char opts_check[17];  /* the store's options check: as read or written (store_options), and as
@@ -256,20 +267,37 @@ int ekerr_rc(int erc);
 /* A table connected without its store can only be dropped: sets the
  * message and returns 1 for such a table. */
 int ekerr_unusable(ekvtab *v);
+/* Why this connection may not change the tables of schema zDb (opened
+ * read-only, a read-only attached file, PRAGMA query_only), or NULL. */
+const char *ekerr_readonly(sqlite3 *db, const char *zDb);
+/* For a SQL function fname that changes the store of table (in schema):
+ * when the connection may not write, sets the function's error
+ * (SQLITE_READONLY, naming the function, the table, the reason and `what`
+ * the function would have changed) and returns 1; else 0. */
+int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *schema, const char *table,
+                          const char *what);
 
 /* ========================================================================
- * dirusers.c: the tables using a store directory, listed in it.
- * ekusers_add: *made (the CREATE made the store): start the list with tid,
- * unless a racing CREATE already started one (then *made becomes 0 and tid
- * joins it); otherwise add tid to the list if the store has one (*listed
- * says whether tid went in).  ekusers_remove: the number of tables left on the list, -1
- * when dir has no list, -2 when it could not be updated.
+ * dirusers.c: the tables using a store directory, listed in it, and who
+ * may open it (invariants U1-U3 there).
+ * ekusers_self: the entry of table tid of schema zDb (its database file's
+ * identity).  ekusers_add (a CREATE): *made (the CREATE made the store):
+ * start the list, unless a racing CREATE already started one (then *made
+ * becomes 0 and it joins it); otherwise add to the list (starting one
+ * marked external when the store has none); *listed says whether it went
+ * in.  ekusers_admit (a connection): SQLITE_OK when the list names the
+ * table, listing this file as a copy when may_write; else SQLITE_ERROR
+ * with *err saying why the table may not open the store and what to do.
+ * ekusers_remove: the number of entries left (an external store counts
+ * one), -1 when dir has no list, -2 when it could not be updated.
  */
-int ekusers_add(const char *dir, const char *tid, int *made, int *listed, char **err);
-int ekusers_remove(const char *dir, const char *tid);
+int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, char **err);
+int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, int may_write, char **err);
+int ekusers_remove(const char *dir, const ekuser *self);
+void ekusers_self(sqlite3 *db, const char *zDb, const char *tid, ekuser *out);
 
-/* 1 if dir's list names no table but tid (or dir has no list); 0 if it
- * names others or cannot be read. */
+/* 1 if dir's list names no table but tid (in any file) or dir has no list;
+ * 0 if it names others, is external or cannot be read. */
 int ekusers_none_but(const char *dir, const char *tid);
 
 /* ========================================================================
@@ -455,7 +483,7 @@ int ekconn_register_pending(sqlite3 *db, ekconn *c);
 int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err);
 /* The same for taking table tid off the list of dir's tables (removing dir
  * when that leaves none; see ekpend.unlist). */
-int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err);
+int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const ekuser *who, int owner, char **err);
 
 /* ========================================================================
  * vecfn.c: vector functions, aggregates, embkv_version/embkv_build.

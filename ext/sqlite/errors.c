@@ -48,3 +48,39 @@ int ekerr_unusable(ekvtab *v)
     ekerr_table(v, "%s", v->broken);
     return 1;
 }
+
+/* Why a connection may not change the tables of schema zDb (the access
+ * model, docs/sql.md "Who may touch a store"), or NULL when it may.  A
+ * connection opened read-only, a read-only attached file and PRAGMA
+ * query_only all refuse SQL writes in SQLite itself; the functions that
+ * change a store (pull creating rows, push, import, checkpoint, hot set)
+ * follow the same rule, so that a serving process opened read-only cannot
+ * change the model through them either. */
+const char *ekerr_readonly(sqlite3 *db, const char *zDb)
+{
+    if (sqlite3_db_readonly(db, zDb) == 1) return "the database is open read-only";
+    sqlite3_stmt *st = NULL;
+    int on = 0;
+    /* query_only has no C interface: the pragma is the only way to read it.
+     * A failure to read it refuses (the safe answer). */
+    if (sqlite3_prepare_v2(db, "PRAGMA query_only", -1, &st, NULL) != SQLITE_OK) return "PRAGMA query_only cannot be read";
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) on = sqlite3_column_int(st, 0) != 0;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW) return "PRAGMA query_only cannot be read";
+    return on ? "PRAGMA query_only is on" : NULL;
+}
+
+int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *schema, const char *table,
+                          const char *what)
+{
+    const char *why = ekerr_readonly(sqlite3_context_db_handle(ctx), schema);
+    if (!why) return 0;
+    char *m = sqlite3_mprintf("%s: table %s: %s, and %s changes the store (%s); call it from a connection that may "
+                              "write (the database opened read-write, PRAGMA query_only off)",
+                              fname, table, why, fname, what);
+    sqlite3_result_error(ctx, m ? m : "read-only connection", -1);
+    sqlite3_free(m);
+    sqlite3_result_error_code(ctx, SQLITE_READONLY);
+    return 1;
+}

@@ -966,6 +966,7 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     memset(&m, 0, sizeof m);
     m.ctx = ctx;
     if (args(ctx, "embkv_import", argv, &m.ref, &m.file)) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_import", m.ref.schema, m.ref.name, "it writes rows")) return;
     embkv_store *s = m.ref.store;
     uint64_t rows = 0, fresh = 0, done = 0;
     int ok = open_in(&m) == 0 && check_file(&m, &rows, &fresh) == 0;

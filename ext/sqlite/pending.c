@@ -31,12 +31,13 @@ SQLITE_EXTENSION_INIT3
 /* ------------------------------------------------------------------------
  * Removals tied to the transaction: the embkv_pending eponymous table
  */
-static int defer(ekconn *c, int when, const char *dir, const char *tid, int unlist, int owner, char **err)
+static int defer(ekconn *c, int when, const char *dir, const char *tid, const ekuser *who, int owner, char **err)
 {
     ekpend p;
     memset(&p, 0, sizeof p);
     p.when = when;
-    p.unlist = unlist;
+    p.unlist = who != NULL;
+    if (who) p.who = *who;
     p.owner = owner;
     p.dir = strdup(dir);
     if (!p.dir) return SQLITE_NOMEM;
@@ -62,12 +63,12 @@ static int defer(ekconn *c, int when, const char *dir, const char *tid, int unli
 
 int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err)
 {
-    return defer(c, when, dir, tid, 0, 0, err);
+    return defer(c, when, dir, tid, NULL, 0, err);
 }
 
-int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const char *tid, int owner, char **err)
+int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const ekuser *who, int owner, char **err)
 {
-    return defer(c, when, dir, tid, 1, owner, err);
+    return defer(c, when, dir, who->tid, who, owner, err);
 }
 
 /* A DROP of the table with stable id tid has committed: the connection's
@@ -99,7 +100,7 @@ static void pend_carry_out(ekconn *c, ekpend *p, int committed)
      * goes with the rollback itself. */
     if (committed && p->tid[0]) pend_detach_table(c, p->tid);
     if (p->unlist) {
-        int left = ekusers_remove(p->dir, p->tid);
+        int left = ekusers_remove(p->dir, &p->who);
         if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);
     } else if (p->tid[0]) {
         ekreg_tmpdir_forget(NULL, p->tid);

@@ -52,31 +52,83 @@ static int touch_table(sqlite3 *db, const char *zDb, const char *zName, char **w
     return rc;
 }
 
+/* One identifier of a table name at *p: "quoted" (with "" for a quote),
+ * [bracketed], `quoted` (with ``), or a bare run up to the next dot; its
+ * text (sqlite3_malloc'd) or NULL, *p after it. */
+static char *ident(const char **p)
+{
+    const char *s = *p;
+    char close = *s == '"' ? '"' : *s == '[' ? ']' : *s == '`' ? '`' : 0;
+    if (!close) {
+        size_t n = strcspn(s, ".");
+        if (!n) return NULL;
+        *p = s + n;
+        return sqlite3_mprintf("%.*s", (int)n, s);
+    }
+    char *out = sqlite3_malloc64(strlen(s) + 1);
+    if (!out) return NULL;
+    size_t k = 0;
+    for (s++; *s; s++) {
+        if (*s == close) {
+            if (close != ']' && s[1] == close) {
+                out[k++] = *s++;
+                continue;
+            }
+            out[k] = 0;
+            *p = s + 1;
+            return out;
+        }
+        out[k++] = *s;
+    }
+    sqlite3_free(out); /* unterminated */
+    return NULL;
+}
+
+/* Splits a table name the way SQL reads one: "table", "schema.table", each
+ * part bare or quoted ("...", [...], `...`).  *zDb is NULL without a schema,
+ * or when the name does not read as schema.table or names no schema of the
+ * connection: then the whole text is the table's name, as before schemas
+ * were read (a table named "o.item" in main stays reachable as 'o.item'
+ * while no schema o is attached).  SQLITE_OK or SQLITE_NOMEM. */
+static int split_name(sqlite3 *db, const char *table, char **zDb, char **zName)
+{
+    *zDb = *zName = NULL;
+    const char *p = table;
+    char *a = ident(&p), *b = NULL;
+    if (a && *p == '.') {
+        p++;
+        b = ident(&p);
+    }
+    if (a && !*p && (!b || sqlite3_stricmp(a, "temp") == 0 || sqlite3_db_filename(db, a) != NULL)) {
+        *zDb = b ? a : NULL;
+        *zName = b ? b : a;
+        if (!b) a = NULL;
+        else a = b = NULL;
+    } else {
+        *zName = sqlite3_mprintf("%s", table);
+    }
+    sqlite3_free(a);
+    sqlite3_free(b);
+    return *zName ? SQLITE_OK : SQLITE_NOMEM;
+}
+
 static ekvtab *resolve(ekconn *c, const char *table, char **err)
 {
-    ekvtab *v = find_connected(c, NULL, table);
-    if (v) return v;
-    const char *dot = strchr(table, '.');
-    char *zDb = dot ? sqlite3_mprintf("%.*s", (int)(dot - table), table) : NULL;
-    if (dot && !zDb) return NULL;
-    int qualified = zDb && sqlite3_db_filename(c->db, zDb) != NULL;
-    if (qualified && (v = find_connected(c, zDb, dot + 1)) != NULL) {
-        sqlite3_free(zDb);
-        return v;
-    }
+    char *zDb = NULL, *zName = NULL;
+    if (split_name(c->db, table, &zDb, &zName) != SQLITE_OK) return NULL;
+    ekvtab *v = find_connected(c, zDb, zName);
     char *why = NULL;
-    int rc = touch_table(c->db, NULL, table, &why);
-    if (rc == SQLITE_OK) {
-        v = find_connected(c, NULL, table);
-    } else if (qualified) {
-        rc = touch_table(c->db, zDb, dot + 1, &why);
-        if (rc == SQLITE_OK) v = find_connected(c, zDb, dot + 1);
+    int rc = SQLITE_OK;
+    if (!v) {
+        rc = touch_table(c->db, zDb, zName, &why);
+        if (rc == SQLITE_OK) v = find_connected(c, zDb, zName);
     }
     if (!v)
         *err = rc == SQLITE_OK ? sqlite3_mprintf("%s is not an embkv table", table)
                                : sqlite3_mprintf("%s", why ? why : "out of memory");
     sqlite3_free(why);
     sqlite3_free(zDb);
+    sqlite3_free(zName);
     return v;
 }
 
@@ -288,6 +340,8 @@ static void fn_checkpoint(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     (void)argc;
     embkv_table_ref ref;
     if (fn_table(ctx, "embkv_checkpoint", argv[0], &ref) != SQLITE_OK) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_checkpoint", ref.schema, ref.name, "it makes the rows written so far durable"))
+        return;
     embkv_stats st;
     pthread_mutex_t *held = ekreg_commit_lock(ref.store);
     int erc = embkv_sync(ref.store);

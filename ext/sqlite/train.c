@@ -131,6 +131,30 @@ static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *
     return SQLITE_OK;
 }
 
+/* A pull on a connection that may not write (why: ekerr_readonly): the rows
+ * as a batch get reads them, taking no permits (there is no push to wait
+ * for) and creating no row; a missing id is the function's error, naming
+ * it.  EMBKV_NOTFOUND after setting that error. */
+static int pull_existing(sqlite3_context *ctx, const embkv_table_ref *ref, const int64_t *ids, size_t n, float *out,
+                         const char *why)
+{
+    uint8_t *found = sqlite3_malloc64(n ? n : 1);
+    if (!found) return EMBKV_NOMEM;
+    size_t missing = 0;
+    int rc = embkv_get_batch(ref->store, ids, n, out, found, &missing);
+    if (rc == EMBKV_OK && missing) {
+        size_t i = 0;
+        while (found[i]) i++;
+        char *m = sqlite3_mprintf("id %lld has no row, and this connection creates none: %s (a pull on a connection "
+                                  "that may write creates it from the table's init)", (long long)ids[i], why);
+        train_error(ctx, "embkv_pull", ref->name, EMBKV_NOTFOUND, m ? m : "id not found");
+        sqlite3_free(m);
+        rc = EMBKV_NOTFOUND;
+    }
+    sqlite3_free(found);
+    return rc;
+}
+
 static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     (void)argc;
@@ -163,11 +187,12 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         sqlite3_free(m);
         return;
     }
-    int rc = embkv_pull(ref.session, ids, n, out);
+    const char *ro = ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema);
+    int rc = ro ? pull_existing(ctx, &ref, ids, n, out, ro) : embkv_pull(ref.session, ids, n, out);
     sqlite3_free(ids);
     if (rc != EMBKV_OK) {
         sqlite3_free(out);
-        train_error(ctx, "embkv_pull", ref.name, rc, embkv_errmsg());
+        if (rc != EMBKV_NOTFOUND || !ro) train_error(ctx, "embkv_pull", ref.name, rc, embkv_errmsg());
         return;
     }
     sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
@@ -177,6 +202,8 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     embkv_table_ref ref;
     if (train_target(ctx, "embkv_push", argv[0], &ref) != SQLITE_OK)
+        return;
+    if (ekerr_refuse_readonly(ctx, "embkv_push", ref.schema, ref.name, "it updates rows"))
         return;
     double lr = 0;
     if (argc > 3 && sqlite3_value_type(argv[3]) != SQLITE_NULL) {

@@ -354,6 +354,35 @@ static uint64_t opts_sum(uint64_t h, const char *name, const char *value)
     return h;
 }
 
+/* The store's own record decides what optimizer its rows can serve: the
+ * state each record keeps (sgd none, adagrad dim floats, adam 2 * dim + 1:
+ * a different size for each at any dim), not the options file beside it,
+ * which a user can delete.  A table whose optimizer keeps another size is
+ * refused naming the option. */
+static int check_state(ekvtab *v, const char *dir, char **err)
+{
+    static const char *const optim[] = {"sgd", "adagrad", "adam"};
+    uint32_t dim = embkv_dim(v->store), has = embkv_state_floats(v->store);
+    uint32_t want = embkv_train_state_floats(&v->opts.train, dim);
+    if (has == want) return SQLITE_OK;
+    const char *theirs = NULL;
+    for (int o = EMBKV_SGD; o <= EMBKV_ADAM && !theirs; o++) {
+        embkv_train_options t = v->opts.train;
+        t.optimizer = o;
+        if (embkv_train_state_floats(&t, dim) == has) theirs = optim[o];
+    }
+    unsigned mine = (unsigned)v->opts.train.optimizer;
+    if (theirs)
+        *err = sqlite3_mprintf("option optimizer: the store %s keeps %u floats of optimizer state a row, as optimizer "
+                               "'%s' does at dim %u, and '%s' keeps %u: give optimizer='%s'",
+                               dir, has, theirs, dim, optim[mine % 3], want, theirs);
+    else
+        *err = sqlite3_mprintf("option optimizer: the store %s keeps %u floats of optimizer state a row, which no "
+                               "optimizer keeps at dim %u ('%s' keeps %u): it was made through the C API; train "
+                               "it from there", dir, has, dim, optim[mine % 3], want);
+    return SQLITE_ERROR;
+}
+
 static int store_options(ekvtab *v, const char *dir, char **err)
 {
     embkv_stats st;
@@ -371,7 +400,12 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         return SQLITE_CORRUPT;
     }
     if (!f && errno == ENOENT) {
-        /* A new store (or one made outside SQL): record this table's. */
+        /* A new store (or one made outside SQL): record this table's, if its
+         * rows can serve them. */
+        if (check_state(v, dir, err) != SQLITE_OK) {
+            sqlite3_free(path);
+            return SQLITE_ERROR;
+        }
         cJSON *o = cJSON_CreateObject();
         uint64_t sum = OPTS_SUM_SEED;
         for (unsigned j = 0; o && j < N_OPTIONS; j++) {
@@ -490,7 +524,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     v->opts.capacity = w.opts.capacity;
     v->opts.train = w.opts.train;
     sqlite3_free(path);
-    return SQLITE_OK;
+    return check_state(v, dir, err);
 }
 
 /* ------------------------------------------------------------------------
@@ -591,6 +625,16 @@ static int holds_no_store(const char *dir)
     return empty;
 }
 
+/* Whether dir holds a pool file (a store, perhaps damaged). */
+static int has_pool(const char *dir)
+{
+    char *p = sqlite3_mprintf("%s/store.pool", dir);
+    struct stat st;
+    int yes = p && stat(p, &st) == 0;
+    sqlite3_free(p);
+    return yes;
+}
+
 /* ------------------------------------------------------------------------
  * xCreate, xConnect, xDisconnect, xDestroy, xRename
  */
@@ -641,11 +685,20 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (rc == SQLITE_ERROR) goto broken; /* missing or damaged */
         goto fail;
     }
+    ekusers_self(db, v->zDb, v->tid, &v->who);
     dir = dir_for(v, create, &err);
     if (!dir) {
         rc = err ? SQLITE_ERROR : SQLITE_NOMEM;
         if (!create && rc == SQLITE_ERROR) goto broken;
         goto fail;
+    }
+    /* U1: an existing table opens its store only if the store lists it;
+     * asked before the open when there is a pool (a refused table must not
+     * even recover the store), and after it otherwise (the open says best
+     * what is wrong with a directory that holds no store). */
+    int check_users = !create && !v->is_tmp;
+    if (check_users && has_pool(dir)) {
+        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, 0, &err)) != SQLITE_OK) goto broken;
     }
     if (create) {
         struct stat st;
@@ -682,8 +735,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         }
         eo.ssd_path = ssd_path;
     }
-    /* The optimizer's per-row state lives in the record from the start. */
-    eo.state_floats = embkv_train_state_floats(&v->opts.train, v->opts.dim);
+    /* The optimizer's per-row state lives in the record from the start; an
+     * existing store keeps its own (0: any), compared by check_state. */
+    eo.state_floats = create && made_dir ? embkv_train_state_floats(&v->opts.train, v->opts.dim) : 0;
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     sqlite3_free(ssd_path);
@@ -710,6 +764,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
         goto fail;
     }
+    if (check_users && (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, !ekerr_readonly(db, v->zDb), &err)) != SQLITE_OK)
+        goto broken;
     if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
         if (!create) goto broken;
         goto fail;
@@ -749,7 +805,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         /* Listed first: a CREATE that raced another onto the same new
          * directory (threads of one process; another process is kept out
          * by the store's lock) finds that one's list and only joins it. */
-        if (!v->is_tmp && (rc = ekusers_add(v->dir, v->tid, &made_dir, &listed, &err)) != SQLITE_OK) goto fail;
+        if (!v->is_tmp && (rc = ekusers_add(v->dir, &v->who, &made_dir, &listed, &err)) != SQLITE_OK) goto fail;
         v->owns_dir = made_dir;
         rc = shadow_create(v, &err);
         if (rc != SQLITE_OK) goto fail;
@@ -758,7 +814,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (made_dir && v->is_tmp)
             rc = ekconn_defer_remove(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, &err);
         else if (made_dir || listed)
-            rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, v->tid, made_dir, &err);
+            rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, &v->who, made_dir, &err);
         if (rc != SQLITE_OK) goto fail;
     }
     sqlite3_free(dir);
@@ -804,7 +860,7 @@ fail:
         v->wb = NULL;
         v->txn = NULL;
     }
-    if (listed) ekusers_remove(v->dir, v->tid);
+    if (listed) ekusers_remove(v->dir, &v->who);
     if (made_dir) {
         /* Only if nobody else opened it meanwhile (a racing CREATE). */
         if (v->is_tmp) ekreg_tmpdir_forget(v->conn, v->tid);
@@ -842,7 +898,7 @@ static int vt_destroy(sqlite3_vtab *pv)
     if (v->store && v->is_tmp && v->owns_dir)
         rc = ekconn_defer_remove(v->conn, EK_ON_COMMIT, v->dir, v->tid, &err);
     else if (v->store && !v->is_tmp)
-        rc = ekconn_defer_unlist(v->conn, EK_ON_COMMIT, v->dir, v->tid, v->owns_dir, &err);
+        rc = ekconn_defer_unlist(v->conn, EK_ON_COMMIT, v->dir, &v->who, v->owns_dir, &err);
     if (rc != SQLITE_OK) {
         ekerr_table(v, "%s", err ? err : sqlite3_errstr(rc));
         sqlite3_free(err);

@@ -119,9 +119,10 @@ class _TableModule(torch.nn.Module):
         super().__init__()
         self.conn = conn
         self.table = table
-        exists = conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE",
-                              (table,)).fetchone()
-        quoted = '"%s"' % table.replace('"', '""')
+        schema, name = _split_table(conn, table)
+        exists = conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
+                              % _quote(schema or "main"), (name,)).fetchone()
+        quoted = _quote(name) if schema is None else "%s.%s" % (_quote(schema), _quote(name))
         opts = ["%s=%s" % (k, _sql_option(v)) for k, v in options.items()]
         if not exists:
             if dim is None:
@@ -131,13 +132,15 @@ class _TableModule(torch.nn.Module):
             # The store's rule decides: a table attached to the same store
             # with these options is refused when one differs (naming it).
             st = json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])
-            probe = '"_embkv_torch_check_%d"' % threading.get_ident()
+            probe = "_embkv_torch_check_%d" % threading.get_ident()
             try:
                 conn.execute("CREATE VIRTUAL TABLE temp.%s USING embkv(dim=%d, path=%s, %s)"
-                             % (probe, st["dim"], _sql_option(st["path"]), ", ".join(opts)))
+                             % (_quote(probe), st["dim"], _sql_option(st["path"]), ", ".join(opts)))
             except sqlite3.Error as e:
-                raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, e)) from None
-            conn.execute("DROP TABLE temp.%s" % probe)
+                # The refusal names the probe's table: say the user's.
+                why = str(e).replace("embkv table %s: " % probe, "")
+                raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, why)) from None
+            conn.execute("DROP TABLE temp.%s" % _quote(probe))
         self.embedding_dim = embkv.dim(conn, table)
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
@@ -220,6 +223,49 @@ class _TableModule(torch.nn.Module):
         # the permits go back.
         weakref.finalize(w, _finalize, lease)
         return w, local.reshape(ids.shape), pad_local
+
+
+def _quote(name):
+    return '"%s"' % name.replace('"', '""')
+
+
+def _ident(text, i):
+    """One identifier of a table name at text[i:] (bare up to a dot, or
+    "quoted", [bracketed], `quoted`): (its text, the index after it), or
+    (None, i)."""
+    close = {'"': '"', '[': ']', '`': '`'}.get(text[i:i + 1])
+    if close is None:
+        j = text.find(".", i)
+        j = len(text) if j < 0 else j
+        return (text[i:j], j) if j > i else (None, i)
+    out, j = [], i + 1
+    while j < len(text):
+        if text[j] == close:
+            if close != "]" and text[j + 1:j + 2] == close:
+                out.append(close)
+                j += 2
+                continue
+            return "".join(out), j + 1
+        out.append(text[j])
+        j += 1
+    return None, i
+
+
+def _split_table(conn, table):
+    """(schema or None, name): a table name as embkv's SQL functions read
+    it ("item", "schema.item", parts quoted as SQL quotes them); the whole
+    text is the name when it does not read as schema.name of an attached
+    schema."""
+    a, i = _ident(table, 0)
+    b = None
+    if a is not None and table[i:i + 1] == ".":
+        b, i = _ident(table, i + 1)
+    if a is None or i != len(table):
+        return None, table
+    if b is None:
+        return None, a
+    schemas = {r[1].lower() for r in conn.execute("PRAGMA database_list")} | {"temp"}
+    return (a, b) if a.lower() in schemas else (None, table)
 
 
 def _sql_option(v):

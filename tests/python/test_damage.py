@@ -1,6 +1,7 @@
 """A damaged record reaches SQL as an error naming the table and the id,
 never as data; the other rows stay readable and the damaged one can be
 deleted (existence reads check the record's id only)."""
+import json
 import os
 import sqlite3
 import unittest
@@ -53,8 +54,8 @@ def read(path):
 
 class TestDamagedStoreFiles(TempDirTest):
     """Bytes of the binding's files in a store flipped, and each file
-    truncated or emptied: a clean error naming the options file, or the
-    same rows; never a crash, never another option value (the options carry
+    truncated or emptied: a clean error naming the options file or the
+    list of users, or the same rows; never a crash, never another option value (the options carry
     a check)."""
 
     def test_flips_and_truncations(self):
@@ -90,8 +91,12 @@ class TestDamagedStoreFiles(TempDirTest):
             got, vec = attempt()
             if vec is None:
                 self.assertIn("embkv table t", got)
-                self.assertRegex(got, "app-sqlite-options are (damaged|not the ones its CREATE recorded)",
-                                 (name, bad))
+                if name == "app-sqlite-tables":  # its list of users no longer names the table
+                    self.assertRegex(got, r"does not list this table among its users \(app-sqlite-tables (is "
+                                          r"damaged|does not name its table id)", (name, bad))
+                else:
+                    self.assertRegex(got, "app-sqlite-options are (damaged|not the ones its CREATE recorded)",
+                                     (name, bad))
             else:
                 pushes += 1  # sgd with lr 0.5 and gradient 1, as created: nothing else
                 self.assertEqual(got[0], 1)
@@ -119,6 +124,27 @@ class TestDamagedStoreFiles(TempDirTest):
         self.assertIn("are not the ones its CREATE recorded", got)
         os.replace(opts + ".away", opts)
         self.assertIsNotNone(attempt()[1])
+
+    def test_deleted_options_file_cannot_change_the_optimizer(self):
+        """The store's own record (the state its records keep) decides the
+        optimizer, not the options file a user can delete."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=4, path='s', optimizer='adagrad', lr=0.1)")
+        c.execute("INSERT INTO a(id, vec) VALUES (1, '[1,1,1,1]')")
+        c.close()
+        os.remove(os.path.join(self.dir, "s", "app-sqlite-options"))
+        c = connect(self.db)
+        for opt in ("optimizer='sgd'", "lr=0.5", "optimizer='adam'"):
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s', %s)" % opt)
+            want = "adam' keeps 9" if "adam" in opt else "sgd' keeps 0"
+            self.assertIn("embkv table b: option optimizer: the store %s keeps 4 floats of optimizer state a row, "
+                          "as optimizer 'adagrad' does at dim 4, and '%s: give optimizer='adagrad'"
+                          % (os.path.join(self.dir, "s"), want), str(cm.exception))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "s", "app-sqlite-options")))
+        c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=4, path='s', optimizer='adagrad', lr=0.1)")
+        self.assertEqual(json.loads(c.execute("SELECT embkv_stats('b')").fetchone()[0])["dim"], 4)
+        c.close()
 
 
 if __name__ == "__main__":

@@ -148,7 +148,8 @@ COMMIT;
 -- @reopen
 SELECT 'keeper', id, embkv_json(vec) FROM keeper;
 .shell wc -l < made.embkv/app-sqlite-tables
--- a damaged list says nothing: only the table that made the store removes it
+-- a damaged list says nothing: no DROP removes the store, and no table may
+-- open it until an explicit CREATE attaches again (the advice it gives)
 CREATE VIRTUAL TABLE dm1 USING embkv(dim=2, path='damaged.embkv');
 CREATE VIRTUAL TABLE dm2 USING embkv(dim=2, path='damaged.embkv');
 .shell echo garbage > damaged.embkv/app-sqlite-tables
@@ -157,5 +158,10 @@ DROP TABLE dm2;
 -- @reopen
 .shell ls -d damaged.embkv 2>/dev/null | wc -l
 SELECT 'dm1-after-dm2-dropped', id FROM dm1;
+DROP TABLE dm1;
+.shell ls -d damaged.embkv 2>/dev/null | wc -l
+CREATE VIRTUAL TABLE dm1 USING embkv(dim=2, path='damaged.embkv');
+SELECT 'dm1-attached-again', id FROM dm1;
+.shell sed 's/^[0-9a-f]\{16\} [0-9a-f]* [0-9a-f]*$/<table id> <device> <inode>/' damaged.embkv/app-sqlite-tables
 DROP TABLE dm1;
 .shell ls -d damaged.embkv 2>/dev/null | wc -l
