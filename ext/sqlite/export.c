@@ -85,6 +85,7 @@
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -95,6 +96,7 @@ SQLITE_EXTENSION_INIT3
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -223,6 +225,7 @@ typedef struct exporter {
     embkv_table_ref ref;
     const char *file;
     char *tmp;           /* the temporary file, while it exists */
+    int held;            /* a descriptor of it holding its claim (-1: none) */
     sqlite3 *out;        /* its connection */
     sqlite3_stmt *ins;
     embkv_snapshot *snap;
@@ -543,8 +546,75 @@ static int publish(exporter *e)
     return 0;
 }
 
+/* A temporary file of an export is claimed for as long as its export
+ * runs: an open-file-description lock on its byte 0, which SQLite's own
+ * locks (at 1 GiB and beyond) never touch, taken on a descriptor kept open
+ * until the file is renamed or removed.  The kernel drops it with the
+ * process, so a killed export leaves a temporary file that nobody claims,
+ * and the next export to the same name removes it (as backups do). */
+static int claim(int fd)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* Whether the temporary file at path may belong to a running export.  An
+ * export claims its file between creating it and SQLite's first write to
+ * it: an empty file may be in that moment, so it counts as claimed until it
+ * is a minute old.  Its size is read before its lock, so a file seen with
+ * bytes had been claimed, and one unclaimed after that has lost its export. */
+static int claimed(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return 1; /* cannot tell: leave it */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_size == 0 && time(NULL) - st.st_mtime < 60)) {
+        close(fd);
+        return 1;
+    }
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    int held = fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+    close(fd);
+    return held;
+}
+
+/* Removes the temporary files that killed exports to the same file left
+ * (prefix: the file's name as its temporary names keep it, then the infix;
+ * what follows must be the 8 hex digits of one). */
+static void sweep_export_leftovers(const char *file, size_t keep)
+{
+    const char *slash = strrchr(file, '/');
+    char *dir = slash ? sqlite3_mprintf("%.*s", (int)(slash - file), file) : sqlite3_mprintf(".");
+    char *prefix = sqlite3_mprintf("%.*s.embkv-tmp-", (int)keep, slash ? slash + 1 : file);
+    DIR *d = dir && prefix ? opendir(*dir ? dir : "/") : NULL;
+    struct dirent *de;
+    size_t plen = prefix ? strlen(prefix) : 0;
+    while (d && (de = readdir(d))) {
+        if (strncmp(de->d_name, prefix, plen) != 0 || strlen(de->d_name) != plen + 8 ||
+            strspn(de->d_name + plen, "0123456789abcdef") != 8)
+            continue;
+        char *path = sqlite3_mprintf("%s/%s", dir, de->d_name);
+        if (path && !claimed(path) && unlink(path) == 0)
+            sqlite3_log(SQLITE_NOTICE, "embkv_export: removed %s, left by an export that did not finish", path);
+        sqlite3_free(path);
+    }
+    if (d) closedir(d);
+    sqlite3_free(dir);
+    sqlite3_free(prefix);
+}
+
 /* Creates the temporary file beside `file` (exclusively, never an
- * existing one) and opens it as the output database. */
+ * existing one), claimed, and opens it as the output database. */
 static int open_out(exporter *e)
 {
     struct stat sb;
@@ -553,18 +623,27 @@ static int open_out(exporter *e)
                                         "or name another)", e->file);
     if (errno != ENOENT && errno != ENOTDIR)
         return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': %s", e->file, strerror(errno));
+    /* (the name kept short enough for the suffix to fit NAME_MAX) */
+    const char *slash = strrchr(e->file, '/'), *name = slash ? slash + 1 : e->file;
+    size_t keep = NAME_MAX - (sizeof ".embkv-tmp-" - 1) - 8;
+    if (strlen(name) < keep) keep = strlen(name);
+    sweep_export_leftovers(e->file, keep);
     for (int attempt = 0; attempt < 8 && !e->tmp; attempt++) {
         uint32_t r;
         sqlite3_randomness(sizeof r, &r);
-        /* (the name kept short enough for the suffix to fit NAME_MAX) */
-        const char *slash = strrchr(e->file, '/'), *name = slash ? slash + 1 : e->file;
-        size_t keep = NAME_MAX - (sizeof ".embkv-tmp-" - 1) - 8;
-        if (strlen(name) < keep) keep = strlen(name);
         char *tmp = sqlite3_mprintf("%.*s.embkv-tmp-%08x", (int)(name - e->file + keep), e->file, (unsigned)r);
         if (!tmp) return ex_fail(e, SQLITE_NOMEM, "out of memory");
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) {
-            close(fd);
+            if (claim(fd) != 0) {
+                int err = errno;
+                close(fd);
+                unlink(tmp);
+                sqlite3_free(tmp);
+                return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': cannot lock its temporary file: %s",
+                               e->file, strerror(err));
+            }
+            e->held = fd;
             e->tmp = tmp;
             break;
         }
@@ -597,6 +676,7 @@ static void exporter_free(exporter *e)
     if (e->ins) sqlite3_finalize(e->ins);
     if (e->out) sqlite3_close(e->out);
     if (e->tmp) unlink(e->tmp);
+    if (e->held >= 0) close(e->held); /* after the unlink: no moment unclaimed */
     sqlite3_free(e->tmp);
     if (e->snap) embkv_snapshot_close(e->snap);
     free(e->ids);
@@ -612,6 +692,7 @@ static void fn_export(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     (void)argc;
     exporter e;
     memset(&e, 0, sizeof e);
+    e.held = -1;
     e.ctx = ctx;
     if (args(ctx, "embkv_export", argv, &e.ref, &e.file)) return;
     uint64_t rows = 0;

@@ -421,6 +421,45 @@ say("imported", a.execute("SELECT embkv_import('t', ?)", (path,)).fetchone()[0])
 
 
 class TestCrash(TempDirTest):
+    def test_killed_export_leaves_nothing_for_long(self):
+        """SIGKILL while an export writes its temporary file: the file stays
+        (nobody can remove it at that moment), and the next export to the
+        same name removes it, leaving only the finished file; a temporary
+        file of an export still running is left alone."""
+        dim, n = 16, 200000
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE s USING embkv(dim=%d, init='normal(0,1)', capacity=%d)" % (dim, n))
+        for lo in range(0, n, 50000):
+            c.execute("SELECT length(embkv_pull('s', ?))", (ids_blob(range(lo, lo + 50000)),)).fetchone()
+        c.close()
+        path = os.path.join(self.dir, "ex.export")
+        child_code = ("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.enable_load_extension(True)\n"
+                      "c.load_extension(sys.argv[2])\nc.execute('SELECT embkv_export(\\'s\\', ?)', (sys.argv[3],))")
+        left = []
+        for attempt in range(3):
+            child = subprocess.Popen([sys.executable, "-c", child_code, self.db, EXT, path],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            deadline = time.time() + 60
+            while time.time() < deadline and child.poll() is None:
+                tmps = [f for f in os.listdir(self.dir) if f.startswith("ex.export.embkv-tmp-")]
+                if tmps and os.path.getsize(os.path.join(self.dir, tmps[0])) > (1 << 20) * attempt:
+                    break
+                time.sleep(0.002)
+            child.send_signal(signal.SIGKILL)
+            child.communicate(timeout=60)
+            self.assertEqual(child.returncode, -signal.SIGKILL, "the export finished before the kill")
+            self.assertFalse(os.path.exists(path))
+            left = [f for f in os.listdir(self.dir) if f.startswith("ex.export.embkv-tmp-")]
+            self.assertEqual(len(left), 1, left)
+        c = connect(self.db)
+        # an export to another name leaves this one's leftovers alone
+        c.execute("SELECT embkv_export('s', ?)", (os.path.join(self.dir, "other.export"),)).fetchone()
+        self.assertEqual([f for f in os.listdir(self.dir) if f.startswith("ex.export.embkv-tmp-")], left)
+        self.assertEqual(c.execute("SELECT embkv_export('s', ?)", (path,)).fetchone()[0], n)
+        c.close()
+        self.assertEqual([f for f in os.listdir(self.dir) if "embkv-tmp" in f], [])
+        self.assertEqual(len(file_rows(path)), n)
+
     def test_killed_import_leaves_the_table_as_before(self):
         """SIGKILL while the rows come in (some already visible to the
         child's readers): the table reopens as it was before the import;
