@@ -720,6 +720,50 @@ static void test_full(void)
     free((void *)dir);
 }
 
+/* The advice of a full pool works when followed: a pool full of versions
+ * that a checkpoint frees says to checkpoint and retry, and the retry
+ * lands; a pool full of live rows says a checkpoint frees nothing. */
+static void test_full_advice(void)
+{
+    const char *dir = strdup(test_tmpdir("fulladvice"));
+    const uint32_t dim = 1024;
+    embkv_options o = opts(dim, 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float *v = malloc(dim * sizeof *v);
+    int64_t n = 0;
+    int rc = EMBKV_OK;
+    for (; n < 20000 && rc == EMBKV_OK; n++) {
+        make_vec(n, 1, v, dim);
+        rc = embkv_put(s, n, v, NULL, EMBKV_PUT_INSERT);
+    }
+    n--;  /* the last put failed */
+    CHECK_RC(rc, EMBKV_FULL);
+    CHECK(strstr(embkv_errmsg(), "0 records hold versions replaced or deleted since the last checkpoint") != NULL);
+    CHECK(strstr(embkv_errmsg(), "a checkpoint frees nothing: delete rows") != NULL);
+    /* room for a quarter of the rows again, then replace rows until full */
+    for (int64_t i = 0; i < n; i += 4) CHECK_RC(embkv_delete(s, i), EMBKV_OK);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    int64_t replaced = 0, id = 1;
+    for (rc = EMBKV_OK; rc == EMBKV_OK && replaced < 4 * n; replaced++, id = id % 4 == 3 ? id + 2 : id + 1) {
+        if (id >= n) id = 1;
+        make_vec(id, 2, v, dim);
+        rc = embkv_put(s, id, v, NULL, 0);
+    }
+    CHECK_RC(rc, EMBKV_FULL);
+    const char *msg = embkv_errmsg();
+    CHECK(strstr(msg, "checkpoint (embkv_sync; in SQL embkv_checkpoint) and retry") != NULL ||
+          strstr(msg, "checkpoint (embkv_sync; in SQL embkv_checkpoint), then retry") != NULL);
+    if (!strstr(msg, "retry")) fprintf(stderr, "    %s\n", msg);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free(v);
+    free((void *)dir);
+}
+
 /* A full pool whose rows are all synced: each delete needs a tombstone,
  * which the delete reserve provides; when the reserve is used up, a sync
  * returns it, so the table can always be emptied. */
@@ -874,6 +918,7 @@ int main(int argc, char **argv)
     test_bad_pools();
     test_rows();
     test_full();
+    test_full_advice();
     test_full_synced_deletes();
     test_locked();
     test_destroy();

@@ -30,6 +30,32 @@ static const char *snapshots_note(const embkv_store *s)
                : "";
 }
 
+/* Records that the next checkpoint frees: versions replaced and
+ * tombstones of deletes in the epochs not yet synced, and versions waiting
+ * for readers.  (retire_mu is taken after slab_mu, never before it.) */
+static size_t kept_records(embkv_store *s)
+{
+    pthread_mutex_lock(&s->retire_mu);
+    size_t n = s->pending[0].n + s->pending[1].n + s->ntombs[0] + s->ntombs[1] + s->nlimbo;
+    pthread_mutex_unlock(&s->retire_mu);
+    return n;
+}
+
+/* What helps a full pool, so that the advice works when followed: a
+ * checkpoint only when it frees enough (short: records missing, 0 when
+ * unknown). */
+static const char *full_advice(size_t kept, size_t short_by)
+{
+    if (kept && kept >= short_by)
+        return short_by ? "checkpoint (embkv_sync; in SQL embkv_checkpoint), then retry"
+                        : "checkpoint (embkv_sync; in SQL embkv_checkpoint) and retry; if it fails again, copy the "
+                          "rows into a store with a larger pool_size (a pool does not grow)";
+    return kept ? "a checkpoint frees too few: delete rows, write fewer at a time, or copy the rows into a store "
+                  "with a larger pool_size (a pool does not grow)"
+                : "a checkpoint frees nothing: delete rows, write fewer at a time, or copy the rows into a store with "
+                  "a larger pool_size (a pool does not grow)";
+}
+
 static int locvec_reserve(locvec *v, size_t extra)
 {
     if (v->n + extra <= v->cap)
@@ -85,12 +111,13 @@ static int add_chunk(embkv_store *s)
     if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
         int e = errno;
         s->pool_exhausted = true;
+        size_t kept = kept_records(s);
         return embkv__err(EMBKV_FULL,
-                          "store %s: pool full (%zu bytes, %llu rows): %s; records replaced since the "
-                          "last sync are kept until the next one: checkpoint, or copy the rows into a store "
-                          "with a larger pool_size (a pool does not grow)%s",
+                          "store %s: pool full (%zu bytes, %llu rows): %s; %zu records hold versions replaced or "
+                          "deleted since the last checkpoint, which the next one frees%s: %s",
                           s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
-                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), snapshots_note(s));
+                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), kept, snapshots_note(s),
+                          full_advice(kept, 0));
     }
     /* Every record of every chunk may be free at once: reserve for all, so
      * slab_free never needs to grow the list. */
@@ -170,12 +197,14 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
                           "delete takes one until the next sync); delete at most %zu rows at a time, syncing in "
                           "between (in SQL: one COMMIT each)",
                           s->path, (unsigned long long)deletes, have, have);
-    if (rc == EMBKV_FULL)
+    if (rc == EMBKV_FULL) {
+        size_t kept = kept_records(s);
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
-                          "records, %u of them kept for deletes only (records replaced or deleted since the last "
-                          "sync are kept until the next one)%s",
+                          "records, %u of them kept for deletes only; %zu records hold versions replaced or deleted "
+                          "since the last checkpoint, which the next one frees%s: %s",
                           s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve,
-                          snapshots_note(s));
+                          kept, snapshots_note(s), full_advice(kept, (size_t)want - have));
+    }
     return rc;
 }
 

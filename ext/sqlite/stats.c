@@ -256,8 +256,12 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         ok = ok && cJSON_AddNumberToObject(ssd, "capacity_bytes", (double)st.ssd_size);
         ok = ok && cJSON_AddNumberToObject(ssd, "segments", (double)st.ssd_segments);
         ok = ok && cJSON_AddNumberToObject(ssd, "damaged_segments", (double)st.ssd_damaged_segments);
+        /* Live bytes above the files' (a segment file lost: see
+         * damaged_segments) are no negative garbage. */
         ok = ok && cJSON_AddNumberToObject(ssd, "garbage_fraction",
-                                           st.ssd_file_bytes ? 1.0 - (double)st.ssd_live_bytes / (double)st.ssd_file_bytes : 0.0);
+                                           st.ssd_file_bytes > st.ssd_live_bytes
+                                               ? 1.0 - (double)st.ssd_live_bytes / (double)st.ssd_file_bytes
+                                               : 0.0);
         ok = ok && cJSON_AddNumberToObject(ssd, "reads", (double)st.ssd_reads);
         ok = ok && cJSON_AddNumberToObject(ssd, "read_bytes", (double)st.ssd_read_bytes);
         ok = ok && cJSON_AddNumberToObject(ssd, "writes", (double)st.ssd_writes);

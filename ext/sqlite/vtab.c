@@ -155,11 +155,58 @@ static char *opt_value(const char *s)
 
 /* Unsigned decimal, optionally (bytes) with a K/M/G/T suffix (powers of
  * 1024) and an optional trailing B.  0 on success. */
+/* An integer in exponent notation at p (as 1e12 or 2.5E6, what SQL and
+ * Python write for large round numbers): *v the value when it is a whole
+ * number that fits, *end after it; -1 otherwise.  Digits of the mantissa
+ * and of its fraction are taken as one integer, then scaled. */
+static int parse_exponent(const char *p, uint64_t *v, const char **end)
+{
+    uint64_t m = 0;
+    int frac = 0, in_frac = 0, digits = 0;
+    for (;; p++) {
+        if (*p == '.' && !in_frac) {
+            in_frac = 1;
+            continue;
+        }
+        if (*p < '0' || *p > '9') break;
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (m > (UINT64_MAX - digit) / 10) return -1;
+        m = m * 10 + digit;
+        frac += in_frac;
+        digits++;
+    }
+    if (!digits || (*p != 'e' && *p != 'E')) return -1;
+    p++;
+    if (*p == '+') p++;
+    if (*p < '0' || *p > '9') return -1;
+    int x = 0;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if ((x = x * 10 + (*p - '0')) > 100) return -1;
+    for (; frac > x; frac--) { /* 2.50e1: trailing fraction digits must be zeros */
+        if (m % 10) return -1;
+        m /= 10;
+    }
+    for (x -= frac; x > 0; x--) {
+        if (m > UINT64_MAX / 10) return -1;
+        m *= 10;
+    }
+    *v = m;
+    *end = p;
+    return 0;
+}
+
 static int parse_uint(const char *s, int bytes, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
     if (*p < '0' || *p > '9') return -1;
+    const char *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (*q == '.' || *q == 'e' || *q == 'E') {
+        if (parse_exponent(s, &v, &p) != 0 || *p) return -1;
+        *out = v;
+        return 0;
+    }
     for (; *p >= '0' && *p <= '9'; p++) {
         uint64_t digit = (uint64_t)(*p - '0');
         if (v > (UINT64_MAX - digit) / 10) return -1;
@@ -508,6 +555,14 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     }
     sqlite3_free(w.optpath);
     sqlite3_free(w.optssd);
+    if (w.opts.pool_size && w.opts.pool_size != st.pool_bytes) {
+        /* No option changes a pool's size once made: the file was. */
+        *err = sqlite3_mprintf("the store's pool file %s/store.pool is %llu bytes, not the %llu its CREATE made "
+                               "(recorded in %s): it was changed outside embkv; restore the store from a backup",
+                               dir, (unsigned long long)st.pool_bytes, (unsigned long long)w.opts.pool_size, path);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
     char mine[160];
     for (unsigned j = 0; j < N_OPTIONS; j++) {
         if (!opt_is_stored(j) || !(v->given & (1ull << j))) continue;

@@ -125,6 +125,21 @@ class TestDamagedStoreFiles(TempDirTest):
         os.replace(opts + ".away", opts)
         self.assertIsNotNone(attempt()[1])
 
+    def test_grown_pool_file_is_damage_not_an_option(self):
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, path='s', pool_size='16M')")
+        c.close()
+        with open(os.path.join(self.dir, "s", "store.pool"), "ab") as fh:
+            fh.write(b"\0" * 4096)
+        c = connect(self.db)
+        for sql in ("SELECT count(*) FROM t", "CREATE VIRTUAL TABLE u USING embkv(dim=4, path='s', pool_size='16M')"):
+            with self.assertRaises(sqlite3.DatabaseError) as cm:
+                c.execute(sql).fetchall()
+            self.assertIn("the store's pool file %s/store.pool is 16781312 bytes, not the 16777216 its CREATE made "
+                          "(recorded in %s/app-sqlite-options): it was changed outside embkv; restore the store "
+                          "from a backup" % ((os.path.join(self.dir, "s"),) * 2), str(cm.exception))
+        c.close()
+
     def test_deleted_options_file_cannot_change_the_optimizer(self):
         """The store's own record (the state its records keep) decides the
         optimizer, not the options file a user can delete."""

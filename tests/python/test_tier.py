@@ -18,6 +18,7 @@ tests/python_run.sh, or by hand:
 """
 import glob
 import json
+import os
 import re
 import sqlite3
 import unittest
@@ -148,6 +149,30 @@ class TierTest(Base):
         self.assertEqual(sum(tiers2.values()), N - 100)
         self.assertGreater(tiers2.get("ssd", 0), N * 7 // 10)
         self.check_all(conn, expect)
+        conn.close()
+
+    def test_lost_segment_stats(self):
+        """A segment file deleted by hand: the store opens, its rows there are
+        errors, and embkv_stats stays within its ranges (garbage_fraction
+        in [0, 1], not below 0 because live bytes exceed the files')."""
+        n = 60000
+        conn = self.open()
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, pool_size='16M', ssd_size='64M')" % DIM)
+        ids = np.arange(1, n + 1, dtype=np.int64)
+        vecs = vec_of(ids)
+        for lo in range(0, n, 20000):
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO item(id, vec) VALUES (?, ?)",
+                             ((int(i), v.tobytes()) for i, v in zip(ids[lo:lo + 20000], vecs[lo:lo + 20000])))
+            conn.execute("COMMIT")
+        conn.close()
+        segs = sorted(glob.glob(self.db + "-*.embkv/log/seg-*.log"))
+        self.assertGreater(len(segs), 1)
+        os.remove(segs[0])
+        conn = self.open()
+        st = json.loads(conn.execute("SELECT embkv_stats('item')").fetchone()[0])
+        g = st["tiers"]["ssd"]["garbage_fraction"]
+        self.assertTrue(0 <= g <= 1, st["tiers"]["ssd"])
         conn.close()
 
     def test_damaged_records(self):

@@ -22,6 +22,14 @@ CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size='12Q');
 CREATE VIRTUAL TABLE e USING embkv(dim=4, pool_size=99999999999999999999999);
 CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=0);
 CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=);
+-- exponent notation is read when it is a whole number
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=1.5);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=2.55e1);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity=1e13);
+CREATE VIRTUAL TABLE e USING embkv(dim=4, capacity='1e');
+CREATE VIRTUAL TABLE temp.exp_ok USING embkv(dim=4, capacity=2.5e3, pool_size='1.7e7');
+SELECT 'exponent', json_extract(embkv_stats('exp_ok'), '$.tiers.pm.capacity_bytes') > 16000000, json_extract(embkv_stats('exp_ok'), '$.index.buckets') >= 2500 / 14;
+DROP TABLE exp_ok;
 CREATE VIRTUAL TABLE e USING embkv(dim=4, path='');
 CREATE VIRTUAL TABLE e USING embkv(dim=4, path='notes.txt');
 CREATE VIRTUAL TABLE e USING embkv(dim=4, path='other');
