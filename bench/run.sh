@@ -4,7 +4,7 @@
 #   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
-#   bench_train, bench_train.py, bench_recovery, bench_ctr.py (below)
+#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_ctr.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
 # Everything printed is also written to build/bench-results.txt.  Pools live
@@ -193,6 +193,12 @@ if [[ -x $BIN/bench_recovery ]]; then
         run "bench_recovery, $BENCH_RECOVERY_ROWS rows of dim 16 (/dev/shm)" "$BIN/bench_recovery" \
             "$SHM_ROOT/recovery-big" --rows "$BENCH_RECOVERY_ROWS" --dim 16 --reps 1
     fi
+fi
+
+# Statements beside training: demotions with and without a reader.
+if [[ -x $PY ]] && "$PY" -c 'import embkv' 2>/dev/null; then
+    run "bench_pins.py (/dev/shm)" "$PY" bench/bench_pins.py "$SHM_ROOT/pins" --seconds 30
+    rm -rf "$SHM_ROOT/pins"
 fi
 
 # The PyTorch CTR model: embkv against torch in memory, and workers x

@@ -37,7 +37,9 @@
  * P5  Recovery returns every row to its version at the durable epoch,
  *     following `prev` from any record newer than it.
  * P6  A retired record is reused only after every reader that may hold it
- *     has left (epochs) and no older snapshot is open.
+ *     has left (epochs) and, if an open snapshot may read its version (it
+ *     was the row's version when the snapshot opened), no older snapshot
+ *     is open.
  * P7  Every change to rows is inside a write group, and no sync's epoch
  *     switch falls inside one: a sync (and a snapshot) sees each group
  *     entirely or not at all.

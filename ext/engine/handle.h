@@ -88,6 +88,8 @@ struct embkv_store {
     size_t ntombs[2], tombs_cap[2];
     limbo_entry *limbo;        /* waiting for readers to leave */
     size_t nlimbo, limbo_cap;
+    limbo_entry *plimbo;       /* pinned: waiting for readers and older snapshots (P6) */
+    size_t nplimbo, plimbo_cap;
 
     /* dirty pages since the last sync, one bitmap per epoch parity */
     atomic_uint_fast64_t *dirty[2];

@@ -242,11 +242,15 @@ static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
 {
     return r->id == id && r->check == rec_checksum(s, r);
 }
-/* Retire a location: freed once no reader can see it (P6). */
-void slab_retire(embkv_store *s, const uint64_t *locs, size_t n);
+/* Retire locations: freed once no reader can see them (P6).  pinned: a
+ * version an open snapshot may read (snap_log says which), kept while a
+ * snapshot older than its retirement is open; unpinned ones wait for the
+ * readers' epochs only. */
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned);
 /* Frees the retired records no reader or snapshot can hold any more (P6);
  * wait_for_readers: waits out the readers in an epoch now first (so never
- * from inside ebr_enter).  Takes retire_mu, and slab_mu after it. */
+ * from inside ebr_enter).  Takes retire_mu, then slab_mu (not nested);
+ * retire_mu may be taken under slab_mu, never the reverse. */
 void slab_reclaim(embkv_store *s, bool wait_for_readers);
 
 /* ------------------------------------------------------------- snapshot.c */
@@ -268,8 +272,11 @@ int snap_register(embkv_store *s, embkv_snapshot **out);
 void snap_fix(embkv_snapshot *snap);
 /* Closes a snapshot registered and never fixed (its open failed). */
 void snap_drop(embkv_snapshot *snap);
-/* Before changing id's index entry from prev, inside a group. */
-int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev);
+/* Before changing id's index entry from prev, inside a group.  *pinned
+ * (may be NULL): whether an open snapshot may read the version at prev
+ * (one opened after the group that made it and before this one); a
+ * version no snapshot can read need not outlive the readers' epochs. */
+int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev, bool *pinned);
 /* locs[i] of ids[i] as of the snapshot, after the index lookups;
  * logged (may be NULL): 1 where the version log decided locs[i]. */
 void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs,

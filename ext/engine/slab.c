@@ -9,51 +9,53 @@
  * points at it), so a crash can neither leak nor double-allocate a record.
  *
  * A record's whole life is here: a replaced version is retired
- * (slab_retire) and waits in the limbo list until no reader can still
- * see it (P6: epochs, and no snapshot older than its retirement), then
+ * (slab_retire) and waits in a limbo list until no reader can still see
+ * it (P6: epochs, and for a version an open snapshot may read, no snapshot
+ * older than its retirement), then
  * slab_reclaim frees it.  Durable versions replaced since the last sync wait
  * first in the pending lists, until that sync (P2: sync.c).
  */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "index.h"
 
-/* What else keeps versions, for the messages of a full pool. */
-static const char *snapshots_note(const embkv_store *s)
-{
-    return atomic_load(&s->snap_floor) != UINT64_MAX
-               ? "; a snapshot open now (a long SELECT, an export, an online backup) also keeps every version "
-                 "replaced since it began, until it ends"
-               : "";
-}
-
-/* Records that the next checkpoint frees: versions replaced and
- * tombstones of deletes in the epochs not yet synced, and versions waiting
- * for readers.  (retire_mu is taken after slab_mu, never before it.) */
-static size_t kept_records(embkv_store *s)
+/* Why a pool is full of what it is, and what helps, so that the advice
+ * works when followed (short_by: records missing, 0 when unknown): records
+ * a checkpoint frees (versions replaced and tombstones since the last one,
+ * and versions only waiting for readers' epochs), and those kept for open
+ * snapshots, which only their end frees.  Into buf; retire_mu is taken
+ * under slab_mu, never the reverse. */
+static const char *full_why(embkv_store *s, size_t short_by, char *buf, size_t len)
 {
     pthread_mutex_lock(&s->retire_mu);
-    size_t n = s->pending[0].n + s->pending[1].n + s->ntombs[0] + s->ntombs[1] + s->nlimbo;
+    size_t ck = s->pending[0].n + s->pending[1].n + s->ntombs[0] + s->ntombs[1] + s->nlimbo, sn = s->nplimbo;
     pthread_mutex_unlock(&s->retire_mu);
-    return n;
-}
-
-/* What helps a full pool, so that the advice works when followed: a
- * checkpoint only when it frees enough (short: records missing, 0 when
- * unknown). */
-static const char *full_advice(size_t kept, size_t short_by)
-{
-    if (kept && kept >= short_by)
-        return short_by ? "checkpoint (embkv_sync; in SQL embkv_checkpoint), then retry"
-                        : "checkpoint (embkv_sync; in SQL embkv_checkpoint) and retry; if it fails again, copy the "
-                          "rows into a store with a larger pool_size (a pool does not grow)";
-    return kept ? "a checkpoint frees too few: delete rows, write fewer at a time, or copy the rows into a store "
-                  "with a larger pool_size (a pool does not grow)"
-                : "a checkpoint frees nothing: delete rows, write fewer at a time, or copy the rows into a store with "
-                  "a larger pool_size (a pool does not grow)";
+    if (atomic_load(&s->snap_floor) == UINT64_MAX) {
+        ck += sn;  /* no snapshot left: the next reclamation frees them */
+        sn = 0;
+    }
+    const char *advice =
+        ck && ck >= short_by ? (short_by ? "checkpoint (embkv_sync; in SQL embkv_checkpoint), then retry"
+                                         : "checkpoint (embkv_sync; in SQL embkv_checkpoint) and retry; if it fails "
+                                           "again, copy the")
+        : sn && ck + sn >= short_by ? "end the open statements, exports or backups (or let them finish), checkpoint, "
+                                      "and retry"
+        : ck || sn ? "a checkpoint frees too few: delete rows, write fewer at a time, or copy the"
+                   : "a checkpoint frees nothing: delete rows, write fewer at a time, or copy the";
+    const char *copy = strstr(advice, "copy the") ? " rows into a store with a larger pool_size (a pool does not "
+                                                     "grow)" : "";
+    int k = snprintf(buf, len, "%zu records hold versions replaced or deleted since the last checkpoint, which the "
+                     "next one frees", ck);
+    if (sn && k > 0 && (size_t)k < len)
+        k += snprintf(buf + k, len - (size_t)k, "; %zu more hold versions that open snapshots (a long SELECT, an "
+                      "export, an online backup) may read, until they end", sn);
+    if (k > 0 && (size_t)k < len)
+        snprintf(buf + k, len - (size_t)k, ": %s%s", advice, copy);
+    return buf;
 }
 
 static int locvec_reserve(locvec *v, size_t extra)
@@ -111,13 +113,10 @@ static int add_chunk(embkv_store *s)
     if (pmemobj_alloc(s->pop, &s->chunks[c], s->chunk_bytes, TYPE_CHUNK, NULL, NULL) != 0) {
         int e = errno;
         s->pool_exhausted = true;
-        size_t kept = kept_records(s);
-        return embkv__err(EMBKV_FULL,
-                          "store %s: pool full (%zu bytes, %llu rows): %s; %zu records hold versions replaced or "
-                          "deleted since the last checkpoint, which the next one frees%s: %s",
-                          s->path, s->pool_size, (unsigned long long)atomic_load(&s->rows),
-                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), kept, snapshots_note(s),
-                          full_advice(kept, 0));
+        char why[512];
+        return embkv__err(EMBKV_FULL, "store %s: pool full (%zu bytes, %llu rows): %s; %s", s->path, s->pool_size,
+                          (unsigned long long)atomic_load(&s->rows),
+                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), full_why(s, 0, why, sizeof why));
     }
     /* Every record of every chunk may be free at once: reserve for all, so
      * slab_free never needs to grow the list. */
@@ -198,12 +197,11 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
                           "between (in SQL: one COMMIT each)",
                           s->path, (unsigned long long)deletes, have, have);
     if (rc == EMBKV_FULL) {
-        size_t kept = kept_records(s);
+        char why[512];
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
-                          "records, %u of them kept for deletes only; %zu records hold versions replaced or deleted "
-                          "since the last checkpoint, which the next one frees%s: %s",
+                          "records, %u of them kept for deletes only; %s",
                           s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve,
-                          kept, snapshots_note(s), full_advice(kept, (size_t)want - have));
+                          full_why(s, (size_t)want - have, why, sizeof why));
     }
     return rc;
 }
@@ -330,7 +328,26 @@ void slab_space(embkv_store *s, size_t *free_recs, size_t *total, bool *exhauste
 
 #define LIMBO_BATCH 4096  /* retired records that make a slab_reclaim run */
 
-void slab_retire(embkv_store *s, const uint64_t *locs, size_t n)
+/* Appends n locations to one limbo list (retire_mu held); false when it
+ * cannot grow. */
+static bool limbo_push(limbo_entry **list, size_t *len, size_t *cap, const uint64_t *locs, size_t n, uint64_t e)
+{
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap : 1024;
+        while (c < *len + n)
+            c *= 2;
+        limbo_entry *p = realloc(*list, c * sizeof *p);
+        if (!p)
+            return false;
+        *list = p;
+        *cap = c;
+    }
+    for (size_t i = 0; i < n; i++)
+        (*list)[(*len)++] = (limbo_entry){loc_plain(locs[i]), e};
+    return true;
+}
+
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned)
 {
     if (n == 0)
         return;
@@ -339,34 +356,42 @@ void slab_retire(embkv_store *s, const uint64_t *locs, size_t n)
      * can be reused, or a power cut could bring back an entry naming a
      * record another row has since filled (test_powercut). */
     persist_barrier(s);
-    bool over = false;
+    /* Two lists, each in retirement order: versions an open snapshot may
+     * read wait for it (P6); the rest (the versions a hot row goes through
+     * while a long statement runs) only for the readers' epochs, so that an
+     * open statement holds one version per row it may read, not one per
+     * write. */
     pthread_mutex_lock(&s->retire_mu);
-    if (s->nlimbo + n > s->limbo_cap) {
-        size_t cap = s->limbo_cap ? s->limbo_cap : 1024;
-        while (cap < s->nlimbo + n)
-            cap *= 2;
-        limbo_entry *p = realloc(s->limbo, cap * sizeof *p);
-        if (!p) {
-            /* Cannot queue: wait out the readers and free right away, unless
-             * a snapshot may still read them (then they leak until the next
-             * open). */
-            pthread_mutex_unlock(&s->retire_mu);
-            if (atomic_load(&s->snap_floor) != UINT64_MAX)
-                return;
-            ebr_synchronize();
-            slab_free(s, locs, n);
-            return;
-        }
-        s->limbo = p;
-        s->limbo_cap = cap;
-    }
     uint64_t e = ebr_now();
-    for (size_t i = 0; i < n; i++)
-        s->limbo[s->nlimbo++] = (limbo_entry){loc_plain(locs[i]), e};
-    over = s->nlimbo >= LIMBO_BATCH;
+    bool ok = pinned ? limbo_push(&s->plimbo, &s->nplimbo, &s->plimbo_cap, locs, n, e)
+                     : limbo_push(&s->limbo, &s->nlimbo, &s->limbo_cap, locs, n, e);
+    bool over = s->nlimbo + s->nplimbo >= LIMBO_BATCH;
     pthread_mutex_unlock(&s->retire_mu);
+    if (!ok) {
+        /* Cannot queue: wait out the readers and free right away, unless
+         * a snapshot may still read them (then they leak until the next
+         * open). */
+        if (pinned && atomic_load(&s->snap_floor) != UINT64_MAX)
+            return;
+        ebr_synchronize();
+        slab_free(s, locs, n);
+        return;
+    }
     if (over)
         slab_reclaim(s, false);
+}
+
+/* Takes the prefix of a limbo list retired before `safe` into freed[*k...]
+ * (retire_mu held). */
+static void limbo_take(limbo_entry *list, size_t *len, uint64_t safe, uint64_t *freed, size_t *k)
+{
+    size_t j = 0;
+    while (j < *len && list[j].ebr_epoch < safe)
+        j++;
+    for (size_t i = 0; i < j; i++)
+        freed[(*k)++] = list[i].loc;
+    memmove(list, list + j, (*len - j) * sizeof *list);
+    *len -= j;
 }
 
 void slab_reclaim(embkv_store *s, bool wait_for_readers)
@@ -375,25 +400,17 @@ void slab_reclaim(embkv_store *s, bool wait_for_readers)
         ebr_synchronize();
     pthread_mutex_lock(&s->retire_mu);
     uint64_t safe = ebr_safe_epoch();
-    /* Nothing retired since the oldest open snapshot began: it may read
-     * it (P6, with the readers' epochs). */
-    uint64_t floor = atomic_load(&s->snap_floor);
-    if (floor < safe)
-        safe = floor;
-    size_t k = 0;
-    while (k < s->nlimbo && s->limbo[k].ebr_epoch < safe)
-        k++;
-    uint64_t *freed = k ? malloc(k * sizeof *freed) : NULL;
-    if (k && !freed) {
+    /* A pinned version retired since the oldest open snapshot began: that
+     * snapshot may read it (P6, with the readers' epochs). */
+    uint64_t floor = atomic_load(&s->snap_floor), psafe = floor < safe ? floor : safe;
+    size_t most = s->nlimbo + s->nplimbo, k = 0;
+    uint64_t *freed = most ? malloc(most * sizeof *freed) : NULL;
+    if (most && !freed) {
         pthread_mutex_unlock(&s->retire_mu);
         return;  /* try again at the next slab_reclaim */
     }
-    if (k) {
-        for (size_t i = 0; i < k; i++)
-            freed[i] = s->limbo[i].loc;
-        memmove(s->limbo, s->limbo + k, (s->nlimbo - k) * sizeof *s->limbo);
-        s->nlimbo -= k;
-    }
+    limbo_take(s->limbo, &s->nlimbo, safe, freed, &k);
+    limbo_take(s->plimbo, &s->nplimbo, psafe, freed, &k);
     pthread_mutex_unlock(&s->retire_mu);
     if (k)
         slab_free(s, freed, k);

@@ -69,6 +69,10 @@ struct snapstate {
     pthread_mutex_t mu;            /* the list of open snapshots */
     embkv_snapshot *open;
     atomic_uint_fast64_t logged;   /* nodes in the log */
+    /* The newest open snapshot's seq (UINT64_MAX while one is not fixed
+     * yet, 0 with none): a version made by group w is one some open
+     * snapshot may read only if this is above w (snap_log). */
+    atomic_uint_fast64_t pin_above;
     vstripe stripes[VLOG_STRIPES];
 };
 
@@ -215,11 +219,18 @@ static int tab_grow(vstripe *vs)
 
 /* Called by writers in a logging group, before the index entry of id
  * changes; prev is the location it has now (LOC_NONE when absent). */
-int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev)
+int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev, bool *pinned)
 {
     struct tl_group *g = tl_find(s);
-    if (!g || !g->logging)
+    if (pinned)
+        *pinned = g != NULL;  /* (outside a group: as before, pinned) */
+    if (!g || !g->logging) {
+        /* No snapshot was open when the group began, and none can open
+         * before it ends (P7): none may read prev's version. */
+        if (pinned && g)
+            *pinned = false;
         return EMBKV_OK;
+    }
     struct snapstate *st = s->snap;
     vstripe *vs = stripe_for(st, h);
     int rc = EMBKV_OK;
@@ -242,6 +253,13 @@ int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev)
             sl->id = id;
             vs->ntab++;
         }
+        /* prev's version was made by the group of the id's newest logged
+         * change (the id's writes are serialized), or before logging began
+         * (0: any open snapshot may read it).  It is some snapshot's only if
+         * one opened after it was made; one opening after now (a later seq)
+         * sees this change instead. */
+        if (pinned)
+            *pinned = atomic_load(&st->pin_above) > (sl->head ? vs->nodes[sl->head - 1].w : 0);
         vs->nodes[vs->nnodes] = (vnode){.w = g->seq, .loc = prev, .older = sl->head, .id = id};
         sl->head = (uint32_t)++vs->nnodes;
         atomic_fetch_add(&st->logged, 1);
@@ -322,13 +340,17 @@ static void log_trim(struct snapstate *st, uint64_t min_seq)
 static void recompute_floor(embkv_store *s, uint64_t *min_seq)
 {
     struct snapstate *st = s->snap;
-    uint64_t floor = UINT64_MAX, mseq = UINT64_MAX;
+    uint64_t floor = UINT64_MAX, mseq = UINT64_MAX, newest = 0;
     for (embkv_snapshot *p = st->open; p; p = p->next) {
         if (p->floor < floor)
             floor = p->floor;
         if (p->seq < mseq)
             mseq = p->seq;
+        uint64_t q = p->seq ? p->seq : UINT64_MAX;
+        if (q > newest)
+            newest = q;
     }
+    atomic_store(&st->pin_above, newest);
     atomic_store(&s->snap_floor, floor);
     if (min_seq)
         *min_seq = mseq;
@@ -360,6 +382,7 @@ void snap_fix(embkv_snapshot *snap)
     uint64_t seq = atomic_load(&st->next_seq);
     pthread_mutex_lock(&st->mu);
     snap->seq = seq;
+    recompute_floor(snap->s, NULL);
     pthread_mutex_unlock(&st->mu);
 }
 

@@ -409,6 +409,7 @@ static void free_store(embkv_store *s)
     }
     dirtymap_close(s);
     free(s->limbo);
+    free(s->plimbo);
     tier_close(s);
     cache_free(s->cache);
     heat_free(s->heat);

@@ -33,7 +33,7 @@ static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
         if (ix_find(ix, t[i].id, h, &f) && f.loc == t[i].loc) {
             ix_remove(ix, h, &f);
             atomic_fetch_sub(&s->entries, 1);
-            slab_retire(s, &t[i].loc, 1);
+            slab_retire(s, &t[i].loc, 1, true);
         }
         keylock_release(s, h);
         pthread_rwlock_unlock(&s->writers);
@@ -116,7 +116,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         /* Versions replaced during E and rows deleted during E are garbage
          * now that E is durable (P2), freed once no reader holds them (P6). */
         purge_tombstones(s, tombs, ntombs);
-        slab_retire(s, pend.v, pend.n);
+        slab_retire(s, pend.v, pend.n, true);
         slab_reclaim(s, false);
         tier_sync_done(s);
     } else {

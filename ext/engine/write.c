@@ -31,9 +31,10 @@
  * readers are out, `tombs` are deletions to purge after the sync. */
 typedef struct retire_buf {
     uint64_t keep[RETIRE_BUF];
-    uint64_t now[RETIRE_BUF];
+    uint64_t now[RETIRE_BUF];      /* versions no open snapshot may read */
+    uint64_t nowp[RETIRE_BUF];     /* versions an open snapshot may read (P6) */
     tomb_entry tombs[RETIRE_BUF];
-    size_t nkeep, nnow, ntombs;
+    size_t nkeep, nnow, nnowp, ntombs;
 } retire_buf;
 
 static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size_t n)
@@ -68,16 +69,19 @@ static void retire_flush(embkv_store *s, retire_buf *rb)
         push_tombs(s, parity, rb->tombs, rb->ntombs);
         pthread_mutex_unlock(&s->retire_mu);
     }
-    slab_retire(s, rb->now, rb->nnow);
-    rb->nkeep = rb->nnow = rb->ntombs = 0;
+    slab_retire(s, rb->now, rb->nnow, false);
+    slab_retire(s, rb->nowp, rb->nnowp, true);
+    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
 }
 
-static inline void retire_add(embkv_store *s, retire_buf *rb, uint64_t loc, bool keep)
+static inline void retire_add(embkv_store *s, retire_buf *rb, uint64_t loc, bool keep, bool pinned)
 {
-    if ((keep ? rb->nkeep : rb->nnow) == RETIRE_BUF)
+    if ((keep ? rb->nkeep : pinned ? rb->nnowp : rb->nnow) == RETIRE_BUF)
         retire_flush(s, rb);
     if (keep)
         rb->keep[rb->nkeep++] = loc_plain(loc);
+    else if (pinned)
+        rb->nowp[rb->nnowp++] = loc_plain(loc);
     else
         rb->now[rb->nnow++] = loc_plain(loc);
 }
@@ -108,14 +112,14 @@ typedef struct write_req {
 
 /* Decide what the new version links to and what happens to the old one. */
 static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, const rec_hdr *old,
-                         uint32_t epoch)
+                         uint32_t epoch, bool pinned)
 {
     if (rec_epoch(old) < epoch) {
         /* The old version is what a crash must return to: keep it (P2). */
-        retire_add(s, rb, f->loc, true);
+        retire_add(s, rb, f->loc, true, true);
         return loc_plain(f->loc);
     }
-    retire_add(s, rb, f->loc, false);
+    retire_add(s, rb, f->loc, false, pinned);
     return old->prev;
 }
 
@@ -179,7 +183,9 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
             return EMBKV_BUSY;
     }
     /* Readers of an older snapshot must find the version this replaces. */
-    int lrc = w->kind == W_PUT && (w->flags & PUT_NOLOG) ? EMBKV_OK : snap_log(s, id, h, have ? f.loc : LOC_NONE);
+    bool pinned = true;
+    int lrc = w->kind == W_PUT && (w->flags & PUT_NOLOG) ? EMBKV_OK
+                                                          : snap_log(s, id, h, have ? f.loc : LOC_NONE, &pinned);
     if (lrc != EMBKV_OK)
         return lrc;
     nr->id = id;
@@ -188,7 +194,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     else
         nr->clock = live && !(w->kind == W_PUT && (w->flags & EMBKV_PUT_RESET)) ? clock_next(old->clock) : 0;
     nr->epoch = epoch;
-    nr->prev = have ? displace(s, rb, &f, old, epoch) : LOC_NONE;
+    nr->prev = have ? displace(s, rb, &f, old, epoch, pinned) : LOC_NONE;
     nr->check = rec_checksum(s, nr);
     persist_range(s, nr, s->rec_size);
     persist_barrier(s);  /* the record is durable before anything points at it (P1) */
@@ -280,7 +286,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
         free(rb);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
     }
-    rb->nkeep = rb->nnow = rb->ntombs = 0;
+    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
     int rc = EMBKV_OK;
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
@@ -556,7 +562,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     char *scratch = NULL;
     write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .scratch = &scratch};
     retire_buf rb;
-    rb.nkeep = rb.nnow = rb.ntombs = 0;
+    rb.nkeep = rb.nnow = rb.nnowp = rb.ntombs = 0;
     bool consumed;
     char *row = s->cache ? malloc(s->rec_size) : NULL;
     if (s->cache && !row) {
@@ -614,7 +620,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
     int rc = EMBKV_OK;
     char *ssd = NULL;  /* the row's record, when it is in the log */
     retire_buf rb;
-    rb.nkeep = rb.nnow = rb.ntombs = 0;
+    rb.nkeep = rb.nnow = rb.nnowp = rb.ntombs = 0;
     pthread_rwlock_rdlock(&s->writers);
     keylock_acquire(s, h);
     ebr_enter();
@@ -640,7 +646,8 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         rc = EMBKV_BUSY;
         goto out;
     }
-    if ((rc = snap_log(s, id, h, f.loc)) != EMBKV_OK)
+    bool pinned = true;
+    if ((rc = snap_log(s, id, h, f.loc, &pinned)) != EMBKV_OK)
         goto out;
     /* A cached copy goes (with its changes since the last write-back):
      * the home's version is the one the delete replaces. */
@@ -650,7 +657,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
         if (wb != LOC_NONE)
             slab_free(s, &wb, 1);
     }
-    uint64_t prev = displace(s, &rb, &f, old, epoch);
+    uint64_t prev = displace(s, &rb, &f, old, epoch, pinned);
     if (prev == LOC_NONE) {
         /* Born in this epoch: nothing to return to after a crash. */
         ix_remove(ix, h, &f);
@@ -858,7 +865,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
-    rb->nkeep = rb->nnow = rb->ntombs = 0;
+    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
     uint64_t hs[RING];
     char *scratch = NULL;
     write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .scratch = &scratch};
