@@ -911,6 +911,31 @@ static int remove_store_files(const char *dir)
     return bad ? -1 : rmdir(dir);
 }
 
+/* The LOCK file names its holder: the pid, written once the flock is
+ * held, so that a refused opener can say which process has the store.
+ * Advisory text only (the flock decides); a stale or damaged one is read
+ * as no pid. */
+static void lock_note_holder(int fd)
+{
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, buf, (size_t)n, 0) == n)
+        return;
+    /* (without it a refusal only says "another process") */
+}
+
+static long lock_holder(int fd)
+{
+    char buf[32];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *end;
+    long pid = strtol(buf, &end, 10);
+    return pid > 0 && *end == '\n' ? pid : 0;
+}
+
 int embkv_destroy(const char *dir)
 {
     if (!dir || !*dir)
@@ -941,8 +966,10 @@ int embkv_destroy(const char *dir)
         goto out;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        rc = errno == EWOULDBLOCK ? embkv__err(EMBKV_LOCKED, "store %s is open in another process", dir)
-                                  : embkv__err(EMBKV_IO, "store %s: flock: %s", dir, strerror(errno));
+        long holder = errno == EWOULDBLOCK ? lock_holder(fd) : 0;
+        rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", dir, strerror(errno))
+             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", dir, holder)
+                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process", dir);
         goto out;
     }
     /* Under the lock, again: nothing foreign arrived meanwhile. */
@@ -1068,13 +1095,15 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
-        rc = errno == EWOULDBLOCK
-                 ? embkv__err(EMBKV_LOCKED, "store %s is open in another process", s->path)
-                 : embkv__err(EMBKV_IO, "store %s: flock: %s", s->path, strerror(errno));
+        long holder = errno == EWOULDBLOCK ? lock_holder(s->lockfd) : 0;
+        rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", s->path, strerror(errno))
+             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", s->path, holder)
+                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process", s->path);
         close(s->lockfd);
         free_store(s);
         goto unlock;
     }
+    lock_note_holder(s->lockfd);
     {
         /* Only the lock holder creates a pool: one under the temporary name
          * now is what a process killed while creating left (possibly

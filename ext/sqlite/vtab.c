@@ -680,6 +680,18 @@ static int holds_no_store(const char *dir)
     return empty;
 }
 
+/* The connection's busy timeout (PRAGMA busy_timeout: SQLite has no getter
+ * in C), 0 when it cannot be read. */
+static int busy_timeout_ms(sqlite3 *db)
+{
+    sqlite3_stmt *st = NULL;
+    int ms = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA busy_timeout", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        ms = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return ms > 0 ? ms : 0;
+}
+
 /* Whether dir holds a pool file (a store, perhaps damaged). */
 static int has_pool(const char *dir)
 {
@@ -795,6 +807,28 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     eo.state_floats = create && made_dir ? embkv_train_state_floats(&v->opts.train, v->opts.dim) : 0;
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
+    /* Another process has the store: wait for it as SQLite waits for a
+     * lock, up to the connection's busy timeout, then say who has it. */
+    int budget = erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process") ? busy_timeout_ms(db) : 0;
+    int waited = 0;
+    while (erc == EMBKV_LOCKED && waited < budget && emsg && strstr(emsg, "another process")) {
+        int step = waited < 100 ? 10 : 50;
+        sqlite3_sleep(step);
+        waited += step;
+        sqlite3_free(emsg);
+        emsg = NULL;
+        erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
+    }
+    if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {
+        char *m = sqlite3_mprintf("%s: embkv opens a store in one process at a time (waited %d ms, the "
+                                  "connection's busy timeout): close it there, or work through that process "
+                                  "(embkv_export and embkv_backup there make copies other processes can open)",
+                                  emsg, waited);
+        if (m) {
+            sqlite3_free(emsg);
+            emsg = m;
+        }
+    }
     sqlite3_free(ssd_path);
     if (erc != EMBKV_OK) {
         /* The option is at fault when the CREATE's path names something

@@ -509,7 +509,7 @@ class TestModel(Base):
 
 CHILD = r"""
 import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1])
+conn = sqlite3.connect(sys.argv[1], timeout=float(sys.argv[3]) if len(sys.argv) > 3 else 5.0)
 conn.enable_load_extension(True)
 conn.load_extension(sys.argv[2])
 try:
@@ -525,18 +525,37 @@ class TestSecondProcess(Base):
         conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, pool_size='16M')")
         conn.execute("INSERT INTO item(id, vec) VALUES (1, '[1,2,3,4]')")
         path = conn.execute("SELECT json_extract(embkv_stats('item'), '$.path')").fetchone()[0]
-        out = subprocess.run([sys.executable, "-c", CHILD, self.db, EXT], capture_output=True, text=True,
+        t0 = time.time()
+        out = subprocess.run([sys.executable, "-c", CHILD, self.db, EXT, "0.3"], capture_output=True, text=True,
                              timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(),
                          "ERROR OperationalError embkv table item: cannot open its store: "
-                         "store %s is open in another process" % path)
+                         "store %s is open in another process (pid %d): embkv opens a store in one process at "
+                         "a time (waited 300 ms, the connection's busy timeout): close it there, or work through "
+                         "that process (embkv_export and embkv_backup there make copies other processes can open)"
+                         % (path, os.getpid()))
+        self.assertGreaterEqual(time.time() - t0, 0.3)
         # the table is untouched, and the child gets in once this process lets go
         self.assertEqual(conn.execute("SELECT count(*) FROM item").fetchone(), (1,))
         conn.close()
         out = subprocess.run([sys.executable, "-c", CHILD, self.db, EXT], capture_output=True, text=True,
                              timeout=120)
         self.assertEqual(out.stdout.strip(), "1", out.stderr)
+
+    def test_waits_for_the_busy_timeout(self):
+        """A second process waits, as for a SQLite lock, and gets in when the
+        first lets go within its busy timeout."""
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, pool_size='16M')")
+        conn.execute("INSERT INTO item(id, vec) VALUES (1, '[1,2,3,4]')")
+        child = subprocess.Popen([sys.executable, "-c", CHILD, self.db, EXT, "20"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        self.assertIsNone(child.poll())  # waiting
+        conn.close()
+        out, err = child.communicate(timeout=60)
+        self.assertEqual(out.strip(), "1", err)
 
 
 if __name__ == "__main__":
