@@ -391,6 +391,13 @@ int embkv_backup_step(embkv_backup *b, size_t rows, int *done);
  * travel with the copy: the SQLite binding puts the table's options). */
 const char *embkv_backup_dir(const embkv_backup *b);
 int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info);
+/* Whether an application may create path (absolute) for this store's
+ * data: EMBKV_OK when it is outside the store's directory, its SSD tier
+ * and every other embkv store; EMBKV_INVALID naming the one it is in (a
+ * store that finds a foreign file in its directory refuses to open).  The
+ * rule embkv_backup_begin applies to its target; the SQLite binding's
+ * export applies it to its file. */
+int embkv_path_outside(embkv_store *s, const char *path);
 
 /* Verify the index and records (checksums, overflow counters, row count).
  * Returns EMBKV_CORRUPT with a message naming the first problem. */

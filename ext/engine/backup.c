@@ -112,24 +112,44 @@ static bool inside(const char *path, const char *dir)
     return !strncmp(path, dir, n) && (path[n] == '/' || path[n] == 0);
 }
 
-/* The target: absent, or an empty directory; not inside the store or its
- * SSD tier (the store would find a foreign directory in its own). */
-static int check_target(embkv_store *s, const char *dir, const char *abs)
+/* Not inside the store, its SSD tier or another store (each would find a
+ * foreign file or directory in its own); what: the caller, for messages. */
+static int outside(embkv_store *s, const char *what, const char *name, const char *abs)
 {
     char log[PATH_MAX];
     if (inside(abs, s->path))
-        return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the store's own directory %s", dir, s->path);
+        return embkv__err(EMBKV_INVALID, "%s: %s is inside the store's own directory %s", what, name, s->path);
     if (s->root->ssd_path[0]) {
         char *real = realpath(s->root->ssd_path, NULL);
         snprintf(log, sizeof log, "%s", real ? real : s->root->ssd_path);
         free(real);
         if (inside(abs, log))
-            return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the store's SSD tier %s", dir, log);
+            return embkv__err(EMBKV_INVALID, "%s: %s is inside the store's SSD tier %s", what, name, log);
+    } else {
+        snprintf(log, sizeof log, "%s/%s", s->path, LOG_DIR);
+        if (inside(abs, log))
+            return embkv__err(EMBKV_INVALID, "%s: %s is inside the store's SSD tier %s", what, name, log);
     }
-    /* nor inside another store (it would find a foreign directory in it) */
     char up[PATH_MAX];
     if (path_below_file(abs, POOL_FILE, up, sizeof up))
-        return embkv__err(EMBKV_INVALID, "embkv_backup: %s is inside the embkv store %s", dir, up);
+        return embkv__err(EMBKV_INVALID, "%s: %s is inside the embkv store %s", what, name, up);
+    return EMBKV_OK;
+}
+
+int embkv_path_outside(embkv_store *s, const char *path)
+{
+    if (!s || !path || path[0] != '/')
+        return embkv__err(EMBKV_INVALID, "embkv_path_outside: store NULL or path not absolute");
+    return outside(s, "embkv", path, path);
+}
+
+/* The target: absent, or an empty directory; not inside the store or its
+ * SSD tier (the store would find a foreign directory in its own). */
+static int check_target(embkv_store *s, const char *dir, const char *abs)
+{
+    int rc = outside(s, "embkv_backup", dir, abs);
+    if (rc != EMBKV_OK)
+        return rc;
     struct stat st;
     if (lstat(abs, &st) != 0) {
         if (errno == ENOENT)
@@ -153,7 +173,7 @@ static int check_target(embkv_store *s, const char *dir, const char *abs)
             first = e->d_name;
         store |= !strcmp(e->d_name, POOL_FILE);
     }
-    int rc = store ? embkv__err(EMBKV_INVALID, "embkv_backup: %s already holds an embkv store: a backup goes into a "
+    rc = store ? embkv__err(EMBKV_INVALID, "embkv_backup: %s already holds an embkv store: a backup goes into a "
                                 "new or empty directory", dir)
              : first ? embkv__err(EMBKV_INVALID, "embkv_backup: %s is not empty (it holds %s): a backup goes "
                                   "into a new or empty directory", dir, first)

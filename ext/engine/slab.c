@@ -29,7 +29,7 @@
  * and versions only waiting for readers' epochs), and those kept for open
  * snapshots, which only their end frees.  Into buf; retire_mu is taken
  * under slab_mu, never the reverse. */
-static const char *full_why(embkv_store *s, size_t short_by, char *buf, size_t len)
+static const char *full_why(embkv_store *s, size_t short_by, bool can_split, char *buf, size_t len)
 {
     pthread_mutex_lock(&s->retire_mu);
     size_t ck = s->pending[0].n + s->pending[1].n + s->ntombs[0] + s->ntombs[1] + s->nlimbo, sn = s->nplimbo;
@@ -44,8 +44,10 @@ static const char *full_why(embkv_store *s, size_t short_by, char *buf, size_t l
                                            "again, copy the")
         : sn && ck + sn >= short_by ? "end the open statements, exports or backups (or let them finish), checkpoint, "
                                       "and retry"
-        : ck || sn ? "a checkpoint frees too few: delete rows, write fewer at a time, or copy the"
-                   : "a checkpoint frees nothing: delete rows, write fewer at a time, or copy the";
+        : ck || sn ? (can_split ? "a checkpoint frees too few: delete rows, write fewer at a time, or copy the"
+                                : "a checkpoint frees too few: delete rows, or copy the")
+        : can_split ? "a checkpoint frees nothing: delete rows, write fewer at a time, or copy the"
+                    : "a checkpoint frees nothing: delete rows, or copy the";
     const char *copy = strstr(advice, "copy the") ? " rows into a store with a larger pool_size (a pool does not "
                                                      "grow)" : "";
     int k = snprintf(buf, len, "%zu records hold versions replaced or deleted since the last checkpoint, which the "
@@ -116,7 +118,7 @@ static int add_chunk(embkv_store *s)
         char why[512];
         return embkv__err(EMBKV_FULL, "store %s: pool full (%zu bytes, %llu rows): %s; %s", s->path, s->pool_size,
                           (unsigned long long)atomic_load(&s->rows),
-                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), full_why(s, 0, why, sizeof why));
+                          e == ENOMEM ? "no space left in the pool" : pmemobj_errormsg(), full_why(s, 0, false, why, sizeof why));
     }
     /* Every record of every chunk may be free at once: reserve for all, so
      * slab_free never needs to grow the list. */
@@ -201,7 +203,7 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes: the pool is full and has %zu free "
                           "records, %u of them kept for deletes only; %s",
                           s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve,
-                          full_why(s, (size_t)want - have, why, sizeof why));
+                          full_why(s, (size_t)want - have, puts + deletes > 1 && want - have < puts, why, sizeof why));
     }
     return rc;
 }

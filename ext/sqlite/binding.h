@@ -286,13 +286,16 @@ int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *s
  * becomes 0 and it joins it); otherwise add to the list (starting one
  * marked external when the store has none); *listed says whether it went
  * in.  ekusers_admit (a connection): SQLITE_OK when the list names the
- * table, listing this file as a copy when may_write; else SQLITE_ERROR
- * with *err saying why the table may not open the store and what to do.
+ * table for this file, or for another (a copy) and trust_copies, listing
+ * this file then when list_copy; else SQLITE_ERROR with *err saying why
+ * the table may not open the store and what to do (path: as the CREATE
+ * that would attach it should name the store).
  * ekusers_remove: the number of entries left (an external store counts
  * one), -1 when dir has no list, -2 when it could not be updated.
  */
 int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, char **err);
-int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, int may_write, char **err);
+int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path,
+                  int trust_copies, int list_copy, char **err);
 int ekusers_remove(const char *dir, const ekuser *self);
 void ekusers_self(sqlite3 *db, const char *zDb, const char *tid, ekuser *out);
 

@@ -20,9 +20,11 @@
  * The table id is kept in the database file, so a copy of the file (cp, a
  * restored backup, VACUUM INTO) carries it; the file identity (device and
  * inode) tells the copy from the original.  A copy is the same table in
- * another file: it may open the store, and is listed beside the original
- * when it first does (U2), so that a DROP in the copy takes only the copy
- * off the list and the store stays while the original names it (U3).  An
+ * another file: where the schema is trusted it may open the store, and is
+ * listed beside the original when it first does (U2), so that a DROP in
+ * the copy takes only the copy off the list and the store stays while the
+ * original names it (U3).  The id is no secret (it names default store
+ * directories): with trusted_schema off only the listed file opens it.  An
  * entry is never dropped for a file that moved or vanished: a file the list
  * cannot see any more keeps the store, the safe way to be wrong.
  *
@@ -32,9 +34,13 @@
  *       CREATE made "external", so that no DROP removes it).
  *   U2. A database file is listed (table id and its identity) before a
  *       DROP in it can take effect: at its CREATE, or at its first
- *       connection as a copy by a connection that may write.  A line
- *       without an identity (lists written before identities were kept)
- *       is the first file that connects, and gets that file's identity.
+ *       connection as a copy, once the table has opened, by a connection
+ *       whose database is not read-only.  A copy opens the store only while
+ *       the connection trusts its schema (PRAGMA trusted_schema, SQLite's
+ *       switch for files from elsewhere): a file that only knows a table
+ *       id cannot pass for a copy where files from elsewhere are opened.
+ *       A line without an identity (lists written before identities were
+ *       kept) is the first file that connects, and gets its identity.
  *   U3. A DROP removes only its own file's line; the directory goes when
  *       that leaves no line at all.
  *
@@ -111,6 +117,7 @@ static int read_users(const char *dir, userlist *l)
         return -2;
     }
     char line[128];
+    int junk = 0;
     while (fgets(line, sizeof line, f)) {
         size_t len = strcspn(line, "\n");
         line[len] = 0;
@@ -118,7 +125,10 @@ static int read_users(const char *dir, userlist *l)
             l->external = 1;
             continue;
         }
-        if (len < TID_LEN || strspn(line, "0123456789abcdef") != TID_LEN) continue;
+        if (len < TID_LEN || strspn(line, "0123456789abcdef") != TID_LEN) {
+            junk |= len != 0;
+            continue;
+        }
         ekuser u;
         memset(&u, 0, sizeof u);
         memcpy(u.tid, line, TID_LEN);
@@ -126,7 +136,10 @@ static int read_users(const char *dir, userlist *l)
             u.known = 0;
         } else {
             char end;
-            if (sscanf(line + TID_LEN, " %llx %llx%c", &u.dev, &u.ino, &end) != 2) continue;
+            if (sscanf(line + TID_LEN, " %llx %llx%c", &u.dev, &u.ino, &end) != 2) {
+                junk = 1;
+                continue;
+            }
             u.known = 1;
         }
         if (l->n == MAX_USERS) {
@@ -147,9 +160,11 @@ static int read_users(const char *dir, userlist *l)
         return -2;
     }
     if (!l->n && !l->external) {
+        /* An empty list is one whose last table went (as no list); one
+         * with lines that are no table's is damaged. */
         free(l->u);
         l->u = NULL;
-        return -3;
+        return junk ? -3 : -1;
     }
     return 0;
 }
@@ -232,7 +247,8 @@ int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, cha
     return rc;
 }
 
-int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, int may_write, char **err)
+int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path,
+                  int trust_copies, int list_copy, char **err)
 {
     userlist l;
     pthread_mutex_lock(&users_mu);
@@ -241,22 +257,41 @@ int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsign
     for (int i = 0; n == 0 && i < l.n && !same; i++) {
         if (strcmp(l.u[i].tid, self->tid) != 0) continue;
         if (mine < 0 || !l.u[i].known) mine = i;
-        same = same_file(&l.u[i], self);
+        /* (a line without an identity is the first file that connects) */
+        same = same_file(&l.u[i], self) || !l.u[i].known;
     }
-    if (n == -2) {
+    char *attach = sqlite3_mprintf("DROP TABLE \"%w\" (the store stays) and attach it: CREATE VIRTUAL TABLE "
+                                   "\"%w\" USING embkv(dim=%u, path='%q')", table, table, dim, path);
+    if (!attach) {
+        rc = SQLITE_NOMEM;
+    } else if (n == -2) {
         rc = SQLITE_ERROR;
         *err = sqlite3_mprintf("cannot read the list of tables using the store, %s/%s: %s", dir, USERS_FILE,
                                errno == EFBIG ? "too many tables" : strerror(errno));
     } else if (mine < 0) {
         rc = SQLITE_ERROR;
+        char lp[4096];
+        struct stat st;
+        int empty_file = n == -1 && snprintf(lp, sizeof lp, "%s/%s", dir, USERS_FILE) < (int)sizeof lp &&
+                         stat(lp, &st) == 0;
         *err = sqlite3_mprintf(
-            "the store in %s does not list this table among its users (%s %s): a database file cannot open a "
-            "store merely by naming it in its schema; if this database should use the store, DROP TABLE \"%w\" "
-            "(the store stays) and attach it: CREATE VIRTUAL TABLE \"%w\" USING embkv(dim=%u, path='%q')",
-            dir, n == -1 ? "the store lists no tables:" : USERS_FILE,
-            n == -1 ? "no CREATE in SQL made it" : n == -3 ? "is damaged: no line of it names a table" :
-            "does not name its table id", table, table, dim, dir);
-    } else if (!same && may_write) {
+            "the store in %s does not list this table among its users (%s): a database file cannot open a store "
+            "merely by naming it in its schema; if this database should use the store, %s",
+            dir, empty_file ? "app-sqlite-tables names no table: its tables were dropped, or it was emptied"
+                 : n == -1 ? "it has no list, app-sqlite-tables: a store made through the C API or embkv_backup, or "
+                             "whose list was deleted"
+                 : n == -3 ? "app-sqlite-tables is damaged: no line of it names a table"
+                           : "app-sqlite-tables does not name its table id",
+            attach);
+    } else if (!same && !trust_copies) {
+        /* U2: a file that names a listed table id but is not the file
+         * listed: a copy, or a file crafted by someone who read the id.
+         * SQLite's rule for files from elsewhere decides. */
+        rc = SQLITE_ERROR;
+        *err = sqlite3_mprintf("the store in %s lists this table for another database file (this one is a copy, "
+                               "or names the table's id): with PRAGMA trusted_schema=OFF a copy opens the store only "
+                               "once attached: %s", dir, attach);
+    } else if (list_copy && (!same || !l.u[mine].known)) {
         /* U2: a line without an identity becomes this file's; another
          * file's line stays, and this copy is listed beside it. */
         int ok = l.u[mine].known ? push_user(&l, self) == 0 : (l.u[mine] = *self, 1);
@@ -264,6 +299,7 @@ int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsign
             sqlite3_log(SQLITE_WARNING, "embkv: cannot list a copy of a database file in %s/%s: %s (a DROP in "
                         "the original may then remove the store)", dir, USERS_FILE, strerror(errno));
     }
+    sqlite3_free(attach);
     pthread_mutex_unlock(&users_mu);
     free(l.u);
     return rc;

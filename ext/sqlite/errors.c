@@ -12,6 +12,7 @@
 SQLITE_EXTENSION_INIT3
 
 #include <stdarg.h>
+#include <string.h>
 
 void ekerr_table(ekvtab *v, const char *fmt, ...)
 {
@@ -76,9 +77,14 @@ int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *s
 {
     const char *why = ekerr_readonly(sqlite3_context_db_handle(ctx), schema);
     if (!why) return 0;
-    char *m = sqlite3_mprintf("%s: table %s: %s, and %s changes the store (%s); call it from a connection that may "
-                              "write (the database opened read-write, PRAGMA query_only off)",
-                              fname, table, why, fname, what);
+    int main_db = sqlite3_stricmp(schema, "main") == 0;
+    char *whyd = !main_db && strncmp(why, "the database", 12) == 0
+                     ? sqlite3_mprintf("the database %s is open read-only", schema)
+                     : NULL;
+    char *m = sqlite3_mprintf("%s: table %s%s%s: %s, and %s changes the store (%s); call it from a connection that "
+                              "may write (the database opened read-write, PRAGMA query_only off)",
+                              fname, main_db ? "" : schema, main_db ? "" : ".", table, whyd ? whyd : why, fname, what);
+    sqlite3_free(whyd);
     sqlite3_result_error(ctx, m ? m : "read-only connection", -1);
     sqlite3_free(m);
     sqlite3_result_error_code(ctx, SQLITE_READONLY);

@@ -570,7 +570,11 @@ static int claim(int fd)
  * bytes had been claimed, and one unclaimed after that has lost its export. */
 static int claimed(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* Never anything but a regular file, and never blocking to find out
+     * (a FIFO under such a name would hang an open). */
+    struct stat lst;
+    if (lstat(path, &lst) != 0 || !S_ISREG(lst.st_mode)) return 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return 1; /* cannot tell: leave it */
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_size == 0 && time(NULL) - st.st_mtime < 60)) {
@@ -614,20 +618,31 @@ static void sweep_export_leftovers(const char *file, size_t keep)
 }
 
 /* Creates the temporary file beside `file` (exclusively, never an
- * existing one), claimed, and opens it as the output database. */
+ * existing one), claimed, and opens it as the output database; never in a
+ * store's directory or SSD tier (the store would refuse to open with a
+ * foreign file in it), the rule backups follow. */
 static int open_out(exporter *e)
 {
+    char cwd[PATH_MAX];
+    char *abs = e->file[0] == '/' ? sqlite3_mprintf("%s", e->file)
+              : getcwd(cwd, sizeof cwd) ? sqlite3_mprintf("%s/%s", cwd, e->file) : NULL;
+    if (!abs) return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': %s", e->file, strerror(errno));
+    int orc = embkv_path_outside(e->ref.store, abs);
+    sqlite3_free(abs);
+    if (orc != EMBKV_OK)
+        return ex_fail(e, SQLITE_ERROR, "cannot create file '%s' there: %s; name a file outside every store",
+                       e->file, embkv_errmsg());
+    /* (the name kept short enough for the suffix to fit NAME_MAX) */
+    const char *slash = strrchr(e->file, '/'), *name = slash ? slash + 1 : e->file;
+    size_t keep = NAME_MAX - (sizeof ".embkv-tmp-" - 1) - 8;
+    if (strlen(name) < keep) keep = strlen(name);
+    sweep_export_leftovers(e->file, keep);
     struct stat sb;
     if (lstat(e->file, &sb) == 0)
         return ex_fail(e, SQLITE_ERROR, "file '%s' already exists (embkv_export never overwrites a file: remove it "
                                         "or name another)", e->file);
     if (errno != ENOENT && errno != ENOTDIR)
         return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': %s", e->file, strerror(errno));
-    /* (the name kept short enough for the suffix to fit NAME_MAX) */
-    const char *slash = strrchr(e->file, '/'), *name = slash ? slash + 1 : e->file;
-    size_t keep = NAME_MAX - (sizeof ".embkv-tmp-" - 1) - 8;
-    if (strlen(name) < keep) keep = strlen(name);
-    sweep_export_leftovers(e->file, keep);
     for (int attempt = 0; attempt < 8 && !e->tmp; attempt++) {
         uint32_t r;
         sqlite3_randomness(sizeof r, &r);
@@ -1141,6 +1156,7 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     embkv_table_ref ref;
     const char *dir;
     if (args(ctx, "embkv_backup", argv, &ref, &dir)) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first")) return;
     if ((size_t)sqlite3_value_bytes(argv[1]) != strlen(dir)) {
         fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "argument 2 holds a NUL byte: not a directory name");
         return;

@@ -52,8 +52,13 @@ static int defer(ekconn *c, int when, const char *dir, const char *tid, const ek
     }
     if (rc != SQLITE_OK) {
         free(p.dir);
-        *err = sqlite3_mprintf("cannot tie the removal of directory %s to the transaction: %s", dir,
-                               msg ? msg : sqlite3_errstr(rc));
+        if (ekerr_readonly(c->db, "main"))
+            *err = sqlite3_mprintf("a connection that may not write its main database (%s) cannot create or drop "
+                                   "embkv tables, temporary ones included: their directories are tied to a "
+                                   "transaction in main; use a connection that may write", ekerr_readonly(c->db, "main"));
+        else
+            *err = sqlite3_mprintf("cannot tie the removal of directory %s to the transaction: %s", dir,
+                                   msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         return rc;
     }

@@ -155,11 +155,12 @@ static char *opt_value(const char *s)
 
 /* Unsigned decimal, optionally (bytes) with a K/M/G/T suffix (powers of
  * 1024) and an optional trailing B.  0 on success. */
-/* An integer in exponent notation at p (as 1e12 or 2.5E6, what SQL and
- * Python write for large round numbers): *v the value when it is a whole
- * number that fits, *end after it; -1 otherwise.  Digits of the mantissa
- * and of its fraction are taken as one integer, then scaled. */
-static int parse_exponent(const char *p, uint64_t *v, const char **end)
+/* A whole number in decimal notation at p, with a fraction and/or an
+ * exponent (1e6, 2.5e6, 10.0, 100e-2: how SQL and Python write large round
+ * numbers): *v its value when it is whole and fits, *end after it; -2
+ * for a number that is not whole, -1 otherwise.  The digits are taken as one integer, then scaled by the
+ * exponent less the fraction's length. */
+static int parse_decimal(const char *p, uint64_t *v, const char **end)
 {
     uint64_t m = 0;
     int frac = 0, in_frac = 0, digits = 0;
@@ -175,18 +176,22 @@ static int parse_exponent(const char *p, uint64_t *v, const char **end)
         frac += in_frac;
         digits++;
     }
-    if (!digits || (*p != 'e' && *p != 'E')) return -1;
-    p++;
-    if (*p == '+') p++;
-    if (*p < '0' || *p > '9') return -1;
+    if (!digits) return -1;
     int x = 0;
-    for (; *p >= '0' && *p <= '9'; p++)
-        if ((x = x * 10 + (*p - '0')) > 100) return -1;
-    for (; frac > x; frac--) { /* 2.50e1: trailing fraction digits must be zeros */
-        if (m % 10) return -1;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        int neg = *p == '-';
+        if (*p == '+' || *p == '-') p++;
+        if (*p < '0' || *p > '9') return -1;
+        for (; *p >= '0' && *p <= '9'; p++)
+            if ((x = x * 10 + (*p - '0')) > 100) return -1;
+        if (neg) x = -x;
+    }
+    for (x -= frac; x < 0; x++) { /* 2.50e1, 100e-2: the digits scaled off must be zeros */
+        if (m % 10) return -2;
         m /= 10;
     }
-    for (x -= frac; x > 0; x--) {
+    for (; x > 0; x--) {
         if (m > UINT64_MAX / 10) return -1;
         m *= 10;
     }
@@ -199,11 +204,11 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
-    if (*p < '0' || *p > '9') return -1;
+    if ((*p < '0' || *p > '9') && *p != '.') return -1;
     const char *q = p;
     while (*q >= '0' && *q <= '9') q++;
     if (*q == '.' || *q == 'e' || *q == 'E') {
-        if (parse_exponent(s, &v, &p) != 0 || *p) return -1;
+        if (parse_decimal(s, &v, &p) != 0 || *p) return -1;
         *out = v;
         return 0;
     }
@@ -299,9 +304,14 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
             }
             }
         }
+        uint64_t whole;
+        const char *after;
+        int frac = !ok && (d->type == EKO_U32 || d->type == EKO_U64 || d->type == EKO_BYTES) && val &&
+                   parse_decimal(val, &whole, &after) == -2;
         sqlite3_free(val);
         if (!ok) {
-            *err = sqlite3_mprintf("option %s: expected %s, got %s", d->name, d->expect, *raw ? raw : "nothing");
+            *err = sqlite3_mprintf("option %s: expected %s, got %s%s", d->name, d->expect, *raw ? raw : "nothing",
+                                   frac ? " (not a whole number)" : "");
             return SQLITE_ERROR;
         }
     }
@@ -680,6 +690,19 @@ static int holds_no_store(const char *dir)
     return empty;
 }
 
+/* Whether the connection trusts its schema (PRAGMA trusted_schema, on by
+ * default; off for database files from elsewhere).  0 when it cannot be
+ * read: the safe answer. */
+static int schema_trusted(sqlite3 *db)
+{
+    sqlite3_stmt *st = NULL;
+    int on = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA trusted_schema", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        on = sqlite3_column_int(st, 0) != 0;
+    sqlite3_finalize(st);
+    return on;
+}
+
 /* The connection's busy timeout (PRAGMA busy_timeout: SQLite has no getter
  * in C), 0 when it cannot be read. */
 static int busy_timeout_ms(sqlite3 *db)
@@ -764,8 +787,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * even recover the store), and after it otherwise (the open says best
      * what is wrong with a directory that holds no store). */
     int check_users = !create && !v->is_tmp;
+    int trusted = check_users ? schema_trusted(db) : 1;
+    const char *attach_path = v->opts.path ? v->opts.path : dir;
     if (check_users && has_pool(dir)) {
-        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, 0, &err)) != SQLITE_OK) goto broken;
+        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
+            goto broken;
     }
     if (create) {
         struct stat st;
@@ -844,8 +870,14 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         const char *sized_by = !(create && erc == EMBKV_FULL) ? NULL
                                : (v->given & (1u << 2)) ? "option pool_size: "
                                : (v->given & (1u << 3)) ? "option capacity: " : NULL;
-        err = sqlite3_mprintf("%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
-                              emsg ? emsg : "out of memory");
+        struct stat gone;
+        int renamed = !create && !v->opts.path && !v->is_tmp && erc == EMBKV_NOTSTORE && stat(dir, &gone) != 0 &&
+                      errno == ENOENT;
+        err = sqlite3_mprintf("%s%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
+                              emsg ? emsg : "out of memory",
+                              renamed ? " (a table created without path keeps its store beside the database file it "
+                                        "was created in, named after that file and the table's id: if this file was "
+                                        "copied or renamed, copy or move that directory to this name)" : "");
         sqlite3_free(emsg);
         rc = ekerr_rc(erc);
         /* Another process holding the store, or a passing condition, is an
@@ -853,7 +885,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
         goto fail;
     }
-    if (check_users && (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, !ekerr_readonly(db, v->zDb), &err)) != SQLITE_OK)
+    if (check_users &&
+        (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
         goto broken;
     if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
         if (!create) goto broken;
@@ -905,6 +938,14 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         else if (made_dir || listed)
             rc = ekconn_defer_unlist(v->conn, EK_ON_ROLLBACK, v->dir, &v->who, made_dir, &err);
         if (rc != SQLITE_OK) goto fail;
+    }
+    /* U2: a copy is listed once its table has opened (never a refused
+     * one), unless its database is read-only for this connection for good
+     * (query_only can be turned off: not a reason). */
+    if (check_users && sqlite3_db_readonly(db, v->zDb) != 1 &&
+        ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 1, &err) != SQLITE_OK) {
+        sqlite3_free(err); /* (admitted a moment ago: the list changed meanwhile; the next connect says) */
+        err = NULL;
     }
     sqlite3_free(dir);
     ekconn_add(v->conn, v);

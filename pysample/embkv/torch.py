@@ -137,10 +137,14 @@ class _TableModule(torch.nn.Module):
                 conn.execute("CREATE VIRTUAL TABLE temp.%s USING embkv(dim=%d, path=%s, %s)"
                              % (_quote(probe), st["dim"], _sql_option(st["path"]), ", ".join(opts)))
             except sqlite3.Error as e:
-                # The refusal names the probe's table: say the user's.
-                why = str(e).replace("embkv table %s: " % probe, "")
-                raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, why)) from None
-            conn.execute("DROP TABLE temp.%s" % _quote(probe))
+                if "cannot create or drop embkv tables" not in str(e):
+                    # The refusal names the probe's table: say the user's.
+                    why = str(e).replace("embkv table %s: " % probe, "")
+                    raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, why)) from None
+                # A read-only connection cannot make the probe; it cannot
+                # train either, so the training options do not matter.
+            else:
+                conn.execute("DROP TABLE temp.%s" % _quote(probe))
         self.embedding_dim = embkv.dim(conn, table)
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))

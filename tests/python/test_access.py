@@ -59,6 +59,7 @@ class ReadOnly(TempDirTest):
         with self.assertRaises(sqlite3.OperationalError):
             self.ro.execute("DELETE FROM item")
         # embkv.torch on the read-only connection: forward works, backward is refused
+        ekt.Embedding(self.ro, "item", optimizer="sgd", lr=1)  # options given: nothing to check them with
         emb = ekt.Embedding(self.ro, "item")
         out = emb(torch.tensor([1, 2]))
         self.assertEqual(out.tolist(), [[1, 1], [2, 2]])

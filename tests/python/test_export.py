@@ -460,6 +460,43 @@ class TestCrash(TempDirTest):
         self.assertEqual([f for f in os.listdir(self.dir) if "embkv-tmp" in f], [])
         self.assertEqual(len(file_rows(path)), n)
 
+    def test_leftovers_that_are_no_export_of_ours(self):
+        """A FIFO under a temporary file's name does not hang an export; a
+        leftover goes even when the export then fails because the file
+        exists; an empty leftover (an export killed before its first write)
+        goes once it is a minute old, not before (it may be an export in its
+        first moment)."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE s USING embkv(dim=4, init='zeros')")
+        c.execute("SELECT length(embkv_pull('s', '[1,2,3]'))").fetchone()
+        path = os.path.join(self.dir, "f.export")
+        fifo = path + ".embkv-tmp-0badc0de"
+        os.mkfifo(fifo)
+        done = []
+        c2 = connect(self.db, check_same_thread=False)
+        t = threading.Thread(target=lambda: done.append(
+            c2.execute("SELECT embkv_export('s', ?)", (path,)).fetchone()[0]), daemon=True)
+        t.start()
+        t.join(30)
+        self.assertEqual(done, [3])
+        c2.close()
+        self.assertTrue(os.path.exists(fifo))  # not ours to remove
+        left = path + ".embkv-tmp-12345678"
+        with open(left, "wb") as fh:
+            fh.write(b"x" * 4096)
+        empty = path + ".embkv-tmp-9abcdef0"
+        open(empty, "wb").close()
+        with self.assertRaisesRegex(sqlite3.OperationalError, "already exists"):
+            c.execute("SELECT embkv_export('s', ?)", (path,)).fetchone()
+        self.assertFalse(os.path.exists(left))
+        self.assertTrue(os.path.exists(empty))
+        old = time.time() - 120
+        os.utime(empty, (old, old))
+        os.unlink(path)
+        self.assertEqual(c.execute("SELECT embkv_export('s', ?)", (path,)).fetchone()[0], 3)
+        self.assertFalse(os.path.exists(empty))
+        c.close()
+
     def test_killed_import_leaves_the_table_as_before(self):
         """SIGKILL while the rows come in (some already visible to the
         child's readers): the table reopens as it was before the import;

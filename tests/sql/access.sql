@@ -28,6 +28,8 @@ SELECT 'writable-push', embkv_push('item', '[7]', '[1,1]');
 SELECT 'rows', count(*) FROM item;
 .shell cp test.db copy.db
 .shell cp test.db readonly-copy.db
+.shell cp test.db untrusted-copy.db
+.shell cp test.db query-only-copy.db
 -- @reopen
 -- 1. a database opened read-only
 .open --readonly test.db
@@ -55,6 +57,24 @@ DROP TABLE item;
 .open test.db
 .load build/embkv
 SELECT 'original-after-copy-dropped', id, embkv_json(vec) FROM item ORDER BY id;
+-- a copy opened with query_only on is listed all the same (query_only can
+-- be turned off again, and the copy then writes)
+.open query-only-copy.db
+.load build/embkv
+PRAGMA query_only = 1;
+SELECT 'query-only-copy', count(*) FROM item;
+.shell wc -l < item.embkv/app-sqlite-tables
+PRAGMA query_only = 0;
+-- with trusted_schema off (files from elsewhere) a copy is refused until it
+-- attaches: a file that only knows a table's id cannot pass for a copy
+.open untrusted-copy.db
+.load build/embkv
+PRAGMA trusted_schema = OFF;
+SELECT count(*) FROM item;
+DROP TABLE item;
+CREATE VIRTUAL TABLE item USING embkv(dim=2, path='item.embkv');
+SELECT 'untrusted-copy-attached', count(*) FROM item;
+.shell wc -l < item.embkv/app-sqlite-tables
 -- 3. a database file whose schema names the store without a CREATE that
 --    attached: made here by editing a schema (as a crafted file would be)
 .open evil.db

@@ -228,3 +228,11 @@ SELECT 'p-export', embkv_export('p', 'p.export');
 ATTACH 'p.export' AS x;
 ATTACH 'a1.export' AS y;
 SELECT 'p-same', count(*), sum(q.clock = r.clock AND q.vec = r.vec AND q.state = r.state) FROM x.embkv_rows q JOIN y.embkv_rows r USING (id);
+
+-- 11. Never into a store's directory or SSD tier, this table's or another's
+--     (that store would refuse to open with a foreign file in it).
+SELECT embkv_export('p', 'p.embkv/p.export');
+SELECT embkv_export('p', 'p.embkv/log/p.export');
+CREATE VIRTUAL TABLE other USING embkv(dim=3, path='other.embkv');
+SELECT embkv_export('p', 'other.embkv/p.export');
+SELECT 'still-opens', count(*) FROM other;
