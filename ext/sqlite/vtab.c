@@ -452,7 +452,10 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     char buf[160];
     FILE *f = fopen(path, "rb");
     if (!f && errno == ENOENT && v->opts_recorded[0]) {
-        *err = sqlite3_mprintf("the store's options file %s is missing (its CREATE recorded options there)", path);
+        *err = sqlite3_mprintf("the store's options file %s is missing (its CREATE recorded options there): restore "
+                               "it from a backup of the directory, or DROP TABLE \"%w\" (the store stays) and "
+                               "CREATE it again with path= naming the store and the options it was made with",
+                               path, v->zName);
         sqlite3_free(path);
         return SQLITE_CORRUPT;
     }
@@ -547,7 +550,8 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     memcpy(v->opts_check, hex, sizeof hex);
     if (!bad && v->opts_recorded[0] && strcmp(v->opts_recorded, hex) != 0) {
         /* A whole valid file, but not this store's (copied from another). */
-        *err = sqlite3_mprintf("the store's options in %s are not the ones its CREATE recorded", path);
+        *err = sqlite3_mprintf("the store's options in %s are not the ones its CREATE recorded: restore the file from "
+                               "a backup of the directory", path);
         sqlite3_free(path);
         return SQLITE_CORRUPT;
     }

@@ -116,12 +116,14 @@ class TestDamagedStoreFiles(TempDirTest):
         os.rename(opts, opts + ".away")
         got, vec = attempt()
         self.assertIsNone(vec)
-        self.assertIn("app-sqlite-options is missing", got)
+        self.assertIn("app-sqlite-options is missing (its CREATE recorded options there): restore it from a backup "
+                      "of the directory, or DROP TABLE \"t\" (the store stays) and CREATE it again with path= naming "
+                      "the store and the options it was made with", got)
         with open(opts, "wb") as fh:
             fh.write(read(os.path.join(self.dir, "u", "app-sqlite-options")))
         got, vec = attempt()
         self.assertIsNone(vec)
-        self.assertIn("are not the ones its CREATE recorded", got)
+        self.assertIn("are not the ones its CREATE recorded: restore the file from a backup of the directory", got)
         os.replace(opts + ".away", opts)
         self.assertIsNotNone(attempt()[1])
 
