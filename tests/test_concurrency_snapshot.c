@@ -17,7 +17,8 @@
  *  G. an open snapshot holds the versions it may read, not every version
  *     written beside it: in a pool of about 2,800 records, 20,000 updates of
  *     one row (and of a second row while a second snapshot is open) all
- *     land, and each snapshot still reads its rows as they were.
+ *     land, and each snapshot still reads its rows as they were; the same
+ *     with a checkpoint after each of 6,000 updates.
  * Also built under TSan (tests/test_concurrency*.c), where it must be clean.
  */
 #include "embkv.h"
@@ -500,6 +501,21 @@ static void test_pins_what_it_reads(void)
     CHECK(w[0] == (float)(100 + 19999));
     embkv_snapshot_close(a);
     embkv_snapshot_close(b);
+    /* With a checkpoint after every update: the durable version each
+     * update replaces is kept until the sync, and then only if the open
+     * snapshot may read it (one, row 1's version when it opened). */
+    CHECK_RC(embkv_snapshot_open(s, &a), EMBKV_OK);
+    rc = EMBKV_OK;
+    for (k = 0; k < 6000 && rc == EMBKV_OK; k++) {
+        for (uint32_t i = 0; i < dim; i++) v[i] = (float)(50000 + k);
+        rc = embkv_put(s, 1, v, NULL, 0);
+        if (rc == EMBKV_OK) rc = embkv_sync(s);
+    }
+    CHECK_RC(rc, EMBKV_OK);
+    if (rc != EMBKV_OK) fprintf(stderr, "    update and sync %d: %s\n", k, embkv_errmsg());
+    CHECK_RC(embkv_get_batch_at(s, a, ids, 1, out, NULL, NULL, NULL), EMBKV_OK);
+    CHECK(out[0] == (float)(100 + 19999) && out[dim - 1] == (float)(100 + 19999));
+    embkv_snapshot_close(a);
     CHECK_RC(embkv_check(s), EMBKV_OK);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     free(v);

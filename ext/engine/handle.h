@@ -84,6 +84,7 @@ struct embkv_store {
     atomic_uint_fast64_t cur_epoch;    /* epoch stamped on writes */
     pthread_mutex_t retire_mu;
     locvec pending[2];         /* durable versions replaced in epoch e: free after sync e */
+    locvec pendingu[2];        /* the same, that no open snapshot may read (P6) */
     tomb_entry *tombs[2];
     size_t ntombs[2], tombs_cap[2];
     limbo_entry *limbo;        /* waiting for readers to leave */

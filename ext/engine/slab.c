@@ -13,7 +13,8 @@
  * it (P6: epochs, and for a version an open snapshot may read, no snapshot
  * older than its retirement), then
  * slab_reclaim frees it.  Durable versions replaced since the last sync wait
- * first in the pending lists, until that sync (P2: sync.c).
+ * first in the pending lists, until that sync (P2: sync.c), then in the
+ * limbo list their pinning says (pending: pinned; pendingu: not).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -32,7 +33,9 @@
 static const char *full_why(embkv_store *s, size_t short_by, bool can_split, char *buf, size_t len)
 {
     pthread_mutex_lock(&s->retire_mu);
-    size_t ck = s->pending[0].n + s->pending[1].n + s->ntombs[0] + s->ntombs[1] + s->nlimbo, sn = s->nplimbo;
+    size_t ck = s->pending[0].n + s->pending[1].n + s->pendingu[0].n + s->pendingu[1].n + s->ntombs[0] +
+                s->ntombs[1] + s->nlimbo,
+           sn = s->nplimbo;
     pthread_mutex_unlock(&s->retire_mu);
     if (atomic_load(&s->snap_floor) == UINT64_MAX) {
         ck += sn;  /* no snapshot left: the next reclamation frees them */
@@ -390,6 +393,8 @@ static void limbo_take(limbo_entry *list, size_t *len, uint64_t safe, uint64_t *
     size_t j = 0;
     while (j < *len && list[j].ebr_epoch < safe)
         j++;
+    if (j == 0)
+        return;  /* (the list may be NULL: never grown) */
     for (size_t i = 0; i < j; i++)
         freed[(*k)++] = list[i].loc;
     memmove(list, list + j, (*len - j) * sizeof *list);
@@ -405,9 +410,19 @@ void slab_reclaim(embkv_store *s, bool wait_for_readers)
     /* A pinned version retired since the oldest open snapshot began: that
      * snapshot may read it (P6, with the readers' epochs). */
     uint64_t floor = atomic_load(&s->snap_floor), psafe = floor < safe ? floor : safe;
-    size_t most = s->nlimbo + s->nplimbo, k = 0;
-    uint64_t *freed = most ? malloc(most * sizeof *freed) : NULL;
-    if (most && !freed) {
+    /* What can go, counted first: with many versions held for a snapshot,
+     * most calls free nothing and should cost nothing. */
+    size_t most = 0, k = 0;
+    while (most < s->nlimbo && s->limbo[most].ebr_epoch < safe)
+        most++;
+    for (size_t j = 0; j < s->nplimbo && s->plimbo[j].ebr_epoch < psafe; j++)
+        most++;
+    if (most == 0) {
+        pthread_mutex_unlock(&s->retire_mu);
+        return;
+    }
+    uint64_t *freed = malloc(most * sizeof *freed);
+    if (!freed) {
         pthread_mutex_unlock(&s->retire_mu);
         return;  /* try again at the next slab_reclaim */
     }

@@ -405,6 +405,7 @@ static void free_store(embkv_store *s)
     free(s->free_locs.v);
     for (int i = 0; i < 2; i++) {
         free(s->pending[i].v);
+        free(s->pendingu[i].v);
         free(s->tombs[i]);
     }
     dirtymap_close(s);

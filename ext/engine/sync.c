@@ -77,10 +77,11 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     atomic_store(&s->cur_epoch, e + 1);
     uint64_t rows_e = atomic_load(&s->rows);  /* (no writer: exactly epoch e's rows) */
     pthread_mutex_lock(&s->retire_mu);
-    locvec pend = s->pending[e & 1];
+    locvec pend = s->pending[e & 1], pendu = s->pendingu[e & 1];
     tomb_entry *tombs = s->tombs[e & 1];
     size_t ntombs = s->ntombs[e & 1];
     s->pending[e & 1] = (locvec){0};
+    s->pendingu[e & 1] = (locvec){0};
     s->tombs[e & 1] = NULL;
     s->ntombs[e & 1] = s->tombs_cap[e & 1] = 0;
     pthread_mutex_unlock(&s->retire_mu);
@@ -117,6 +118,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
          * now that E is durable (P2), freed once no reader holds them (P6). */
         purge_tombstones(s, tombs, ntombs);
         slab_retire(s, pend.v, pend.n, true);
+        slab_retire(s, pendu.v, pendu.n, false);
         slab_reclaim(s, false);
         tier_sync_done(s);
     } else {
@@ -126,9 +128,12 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         pthread_mutex_lock(&s->retire_mu);
         for (size_t i = 0; i < pend.n; i++)
             locvec_push(&s->pending[(e + 1) & 1], pend.v[i]);
+        for (size_t i = 0; i < pendu.n; i++)
+            locvec_push(&s->pendingu[(e + 1) & 1], pendu.v[i]);
         pthread_mutex_unlock(&s->retire_mu);
     }
     free(pend.v);
+    free(pendu.v);
     free(tombs);
     double took = (double)(now_ns() - t0) / 1e6;
     __atomic_store(&s->last_sync_ms, &took, __ATOMIC_RELAXED);

@@ -30,11 +30,12 @@
  * versions (kept until the current epoch's sync), `now` can go as soon as
  * readers are out, `tombs` are deletions to purge after the sync. */
 typedef struct retire_buf {
-    uint64_t keep[RETIRE_BUF];
+    uint64_t keep[RETIRE_BUF];     /* durable versions an open snapshot may read */
+    uint64_t keepu[RETIRE_BUF];    /* durable versions no open snapshot may read */
     uint64_t now[RETIRE_BUF];      /* versions no open snapshot may read */
     uint64_t nowp[RETIRE_BUF];     /* versions an open snapshot may read (P6) */
     tomb_entry tombs[RETIRE_BUF];
-    size_t nkeep, nnow, nnowp, ntombs;
+    size_t nkeep, nkeepu, nnow, nnowp, ntombs;
 } retire_buf;
 
 static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size_t n)
@@ -60,26 +61,32 @@ static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size
  * epoch the writes were stamped with receive them. */
 static void retire_flush(embkv_store *s, retire_buf *rb)
 {
-    if (rb->nkeep || rb->ntombs) {
+    if (rb->nkeep || rb->nkeepu || rb->ntombs) {
         unsigned parity = atomic_load(&s->cur_epoch) & 1;
         pthread_mutex_lock(&s->retire_mu);
+        /* (out of memory: a record leaks until the next open) */
         for (size_t i = 0; i < rb->nkeep; i++)
             if (locvec_push(&s->pending[parity], rb->keep[i]) != EMBKV_OK)
-                break;  /* out of memory: the record leaks until the next open */
+                break;
+        for (size_t i = 0; i < rb->nkeepu; i++)
+            if (locvec_push(&s->pendingu[parity], rb->keepu[i]) != EMBKV_OK)
+                break;
         push_tombs(s, parity, rb->tombs, rb->ntombs);
         pthread_mutex_unlock(&s->retire_mu);
     }
     slab_retire(s, rb->now, rb->nnow, false);
     slab_retire(s, rb->nowp, rb->nnowp, true);
-    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
 }
 
 static inline void retire_add(embkv_store *s, retire_buf *rb, uint64_t loc, bool keep, bool pinned)
 {
-    if ((keep ? rb->nkeep : pinned ? rb->nnowp : rb->nnow) == RETIRE_BUF)
+    if ((keep ? (pinned ? rb->nkeep : rb->nkeepu) : pinned ? rb->nnowp : rb->nnow) == RETIRE_BUF)
         retire_flush(s, rb);
-    if (keep)
+    if (keep && pinned)
         rb->keep[rb->nkeep++] = loc_plain(loc);
+    else if (keep)
+        rb->keepu[rb->nkeepu++] = loc_plain(loc);
     else if (pinned)
         rb->nowp[rb->nnowp++] = loc_plain(loc);
     else
@@ -115,8 +122,9 @@ static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, co
                          uint32_t epoch, bool pinned)
 {
     if (rec_epoch(old) < epoch) {
-        /* The old version is what a crash must return to: keep it (P2). */
-        retire_add(s, rb, f->loc, true, true);
+        /* The old version is what a crash must return to: keep it (P2);
+         * after the sync, as long as a snapshot may read it. */
+        retire_add(s, rb, f->loc, true, pinned);
         return loc_plain(f->loc);
     }
     retire_add(s, rb, f->loc, false, pinned);
@@ -130,7 +138,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
                      const write_req *w, retire_buf *rb, bool *consumed)
 {
     *consumed = false;
-    found_slot f;
+    found_slot f = {0};  /* (set by ix_find when it finds the id; zeroed for the compilers that cannot tell) */
     bool have = ix_find(ix, id, h, &f);
     bool live = have && !(f.loc & LOC_TOMB);
     rec_hdr *old = NULL;
@@ -286,7 +294,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
         free(rb);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
     }
-    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
     int rc = EMBKV_OK;
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
@@ -562,7 +570,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     char *scratch = NULL;
     write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .scratch = &scratch};
     retire_buf rb;
-    rb.nkeep = rb.nnow = rb.nnowp = rb.ntombs = 0;
+    rb.nkeep = rb.nkeepu = rb.nnow = rb.nnowp = rb.ntombs = 0;
     bool consumed;
     char *row = s->cache ? malloc(s->rec_size) : NULL;
     if (s->cache && !row) {
@@ -620,7 +628,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
     int rc = EMBKV_OK;
     char *ssd = NULL;  /* the row's record, when it is in the log */
     retire_buf rb;
-    rb.nkeep = rb.nnow = rb.nnowp = rb.ntombs = 0;
+    rb.nkeep = rb.nkeepu = rb.nnow = rb.nnowp = rb.ntombs = 0;
     pthread_rwlock_rdlock(&s->writers);
     keylock_acquire(s, h);
     ebr_enter();
@@ -865,7 +873,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
     }
-    rb->nkeep = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
     uint64_t hs[RING];
     char *scratch = NULL;
     write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .scratch = &scratch};

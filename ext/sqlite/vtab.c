@@ -732,6 +732,8 @@ static int has_pool(const char *dir)
 /* ------------------------------------------------------------------------
  * xCreate, xConnect, xDisconnect, xDestroy, xRename
  */
+static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void vt_free(ekvtab *v)
 {
     ekconn *c = v->conn;
@@ -764,7 +766,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->zDb = sqlite3_mprintf("%s", argv[1]);
     v->zName = sqlite3_mprintf("%s", argv[2]);
     char *err = NULL, *dir = NULL;
-    int made_dir = 0, listed = 0, rc;
+    int made_dir = 0, listed = 0, create_held = 0, rc;
     if (!v->zDb || !v->zName) {
         rc = SQLITE_NOMEM;
         goto fail;
@@ -798,6 +800,14 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
             goto broken;
     }
     if (create) {
+        /* From the look at the directory to the list (U1): one CREATE of
+         * the process at a time, so that a CREATE attaching to a store
+         * another thread's CREATE is making finds that one's list, not a
+         * store without one (which it would take for one the C API made). */
+        if (!v->is_tmp) {
+            pthread_mutex_lock(&create_mu);
+            create_held = 1;
+        }
         struct stat st;
         made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT) || holds_no_store(dir);
         v->owns_dir = made_dir;  /* a path naming an existing store attaches to it */
@@ -931,7 +941,12 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         /* Listed first: a CREATE that raced another onto the same new
          * directory (threads of one process; another process is kept out
          * by the store's lock) finds that one's list and only joins it. */
-        if (!v->is_tmp && (rc = ekusers_add(v->dir, &v->who, &made_dir, &listed, &err)) != SQLITE_OK) goto fail;
+        if (!v->is_tmp) rc = ekusers_add(v->dir, &v->who, &made_dir, &listed, &err);
+        if (create_held) {
+            pthread_mutex_unlock(&create_mu);
+            create_held = 0;
+        }
+        if (rc != SQLITE_OK) goto fail;
         v->owns_dir = made_dir;
         rc = shadow_create(v, &err);
         if (rc != SQLITE_OK) goto fail;
@@ -957,6 +972,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     return SQLITE_OK;
 
 broken:
+    if (create_held) pthread_mutex_unlock(&create_mu);
     /* An existing table whose store cannot be opened (its directory is
      * gone, holds something else or a newer format, its shadow table is
      * missing): connect anyway, so that DROP TABLE still works, and fail
@@ -983,6 +999,7 @@ broken:
     return SQLITE_OK;
 
 fail:
+    if (create_held) pthread_mutex_unlock(&create_mu);
     *pzErr = sqlite3_mprintf("embkv table %s: %s", argv[2], err ? err : sqlite3_errstr(rc));
     sqlite3_free(err);
     if (v->store) {

@@ -157,14 +157,17 @@ class TierTest(Base):
         in [0, 1], not below 0 because live bytes exceed the files')."""
         n = 60000
         conn = self.open()
-        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, pool_size='16M', ssd_size='64M')" % DIM)
-        ids = np.arange(1, n + 1, dtype=np.int64)
-        vecs = vec_of(ids)
-        for lo in range(0, n, 20000):
+        conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, pool_size='16M', ssd_size='256M')" % DIM)
+        # until the log has two segment files (demotion runs in the
+        # background: how far it got depends on the machine)
+        lo = 0
+        while lo < 10 * n and len(glob.glob(self.db + "-*.embkv/log/seg-*.log")) < 2:
+            batch = np.arange(lo + 1, lo + 20001, dtype=np.int64)
             conn.execute("BEGIN")
             conn.executemany("INSERT INTO item(id, vec) VALUES (?, ?)",
-                             ((int(i), v.tobytes()) for i, v in zip(ids[lo:lo + 20000], vecs[lo:lo + 20000])))
+                             ((int(i), v.tobytes()) for i, v in zip(batch, vec_of(batch))))
             conn.execute("COMMIT")
+            lo += 20000
         conn.close()
         segs = sorted(glob.glob(self.db + "-*.embkv/log/seg-*.log"))
         self.assertGreater(len(segs), 1)
