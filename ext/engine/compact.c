@@ -168,7 +168,7 @@ static int step_locked(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
         if (rc == EMBKV_OK) {
             pthread_rwlock_rdlock(&s->writers);
             for (size_t i = 0; i < c.n; i++) {
-                if (ix_switch(s, c.ids[i], c.locs[i], nl[i]))
+                if (ix_switch(s, c.ids[i], c.locs[i], nl[i], NULL))
                     c.locs[m++] = c.locs[i];
                 else
                     log_release(s->log, nl[i]);  /* written meanwhile */

@@ -194,8 +194,9 @@ int ix_grow_for(embkv_store *s, uint64_t more);
 index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
-/* Points id's entry at q if it still names p (with s->writers shared). */
-bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q);
+/* Points id's entry at q if it still names p (with s->writers shared) and,
+ * was non-NULL (p a pool record), p still holds the version was copies. */
+bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q, const rec_hdr *was);
 /* While a move pin is held no row moves between buckets (a
  * cursor that restarts after a resize instead of holding it off). */
 void move_pin(embkv_store *s);

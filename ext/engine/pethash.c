@@ -314,13 +314,21 @@ bool keylock_try(embkv_store *s, uint64_t h)
 
 /* Points id's entry at the copy q if it still names p; with s->writers
  * held shared (persist_range marks the epoch's dirty pages). */
-bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q)
+bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q, const rec_hdr *was)
 {
     uint64_t h = embkv__hash(id);
     bool done = false;
     keylock_acquire(s, h);
     index_desc *ix = atomic_load(&s->ix);
     found_slot f;
+    /* A pool record the index names again may be another version in the
+     * same record (freed and reused for the row meanwhile): the copy must
+     * still be of the version there (under the key lock it cannot change). */
+    const rec_hdr *r = was && ix_find(ix, id, h, &f) && f.loc == p ? rec_at(s, p) : NULL;
+    if (was && (!r || r->check != was->check || r->clock != was->clock || r->epoch != was->epoch)) {
+        keylock_release(s, h);
+        return false;
+    }
     if (ix_find(ix, id, h, &f) && f.loc == p) {
         set_loc(s, ix, &f, q);  /* (a crash point of embkv_debug_kill_after_index_writes) */
         done = true;

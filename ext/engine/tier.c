@@ -538,7 +538,7 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
     unsigned hottest = 0;
     pthread_rwlock_rdlock(&s->writers);
     for (size_t i = 0; i < k; i++) {
-        if (ix_switch(s, ids[i], p[i], q[i])) {
+        if (ix_switch(s, ids[i], p[i], q[i], (const rec_hdr *)(buf + i * s->rec_size))) {
             p[m++] = p[i];
             unsigned hv = s->heat ? heat_estimate(s->heat, embkv__hash(ids[i])) : 0;
             hottest = hv > hottest ? hv : hottest;
@@ -793,7 +793,7 @@ static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, 
         }
         persist_barrier(s);  /* the copies are durable before the index names them (P1) */
         for (size_t i = 0; i < k; i++) {
-            if (ix_switch(s, ids[i], q[i], p[i])) {
+            if (ix_switch(s, ids[i], q[i], p[i], NULL)) {
                 q[m] = q[i];
                 ids[m++] = ids[i];
             } else {
