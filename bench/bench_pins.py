@@ -25,16 +25,9 @@ import time
 
 import numpy as np
 
-from bench_py import default_extension
+from bench_py import connect, default_extension
 
 WARM = 5.0
-
-
-def connect(db, ext):
-    c = sqlite3.connect(db, isolation_level=None, timeout=60, check_same_thread=False)
-    c.enable_load_extension(True)
-    c.load_extension(ext)
-    return c
 
 
 def stats(c):

@@ -2,7 +2,17 @@
 package (bench/run.sh and the Makefile run them with build/venv's Python,
 where `make venv` installs it)."""
 import os
+import sqlite3
 import sys
+
+
+def connect(db, ext):
+    """A connection for a benchmark's threads, with the extension loaded."""
+    c = sqlite3.connect(db, isolation_level=None, timeout=60, check_same_thread=False)
+    c.enable_load_extension(True)
+    c.load_extension(ext)
+    c.enable_load_extension(False)
+    return c
 
 
 def default_extension(script):

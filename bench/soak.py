@@ -33,24 +33,15 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import sys
 import threading
 import time
 
-from bench_py import default_extension
+from bench_py import connect, default_extension
 
 import numpy as np
 
 DIM = 64
-
-
-def connect(db, ext):
-    c = sqlite3.connect(db, isolation_level=None, timeout=60, check_same_thread=False)
-    c.enable_load_extension(True)
-    c.load_extension(ext)
-    c.enable_load_extension(False)
-    return c
 
 
 def rss_mb():

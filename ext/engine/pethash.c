@@ -324,12 +324,9 @@ bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q, const rec_hdr
     /* A pool record the index names again may be another version in the
      * same record (freed and reused for the row meanwhile): the copy must
      * still be of the version there (under the key lock it cannot change). */
-    const rec_hdr *r = was && ix_find(ix, id, h, &f) && f.loc == p ? rec_at(s, p) : NULL;
-    if (was && (!r || r->check != was->check || r->clock != was->clock || r->epoch != was->epoch)) {
-        keylock_release(s, h);
-        return false;
-    }
-    if (ix_find(ix, id, h, &f) && f.loc == p) {
+    const rec_hdr *r = NULL;
+    if (ix_find(ix, id, h, &f) && f.loc == p &&
+        (!was || ((r = rec_at(s, p))->check == was->check && r->clock == was->clock && r->epoch == was->epoch))) {
         set_loc(s, ix, &f, q);  /* (a crash point of embkv_debug_kill_after_index_writes) */
         done = true;
     }

@@ -267,6 +267,10 @@ int ekerr_rc(int erc);
 /* A table connected without its store can only be dropped: sets the
  * message and returns 1 for such a table. */
 int ekerr_unusable(ekvtab *v);
+/* The integer a value-less PRAGMA name returns (trusted_schema,
+ * busy_timeout, query_only: settings SQLite has no C getter for), or
+ * fallback when it cannot be read. */
+int ek_pragma_int(sqlite3 *db, const char *name, int fallback);
 /* Why this connection may not change the tables of schema zDb (opened
  * read-only, a read-only attached file, PRAGMA query_only), or NULL. */
 const char *ekerr_readonly(sqlite3 *db, const char *zDb);

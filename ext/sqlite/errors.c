@@ -12,6 +12,7 @@
 SQLITE_EXTENSION_INIT3
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 void ekerr_table(ekvtab *v, const char *fmt, ...)
@@ -57,19 +58,26 @@ int ekerr_unusable(ekvtab *v)
  * change a store (pull creating rows, push, import, checkpoint, hot set)
  * follow the same rule, so that a serving process opened read-only cannot
  * change the model through them either. */
+int ek_pragma_int(sqlite3 *db, const char *name, int fallback)
+{
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA %s", name);
+    sqlite3_stmt *st = NULL;
+    int v = fallback;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
 const char *ekerr_readonly(sqlite3 *db, const char *zDb)
 {
     if (sqlite3_db_readonly(db, zDb) == 1) return "the database is open read-only";
-    sqlite3_stmt *st = NULL;
-    int on = 0;
-    /* query_only has no C interface: the pragma is the only way to read it.
-     * A failure to read it refuses (the safe answer). */
-    if (sqlite3_prepare_v2(db, "PRAGMA query_only", -1, &st, NULL) != SQLITE_OK) return "PRAGMA query_only cannot be read";
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) on = sqlite3_column_int(st, 0) != 0;
-    sqlite3_finalize(st);
-    if (rc != SQLITE_ROW) return "PRAGMA query_only cannot be read";
-    return on ? "PRAGMA query_only is on" : NULL;
+    /* query_only has no C interface: the pragma is the only way to read it,
+     * and a prepared copy would keep the value it was prepared with.  One
+     * that cannot be read refuses (the safe answer). */
+    int on = ek_pragma_int(db, "query_only", -1);
+    return on < 0 ? "PRAGMA query_only cannot be read" : on ? "PRAGMA query_only is on" : NULL;
 }
 
 int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *schema, const char *table,

@@ -552,7 +552,7 @@ static int publish(exporter *e)
  * until the file is renamed or removed.  The kernel drops it with the
  * process, so a killed export leaves a temporary file that nobody claims,
  * and the next export to the same name removes it (as backups do). */
-static int claim(int fd)
+static struct flock byte0_lock(void)
 {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
@@ -560,6 +560,12 @@ static int claim(int fd)
     fl.l_whence = SEEK_SET;
     fl.l_start = 0;
     fl.l_len = 1;
+    return fl;
+}
+
+static int claim(int fd)
+{
+    struct flock fl = byte0_lock();
     return fcntl(fd, F_OFD_SETLK, &fl);
 }
 
@@ -581,12 +587,7 @@ static int claimed(const char *path)
         close(fd);
         return 1;
     }
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = 0;
-    fl.l_len = 1;
+    struct flock fl = byte0_lock();
     int held = fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
     close(fd);
     return held;

@@ -114,9 +114,13 @@ static int split_name(sqlite3 *db, const char *table, char **zDb, char **zName)
 
 static ekvtab *resolve(ekconn *c, const char *table, char **err)
 {
+    /* A plain name of a connected table, as training loops pass on every
+     * call: found without parsing (nothing to unquote or split). */
+    ekvtab *v = strpbrk(table, ".\"[`") ? NULL : find_connected(c, NULL, table);
+    if (v) return v;
     char *zDb = NULL, *zName = NULL;
     if (split_name(c->db, table, &zDb, &zName) != SQLITE_OK) return NULL;
-    ekvtab *v = find_connected(c, zDb, zName);
+    v = find_connected(c, zDb, zName);
     char *why = NULL;
     int rc = SQLITE_OK;
     if (!v) {

@@ -694,31 +694,6 @@ static int holds_no_store(const char *dir)
     return empty;
 }
 
-/* Whether the connection trusts its schema (PRAGMA trusted_schema, on by
- * default; off for database files from elsewhere).  0 when it cannot be
- * read: the safe answer. */
-static int schema_trusted(sqlite3 *db)
-{
-    sqlite3_stmt *st = NULL;
-    int on = 0;
-    if (sqlite3_prepare_v2(db, "PRAGMA trusted_schema", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        on = sqlite3_column_int(st, 0) != 0;
-    sqlite3_finalize(st);
-    return on;
-}
-
-/* The connection's busy timeout (PRAGMA busy_timeout: SQLite has no getter
- * in C), 0 when it cannot be read. */
-static int busy_timeout_ms(sqlite3 *db)
-{
-    sqlite3_stmt *st = NULL;
-    int ms = 0;
-    if (sqlite3_prepare_v2(db, "PRAGMA busy_timeout", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        ms = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
-    return ms > 0 ? ms : 0;
-}
-
 /* Whether dir holds a pool file (a store, perhaps damaged). */
 static int has_pool(const char *dir)
 {
@@ -793,11 +768,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * even recover the store), and after it otherwise (the open says best
      * what is wrong with a directory that holds no store). */
     int check_users = !create && !v->is_tmp;
-    int trusted = check_users ? schema_trusted(db) : 1;
+    int trusted = check_users ? ek_pragma_int(db, "trusted_schema", 0) != 0 : 1;
     const char *attach_path = v->opts.path ? v->opts.path : dir;
+    int admitted = 0;
     if (check_users && has_pool(dir)) {
         if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
             goto broken;
+        admitted = 1;
     }
     if (create) {
         /* From the look at the directory to the list (U1): one CREATE of
@@ -849,7 +826,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     /* Another process has the store: wait for it as SQLite waits for a
      * lock, up to the connection's busy timeout, then say who has it. */
-    int budget = erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process") ? busy_timeout_ms(db) : 0;
+    int budget = erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process") ? ek_pragma_int(db, "busy_timeout", 0) : 0;
     int waited = 0;
     while (erc == EMBKV_LOCKED && waited < budget && emsg && strstr(emsg, "another process")) {
         int step = waited < 100 ? 10 : 50;
@@ -899,7 +876,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (!create && erc != EMBKV_LOCKED && erc != EMBKV_NOMEM && erc != EMBKV_BUSY) goto broken;
         goto fail;
     }
-    if (check_users &&
+    if (check_users && !admitted &&
         (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
         goto broken;
     if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
