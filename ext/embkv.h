@@ -301,6 +301,38 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap,
 void embkv_scan_pin(embkv_store *s);
 void embkv_scan_unpin(embkv_store *s);
 
+/* Nearest neighbours, exact: the k rows nearest to each of nq query
+ * vectors (queries: nq x dim floats, finite), over every tier.  Results of
+ * query q are at out_ids/out_dist[q * k ...], nearest first, equal
+ * distances by smaller id; found[q] says how many (fewer than k when the
+ * table has fewer rows; the rest are id -1, distance NaN).  Distances:
+ * EMBKV_KNN_L2 the Euclidean distance, EMBKV_KNN_COSINE 1 - cosine
+ * similarity (zero rows left out; a zero query is EMBKV_INVALID),
+ * EMBKV_KNN_DOT minus the inner product.  Rows whose distance is NaN are
+ * left out.  Reads each row's current version (a row written during the
+ * search in one of its versions); counts no access (the statistics and the
+ * cache are left as they are).  Takes the scan pin (embkv_scan_pin) for
+ * the pass.  Limits: k <= EMBKV_KNN_MAX_K, nq <= EMBKV_KNN_MAX_QUERIES,
+ * nq x k <= EMBKV_KNN_MAX_RESULTS (EMBKV_INVALID beyond). */
+enum { EMBKV_KNN_L2 = 0, EMBKV_KNN_COSINE = 1, EMBKV_KNN_DOT = 2 };
+#define EMBKV_KNN_MAX_K 100000
+#define EMBKV_KNN_MAX_QUERIES 100000
+#define EMBKV_KNN_MAX_RESULTS 10000000
+typedef struct embkv_knn_options {
+    int metric;                /* EMBKV_KNN_L2 (0, the default), _COSINE, _DOT */
+    const int64_t *only;       /* not NULL: only these ids (absent ones ignored) */
+    size_t nonly;
+    const int64_t *skip;       /* ids of the table left out (a caller holding newer versions) */
+    size_t nskip;
+    const int64_t *extra_ids;  /* rows scored beside the table's (those newer versions: */
+    const float *extra_vecs;   /* nextra x dim floats), whatever only says */
+    size_t nextra;
+    unsigned threads;          /* 0: one per online CPU, at most 8 */
+} embkv_knn_options;
+int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k,
+              const embkv_knn_options *opt, int64_t *out_ids, float *out_dist,
+              size_t *found);
+
 /* Hotness-aware placement (PetPS): move each listed id into its home bucket
  * if it is displaced, evicting a displaced victim when the home bucket is
  * full.  Concurrent readers keep seeing every row.  While a scan pin is

@@ -2,8 +2,9 @@
  * ops.h - layer 4: the operations on rows.
  *
  * permits.c: staleness permits; write.c: row writes (copy-on-write,
- * the cache's write-backs); read.c: row reads; scan.c: index walks; hotset.c: the
- * hottest rows and their moves up; migrate.c: the migration thread;
+ * the cache's write-backs); read.c: row reads; scan.c: index walks;
+ * knn.c: nearest-neighbour search; hotset.c: the hottest rows and their
+ * moves up; migrate.c: the migration thread;
  * train.c: pull/push, optimizers, deferred initialization, sessions.
  */
 #ifndef EMBKV_OPS_H
@@ -55,6 +56,11 @@ int get_uncounted(embkv_store *s, int64_t id, float *vec);
  * and whether it is dirty. */
 size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
                           uint8_t *in_dirty);
+
+/* ------------------------------------------------------------- scan.c */
+/* The live rows of one bucket (tombstones left out), read under its
+ * seqlock as one moment of it: their ids and locations; how many. */
+unsigned scan_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs);
 
 /* ------------------------------------------------------------- hotset.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as

@@ -17,8 +17,7 @@
 
 #include "ops.h"
 
-/* Snapshot of the live rows of one bucket. */
-static unsigned read_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
+unsigned scan_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
 {
     for (;;) {
         uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
@@ -72,7 +71,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
             ebr_leave();
             break;
         }
-        unsigned n = read_bucket_rows(&ix->buckets[b], ids, locs);
+        unsigned n = scan_bucket_rows(&ix->buckets[b], ids, locs);
         rec_hdr *recs[BUCKET_SLOTS];
         char *ssd = NULL;  /* the bucket's log records */
         /* Cached rows: their current version is the cache's. */
@@ -127,7 +126,7 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size
     }
     uint64_t locs[BUCKET_SLOTS];
     while (b < ix->nbuckets && *n + BUCKET_SLOTS <= cap)
-        *n += read_bucket_rows(&ix->buckets[b++], ids + *n, locs);
+        *n += scan_bucket_rows(&ix->buckets[b++], ids + *n, locs);
     ebr_leave();
     *pos = (gen << 40) | b;
     return EMBKV_OK;

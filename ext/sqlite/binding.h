@@ -32,7 +32,7 @@
  *   txn.c errors.c dirusers.c values.c leftovers.c
  *   registry.c
  *   cursor.c wbuf.c stats.c pending.c
- *   vecfn.c train.c heat.c export.c vtab.c
+ *   vecfn.c train.c heat.c knn.c export.c vtab.c
  *   ext.c
  */
 #ifndef EMBKV_BINDING_H
@@ -459,6 +459,7 @@ typedef struct embkv_table_ref {
     size_t pending_writes;       /* rows this connection's open transaction wrote
                                   * to the table and has not committed yet: they
                                   * are not in the store */
+    const ektxn *txn;            /* those writes (ektxn_slot), NULL with none */
     embkv_session *session;      /* this connection's training session on the
                                   * table (opened on the first lookup, closed
                                   * with the table instance, which returns its
@@ -506,6 +507,11 @@ int embkv_train_register(sqlite3 *db);
  * heat.c: embkv_heat (a table-valued function) and embkv_hotset.
  */
 int embkv_heat_register(sqlite3 *db);
+
+/* ========================================================================
+ * knn.c: embkv_knn, nearest-neighbour search (a table-valued function).
+ */
+int embkv_knn_register(sqlite3 *db);
 
 /* ========================================================================
  * export.c: embkv_export and embkv_import (a portable file of every row

@@ -16,6 +16,7 @@ int sqlite3_embkv_init(sqlite3 *db, char **pzErrMsg, const sqlite3_api_routines 
     if (rc == SQLITE_OK) rc = embkv_train_register(db);
     if (rc == SQLITE_OK) rc = embkv_heat_register(db);
     if (rc == SQLITE_OK) rc = embkv_export_register(db);
+    if (rc == SQLITE_OK) rc = embkv_knn_register(db);
     if (rc != SQLITE_OK && pzErrMsg)
         *pzErrMsg = sqlite3_mprintf("embkv: registration failed: %s", sqlite3_errstr(rc));
     return rc;

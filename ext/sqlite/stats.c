@@ -161,6 +161,7 @@ int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, cha
     out->name = v->zName;
     out->dir = v->dir;
     out->pending_writes = ektxn_count(v->txn);
+    out->txn = out->pending_writes ? v->txn : NULL;
     if (!v->session && embkv_session_open(v->store, &v->session) != EMBKV_OK) v->session = NULL;
     out->session = v->session;
     return SQLITE_OK;

@@ -1,0 +1,702 @@
+/*
+ * knn.c - exact nearest-neighbour search over every row (embkv_knn).
+ *
+ * Brute force, on purpose: it is exact (recall 1.0), needs no index to keep
+ * up with training (an approximate index is stale after every push), and at
+ * the sizes a scan can answer interactively (millions of rows) its cost is
+ * reading the rows once, which is what this file is built around:
+ *   - rows are read where they live, in place: a pool record inside an
+ *     epoch (no copy), the log's rows in one batched read per range of
+ *     buckets, rows the DRAM cache holds newer (dirty) from the cache;
+ *   - every query of a batch is answered in the same pass, a block of rows
+ *     at a time while the block sits in the L1/L2 cache, so a batch of 100
+ *     queries costs about the arithmetic, not 100 passes over memory;
+ *   - the buckets are split among threads (ranges claimed from one
+ *     counter), each keeping its own top-k per query, merged at the end;
+ *   - distances are dot products (L2 screened as |q|^2 + |v|^2 - 2 q.v,
+ *     decided on the direct sum for the rows that pass: block_flush), in the
+ *     compiler's vector types, with an x86-64-v3 clone (AVX2, FMA) picked
+ *     at load time (no intrinsics to keep in step); the Makefile lets this
+ *     file contract multiply-adds (-ffp-contract=fast), so the last bits
+ *     of a distance may differ between a CPU with FMA and one without.
+ * The scan pin (pethash.c) holds resizes and bucket moves off for the pass,
+ * so no row is met twice or missed; a row written while the pass runs is
+ * read in one of its versions.  Every pool record is checked (id and
+ * checksum) before it is used: a damaged record fails the search naming
+ * its id, as any read does.
+ *
+ * Ranking: smaller distance first, equal distances by smaller id, so a
+ * search is deterministic whatever the threads did.  Rows whose distance
+ * is not a number (a NaN in the row, or a zero vector under cosine) are
+ * left out of the ranking.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ops.h"
+
+#define RANGE_BUCKETS 256  /* buckets a thread claims at once */
+#define BLOCK_ROWS 64      /* rows scored against every query together */
+#define MAX_THREADS 8
+
+/* ---------------------------------------------------------------- distances */
+
+typedef float v8f __attribute__((vector_size(32)));
+/* The helpers passing v8f are static and inlined: the note that their ABI
+ * differs with and without AVX concerns no caller outside this file. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KNN_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KNN_CLONES
+#endif
+
+static inline v8f load8(const float *p)
+{
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float hsum8(v8f v)
+{
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+static inline float dot_tail(const float *a, const float *b, uint32_t from, uint32_t dim)
+{
+    float s = 0;
+    for (uint32_t j = from; j < dim; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* The dot products of rows[0..nr) with queries[0..nq), into
+ * out[q * BLOCK_ROWS + r].  Two queries by four rows at a time: eight
+ * accumulators fed by six loads, so a batch is bound by the arithmetic,
+ * not by loads from L1 (one query against one row would load twice per
+ * multiply-add). */
+KNN_CLONES
+static void dots_block(const float *queries, size_t nq, uint32_t dim, const float *const *rows, size_t nr, float *out)
+{
+    uint32_t d8 = dim & ~7u;
+    size_t q = 0;
+    for (; q + 2 <= nq; q += 2) {
+        const float *q0 = queries + q * dim, *q1 = q0 + dim;
+        float *o0 = out + q * BLOCK_ROWS, *o1 = o0 + BLOCK_ROWS;
+        size_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+            const float *v0 = rows[r], *v1 = rows[r + 1], *v2 = rows[r + 2], *v3 = rows[r + 3];
+            v8f a00 = { 0 }, a01 = { 0 }, a02 = { 0 }, a03 = { 0 }, a10 = { 0 }, a11 = { 0 }, a12 = { 0 }, a13 = { 0 };
+            for (uint32_t j = 0; j < d8; j += 8) {
+                v8f x0 = load8(q0 + j), x1 = load8(q1 + j);
+                v8f y0 = load8(v0 + j), y1 = load8(v1 + j), y2 = load8(v2 + j), y3 = load8(v3 + j);
+                a00 += x0 * y0;
+                a01 += x0 * y1;
+                a02 += x0 * y2;
+                a03 += x0 * y3;
+                a10 += x1 * y0;
+                a11 += x1 * y1;
+                a12 += x1 * y2;
+                a13 += x1 * y3;
+            }
+            o0[r] = hsum8(a00) + dot_tail(q0, v0, d8, dim);
+            o0[r + 1] = hsum8(a01) + dot_tail(q0, v1, d8, dim);
+            o0[r + 2] = hsum8(a02) + dot_tail(q0, v2, d8, dim);
+            o0[r + 3] = hsum8(a03) + dot_tail(q0, v3, d8, dim);
+            o1[r] = hsum8(a10) + dot_tail(q1, v0, d8, dim);
+            o1[r + 1] = hsum8(a11) + dot_tail(q1, v1, d8, dim);
+            o1[r + 2] = hsum8(a12) + dot_tail(q1, v2, d8, dim);
+            o1[r + 3] = hsum8(a13) + dot_tail(q1, v3, d8, dim);
+        }
+        for (; r < nr; r++) {
+            const float *v = rows[r];
+            v8f a0 = { 0 }, a1 = { 0 };
+            for (uint32_t j = 0; j < d8; j += 8) {
+                v8f y = load8(v + j);
+                a0 += load8(q0 + j) * y;
+                a1 += load8(q1 + j) * y;
+            }
+            o0[r] = hsum8(a0) + dot_tail(q0, v, d8, dim);
+            o1[r] = hsum8(a1) + dot_tail(q1, v, d8, dim);
+        }
+    }
+    for (; q < nq; q++) {
+        const float *q0 = queries + q * dim;
+        float *o0 = out + q * BLOCK_ROWS;
+        size_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+            const float *v0 = rows[r], *v1 = rows[r + 1], *v2 = rows[r + 2], *v3 = rows[r + 3];
+            v8f a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+            for (uint32_t j = 0; j < d8; j += 8) {
+                v8f x = load8(q0 + j);
+                a0 += x * load8(v0 + j);
+                a1 += x * load8(v1 + j);
+                a2 += x * load8(v2 + j);
+                a3 += x * load8(v3 + j);
+            }
+            o0[r] = hsum8(a0) + dot_tail(q0, v0, d8, dim);
+            o0[r + 1] = hsum8(a1) + dot_tail(q0, v1, d8, dim);
+            o0[r + 2] = hsum8(a2) + dot_tail(q0, v2, d8, dim);
+            o0[r + 3] = hsum8(a3) + dot_tail(q0, v3, d8, dim);
+        }
+        for (; r < nr; r++) {
+            const float *v = rows[r];
+            v8f a0 = { 0 };
+            for (uint32_t j = 0; j < d8; j += 8)
+                a0 += load8(q0 + j) * load8(v + j);
+            o0[r] = hsum8(a0) + dot_tail(q0, v, d8, dim);
+        }
+    }
+}
+
+/* The squared L2 distance summed directly: what a row's rank is decided
+ * on (the dot-product form above only picks the rows worth this). */
+KNN_CLONES
+static float l2sq(const float *a, const float *b, uint32_t dim)
+{
+    v8f acc = { 0 };
+    uint32_t j = 0;
+    for (; j + 8 <= dim; j += 8) {
+        v8f x = load8(a + j) - load8(b + j);
+        acc += x * x;
+    }
+    float s = hsum8(acc);
+    for (; j < dim; j++)
+        s += (a[j] - b[j]) * (a[j] - b[j]);
+    return s;
+}
+
+/* A vector's squared norm. */
+KNN_CLONES
+static float sumsq(const float *v, uint32_t dim)
+{
+    v8f a = { 0 };
+    uint32_t j = 0;
+    for (; j + 8 <= dim; j += 8)
+        a += load8(v + j) * load8(v + j);
+    return hsum8(a) + dot_tail(v, v, j, dim);
+}
+
+/* ---------------------------------------------------------------- top k */
+
+typedef struct topk {
+    float *d;
+    int64_t *id;
+    size_t n;
+} topk;
+
+/* a ranks after b */
+static inline bool after(float da, int64_t ia, float db, int64_t ib)
+{
+    return da > db || (da == db && ia > ib);
+}
+
+/* A max-heap on (distance, id): the root is the worst kept. */
+static void topk_offer(topk *t, size_t k, float d, int64_t id)
+{
+    size_t i;
+    if (t->n < k) {
+        i = t->n++;
+        while (i > 0) {
+            size_t p = (i - 1) / 2;
+            if (!after(d, id, t->d[p], t->id[p]))
+                break;
+            t->d[i] = t->d[p];
+            t->id[i] = t->id[p];
+            i = p;
+        }
+        t->d[i] = d;
+        t->id[i] = id;
+        return;
+    }
+    if (!after(t->d[0], t->id[0], d, id))
+        return;
+    i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= t->n)
+            break;
+        if (c + 1 < t->n && after(t->d[c + 1], t->id[c + 1], t->d[c], t->id[c]))
+            c++;
+        if (!after(t->d[c], t->id[c], d, id))
+            break;
+        t->d[i] = t->d[c];
+        t->id[i] = t->id[c];
+        i = c;
+    }
+    t->d[i] = d;
+    t->id[i] = id;
+}
+
+/* ---------------------------------------------------------------- id sets */
+
+/* A set of ids (open addressing; ids the pass must leave to others). */
+typedef struct idset {
+    int64_t *slot;
+    uint8_t *used;
+    size_t mask, n;
+} idset;
+
+static int idset_init(idset *st, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n + 16)
+        cap <<= 1;
+    st->slot = malloc(cap * sizeof *st->slot);
+    st->used = calloc(cap, 1);
+    st->mask = cap - 1;
+    st->n = 0;
+    return st->slot && st->used ? EMBKV_OK : EMBKV_NOMEM;
+}
+
+static void idset_free(idset *st)
+{
+    free(st->slot);
+    free(st->used);
+}
+
+static void idset_add(idset *st, int64_t id)
+{
+    size_t i = embkv__hash(id) & st->mask;
+    while (st->used[i]) {
+        if (st->slot[i] == id)
+            return;
+        i = (i + 1) & st->mask;
+    }
+    st->used[i] = 1;
+    st->slot[i] = id;
+    st->n++;
+}
+
+static bool idset_has(const idset *st, int64_t id)
+{
+    if (!st->n)
+        return false;
+    size_t i = embkv__hash(id) & st->mask;
+    while (st->used[i]) {
+        if (st->slot[i] == id)
+            return true;
+        i = (i + 1) & st->mask;
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+typedef struct knn_job {
+    embkv_store *s;
+    const float *queries;
+    const float *qnorm;        /* each query's squared norm (l2), 1 / its norm (cosine) */
+    size_t nq, k;
+    int metric;
+    const idset *skip;         /* rows scored elsewhere, or left out */
+    _Atomic uint64_t next;     /* next range of buckets to claim */
+    uint64_t nbuckets;
+    atomic_int failed;         /* first error (EMBKV_*), 0 none: the others stop */
+} knn_job;
+
+typedef struct knn_worker {
+    knn_job *job;
+    topk *tops;                /* nq of them */
+    float *score;              /* nq x BLOCK_ROWS */
+    const float *rows[BLOCK_ROWS];
+    float norms[BLOCK_ROWS];   /* each row's squared norm (l2), 1 / its norm (cosine) */
+    int64_t ids[BLOCK_ROWS];
+    size_t nr;
+    int rc;
+    char msg[512];
+} knn_worker;
+
+static void block_flush(knn_worker *w)
+{
+    knn_job *j = w->job;
+    if (!w->nr)
+        return;
+    /* L2 from dot products: |q|^2 + |v|^2 - 2 q.v (one multiply-add per
+     * element, as the other metrics), clamped at 0 against rounding. */
+    if (j->metric == EMBKV_KNN_L2)
+        for (size_t r = 0; r < w->nr; r++)
+            w->norms[r] = sumsq(w->rows[r], j->s->dim);
+    else if (j->metric == EMBKV_KNN_COSINE)
+        for (size_t r = 0; r < w->nr; r++)
+            w->norms[r] = 1.0f / sqrtf(sumsq(w->rows[r], j->s->dim));  /* inf for a zero row: NaN below */
+    dots_block(j->queries, j->nq, j->s->dim, w->rows, w->nr, w->score);
+    /* Most rows lose to the worst kept: one comparison each (a NaN fails
+     * it too), the heap only for the few that win.  L2: |q|^2 + |v|^2 -
+     * 2 q.v loses digits when q and v are close (a row equal to the query
+     * would not come out at 0), so it only screens: a row within its
+     * rounding bound of the worst kept has its distance summed directly
+     * (l2sq), and that decides.  The bound: dot products of n terms are
+     * off by at most about n x epsilon x (|q|^2 + |v|^2). */
+    uint32_t dim = j->s->dim;
+    float tol = (float)(dim + 4) * FLT_EPSILON;
+    for (size_t q = 0; q < j->nq; q++) {
+        float *sc = w->score + q * BLOCK_ROWS;
+        topk *t = &w->tops[q];
+        float worst = t->n < j->k ? INFINITY : t->d[0];
+        if (j->metric == EMBKV_KNN_L2) {
+            float qn = j->qnorm[q];
+            const float *qv = j->queries + q * dim;
+            for (size_t r = 0; r < w->nr; r++) {
+                float approx = qn + w->norms[r] - 2.0f * sc[r];
+                if (approx - tol * (qn + w->norms[r]) > worst)
+                    continue;
+                float d = l2sq(qv, w->rows[r], dim);
+                if (!(d <= worst))
+                    continue;
+                topk_offer(t, j->k, d, w->ids[r]);
+                worst = t->n < j->k ? INFINITY : t->d[0];
+            }
+            continue;
+        }
+        if (j->metric == EMBKV_KNN_COSINE) {
+            float qi = j->qnorm[q];
+            for (size_t r = 0; r < w->nr; r++)
+                sc[r] = 1.0f - sc[r] * qi * w->norms[r];
+        } else {
+            for (size_t r = 0; r < w->nr; r++)
+                sc[r] = -sc[r];
+        }
+        for (size_t r = 0; r < w->nr; r++) {
+            if (!(sc[r] <= worst))
+                continue;
+            topk_offer(t, j->k, sc[r], w->ids[r]);
+            worst = t->n < j->k ? INFINITY : t->d[0];
+        }
+    }
+    w->nr = 0;
+}
+
+static void block_add(knn_worker *w, int64_t id, const float *v)
+{
+    w->rows[w->nr] = v;
+    w->ids[w->nr] = id;
+    if (++w->nr == BLOCK_ROWS)
+        block_flush(w);
+}
+
+static void worker_fail(knn_worker *w, int rc)
+{
+    if (w->rc == EMBKV_OK) {
+        w->rc = rc;
+        snprintf(w->msg, sizeof w->msg, "%s", embkv_errmsg());
+    }
+}
+
+/* One range of buckets, inside an epoch: the pool's rows in place, the
+ * log's read in one batch.  The range's rows are listed first, so that
+ * the records (at random places in the pool: the index is in hash order)
+ * can be fetched PREFETCH_AHEAD rows ahead of their use. */
+#define PREFETCH_AHEAD 12
+static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
+{
+    knn_job *j = w->job;
+    embkv_store *s = j->s;
+    int64_t ids[RANGE_BUCKETS * BUCKET_SLOTS];
+    uint64_t locs[RANGE_BUCKETS * BUCKET_SLOTS];
+    size_t n = 0, nssd = 0;
+    for (uint64_t b = b0; b < b1; b++)
+        n += scan_bucket_rows(&ix->buckets[b], ids + n, locs + n);
+    /* The log's rows to the back of the arrays, the pool's to the front. */
+    size_t npm = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (idset_has(j->skip, ids[i]))
+            continue;
+        if (locs[i] & LOC_SSD) {
+            nssd++;
+            ids[RANGE_BUCKETS * BUCKET_SLOTS - nssd] = ids[i];
+            locs[RANGE_BUCKETS * BUCKET_SLOTS - nssd] = locs[i];
+        } else {
+            ids[npm] = ids[i];
+            locs[npm++] = locs[i];
+        }
+    }
+    size_t lines = (s->rec_size + 63) / 64;
+    for (size_t i = 0; i < npm && w->rc == EMBKV_OK; i++) {
+        if (i + PREFETCH_AHEAD < npm) {
+            const char *p = (const char *)rec_at(s, locs[i + PREFETCH_AHEAD]);
+            for (size_t l = 0; l < lines; l++)
+                __builtin_prefetch(p + 64 * l, 0, 0);
+        }
+        rec_hdr *r = rec_at(s, locs[i]);
+        if (!rec_ok(s, r, ids[i])) {
+            worker_fail(w, rec_damaged(s, ids[i]));
+            break;
+        }
+        block_add(w, ids[i], rec_vec(r));
+    }
+    /* The block points into the pool: score it before the epoch ends. */
+    block_flush(w);
+    if (w->rc == EMBKV_OK && nssd) {
+        char *buf = NULL;
+        rec_hdr *recs[RANGE_BUCKETS * BUCKET_SLOTS];
+        int64_t *sids = ids + RANGE_BUCKETS * BUCKET_SLOTS - nssd;
+        int rc = tier_read(s, sids, locs + RANGE_BUCKETS * BUCKET_SLOTS - nssd, nssd, &buf, recs, false);
+        if (rc != EMBKV_OK)
+            worker_fail(w, rc);
+        else
+            for (size_t i = 0; i < nssd; i++)
+                block_add(w, sids[i], rec_vec(recs[i]));
+        /* The block points into buf: score it before it goes. */
+        block_flush(w);
+        free(buf);
+    }
+}
+
+static void *worker_main(void *p)
+{
+    knn_worker *w = p;
+    knn_job *j = w->job;
+    while (w->rc == EMBKV_OK && !atomic_load_explicit(&j->failed, memory_order_relaxed)) {
+        uint64_t b0 = atomic_fetch_add(&j->next, RANGE_BUCKETS);
+        if (b0 >= j->nbuckets)
+            break;
+        uint64_t b1 = b0 + RANGE_BUCKETS < j->nbuckets ? b0 + RANGE_BUCKETS : j->nbuckets;
+        ebr_enter();
+        pass_range(w, atomic_load(&j->s->ix), b0, b1);
+        ebr_leave();
+    }
+    if (w->rc != EMBKV_OK) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&j->failed, &zero, w->rc);
+    }
+    return NULL;
+}
+
+static void worker_free(knn_worker *w, size_t nq)
+{
+    if (!w)
+        return;
+    if (w->tops)
+        for (size_t q = 0; q < nq; q++) {
+            free(w->tops[q].d);
+            free(w->tops[q].id);
+        }
+    free(w->tops);
+    free(w->score);
+}
+
+static int worker_init(knn_worker *w, knn_job *j)
+{
+    memset(w, 0, sizeof *w);
+    w->job = j;
+    w->tops = calloc(j->nq, sizeof *w->tops);
+    w->score = malloc(j->nq * BLOCK_ROWS * sizeof *w->score);
+    if (!w->tops || !w->score)
+        return EMBKV_NOMEM;
+    for (size_t q = 0; q < j->nq; q++) {
+        w->tops[q].d = malloc(j->k * sizeof(float));
+        w->tops[q].id = malloc(j->k * sizeof(int64_t));
+        if (!w->tops[q].d || !w->tops[q].id)
+            return EMBKV_NOMEM;
+    }
+    return EMBKV_OK;
+}
+
+/* Rows read one at a time (the ids a caller names, the dirty cached rows):
+ * scored by worker w, each once, missing ones passed over. */
+static int score_listed(knn_worker *w, const int64_t *ids, size_t n)
+{
+    embkv_store *s = w->job->s;
+    size_t dim = s->dim;
+    float *buf = malloc(BLOCK_ROWS * dim * sizeof(float));
+    idset seen;
+    int rc = idset_init(&seen, n);
+    if (!buf || rc != EMBKV_OK) {
+        free(buf);
+        idset_free(&seen);
+        return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
+    }
+    for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+        if (idset_has(w->job->skip, ids[i]) || idset_has(&seen, ids[i]))
+            continue;
+        idset_add(&seen, ids[i]);
+        float *v = buf + w->nr * dim;
+        int r = get_uncounted(s, ids[i], v);
+        if (r == EMBKV_NOTFOUND)
+            continue;
+        if (r != EMBKV_OK)
+            rc = r;
+        else
+            block_add(w, ids[i], v);
+    }
+    if (rc == EMBKV_OK)
+        block_flush(w);
+    free(buf);
+    idset_free(&seen);
+    return rc;
+}
+
+/* Sorts a top-k's n entries into ranking order (insertion sort: k is a
+ * few hundred at most in practice, and the heap is half sorted). */
+static void topk_sort(float *d, int64_t *id, size_t n)
+{
+    for (size_t i = 1; i < n; i++) {
+        float dv = d[i];
+        int64_t iv = id[i];
+        size_t j = i;
+        while (j > 0 && after(d[j - 1], id[j - 1], dv, iv)) {
+            d[j] = d[j - 1];
+            id[j] = id[j - 1];
+            j--;
+        }
+        d[j] = dv;
+        id[j] = iv;
+    }
+}
+
+int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
+              int64_t *out_ids, float *out_dist, size_t *found)
+{
+    if (!s || !queries || !out_ids || !out_dist || !found)
+        return embkv__err(EMBKV_INVALID, "embkv_knn: NULL argument");
+    embkv_knn_options o = { 0 };
+    if (opt)
+        o = *opt;
+    if (o.metric != EMBKV_KNN_L2 && o.metric != EMBKV_KNN_COSINE && o.metric != EMBKV_KNN_DOT)
+        return embkv__err(EMBKV_INVALID, "embkv_knn: unknown metric %d (EMBKV_KNN_L2, _COSINE or _DOT)", o.metric);
+    if (nq == 0 || k == 0)
+        return embkv__err(EMBKV_INVALID, "embkv_knn: %s is 0 (ask for at least one query and one row)",
+                          nq == 0 ? "the number of queries" : "k");
+    if (k > EMBKV_KNN_MAX_K || nq > EMBKV_KNN_MAX_QUERIES || nq * k > EMBKV_KNN_MAX_RESULTS)
+        return embkv__err(EMBKV_INVALID,
+                          "embkv_knn: %zu queries of k=%zu is too many (k at most %d, queries at most %d, "
+                          "queries x k at most %d): split the batch",
+                          nq, k, EMBKV_KNN_MAX_K, EMBKV_KNN_MAX_QUERIES, EMBKV_KNN_MAX_RESULTS);
+    if ((o.nonly && !o.only) || (o.nskip && !o.skip) || (o.nextra && (!o.extra_ids || !o.extra_vecs)))
+        return embkv__err(EMBKV_INVALID, "embkv_knn: a NULL id list with a nonzero count");
+    uint32_t dim = s->dim;
+    float *qnorm = NULL;
+    for (size_t q = 0; q < nq; q++)
+        for (uint32_t j = 0; j < dim; j++)
+            if (!isfinite(queries[q * dim + j]))
+                return embkv__err(EMBKV_INVALID, "embkv_knn: query %zu holds %s at position %u: give finite numbers",
+                                  q, isnan(queries[q * dim + j]) ? "NaN" : "an infinity", j);
+    if (o.metric != EMBKV_KNN_DOT) {
+        qnorm = malloc(nq * sizeof *qnorm);
+        if (!qnorm)
+            return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
+        for (size_t q = 0; q < nq; q++) {
+            qnorm[q] = sumsq(queries + q * dim, dim);
+            if (o.metric == EMBKV_KNN_L2)
+                continue;
+            qnorm[q] = 1.0f / sqrtf(qnorm[q]);
+            if (!isfinite(qnorm[q])) {
+                free(qnorm);
+                return embkv__err(EMBKV_INVALID,
+                                  "embkv_knn: query %zu is all zeros: its cosine distance to any row is undefined", q);
+            }
+        }
+    }
+
+    knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .nq = nq, .k = k, .metric = o.metric };
+    atomic_init(&job.next, 0);
+    atomic_init(&job.failed, 0);
+    idset skip;
+    int rc = idset_init(&skip, o.nskip + (size_t)cache_ndirty(s->cache));
+    for (size_t i = 0; i < o.nskip && rc == EMBKV_OK; i++)
+        idset_add(&skip, o.skip[i]);
+    job.skip = &skip;
+
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned nt = o.threads ? o.threads : (ncpu > 0 ? (unsigned)ncpu : 1);
+    if (nt > MAX_THREADS)
+        nt = MAX_THREADS;
+    knn_worker *ws = rc == EMBKV_OK ? calloc(nt, sizeof *ws) : NULL;
+    if (rc == EMBKV_OK && !ws)
+        rc = EMBKV_NOMEM;
+    for (unsigned t = 0; t < nt && rc == EMBKV_OK; t++)
+        rc = worker_init(&ws[t], &job);
+    if (rc != EMBKV_OK) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory for %zu queries of k=%zu", nq, k);
+        goto out;
+    }
+
+    for (size_t i = 0; i < o.nextra; i++)
+        block_add(&ws[0], o.extra_ids[i], o.extra_vecs + i * dim);
+    block_flush(&ws[0]);
+    if (o.only) {
+        /* The rows named: read one by one (the caller asked for few). */
+        rc = score_listed(&ws[0], o.only, o.nonly);
+        goto merge;
+    }
+    /* Rows the cache holds newer than their home: read from it, and left
+     * out of the pass over the index. */
+    if (s->cache && cache_ndirty(s->cache)) {
+        int64_t *dirty = NULL;
+        size_t nd = 0;
+        if ((rc = cache_dirty_ids(s->cache, &dirty, &nd)) != EMBKV_OK) {
+            rc = embkv__err(rc, "embkv_knn: out of memory listing the cache's rows");
+            goto out;
+        }
+        rc = score_listed(&ws[0], dirty, nd);
+        if (rc == EMBKV_OK) {
+            idset_free(&skip);
+            rc = idset_init(&skip, o.nskip + nd);
+            for (size_t i = 0; i < o.nskip && rc == EMBKV_OK; i++)
+                idset_add(&skip, o.skip[i]);
+            for (size_t i = 0; i < nd && rc == EMBKV_OK; i++)
+                idset_add(&skip, dirty[i]);
+            if (rc != EMBKV_OK)
+                rc = embkv__err(rc, "embkv_knn: out of memory");
+        }
+        free(dirty);
+        if (rc != EMBKV_OK)
+            goto out;
+    }
+
+    embkv_scan_pin(s);
+    ebr_enter();
+    job.nbuckets = atomic_load(&s->ix)->nbuckets;
+    ebr_leave();
+    pthread_t th[MAX_THREADS];
+    unsigned started = 0;
+    uint64_t ranges = (job.nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
+    unsigned want = ranges < nt ? (unsigned)ranges : nt;
+    for (unsigned t = 1; t < want; t++) {
+        if (pthread_create(&th[t], NULL, worker_main, &ws[t]) != 0)
+            break;  /* fewer threads: the others take its share */
+        started = t;
+    }
+    worker_main(&ws[0]);
+    for (unsigned t = 1; t <= started; t++)
+        pthread_join(th[t], NULL);
+    embkv_scan_unpin(s);
+
+merge:
+    for (unsigned t = 0; t < nt && rc == EMBKV_OK; t++)
+        if (ws[t].rc != EMBKV_OK)
+            rc = embkv__err(ws[t].rc, "%s", ws[t].msg);
+    if (rc == EMBKV_OK) {
+        for (size_t q = 0; q < nq; q++) {
+            topk *all = &ws[0].tops[q];
+            for (unsigned t = 1; t < nt; t++)
+                for (size_t i = 0; i < ws[t].tops[q].n; i++)
+                    topk_offer(all, k, ws[t].tops[q].d[i], ws[t].tops[q].id[i]);
+            topk_sort(all->d, all->id, all->n);
+            for (size_t i = 0; i < all->n; i++) {
+                out_ids[q * k + i] = all->id[i];
+                out_dist[q * k + i] = o.metric == EMBKV_KNN_L2 ? sqrtf(all->d[i]) : all->d[i];
+            }
+            for (size_t i = all->n; i < k; i++) {
+                out_ids[q * k + i] = -1;
+                out_dist[q * k + i] = NAN;
+            }
+            found[q] = all->n;
+        }
+    }
+out:
+    if (ws)
+        for (unsigned t = 0; t < nt; t++)
+            worker_free(&ws[t], nq);
+    free(ws);
+    idset_free(&skip);
+    free(qnorm);
+    return rc;
+}
