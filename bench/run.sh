@@ -4,7 +4,8 @@
 #   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
-#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_ctr.py (below)
+#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_knn.py,
+#   bench_ctr.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
 # Everything printed is also written to build/bench-results.txt.  Pools live
@@ -199,6 +200,19 @@ fi
 if [[ -x $PY ]] && "$PY" -c 'import embkv' 2>/dev/null; then
     run "bench_pins.py (/dev/shm)" "$PY" bench/bench_pins.py "$SHM_ROOT/pins" --seconds 30
     rm -rf "$SHM_ROOT/pins"
+fi
+
+# Nearest-neighbour search: embkv_knn against sqlite-vec (the npm package
+# sqlite-vec-linux-x64, a benchmark-only peer, installed under build/npm
+# when npm can reach its registry) and numpy, 1M rows of dim 64.
+if [[ -x $PY ]] && "$PY" -c 'import embkv, numpy' 2>/dev/null; then
+    VEC0=build/npm/node_modules/sqlite-vec-linux-x64/vec0.so
+    if [[ ! -f $VEC0 ]] && command -v npm >/dev/null; then
+        (mkdir -p build/npm && cd build/npm && timeout 300 npm install --no-save --no-audit --no-fund \
+            sqlite-vec-linux-x64 >/dev/null 2>&1) || echo "npm could not install sqlite-vec-linux-x64"
+    fi
+    run "bench_knn.py (/dev/shm)" "$PY" bench/bench_knn.py "$SHM_ROOT/knn" --vec0 "$VEC0"
+    rm -rf "$SHM_ROOT/knn"
 fi
 
 # The PyTorch CTR model: embkv against torch in memory, and workers x

@@ -7,7 +7,8 @@
  *     chunk table elsewhere) is refused at open with EMBKV_CORRUPT;
  *  B. a flipped byte in a record's vector is EMBKV_CORRUPT naming the id on
  *     embkv_get, embkv_get_batch_at, embkv_scan and embkv_check, and on the
- *     update that reads it; a flipped id byte on embkv_get_batch too;
+ *     update that reads it, on embkv_knn; a flipped id byte on embkv_get_batch
+ *     too;
  *  C. random single-byte flips in the pool's embkv objects (root, index,
  *     records), each opened in a forked child under alarm(): no signal, no
  *     hang; with a record or root flip, every read either fails cleanly or
@@ -269,6 +270,13 @@ static void test_scan_flip(void)
     CHECK_RC(embkv_scan(s, scan_cb, &bad), EMBKV_CORRUPT);
     CHECK(strstr(embkv_errmsg(), "id 150") != NULL);
     CHECK(bad == 0);  /* nothing damaged reached the callback */
+    /* The nearest-neighbour pass reads every record too. */
+    float q[DIM] = {0};
+    int64_t kid[3];
+    float kd[3];
+    size_t kf;
+    CHECK_RC(embkv_knn(s, q, 1, 3, NULL, kid, kd, &kf), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 150") != NULL);
     CHECK_RC(embkv_close(s), EMBKV_OK);
     write_file(pool_path, orig, len);
     free(orig);

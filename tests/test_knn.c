@@ -1,0 +1,212 @@
+/*
+ * test_knn.c - embkv_knn through the C API.
+ *
+ *  A. Against a brute force in double on random rows (dim 21: the vector
+ *     kernels' tails), every metric, single queries and a batch: the same
+ *     ids in the same order (up to float rounding among near-equal
+ *     distances), and the same result bit for bit with 1, 2 and 5 threads.
+ *  B. only, skip and extra rows; a table with fewer rows than k (found,
+ *     the rest id -1); rows deleted are not found.
+ *  C. Bad arguments: each EMBKV_INVALID with the message naming it.
+ * Searches beside writers: test_concurrency_knn.c.
+ */
+#include "embkv.h"
+#include "check.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#define DIM 21
+#define ROWS 6000
+
+static double scale = 1.0;
+
+static float val(int64_t id, int j, int version)
+{
+    return (float)((int64_t)mix64((uint64_t)id * 131 + (uint64_t)j * 7 + (uint64_t)version * 1000003) % 2001 - 1000) /
+           256.0f;
+}
+
+static double ref_dist(const float *q, const float *v, int metric)
+{
+    double dot = 0, qq = 0, vv = 0, l2 = 0;
+    for (int j = 0; j < DIM; j++) {
+        dot += (double)q[j] * v[j];
+        qq += (double)q[j] * q[j];
+        vv += (double)v[j] * v[j];
+        l2 += ((double)q[j] - v[j]) * ((double)q[j] - v[j]);
+    }
+    return metric == EMBKV_KNN_L2 ? sqrt(l2) : metric == EMBKV_KNN_COSINE ? 1 - dot / sqrt(qq * vv) : -dot;
+}
+
+typedef struct ranked {
+    double d;
+    int64_t id;
+} ranked;
+
+static int cmp_ranked(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->d != y->d) return x->d < y->d ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The k nearest of rows 0..n-1 (version 0) by brute force. */
+static void brute(const float *q, int metric, size_t k, int64_t n, ranked *out)
+{
+    ranked *all = malloc((size_t)n * sizeof *all);
+    float v[DIM];
+    for (int64_t id = 0; id < n; id++) {
+        for (int j = 0; j < DIM; j++) v[j] = val(id, j, 0);
+        all[id].d = ref_dist(q, v, metric);
+        all[id].id = id;
+    }
+    qsort(all, (size_t)n, sizeof *all, cmp_ranked);
+    memcpy(out, all, k * sizeof *out);
+    free(all);
+}
+
+static embkv_store *make_store(const char *name, int64_t rows)
+{
+    embkv_options o = {0};
+    o.dim = DIM;
+    o.expected_rows = (uint64_t)rows;
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(test_tmpdir(name), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    float v[DIM];
+    for (int64_t id = 0; id < rows && s; id++) {
+        for (int j = 0; j < DIM; j++) v[j] = val(id, j, 0);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------ A */
+
+static void test_brute(embkv_store *s)
+{
+    enum { NQ = 4, K = 12 };
+    float qs[NQ * DIM];
+    for (int q = 0; q < NQ; q++)
+        for (int j = 0; j < DIM; j++) qs[q * DIM + j] = val(1000000 + q, j, 0);
+    for (int metric = 0; metric < 3; metric++) {
+        int64_t ids[3][NQ * K];
+        float dist[3][NQ * K];
+        size_t found[3][NQ];
+        unsigned threads[3] = {1, 2, 5};
+        for (int t = 0; t < 3; t++) {
+            embkv_knn_options o = {.metric = metric, .threads = threads[t]};
+            CHECK_RC(embkv_knn(s, qs, NQ, K, &o, ids[t], dist[t], found[t]), EMBKV_OK);
+        }
+        CHECK(memcmp(ids[0], ids[1], sizeof ids[0]) == 0 && memcmp(ids[0], ids[2], sizeof ids[0]) == 0);
+        CHECK(memcmp(dist[0], dist[1], sizeof dist[0]) == 0 && memcmp(dist[0], dist[2], sizeof dist[0]) == 0);
+        for (int q = 0; q < NQ; q++) {
+            CHECK(found[0][q] == K);
+            ranked want[K];
+            brute(qs + q * DIM, metric, K, ROWS, want);
+            for (int i = 0; i < K; i++) {
+                double d = dist[0][q * K + i];
+                CHECK(fabs(d - want[i].d) <= 1e-4 * fmax(1.0, fabs(want[i].d)));
+                /* ids equal unless the reference has a near-tie there */
+                bool tie = (i > 0 && fabs(want[i].d - want[i - 1].d) < 1e-4) ||
+                           (i + 1 < K && fabs(want[i].d - want[i + 1].d) < 1e-4);
+                if (!tie) CHECK(ids[0][q * K + i] == want[i].id);
+            }
+        }
+    }
+    /* A row's own vector finds it at distance 0 exactly (L2 decided on the
+     * direct sum). */
+    float v[DIM];
+    for (int j = 0; j < DIM; j++) v[j] = val(4321, j, 0);
+    int64_t id;
+    float d;
+    size_t f;
+    CHECK_RC(embkv_knn(s, v, 1, 1, NULL, &id, &d, &f), EMBKV_OK);
+    CHECK(f == 1 && id == 4321 && d == 0.0f);
+}
+
+/* ------------------------------------------------------------ B */
+
+static void test_lists(embkv_store *s)
+{
+    float q[DIM];
+    for (int j = 0; j < DIM; j++) q[j] = val(17, j, 0);
+    int64_t ids[8];
+    float dist[8];
+    size_t found;
+    /* only: among those (absent 99999 ignored, 17 named twice counted once) */
+    int64_t only[5] = {5, 99999, 17, 300, 17};
+    embkv_knn_options o = {.only = only, .nonly = 5};
+    CHECK_RC(embkv_knn(s, q, 1, 8, &o, ids, dist, &found), EMBKV_OK);
+    CHECK(found == 3 && ids[0] == 17 && dist[0] == 0.0f && ids[3] == -1 && isnan(dist[3]));
+    CHECK((ids[1] == 5 || ids[1] == 300) && (ids[2] == 5 || ids[2] == 300) && ids[1] != ids[2]);
+    /* skip 17, and an extra row 17 at q + 1 in element 0: found at 1.0 */
+    float extra[DIM];
+    memcpy(extra, q, sizeof extra);
+    extra[0] += 1.0f;
+    int64_t eid = 17;
+    embkv_knn_options o2 = {.skip = &eid, .nskip = 1, .extra_ids = &eid, .extra_vecs = extra, .nextra = 1};
+    CHECK_RC(embkv_knn(s, q, 1, 2, &o2, ids, dist, &found), EMBKV_OK);
+    CHECK(found == 2 && ids[0] == 17 && dist[0] == 1.0f && ids[1] != 17);
+    /* a deleted row is not found */
+    CHECK_RC(embkv_delete(s, 17), EMBKV_OK);
+    CHECK_RC(embkv_knn(s, q, 1, 1, NULL, ids, dist, &found), EMBKV_OK);
+    CHECK(found == 1 && ids[0] != 17 && dist[0] > 0);
+    for (int j = 0; j < DIM; j++) q[j] = val(17, j, 0);
+    CHECK_RC(embkv_put(s, 17, q, NULL, 0), EMBKV_OK);
+    /* fewer rows than k */
+    embkv_store *small = make_store("small", 3);
+    int64_t many[10];
+    float md[10];
+    CHECK_RC(embkv_knn(small, q, 1, 10, NULL, many, md, &found), EMBKV_OK);
+    CHECK(found == 3 && many[3] == -1 && many[9] == -1);
+    CHECK_RC(embkv_close(small), EMBKV_OK);
+}
+
+/* ------------------------------------------------------------ C */
+
+static void test_errors(embkv_store *s)
+{
+    float q[DIM] = {0};
+    int64_t ids[4];
+    float dist[4];
+    size_t found[2];
+    CHECK_RC(embkv_knn(NULL, q, 1, 1, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK_RC(embkv_knn(s, q, 1, 1, NULL, NULL, dist, found), EMBKV_INVALID);
+    CHECK_RC(embkv_knn(s, q, 0, 1, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "the number of queries is 0") != NULL);
+    CHECK_RC(embkv_knn(s, q, 1, 0, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "k is 0") != NULL);
+    CHECK_RC(embkv_knn(s, q, 1, EMBKV_KNN_MAX_K + 1, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "split the batch") != NULL);
+    embkv_knn_options bad = {.metric = 7};
+    CHECK_RC(embkv_knn(s, q, 1, 1, &bad, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "unknown metric 7") != NULL);
+    embkv_knn_options cos = {.metric = EMBKV_KNN_COSINE};
+    CHECK_RC(embkv_knn(s, q, 1, 1, &cos, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "query 0 is all zeros") != NULL);
+    float q2[2 * DIM] = {0};
+    q2[DIM + 3] = NAN;
+    CHECK_RC(embkv_knn(s, q2, 2, 1, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "query 1 holds NaN at position 3") != NULL);
+    q2[DIM + 3] = INFINITY;
+    CHECK_RC(embkv_knn(s, q2, 2, 1, NULL, ids, dist, found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "an infinity") != NULL);
+    embkv_knn_options nolist = {.nonly = 3};
+    CHECK_RC(embkv_knn(s, q, 1, 1, &nolist, ids, dist, found), EMBKV_INVALID);
+}
+
+int main(void)
+{
+    const char *e = getenv("EMBKV_TEST_SCALE");
+    if (e && *e && atof(e) > 0) scale = atof(e);
+    embkv_store *s = make_store("main", ROWS);
+    if (s) {
+        test_brute(s);
+        test_lists(s);
+        test_errors(s);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    return test_summary("test_knn");
+}
