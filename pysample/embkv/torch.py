@@ -12,25 +12,31 @@ ids of the batch once (embkv_pull, which takes their staleness permits) into
 a small leaf tensor, and torch's own embedding / embedding_bag run on it, so
 outputs and gradients follow torch's rules exactly (modes, offsets,
 per_sample_weights, padding_idx).  When autograd has the gradient of that
-leaf (duplicates already summed), a hook pushes it (embkv_push): the table's
-optimizer (sgd, adagrad or adam, set on the table) updates the rows in the
-store, as FBGEMM's fused backward does.  No torch optimizer touches them, and
+leaf (duplicates already summed), a hook adds it to the step's, which is
+pushed (embkv_push) at the update: the table's optimizer (sgd, adagrad or
+adam, set on the table) updates the rows in the store, as FBGEMM's fused
+backward does.  No torch optimizer touches them, and
 the module has no parameters.
 
-Permits: each forward is one pull.  Its permits are returned by its
-backward's push (also when the push fails: a NaN gradient, say), and
+One step, one update: every forward of a table on a connection until its
+update belongs to one step (_Step), whichever module made it.  An id is
+pulled once per step (a second forward reuses the rows, so forwards sharing
+ids never wait for each other's permits), and the gradients of all of them
+are summed per id and pushed once, at the end of the backward pass
+(update="backward", through autograd's end-of-pass callback) or at step()
+(update="step", torch's accumulate-then-step).
+
+Permits: a step's update returns them (also when its push fails: a NaN
+gradient, say; rows without a gradient go back without an update), and
 otherwise (inference with gradients on, a graph dropped without backward,
-an exception inside the step) as soon as the batch's leaf tensor is freed,
-or by release() (a backward after release() pushes nothing).  The module
-need not outlive its outputs.  A forward under torch.no_grad() returns them
-at once (eval mode alone does not: as in torch, it does not stop gradients).
-At staleness 0 an id can be pulled once before its push: two forwards of one
-table in one step that share ids wait for each other (and fail after the
-table's wait_ms), and a loss, output or traceback kept alive holds its
-step's permits.  A second backward through one forward (retain_graph) is an
-error: its rows were updated by the first.  Threads that train at once need
-a connection each: a pull waiting for a permit holds its connection, so a
-push on the same connection could not run.
+an exception inside the step) as soon as the step's last batch tensor is
+freed, or by release() (a backward after release() pushes nothing).  The
+module need not outlive its outputs.  A forward under torch.no_grad() takes
+none (eval mode alone does not stop gradients, as in torch).  A second
+backward through one forward (retain_graph) is an error: its rows were
+updated by the first.  Threads that train at once need a connection each:
+a pull waiting for a permit holds its connection, so a push on the same
+connection could not run.
 
 padding_idx: that id is never read nor stored; its output rows are zeros (as
 torch's, whose padding row starts at zero and gets no gradient) and bags skip
@@ -50,76 +56,173 @@ import embkv
 __all__ = ["Embedding", "EmbeddingBag"]
 
 
-class _Lease:
-    """The permits of one forward: the distinct ids it pulled, on what
-    table, and where they are.  It does not depend on the module (a module
-    dropped while its output lives still pushes or releases), and the hook
-    and the finalizer hold it.  state: "out", "pushed" or "released"."""
+class _Step:
+    """One update of one table on one connection: the rows its forwards
+    pulled since the last update (each id once, so each holds one permit),
+    and the gradients their backward passes gave, summed per id.  Every
+    module of the table on that connection shares it: a step that calls the
+    table several times (TransE: heads, tails, corrupted ones) applies one
+    update, as torch sums the gradients of a parameter and its optimizer
+    steps once.  It ends at the end of the backward pass that reached it
+    (update="backward"), or at the module's step() (update="step"): the
+    summed gradient is pushed (embkv_push, one optimizer step and one tick of
+    the clock per row), and the permits of rows that got none are returned.
+    state: "open", "closed" (pushed) or "released"."""
 
-    __slots__ = ("conn", "table", "ids", "state", "lock", "__weakref__")
+    __slots__ = ("conn", "table", "key", "dim", "mode", "ids", "rows", "grad", "has_grad", "state", "lock",
+                 "queued", "leaves", "__weakref__")
 
-    def __init__(self, conn, table, ids):
-        self.conn, self.table, self.ids = conn, table, ids
-        self.state = "out"
-        self.lock = threading.Lock()
+    def __init__(self, conn, table, key, dim, mode):
+        self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
+        self.ids = np.empty(0, np.int64)           # sorted
+        self.rows = np.empty((0, dim), np.float32)
+        self.grad = np.empty((0, dim), np.float32)
+        self.has_grad = np.empty(0, bool)
+        self.state = "open"
+        self.lock = threading.RLock()
+        self.queued = False                        # its end is queued on the running backward pass
+        self.leaves = 0                            # batch tensors alive that may still get a gradient
 
-    def push(self, grad):
+    def _find(self, u):
+        """Positions of the sorted ids u in self.ids, and which are there."""
+        pos = np.searchsorted(self.ids, u)
+        there = pos < len(self.ids)
+        there[there] = self.ids[pos[there]] == u[there]
+        return pos, there
+
+    def rows_for(self, u):
+        """The rows of the sorted distinct ids u, pulling (with their
+        permits) those the step has not pulled yet."""
         with self.lock:
-            if self.state == "pushed":
-                raise RuntimeError("embkv.torch: a second backward through one forward of table %r (retain_graph): "
-                                   "the first one updated its rows already; run a forward per backward" % self.table)
-            if self.state == "released":
-                return  # release() came first: the update is dropped, as documented
+            pos, there = self._find(u)
+            new = u[~there]
+            if len(new):
+                r = embkv.pull(self.conn, self.table, new, self.dim)
+                ids = np.concatenate([self.ids, new])
+                order = np.argsort(ids, kind="stable")
+                self.ids = ids[order]
+                self.rows = np.concatenate([self.rows, r])[order]
+                self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
+                self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
+                pos = np.searchsorted(self.ids, u)
+            return self.rows[pos].copy()
+
+    def cached(self, u):
+        """(rows of the ids of u the step holds, mask of those ids): reads
+        without gradient see the step's rows, and take no permit for them."""
+        with self.lock:
+            pos, there = self._find(u)
+            return self.rows[pos[there]], there
+
+    def add(self, u, g):
+        with self.lock:
+            pos = np.searchsorted(self.ids, u)
+            self.grad[pos] += g
+            self.has_grad[pos] = True
+
+    def end(self):
+        """The update: push the summed gradients, return the other permits."""
+        with self.lock:
+            if self.state != "open":
+                return
+            self.state = "closed"
+            _forget_step(self)
+            got = self.has_grad
             try:
-                embkv.push(self.conn, self.table, self.ids, grad)
+                if got.any():
+                    embkv.push(self.conn, self.table, self.ids[got], self.grad[got])
             except BaseException:
                 # The update failed (a NaN gradient, a transaction open on the
-                # connection): the permits go back all the same, now or later.
-                self._release_locked()
+                # connection): the permits go back all the same.
+                self._return(self.ids[got])
                 raise
-            self.state = "pushed"
+            finally:
+                self._return(self.ids[~got])
 
     def release(self):
+        """No update: every permit back (release(), or every batch tensor
+        freed without a backward)."""
         with self.lock:
-            if self.state == "out":
-                self._release_locked()
-
-    def _release_locked(self):
-        try:
-            embkv.release(self.conn, self.table, self.ids)
+            if self.state != "open":
+                return
             self.state = "released"
+            _forget_step(self)
+            self._return(self.ids)
+
+    def _return(self, ids):
+        if not len(ids):
+            return
+        try:
+            embkv.release(self.conn, self.table, ids)
         except sqlite3.ProgrammingError:
             # Another thread than the connection's (a finalizer run by the
-            # garbage collector): the connection's next forward, backward
-            # or release() returns them.
+            # garbage collector): the connection's next forward, step or
+            # release() returns them.
             with _deferred_lock:
-                _deferred.setdefault(id(self.conn), []).append(self)
+                _deferred.setdefault(id(self.conn), []).append((self.table, ids))
         except sqlite3.Error:
             pass  # the connection is closed: its permits went with it
 
+    def leaf_freed(self):
+        with self.lock:
+            self.leaves -= 1
+            if self.leaves == 0 and self.state == "open" and not self.has_grad.any():
+                self.release()
 
-_deferred = {}                 # id(conn) -> leases whose release must run on the connection's thread
+
+_steps = {}                    # (id(conn), table key) -> the open _Step
+_steps_lock = threading.Lock()
+_deferred = {}                 # id(conn) -> [(table, ids)] whose release must run on the connection's thread
 _deferred_lock = threading.Lock()
+
+
+def _forget_step(step):
+    with _steps_lock:
+        if _steps.get((id(step.conn), step.key)) is step:
+            del _steps[(id(step.conn), step.key)]
+
+
+def _open_step(conn, table, key, dim, mode):
+    with _steps_lock:
+        st = _steps.get((id(conn), key))
+        if st is not None and st.mode != mode:
+            raise ValueError("embkv.torch: modules of table %r on one connection disagree: update=%r and %r"
+                             % (table, st.mode, mode))
+        if st is None:
+            st = _steps[(id(conn), key)] = _Step(conn, table, key, dim, mode)
+        return st
+
+
+def _peek_step(conn, key):
+    with _steps_lock:
+        return _steps.get((id(conn), key))
 
 
 def _flush_deferred(conn):
     with _deferred_lock:
         todo = _deferred.pop(id(conn), [])
-    for lease in todo:
-        lease.release()
+    for table, ids in todo:
+        try:
+            embkv.release(conn, table, ids)
+        except sqlite3.Error:
+            pass
 
 
-def _finalize(lease):
-    if lease.state == "out":
-        lease.release()
+def _leaf_freed(step):
+    step.leaf_freed()
 
 
 class _TableModule(torch.nn.Module):
-    def __init__(self, conn, table, dim=None, padding_idx=None, **options):
+    def __init__(self, conn, table, dim=None, padding_idx=None, update="backward", **options):
         super().__init__()
+        if update not in ("backward", "step"):
+            raise ValueError("embkv.torch: update must be 'backward' (one update per backward pass) or 'step' "
+                             "(gradients summed until step()), not %r" % (update,))
         self.conn = conn
         self.table = table
+        self.update = update
         schema, name = _split_table(conn, table)
+        self._key = ((schema or "").lower(), name.lower())
         exists = conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
                               % _quote(schema or "main"), (name,)).fetchone()
         quoted = _quote(name) if schema is None else "%s.%s" % (_quote(schema), _quote(name))
@@ -149,7 +252,6 @@ class _TableModule(torch.nn.Module):
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
         self.padding_idx = padding_idx
-        self._leases = weakref.WeakSet()  # forwards whose permits may be out
 
     def extra_repr(self):
         return "table=%r, dim=%d%s" % (self.table, self.embedding_dim,
@@ -158,11 +260,25 @@ class _TableModule(torch.nn.Module):
     # -- permits
 
     def release(self):
-        """Return the permits of every forward not followed by a backward
-        (a backward after release() pushes nothing)."""
+        """Return the permits of the open step of this table (forwards not
+        followed by their update; a backward after release() pushes
+        nothing)."""
         _flush_deferred(self.conn)
-        for lease in list(self._leases):
-            lease.release()
+        st = _peek_step(self.conn, self._key)
+        if st is not None:
+            st.release()
+
+    def step(self):
+        """Apply the gradients summed since the last update (update="step":
+        torch's accumulate-then-step; with update="backward" the end of each
+        backward pass does it).  Returns the rows updated."""
+        _flush_deferred(self.conn)
+        st = _peek_step(self.conn, self._key)
+        if st is None:
+            return 0
+        n = int(st.has_grad.sum())
+        st.end()
+        return n
 
     def lookahead(self, ids):
         """Announce the ids of coming batches (embkv_lookahead), so that rows
@@ -196,9 +312,25 @@ class _TableModule(torch.nn.Module):
             is_pad, real = None, flat
         uniq, inv = torch.unique(real, return_inverse=True)
         u = uniq.numpy()
-        rows = embkv.pull(self.conn, self.table, u, self.embedding_dim) if len(u) else \
-            np.zeros((0, self.embedding_dim), np.float32)
-        w = torch.from_numpy(np.array(rows, dtype=np.float32, copy=True))
+        # As torch's: eval mode changes nothing here, only torch.no_grad() does.
+        training = torch.is_grad_enabled()
+        if not training:
+            rows = np.zeros((len(u), self.embedding_dim), np.float32)
+            st = _peek_step(self.conn, self._key)
+            there = np.zeros(len(u), bool)
+            if st is not None and len(u):
+                held, there = st.cached(u)
+                rows[there] = held
+            rest = u[~there]
+            if len(rest):
+                rows[~there] = embkv.pull(self.conn, self.table, rest, self.embedding_dim)
+                embkv.release(self.conn, self.table, rest)
+            w = torch.from_numpy(rows)
+        elif len(u) == 0:
+            w = torch.zeros((0, self.embedding_dim))
+        else:
+            st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
+            w = torch.from_numpy(st.rows_for(u))
         local = torch.empty_like(flat)
         if is_pad is not None:
             pad_local = len(u)
@@ -207,25 +339,39 @@ class _TableModule(torch.nn.Module):
             local[~is_pad] = inv
         else:
             local = inv
-        # As torch's: eval mode changes nothing here, only torch.no_grad() does.
-        training = torch.is_grad_enabled()
         if not training or len(u) == 0:
-            if len(u):
-                embkv.release(self.conn, self.table, u)
             return w, local.reshape(ids.shape), pad_local
         w.requires_grad_(True)
-        lease = _Lease(self.conn, self.table, u)
-        self._leases.add(lease)
         n = len(u)
+        given = [False]  # this batch tensor's gradient went into an update
 
-        def push(grad):
-            lease.push(grad[:n].contiguous().numpy())
+        def hook(grad):
+            g = grad[:n].contiguous().numpy()
+            with st.lock:
+                if given[0]:
+                    raise RuntimeError("embkv.torch: a second backward through one forward of table %r "
+                                       "(retain_graph): the first one updated its rows already; run a forward per "
+                                       "backward" % self.table)
+                given[0] = True
+                if st.state == "released":
+                    return grad  # release() came first: the update is dropped, as documented
+                if st.state == "closed":
+                    # Its step was updated by an earlier backward pass: this
+                    # gradient is an update of its own.
+                    embkv.push(self.conn, self.table, u, g)
+                    return grad
+                st.add(u, g)
+                if st.mode == "backward" and not st.queued:
+                    st.queued = True
+                    torch.autograd.Variable._execution_engine.queue_callback(st.end)
             return grad
 
-        w.register_hook(push)
+        w.register_hook(hook)
+        with st.lock:
+            st.leaves += 1
         # Freed without a backward (inference under grad, an exception):
-        # the permits go back.
-        weakref.finalize(w, _finalize, lease)
+        # once no batch tensor of the step is left, the permits go back.
+        weakref.finalize(w, _leaf_freed, st)
         return w, local.reshape(ids.shape), pad_local
 
 

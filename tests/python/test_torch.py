@@ -149,6 +149,160 @@ class TestExactness(Base):
         np.testing.assert_allclose(vec1, np.full(DIM, -0.01 * 2 * 2, np.float32), rtol=1e-6)  # sgd lr 0.01
 
 
+class TestOneUpdatePerStep(Base):
+    """All forwards of a table in one backward pass make one update (the
+    summed gradient, one optimizer step, one tick of the clock), as torch's
+    optimizer steps a parameter once whatever number of times the model
+    used it."""
+
+    def test_repro_two_forwards_adagrad(self):
+        self.conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, optimizer='adagrad', lr=0.1)")
+        self.conn.execute("INSERT INTO t(id, vec) VALUES (0, '[1,-2]')")
+        emb = ekt.Embedding(self.conn, "t")
+        i = torch.tensor([0])
+        (emb(i).sum() + 3 * emb(i).sum()).backward()
+        ref = torch.nn.Embedding(1, 2, sparse=True)
+        with torch.no_grad():
+            ref.weight.copy_(torch.tensor([[1.0, -2.0]]))
+        opt = torch.optim.Adagrad(ref.parameters(), lr=0.1, initial_accumulator_value=0.0, eps=1e-10)
+        (ref(i).sum() + 3 * ref(i).sum()).backward()
+        opt.step()
+        vec, clock = self.conn.execute("SELECT vec, clock FROM t WHERE id = 0").fetchone()
+        np.testing.assert_allclose(np.frombuffer(vec, np.float32), ref.weight.detach().numpy()[0], rtol=1e-6)
+        np.testing.assert_allclose(np.frombuffer(vec, np.float32), [0.9, -2.1], rtol=1e-6)
+        self.assertEqual(clock, 1)
+
+    def test_several_modules_and_roles_match_torch(self):
+        """A TransE-like step: one table called for heads, tails and
+        corrupted tails through an Embedding and an EmbeddingBag, at
+        staleness 0 (the roles share ids: no forward waits for another)."""
+        w0 = self.rng.normal(0, 1, (NUM, DIM)).astype(np.float32)
+        for kind in ("sgd", "adagrad", "adam"):
+            name = "kg_" + kind
+            self.table_like(name, w0, optimizer=kind, lr=0.05, staleness=0, wait_ms=200)
+            e1 = ekt.Embedding(self.conn, name)
+            e2 = ekt.EmbeddingBag(self.conn, name, mode="sum")
+            ref = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+            opt = (torch.optim.SGD([ref], lr=0.05) if kind == "sgd" else
+                   torch.optim.Adagrad([ref], lr=0.05, initial_accumulator_value=0.0, eps=1e-10) if kind == "adagrad"
+                   else torch.optim.Adam([ref], lr=0.05, eps=1e-8))
+            steps_of = np.zeros(NUM, np.int64)  # steps in which each row took part
+            for step in range(8):
+                h = torch.from_numpy(self.rng.integers(0, NUM, 6))
+                t = torch.from_numpy(self.rng.integers(0, NUM, 6))
+                c = t.clone()
+                c[::2] = h[::2]  # corrupted tails share ids with the heads
+                bags = torch.from_numpy(self.rng.integers(0, NUM, 6))
+
+                def loss(emb_h, emb_t, emb_c, emb_b):
+                    return ((emb_h - emb_t) ** 2).sum() - 0.5 * ((emb_h - emb_c) ** 2).sum() + emb_b.sum()
+
+                mine = loss(e1(h), e1(t), e1(c), e2(bags, torch.tensor([0, 3])))
+                theirs = loss(F_emb(h, ref), F_emb(t, ref), F_emb(c, ref),
+                              torch.nn.functional.embedding_bag(bags, ref, torch.tensor([0, 3]), mode="sum"))
+                if kind != "adam":  # (see below)
+                    np.testing.assert_allclose(mine.item(), theirs.item(), rtol=1e-5)
+                mine.backward()
+                opt.zero_grad()
+                theirs.backward()
+                opt.step()
+                steps_of[np.unique(torch.cat([h, t, c, bags]).numpy())] += 1
+            clocks = dict(self.conn.execute("SELECT id, clock FROM %s" % name).fetchall())
+            self.assertEqual(clocks, {i: int(steps_of[i]) for i in range(NUM)}, kind)
+            ids, got = self.rows(name)
+            if kind == "adam":
+                # torch's Adam steps every row each step (a dense parameter,
+                # moments decaying where the gradient is 0); the table steps
+                # the rows of the step only, by their clock: the clocks
+                # above are the check (test_adam_counts_one_step the value).
+                continue
+            np.testing.assert_allclose(got, ref.detach().numpy()[ids], rtol=1e-5, atol=1e-5, err_msg=kind)
+
+    def test_adam_counts_one_step(self):
+        self.conn.execute("CREATE VIRTUAL TABLE a USING embkv(dim=2, optimizer='adam', lr=0.1)")
+        self.conn.execute("INSERT INTO a(id, vec) VALUES (0, '[1,1]')")
+        emb = ekt.Embedding(self.conn, "a")
+        i = torch.tensor([0, 0])
+        (emb(i).sum() + emb(i).sum()).backward()
+        vec, clock = self.conn.execute("SELECT vec, clock FROM a").fetchone()
+        self.assertEqual(clock, 1)
+        # Adam's first step moves each element by lr (bias-corrected m / sqrt(v))
+        np.testing.assert_allclose(np.frombuffer(vec, np.float32), [0.9, 0.9], rtol=1e-5)
+
+    def test_rows_without_gradient_get_their_permits_back(self):
+        self.table_like("u", np.zeros((NUM, DIM), np.float32), staleness=0, wait_ms=200)
+        emb = ekt.Embedding(self.conn, "u")
+        used, unused = emb(torch.tensor([1, 2])), emb(torch.tensor([3, 4]))
+        used.sum().backward()
+        del unused
+        ids = np.array([1, 2, 3, 4], np.int64)
+        embkv.pull(self.conn, "u", ids)  # no permit left out: no wait
+        self.assertEqual(embkv.release(self.conn, "u", ids), 4)
+        clocks = dict(self.conn.execute("SELECT id, clock FROM u WHERE id IN (1, 2, 3, 4)").fetchall())
+        self.assertEqual(clocks, {1: 1, 2: 1, 3: 0, 4: 0})
+
+    def test_no_grad_forward_inside_a_step(self):
+        self.table_like("g", np.ones((NUM, DIM), np.float32), staleness=0, wait_ms=200)
+        emb = ekt.Embedding(self.conn, "g")
+        out = emb(torch.tensor([1, 2]))
+        with torch.no_grad():
+            seen = emb(torch.tensor([2, 3]))  # 2 from the step, 3 pulled and released
+        np.testing.assert_array_equal(seen.numpy(), np.ones((2, DIM), np.float32))
+        out.sum().backward()
+        self.assertEqual(self.conn.execute("SELECT clock FROM g WHERE id = 2").fetchone()[0], 1)
+
+    def test_update_step_accumulates_until_step(self):
+        w0 = self.rng.normal(0, 1, (NUM, DIM)).astype(np.float32)
+        self.table_like("acc", w0, optimizer="adagrad", lr=0.1)
+        emb = ekt.EmbeddingBag(self.conn, "acc", mode="mean", update="step")
+        ref = torch.nn.EmbeddingBag(NUM, DIM, mode="mean", sparse=True)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(w0))
+        opt = torch.optim.Adagrad(ref.parameters(), lr=0.1, initial_accumulator_value=0.0, eps=1e-10)
+        for step in range(4):
+            opt.zero_grad()
+            for micro in range(3):  # three micro-batches, one update
+                ids = torch.from_numpy(self.rng.integers(0, NUM, 8))
+                off = torch.tensor([0, 5])
+                out, out_ref = emb(ids, off), ref(ids, off)
+                np.testing.assert_allclose(out.detach().numpy(), out_ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+                (out ** 2).sum().backward()
+                (out_ref ** 2).sum().backward()
+            if step == 0:  # nothing applied before step()
+                ids, got = self.rows("acc")
+                np.testing.assert_array_equal(got, w0[ids])
+            self.assertGreater(emb.step(), 0)
+            opt.step()
+        ids, got = self.rows("acc")
+        np.testing.assert_allclose(got, ref.weight.detach().numpy()[ids], rtol=1e-5, atol=1e-5)
+        self.assertLessEqual(self.conn.execute("SELECT max(clock) FROM acc").fetchone()[0], 4)
+        self.assertEqual(emb.step(), 0)  # nothing open
+
+    def test_modes_must_agree(self):
+        self.table_like("m", np.zeros((NUM, DIM), np.float32))
+        a = ekt.Embedding(self.conn, "m")
+        b = ekt.Embedding(self.conn, "m", update="step")
+        out = a(torch.tensor([1]))
+        with self.assertRaisesRegex(ValueError, "modules of table 'm' on one connection disagree: "
+                                                "update='backward' and 'step'"):
+            b(torch.tensor([1]))
+        out.sum().backward()
+        with self.assertRaisesRegex(ValueError, "update must be 'backward'"):
+            ekt.Embedding(self.conn, "m", update="each")
+
+    def test_a_later_backward_is_its_own_update(self):
+        self.table_like("l", np.zeros((NUM, DIM), np.float32), init="zeros")
+        emb = ekt.Embedding(self.conn, "l")
+        x, y = emb(torch.tensor([1])), emb(torch.tensor([1]))
+        x.sum().backward()   # the step's update: clock 1
+        y.sum().backward()   # y's step is over: an update of its own
+        self.assertEqual(self.conn.execute("SELECT clock FROM l WHERE id = 1").fetchone()[0], 2)
+
+
+def F_emb(ids, weight):
+    return torch.nn.functional.embedding(ids, weight)
+
+
 class TestPermits(Base):
     def setUp(self):
         super().setUp()
