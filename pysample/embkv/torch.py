@@ -76,7 +76,7 @@ class _Step:
         self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
         self.ids = np.empty(0, np.int64)           # sorted
         self.rows = np.empty((0, dim), np.float32)
-        self.grad = np.empty((0, dim), np.float32)
+        self.grad = None                           # allocated by the first gradient
         self.has_grad = np.empty(0, bool)
         self.state = "open"
         self.lock = threading.RLock()
@@ -94,6 +94,14 @@ class _Step:
         """The rows of the sorted distinct ids u, pulling (with their
         permits) those the step has not pulled yet."""
         with self.lock:
+            if not len(self.ids):
+                # The step's first forward (with one forward a step, the
+                # only one): no merging.
+                self.rows = embkv.pull(self.conn, self.table, u, self.dim)
+                self.ids = u.copy()
+                self.has_grad = np.zeros(len(u), bool)
+                self.grad = None
+                return np.array(self.rows, copy=True)
             pos, there = self._find(u)
             new = u[~there]
             if len(new):
@@ -102,7 +110,8 @@ class _Step:
                 order = np.argsort(ids, kind="stable")
                 self.ids = ids[order]
                 self.rows = np.concatenate([self.rows, r])[order]
-                self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
+                if self.grad is not None:
+                    self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
                 self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
                 pos = np.searchsorted(self.ids, u)
             return self.rows[pos].copy()
@@ -116,6 +125,12 @@ class _Step:
 
     def add(self, u, g):
         with self.lock:
+            if self.grad is None and len(u) == len(self.ids):
+                self.grad = np.array(g, dtype=np.float32, copy=True)  # u is self.ids: sorted, distinct
+                self.has_grad[:] = True
+                return
+            if self.grad is None:
+                self.grad = np.zeros((len(self.ids), self.dim), np.float32)
             pos = np.searchsorted(self.ids, u)
             self.grad[pos] += g
             self.has_grad[pos] = True
@@ -129,7 +144,9 @@ class _Step:
             _forget_step(self)
             got = self.has_grad
             try:
-                if got.any():
+                if got.all():
+                    embkv.push(self.conn, self.table, self.ids, self.grad)
+                elif got.any():
                     embkv.push(self.conn, self.table, self.ids[got], self.grad[got])
             except BaseException:
                 # The update failed (a NaN gradient, a transaction open on the
