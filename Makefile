@@ -77,7 +77,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
-.PHONY: check-headers check-layers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train clean
+.PHONY: check-headers check-layers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train demo-kg clean
 all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
@@ -226,6 +226,12 @@ demo: deps all
 # database and the curves go to build/ctr-demo.db(.png).
 demo-train: deps all venv
 	@bash pysample/run.sh pysample/train_ctr.py --db $(B)/ctr-demo.db --fresh --workers 2 --staleness 4
+
+# TransE on WordNet (pysample/train_kg.py) with its entities in embkv and the
+# same model in torch's memory beside it; then sql/kg.sql over the result.
+demo-kg: deps all venv
+	@bash pysample/run.sh pysample/train_kg.py --db $(B)/kg-demo.db --memory
+	@sqlite3 -cmd '.load $(B)/embkv' $(B)/kg-demo.db < sql/kg.sql
 
 clean:
 	rm -rf $(B)

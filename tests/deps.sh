@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(gcc make sqlite3 libsqlite3-dev libpmemobj-dev libpmem-dev liburing-dev
       libcjson-dev zlib1g-dev pkg-config python3 python3-numpy python3-torch python3-tqdm python3-matplotlib
       python3-venv python3-pip python3-setuptools python3-wheel valgrind
-      clang-14 libclang-rt-14-dev libfuzzer-14-dev)
+      clang-14 libclang-rt-14-dev libfuzzer-14-dev wordnet-base)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -2,7 +2,9 @@
 (and its refusal on a Python that cannot load extensions), sql/demo.sh
 (`make demo`) and sql/analytics.sh (its output against
 tests/python/analytics.expected, and its numbers against an independent
-numpy recomputation of the same synthetic dataset).
+numpy recomputation of the same synthetic dataset); pysample/train_kg.py on
+WordNet for a few steps (one update a step, embkv_knn's ranks equal to
+numpy's) and sql/kg.sql over its database.
 
 Standard library unittest; numpy where available.  Run by tests/run.sh, or
 by hand: tests/python_run.sh tests/python/test_samples.py
@@ -13,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -207,6 +210,43 @@ class ShellDemos(unittest.TestCase):
             prof = I64[clicked].mean(axis=0).astype(np.float32).astype(np.float64)
             c = prof @ U64[u] / (np.linalg.norm(prof) * np.linalg.norm(U64[u]))
             same(row, [u, len(clicked), dim, float(np.linalg.norm(prof)), float(c)])
+
+class KnowledgeGraph(unittest.TestCase):
+    """pysample/train_kg.py on WordNet, briefly (20 steps), then
+    sql/kg.sql over what it left."""
+
+    def setUp(self):
+        if not os.path.exists("/usr/share/wordnet/data.noun"):
+            self.skipTest("Debian's wordnet-base is not installed (`make deps` installs it)")
+        self.dir = tempfile.mkdtemp(prefix="embkv-kg-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_train_and_sql(self):
+        db = os.path.join(self.dir, "kg.db")
+        r = run([sys.executable, os.path.join(REPO, "pysample", "train_kg.py"), "--db", db, "--max-steps", "20",
+                 "--batch", "512", "--neg", "4", "--test", "300", "--eval-k", "20", "--memory", "--lr", "0.3"],
+                env=SAMPLE_ENV)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        out = r.stdout
+        self.assertIn("WordNet: 95882 synsets, 20 relations, 256995 triples", out)
+        # One update a step: the relation rows (in every step) tick once per step.
+        self.assertIn("clock of the relation rows: at most 20 (one update a step: 20 steps)", out)
+        m = re.search(r"(\d+) of (\d+) ranks as numpy finds them", out)
+        self.assertIsNotNone(m, out)
+        self.assertEqual(m.group(1), m.group(2), out)  # embkv_knn's ranks are numpy's
+        self.assertRegex(out, r"torch: +filtered MRR")
+        self.assertTrue(os.path.exists(db + ".png"))
+        if not shutil.which("sqlite3"):
+            return
+        with open(os.path.join(REPO, "sql", "kg.sql")) as f:
+            r = run(["sqlite3", "-cmd", ".load " + os.path.join(REPO, "build", "embkv"), db], input=f.read())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stderr, "")
+        self.assertIn("hypernym", r.stdout)
+        self.assertIn("held_out  hits_at_10", r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
