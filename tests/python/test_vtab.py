@@ -31,7 +31,7 @@ class TestLoad(Base):
     def test_load_without_entry_point(self):
         conn = connect(self.db)
         mods = {r[0] for r in conn.execute("SELECT name FROM pragma_module_list WHERE name GLOB 'embkv*'")}
-        self.assertEqual(mods, {"embkv", "embkv_heat", "embkv_pending"})
+        self.assertEqual(mods, {"embkv", "embkv_heat", "embkv_knn", "embkv_pending"})
         conn.execute("CREATE VIRTUAL TABLE item USING embkv(dim=8, pool_size='16M')")
         self.assertEqual(conn.execute("SELECT count(*) FROM item").fetchone(), (0,))
         conn.close()
