@@ -11,7 +11,8 @@
  * value's own length), a u64 that is the scale factor's bits, then the
  * value.  parse_vec runs on a table instance made here (values.c needs
  * only its dim and name); the functions run through SQL on an in-memory
- * connection with the extension registered.
+ * connection with the extension registered, and so does embkv_knn over a
+ * small table of dim 2 (the value as its query, a batch, its ids).
  *
  * Besides "no crash, no sanitizer report, an error or a result", it checks
  * what the code promises: a vector parse_vec accepts holds dim finite
@@ -29,7 +30,8 @@ SQLITE_EXTENSION_INIT3
 #include <string.h>
 
 static sqlite3 *db;
-enum { Q_VEC, Q_JSON, Q_BACK, Q_DIMS, Q_NORM, Q_DOT, Q_COS, Q_L2, Q_ADD, Q_SUB, Q_SCALE, Q_AGG, Q_WIN, Q_ID, NQ };
+enum { Q_VEC, Q_JSON, Q_BACK, Q_DIMS, Q_NORM, Q_DOT, Q_COS, Q_L2, Q_ADD, Q_SUB, Q_SCALE, Q_AGG, Q_WIN, Q_ID, Q_KNN,
+       Q_KNN_IDS, Q_KNN_K, NQ };
 static sqlite3_stmt *q[NQ];
 static const char *const sql[NQ] = {
     "SELECT embkv_vec(?1)",
@@ -48,6 +50,10 @@ static const char *const sql[NQ] = {
     "SELECT embkv_sum(v) OVER w, embkv_avg(v) OVER w FROM (SELECT ?1 AS v UNION ALL SELECT ?2 UNION ALL "
     "SELECT NULL UNION ALL SELECT ?1) WINDOW w AS (ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)",
     "SELECT fz_values(?4, ?1)",
+    /* embkv_knn's query parser (one vector or a batch, BLOB or JSON) */
+    "SELECT count(*), min(distance) FROM embkv_knn('fzk', ?1, 3)",
+    "SELECT count(*) FROM embkv_knn('fzk', ?1, 2, 'cosine', ?2)",
+    "SELECT count(*) FROM embkv_knn('fzk', '[1,2]', ?3, 'dot', ?1)",
 };
 
 /* The result of the last fz_values call. */
@@ -108,6 +114,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fz_fail("no database");
     if (sqlite3_create_function(db, "fz_values", 2, SQLITE_UTF8, NULL, fn_values, NULL, NULL) != SQLITE_OK)
         fz_fail("cannot register fz_values");
+    char *err = NULL;
+    if (sqlite3_exec(db, "CREATE VIRTUAL TABLE fzk USING embkv(dim=2);"
+                         "INSERT INTO fzk(id, vec) VALUES (1, '[0,0]'), (2, '[1,0]'), (3, '[0,1]'), (-4, '[3,4]');",
+                     NULL, NULL, &err) != SQLITE_OK)
+        fz_fail("the knn table: %s", err ? err : "?");
     for (int i = 0; i < NQ; i++)
         if (sqlite3_prepare_v2(db, sql[i], -1, &q[i], NULL) != SQLITE_OK)
             fz_fail("prepare %s: %s", sql[i], sqlite3_errmsg(db));
