@@ -521,6 +521,12 @@ typedef struct embkv_train_options {
     uint64_t seed;               /* initial values are a function of (seed, id) */
     int64_t staleness;           /* >= 0, or EMBKV_STALENESS_UNLIMITED */
     uint32_t wait_ms;            /* how long a pull waits for a permit */
+    /* Admission (0 or 1: every id is stored on its first pull): a missing
+     * id is stored from its admit_count-th pull on (at most 255; needs an
+     * initializer).  Before that a pull returns its initial values without
+     * creating the row, and a push drops its gradient.  Counts are kept in
+     * DRAM (a count-min sketch sized for the index), not across a close. */
+    uint32_t admit_count;
 } embkv_train_options;
 
 /* Defaults: sgd, lr 0.01, adagrad accumulator 0, eps 1e-10 (PyTorch's
@@ -566,6 +572,11 @@ typedef struct embkv_train_stats {
     uint64_t rows_created;       /* by the initializer */
     uint64_t permit_waits;       /* pulls that had to wait for a permit */
     uint64_t permit_timeouts;
+    /* Admission (admit_count > 1): pulls of a missing id that did not
+     * reach the count (its initial values returned, no row made), and
+     * gradients of ids without a row dropped by pushes. */
+    uint64_t admit_refused, admit_dropped;
+    uint64_t admit_bytes;        /* DRAM of the counts */
 } embkv_train_stats;
 int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st);
 

@@ -19,7 +19,7 @@
  *   persist.h log.h | persist.c log.c
  *   index.h | pethash.c slab.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
- *   ops.h batch.h | permits.c write.c read.c scan.c knn.c hotset.c migrate.c train.c
+ *   ops.h batch.h | permits.c admit.c write.c read.c scan.c knn.c hotset.c migrate.c train.c
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
  * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,

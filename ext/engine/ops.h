@@ -1,7 +1,8 @@
 /*
  * ops.h - layer 4: the operations on rows.
  *
- * permits.c: staleness permits; write.c: row writes (copy-on-write,
+ * permits.c: staleness permits; admit.c: pull counts for admission;
+ * write.c: row writes (copy-on-write,
  * the cache's write-backs); read.c: row reads; scan.c: index walks;
  * knn.c: nearest-neighbour search; hotset.c: the hottest rows and their
  * moves up; migrate.c: the migration thread;
@@ -21,6 +22,17 @@ void permits_free(permit_table *pt);
 int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited);
 void permit_return(permit_table *pt, int64_t id);
 unsigned permit_count(permit_table *pt, int64_t id);
+
+/* ------------------------------------------------------------- admit.c */
+/* Pull counts of ids without a row (admission, admit='count(N)'): a
+ * count-min sketch of 8-bit counters sized for about expected_ids. */
+typedef struct admit_sketch admit_sketch;
+admit_sketch *admit_new(uint64_t expected_ids);
+void admit_free(admit_sketch *a);
+size_t admit_bytes(const admit_sketch *a);
+/* Counts one pull of id; returns its count so far (at most 255), never
+ * below the true count. */
+unsigned admit_touch(admit_sketch *a, int64_t id);
 
 /* ------------------------------------------------------------- write.c */
 /* embkv_update_batch for the engine's own update functions

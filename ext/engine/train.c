@@ -53,7 +53,8 @@ struct train_state {
     embkv_train_options opt;          /* current options (guarded by mu for writes) */
     pthread_mutex_t mu;
     permit_table *permits;
-    atomic_uint_fast64_t pulls, pushes, created, waits, timeouts;
+    admit_sketch *_Atomic admit;      /* pull counts of missing ids; made when admission is configured */
+    atomic_uint_fast64_t pulls, pushes, created, waits, timeouts, refused, dropped;
 };
 
 struct embkv_session {
@@ -124,6 +125,14 @@ static int validate(embkv_store *s, const embkv_train_options *o)
                           o->init == EMBKV_INIT_NORMAL
                               ? "normal(mean, std) needs std >= 0 and |mean| + 9 std within float32 range"
                               : "uniform(a, b) needs a < b, both within float32 range");
+    if (o->admit_count > 255)
+        return embkv__err(EMBKV_INVALID, "store %s: option admit: count(N) takes N from 1 to 255, got %u", s->path,
+                          o->admit_count);
+    if (o->admit_count > 1 && o->init == EMBKV_INIT_NONE)
+        return embkv__err(EMBKV_INVALID,
+                          "store %s: option admit needs an initializer (init): an id not yet admitted is read as "
+                          "its initial values",
+                          s->path);
     if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)STALENESS_LIMIT)
         return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
                           s->path, (long long)o->staleness);
@@ -161,6 +170,16 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
         t->opt = *o;
         pthread_mutex_unlock(&t->mu);
     }
+    /* The counts, once admission is asked for (kept if it is turned off
+     * and on again: they are still counts of pulls). */
+    if (o->admit_count > 1 && !atomic_load(&t->admit)) {
+        admit_sketch *a = admit_new(atomic_load(&s->index_slots));
+        if (!a) {
+            pthread_mutex_unlock(&s->slab_mu);
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the admission counts", s->path);
+        }
+        atomic_store(&t->admit, a);
+    }
     pthread_mutex_unlock(&s->slab_mu);
     return EMBKV_OK;
 }
@@ -179,6 +198,7 @@ void train_free(embkv_store *s)
     if (!t)
         return;
     permits_free(t->permits);
+    admit_free(atomic_load(&t->admit));
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -195,6 +215,9 @@ int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st)
         st->rows_created = atomic_load(&t->created);
         st->permit_waits = atomic_load(&t->waits);
         st->permit_timeouts = atomic_load(&t->timeouts);
+        st->admit_refused = atomic_load(&t->refused);
+        st->admit_dropped = atomic_load(&t->dropped);
+        st->admit_bytes = admit_bytes(atomic_load(&t->admit));
     }
     return EMBKV_OK;
 }
@@ -489,6 +512,38 @@ static void return_taken(embkv_session *ss, struct train_state *t, const int64_t
     }
 }
 
+/* Admission: counts a pull of each distinct missing id (umiss[0..*nu));
+ * keeps in umiss, in order, those that reached admit_count (*nu of them
+ * after), and sets *refuse[m] for each of the k missing occurrences
+ * (slot_of[m]: its distinct id) whose id did not. */
+static int admit_split(struct train_state *t, const embkv_train_options *o, int64_t *umiss, size_t *nu,
+                       uint8_t **refuse, const size_t *slot_of, size_t k)
+{
+    uint8_t *no = malloc(*nu ? *nu : 1);
+    *refuse = malloc(k ? k : 1);
+    if (!no || !*refuse) {
+        free(no);
+        free(*refuse);
+        *refuse = NULL;
+        return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+    }
+    admit_sketch *a = atomic_load(&t->admit);
+    size_t w = 0, refused = 0;
+    for (size_t j = 0; j < *nu; j++) {
+        no[j] = admit_touch(a, umiss[j]) < o->admit_count;
+        refused += no[j];
+    }
+    for (size_t m = 0; m < k; m++)
+        (*refuse)[m] = no[slot_of[m]];
+    for (size_t j = 0; j < *nu; j++)
+        if (!no[j])
+            umiss[w++] = umiss[j];
+    *nu = w;
+    free(no);
+    atomic_fetch_add(&t->refused, refused);
+    return EMBKV_OK;
+}
+
 int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
 {
     if (!ss || (n && (!ids || !out)))
@@ -561,22 +616,31 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
             for (size_t i = 0; i < n; i++)
                 if (!found[i])
                     miss[k++] = ids[i];
+            uint8_t *refuse = NULL;  /* per distinct missing id: not admitted yet */
             if (o.init == EMBKV_INIT_NONE)
                 rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)",
                                 (long long)miss[0]);
             else if (ids_distinct(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
                 rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-            else
+            else if (o.admit_count > 1 && atomic_load(&t->admit))
+                rc = admit_split(t, &o, umiss, &nu, &refuse, slot_of, k);
+            if (rc == EMBKV_OK && nu)
                 rc = create_rows(s, t, &o, umiss, nu);
             /* Read the created rows back: another thread may have created
-             * (and even updated) some of them first. */
-            for (size_t i = 0; i < n && rc == EMBKV_OK; i++) {
+             * (and even updated) some of them first.  An id not admitted
+             * reads as its initial values. */
+            for (size_t i = 0, m = 0; i < n && rc == EMBKV_OK; i++) {
                 if (found[i])
                     continue;
+                if (refuse && refuse[m++]) {
+                    init_values(&o, ids[i], out + i * s->dim, s->dim);
+                    continue;
+                }
                 rc = get_uncounted(s, ids[i], out + i * s->dim);
                 if (rc == EMBKV_NOTFOUND)
                     rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
             }
+            free(refuse);
         }
         free(miss);
         free(umiss);
@@ -833,7 +897,37 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
             if (!present[i])
                 miss[nmiss++] = uids[i];
     free(present);
-    if (rc == EMBKV_OK && nmiss) {
+    /* With admission, a gradient of an id without a row is dropped: the
+     * rows that exist are updated alone (ids, gradients and hints kept in
+     * step, in order). */
+    const int64_t *upd = uids;
+    int64_t *kept = NULL;
+    size_t nupd = nu;
+    if (rc == EMBKV_OK && nmiss && o.admit_count > 1) {
+        kept = malloc((nu ? nu : 1) * sizeof *kept);
+        if (!kept) {
+            rc = embkv__err(EMBKV_NOMEM, "embkv_push: out of memory");
+        } else {
+            size_t w = 0, mi = 0;
+            for (size_t i = 0; i < nu; i++) {
+                if (mi < nmiss && miss[mi] == uids[i]) {  /* (miss is in the order of uids) */
+                    mi++;
+                    continue;
+                }
+                kept[w] = uids[i];
+                ugrad.first[w] = ugrad.first[i];
+                ugrad.sum_of[w] = ugrad.sum_of[i];
+                if (hints) {
+                    in_slot[w] = in_slot[i];
+                    in_dirty[w] = in_dirty[i];
+                }
+                w++;
+            }
+            upd = kept;
+            nupd = w;
+            atomic_fetch_add(&t->dropped, nmiss);
+        }
+    } else if (rc == EMBKV_OK && nmiss) {
         if (o.init == EMBKV_INIT_NONE)
             rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)", (long long)miss[0]);
         else
@@ -844,7 +938,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     if (rc == EMBKV_OK) {
         push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim,
                       .state_floats = embkv_train_state_floats(&o, dim)};
-        rc = update_batch_in_place(s, uids, nu, in_slot, in_dirty, apply_optimizer, &c, &updated);
+        rc = nupd ? update_batch_in_place(s, upd, nupd, in_slot, in_dirty, apply_optimizer, &c, &updated)
+                  : EMBKV_OK;
         embkv_group_end(s);
         if (rc == EMBKV_OK) {
             /* Updates are visible before the permits go back (BSP: the next
@@ -862,6 +957,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     } else {
         embkv_group_end(s);
     }
+    free(kept);
     free(in_slot);
     free(in_dirty);
     push_grads_free(&ugrad);

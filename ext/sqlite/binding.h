@@ -335,6 +335,7 @@ int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
 int ek_parse_optimizer(const char *val, void *field);
 int ek_parse_init(const char *val, void *field);
 int ek_parse_staleness(const char *val, void *field);
+int ek_parse_admit(const char *val, void *field);
 int ek_parse_positive(const char *val, void *field);
 int ek_parse_nonnegative(const char *val, void *field);
 int ek_parse_unit(const char *val, void *field);

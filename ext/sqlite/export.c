@@ -413,9 +413,11 @@ static int write_meta(exporter *e)
     else snprintf(stale, sizeof stale, "%lld", (long long)t->staleness);
     snprintf(wait, sizeof wait, "%u", t->wait_ms);
     const char *opt = optimizer_name(t->optimizer);
+    char admit[32] = "";
+    if (t->admit_count) snprintf(admit, sizeof admit, ", admit='count(%u)'", t->admit_count);
     char *create = sqlite3_mprintf("dim=%u, optimizer=%s, lr=%s, initial_accumulator=%s, eps=%s, beta1=%s, "
-                                   "beta2=%s, init='%s', seed=%s, staleness=%s, wait_ms=%s",
-                                   embkv_dim(s), opt, lr, acc, eps, b1, b2, init, seed, stale, wait);
+                                   "beta2=%s, init='%s', seed=%s, staleness=%s, wait_ms=%s%s",
+                                   embkv_dim(s), opt, lr, acc, eps, b1, b2, init, seed, stale, wait, admit);
     char *version = NULL;
     sqlite3_stmt *st = NULL;
     /* embkv_version() of this build, through the main connection. */

@@ -334,6 +334,16 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddNumberToObject(tr, "rows_created", (double)ts.rows_created);
     ok = ok && cJSON_AddNumberToObject(tr, "permit_waits", (double)ts.permit_waits);
     ok = ok && cJSON_AddNumberToObject(tr, "permit_timeouts", (double)ts.permit_timeouts);
+    if (ok && ref.opts->train.admit_count > 1) {
+        /* Admission, on tables that have it: rows created are the admitted. */
+        cJSON *ad = cJSON_AddObjectToObject(tr, "admission");
+        ok = ad != NULL;
+        ok = ok && cJSON_AddNumberToObject(ad, "count", (double)ref.opts->train.admit_count);
+        ok = ok && cJSON_AddNumberToObject(ad, "admitted", (double)ts.rows_created);
+        ok = ok && cJSON_AddNumberToObject(ad, "refused", (double)ts.admit_refused);
+        ok = ok && cJSON_AddNumberToObject(ad, "dropped_gradients", (double)ts.admit_dropped);
+        ok = ok && cJSON_AddNumberToObject(ad, "bytes", (double)ts.admit_bytes);
+    }
     char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!text) {

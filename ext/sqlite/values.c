@@ -408,6 +408,29 @@ int ek_parse_staleness(const char *val, void *field)
     return 0;
 }
 
+/* none | count(N) with N from 1 to 255 (admission: an id is stored from
+ * its N-th pull); field is embkv_train_options.admit_count. */
+int ek_parse_admit(const char *val, void *field)
+{
+    val = skip_blanks(val);
+    if (sqlite3_stricmp(val, "none") == 0) {
+        *(uint32_t *)field = 0;
+        return 0;
+    }
+    if (sqlite3_strnicmp(val, "count", 5) != 0) return -1;
+    const char *p = skip_blanks(val + 5);
+    if (*p != '(') return -1;
+    p = skip_blanks(p + 1);
+    char *end;
+    long long nv = strtoll(p, &end, 10);
+    if (end == p || nv < 1 || nv > 255) return -1;
+    p = skip_blanks(end);
+    if (*p != ')') return -1;
+    if (*skip_blanks(p + 1)) return -1;
+    *(uint32_t *)field = (uint32_t)nv;
+    return 0;
+}
+
 /* none | zeros | uniform(a,b) | normal(mean,std); field is the whole
  * embkv_train_options. */
 int ek_parse_init(const char *val, void *field)

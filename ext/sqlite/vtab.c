@@ -102,6 +102,10 @@ static const ekopt_def ek_options[] = {
      "an integer >= 0 or unlimited", ek_parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
+    /* Kept in the options file only when not none (files from before it
+     * have none): see opt_optional. */
+    {"admit", EKO_CUSTOM, offsetof(embkv_tabopts, train.admit_count), 0, 0,
+     "none, or count(N) with N from 1 to 255 (an id is stored from its N-th pull)", ek_parse_admit},
     /* Kept by the engine with the store (it checks a reopen's values). */
     {"ssd_size", EKO_BYTES, offsetof(embkv_tabopts, ssd_size), 0, 1ull << 50,
      "a size in bytes up to 1024T, such as 4194304, 64M or 200G (0: no SSD tier)", NULL},
@@ -391,6 +395,18 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
         if (t->staleness == EMBKV_STALENESS_UNLIMITED) snprintf(buf, n, "unlimited");
         else snprintf(buf, n, "%lld", (long long)t->staleness);
     } else if (!strcmp(name, "wait_ms")) snprintf(buf, n, "%u", t->wait_ms);
+    else if (!strcmp(name, "admit")) {
+        if (t->admit_count) snprintf(buf, n, "count(%u)", t->admit_count);
+        else snprintf(buf, n, "none");
+    }
+}
+
+/* A stored option that the options file holds only when it is not at its
+ * default ("none"): added after stores were made, whose files lack it and
+ * whose checks must stay what they were. */
+static int opt_optional(unsigned j, const char *value)
+{
+    return !strcmp(ek_options[j].name, "admit") && (!value || !strcmp(value, "none"));
 }
 
 static int opt_is_stored(unsigned j)
@@ -471,6 +487,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         for (unsigned j = 0; o && j < N_OPTIONS; j++) {
             if (!opt_is_stored(j)) continue;
             opt_canon(&v->opts, st.pool_bytes, j, buf, sizeof buf);
+            if (opt_optional(j, buf)) continue;
             cJSON_AddStringToObject(o, ek_options[j].name, buf);
             sum = opts_sum(sum, ek_options[j].name, buf);
         }
@@ -535,6 +552,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     for (unsigned j = 0; !bad && j < N_OPTIONS; j++) {
         if (!opt_is_stored(j)) continue;
         const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, ek_options[j].name);
+        if (!e && opt_optional(j, NULL)) continue;
         bad = k == 16 || !cJSON_IsString(e) || strchr(e->valuestring, '\'') ||
               strlen(e->valuestring) > 150;
         if (bad) break;
