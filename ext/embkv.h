@@ -330,7 +330,7 @@ typedef struct embkv_knn_options {
     unsigned threads;          /* 0: one per online CPU, at most 8 */
 } embkv_knn_options;
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k,
-              const embkv_knn_options *opt, int64_t *out_ids, float *out_dist,
+              const embkv_knn_options *opt, int64_t *out_ids, double *out_dist,
               size_t *found);
 
 /* Hotness-aware placement (PetPS): move each listed id into its home bucket

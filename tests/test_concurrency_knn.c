@@ -84,7 +84,8 @@ static void *d_searcher(void *p)
     d_arg *a = p;
     rng_t r = {900 + (uint64_t)a->t};
     int64_t ids[D_K];
-    float dist[D_K], q[DIM];
+    double dist[D_K];
+    float q[DIM];
     size_t found;
     int iters = (int)(400 * scale) + 20;
     for (int it = 0; it < iters; it++) {

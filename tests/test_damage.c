@@ -273,7 +273,7 @@ static void test_scan_flip(void)
     /* The nearest-neighbour pass reads every record too. */
     float q[DIM] = {0};
     int64_t kid[3];
-    float kd[3];
+    double kd[3];
     size_t kf;
     CHECK_RC(embkv_knn(s, q, 1, 3, NULL, kid, kd, &kf), EMBKV_CORRUPT);
     CHECK(strstr(embkv_errmsg(), "id 150") != NULL);

@@ -92,7 +92,7 @@ static void test_brute(embkv_store *s)
         for (int j = 0; j < DIM; j++) qs[q * DIM + j] = val(1000000 + q, j, 0);
     for (int metric = 0; metric < 3; metric++) {
         int64_t ids[3][NQ * K];
-        float dist[3][NQ * K];
+        double dist[3][NQ * K];
         size_t found[3][NQ];
         unsigned threads[3] = {1, 2, 5};
         for (int t = 0; t < 3; t++) {
@@ -120,7 +120,7 @@ static void test_brute(embkv_store *s)
     float v[DIM];
     for (int j = 0; j < DIM; j++) v[j] = val(4321, j, 0);
     int64_t id;
-    float d;
+    double d;
     size_t f;
     CHECK_RC(embkv_knn(s, v, 1, 1, NULL, &id, &d, &f), EMBKV_OK);
     CHECK(f == 1 && id == 4321 && d == 0.0f);
@@ -133,7 +133,7 @@ static void test_lists(embkv_store *s)
     float q[DIM];
     for (int j = 0; j < DIM; j++) q[j] = val(17, j, 0);
     int64_t ids[8];
-    float dist[8];
+    double dist[8];
     size_t found;
     /* only: among those (absent 99999 ignored, 17 named twice counted once) */
     int64_t only[5] = {5, 99999, 17, 300, 17};
@@ -158,7 +158,7 @@ static void test_lists(embkv_store *s)
     /* fewer rows than k */
     embkv_store *small = make_store("small", 3);
     int64_t many[10];
-    float md[10];
+    double md[10];
     CHECK_RC(embkv_knn(small, q, 1, 10, NULL, many, md, &found), EMBKV_OK);
     CHECK(found == 3 && many[3] == -1 && many[9] == -1);
     CHECK_RC(embkv_close(small), EMBKV_OK);
@@ -170,7 +170,7 @@ static void test_errors(embkv_store *s)
 {
     float q[DIM] = {0};
     int64_t ids[4];
-    float dist[4];
+    double dist[4];
     size_t found[2];
     CHECK_RC(embkv_knn(NULL, q, 1, 1, NULL, ids, dist, found), EMBKV_INVALID);
     CHECK_RC(embkv_knn(s, q, 1, 1, NULL, NULL, dist, found), EMBKV_INVALID);

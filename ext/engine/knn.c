@@ -188,22 +188,52 @@ static float sumsq(const float *v, uint32_t dim)
     return hsum8(a) + dot_tail(v, v, j, dim);
 }
 
+/* In double, for what float cannot hold: the rows that decide an L2
+ * answer, and vectors whose products would overflow or underflow float
+ * (norms outside WILD_LO..WILD_HI). */
+static double dot_d(const float *a, const float *b, uint32_t dim)
+{
+    double s = 0;
+    for (uint32_t j = 0; j < dim; j++)
+        s += (double)a[j] * b[j];
+    return s;
+}
+
+static double l2sq_d(const float *a, const float *b, uint32_t dim)
+{
+    double s = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        double x = (double)a[j] - b[j];
+        s += x * x;
+    }
+    return s;
+}
+
+/* Squared norms between these keep every float product of a query and a
+ * row, and their sums, finite and far from underflow. */
+#define WILD_LO 1e-30f
+#define WILD_HI 1e30f
+static inline bool wild_sumsq(float ss)
+{
+    return !(ss >= WILD_LO && ss <= WILD_HI);
+}
+
 /* ---------------------------------------------------------------- top k */
 
 typedef struct topk {
-    float *d;
+    double *d;
     int64_t *id;
     size_t n;
 } topk;
 
 /* a ranks after b */
-static inline bool after(float da, int64_t ia, float db, int64_t ib)
+static inline bool after(double da, int64_t ia, double db, int64_t ib)
 {
     return da > db || (da == db && ia > ib);
 }
 
 /* A max-heap on (distance, id): the root is the worst kept. */
-static void topk_offer(topk *t, size_t k, float d, int64_t id)
+static void topk_offer(topk *t, size_t k, double d, int64_t id)
 {
     size_t i;
     if (t->n < k) {
@@ -297,7 +327,8 @@ static bool idset_has(const idset *st, int64_t id)
 typedef struct knn_job {
     embkv_store *s;
     const float *queries;
-    const float *qnorm;        /* each query's squared norm (l2), 1 / its norm (cosine) */
+    const float *qnorm;        /* each query's squared norm (l2), 1 / its norm (cosine), in float */
+    const bool *qwild;         /* a query whose norm is outside WILD_LO..WILD_HI: scored in double */
     size_t nq, k;
     int metric;
     const idset *skip;         /* rows scored elsewhere, or left out */
@@ -312,84 +343,78 @@ typedef struct knn_worker {
     float *score;              /* nq x BLOCK_ROWS */
     const float *rows[BLOCK_ROWS];
     float norms[BLOCK_ROWS];   /* each row's squared norm (l2), 1 / its norm (cosine) */
+    bool wild[BLOCK_ROWS];     /* a row whose norm is outside WILD_LO..WILD_HI: scored in double */
     int64_t ids[BLOCK_ROWS];
     size_t nr;
     int rc;
     char msg[512];
 } knn_worker;
 
+/* A pair's distance in double, from scratch (a wild query or row). */
+static double pair_d(const knn_job *j, const float *qv, const float *v)
+{
+    uint32_t dim = j->s->dim;
+    if (j->metric == EMBKV_KNN_L2)
+        return l2sq_d(qv, v, dim);
+    if (j->metric == EMBKV_KNN_DOT)
+        return -dot_d(qv, v, dim);
+    double qq = dot_d(qv, qv, dim), vv = dot_d(v, v, dim);
+    return qq > 0 && vv > 0 ? 1.0 - dot_d(qv, v, dim) / (sqrt(qq) * sqrt(vv)) : NAN;
+}
+
 static void block_flush(knn_worker *w)
 {
     knn_job *j = w->job;
     if (!w->nr)
         return;
-    /* L2 from dot products: |q|^2 + |v|^2 - 2 q.v (one multiply-add per
-     * element, as the other metrics), clamped at 0 against rounding. */
-    bool direct = j->metric == EMBKV_KNN_L2 && j->nq <= DIRECT_L2_QUERIES;
-    if (direct) {
-        /* Few queries: the direct sums cost less than norms and dots. */
-        for (size_t q = 0; q < j->nq; q++) {
-            topk *t = &w->tops[q];
-            const float *qv = j->queries + q * j->s->dim;
-            float worst = t->n < j->k ? INFINITY : t->d[0];
-            for (size_t r = 0; r < w->nr; r++) {
-                float d = l2sq(qv, w->rows[r], j->s->dim);
-                if (!(d <= worst))
-                    continue;
-                topk_offer(t, j->k, d, w->ids[r]);
-                worst = t->n < j->k ? INFINITY : t->d[0];
-            }
-        }
-        w->nr = 0;
-        return;
-    }
-    if (j->metric == EMBKV_KNN_L2)
-        for (size_t r = 0; r < w->nr; r++)
-            w->norms[r] = sumsq(w->rows[r], j->s->dim);
-    else if (j->metric == EMBKV_KNN_COSINE)
-        for (size_t r = 0; r < w->nr; r++)
-            w->norms[r] = 1.0f / sqrtf(sumsq(w->rows[r], j->s->dim));  /* inf for a zero row: NaN below */
-    dots_block(j->queries, j->nq, j->s->dim, w->rows, w->nr, w->score);
-    /* Most rows lose to the worst kept: one comparison each (a NaN fails
-     * it too), the heap only for the few that win.  L2: |q|^2 + |v|^2 -
-     * 2 q.v loses digits when q and v are close (a row equal to the query
-     * would not come out at 0), so it only screens: a row within its
-     * rounding bound of the worst kept has its distance summed directly
-     * (l2sq), and that decides.  The bound: dot products of n terms are
-     * off by at most about n x epsilon x (|q|^2 + |v|^2). */
     uint32_t dim = j->s->dim;
+    /* An L2 answer is decided on the direct sum in double; float only
+     * screens, within its rounding bound (sums of n terms are off by at
+     * most about n x epsilon x their magnitude).  Few queries: the direct
+     * float sums screen (cheaper than norms and dots, and a sum that
+     * overflows or underflows goes to double by itself); more: dot
+     * products, and rows whose norms would overflow or underflow float
+     * products are scored in double. */
     float tol = (float)(dim + 4) * FLT_EPSILON;
+    bool direct = j->metric == EMBKV_KNN_L2 && j->nq <= DIRECT_L2_QUERIES;
+    if (!direct) {
+        for (size_t r = 0; r < w->nr; r++) {
+            float ss = sumsq(w->rows[r], dim);
+            w->wild[r] = wild_sumsq(ss);
+            w->norms[r] = j->metric == EMBKV_KNN_COSINE ? 1.0f / sqrtf(ss) : ss;
+        }
+        dots_block(j->queries, j->nq, dim, w->rows, w->nr, w->score);
+    }
+    /* Most rows lose to the worst kept: one comparison each (a NaN fails
+     * it too), the heap only for the few that win. */
     for (size_t q = 0; q < j->nq; q++) {
         float *sc = w->score + q * BLOCK_ROWS;
         topk *t = &w->tops[q];
-        float worst = t->n < j->k ? INFINITY : t->d[0];
-        if (j->metric == EMBKV_KNN_L2) {
-            float qn = j->qnorm[q];
-            const float *qv = j->queries + q * dim;
-            for (size_t r = 0; r < w->nr; r++) {
-                float approx = qn + w->norms[r] - 2.0f * sc[r];
-                if (approx - tol * (qn + w->norms[r]) > worst)
-                    continue;
-                float d = l2sq(qv, w->rows[r], dim);
-                if (!(d <= worst))
-                    continue;
-                topk_offer(t, j->k, d, w->ids[r]);
-                worst = t->n < j->k ? INFINITY : t->d[0];
-            }
-            continue;
-        }
-        if (j->metric == EMBKV_KNN_COSINE) {
-            float qi = j->qnorm[q];
-            for (size_t r = 0; r < w->nr; r++)
-                sc[r] = 1.0f - sc[r] * qi * w->norms[r];
-        } else {
-            for (size_t r = 0; r < w->nr; r++)
-                sc[r] = -sc[r];
-        }
+        const float *qv = j->queries + q * dim;
+        double worst = t->n < j->k ? INFINITY : t->d[0];
         for (size_t r = 0; r < w->nr; r++) {
-            if (!(sc[r] <= worst))
+            double d;
+            if (direct) {
+                float approx = l2sq(qv, w->rows[r], dim);
+                if (isfinite(approx) && (double)(approx - tol * approx) > worst)
+                    continue;
+                d = l2sq_d(qv, w->rows[r], dim);
+            } else if (j->qwild[q] || w->wild[r]) {
+                d = pair_d(j, qv, w->rows[r]);
+            } else if (j->metric == EMBKV_KNN_L2) {
+                float qn = j->qnorm[q];
+                float approx = qn + w->norms[r] - 2.0f * sc[r];
+                if ((double)(approx - tol * (qn + w->norms[r])) > worst)
+                    continue;
+                d = l2sq_d(qv, w->rows[r], dim);
+            } else if (j->metric == EMBKV_KNN_COSINE) {
+                d = 1.0 - (double)(sc[r] * j->qnorm[q] * w->norms[r]);
+            } else {
+                d = -(double)sc[r];
+            }
+            if (!(d <= worst))
                 continue;
-            topk_offer(t, j->k, sc[r], w->ids[r]);
+            topk_offer(t, j->k, d, w->ids[r]);
             worst = t->n < j->k ? INFINITY : t->d[0];
         }
     }
@@ -425,20 +450,19 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
 {
     knn_job *j = w->job;
     embkv_store *s = j->s;
-    int64_t ids[RANGE_BUCKETS * BUCKET_SLOTS];
-    uint64_t locs[RANGE_BUCKETS * BUCKET_SLOTS];
-    size_t n = 0, nssd = 0;
+    /* The range's rows, the pool's and the log's apart (each array holds a
+     * whole range: rows never overwrite rows not yet sorted out). */
+    int64_t ids[RANGE_BUCKETS * BUCKET_SLOTS], ssd_ids[RANGE_BUCKETS * BUCKET_SLOTS];
+    uint64_t locs[RANGE_BUCKETS * BUCKET_SLOTS], ssd_locs[RANGE_BUCKETS * BUCKET_SLOTS];
+    size_t n = 0, npm = 0, nssd = 0;
     for (uint64_t b = b0; b < b1; b++)
         n += scan_bucket_rows(&ix->buckets[b], ids + n, locs + n);
-    /* The log's rows to the back of the arrays, the pool's to the front. */
-    size_t npm = 0;
     for (size_t i = 0; i < n; i++) {
         if (idset_has(j->skip, ids[i]))
             continue;
         if (locs[i] & LOC_SSD) {
-            nssd++;
-            ids[RANGE_BUCKETS * BUCKET_SLOTS - nssd] = ids[i];
-            locs[RANGE_BUCKETS * BUCKET_SLOTS - nssd] = locs[i];
+            ssd_ids[nssd] = ids[i];
+            ssd_locs[nssd++] = locs[i];
         } else {
             ids[npm] = ids[i];
             locs[npm++] = locs[i];
@@ -463,13 +487,12 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     if (w->rc == EMBKV_OK && nssd) {
         char *buf = NULL;
         rec_hdr *recs[RANGE_BUCKETS * BUCKET_SLOTS];
-        int64_t *sids = ids + RANGE_BUCKETS * BUCKET_SLOTS - nssd;
-        int rc = tier_read(s, sids, locs + RANGE_BUCKETS * BUCKET_SLOTS - nssd, nssd, &buf, recs, false);
+        int rc = tier_read(s, ssd_ids, ssd_locs, nssd, &buf, recs, false);
         if (rc != EMBKV_OK)
             worker_fail(w, rc);
         else
             for (size_t i = 0; i < nssd; i++)
-                block_add(w, sids[i], rec_vec(recs[i]));
+                block_add(w, ssd_ids[i], rec_vec(recs[i]));
         /* The block points into buf: score it before it goes. */
         block_flush(w);
         free(buf);
@@ -518,7 +541,7 @@ static int worker_init(knn_worker *w, knn_job *j)
     if (!w->tops || !w->score)
         return EMBKV_NOMEM;
     for (size_t q = 0; q < j->nq; q++) {
-        w->tops[q].d = malloc(j->k * sizeof(float));
+        w->tops[q].d = malloc(j->k * sizeof(double));
         w->tops[q].id = malloc(j->k * sizeof(int64_t));
         if (!w->tops[q].d || !w->tops[q].id)
             return EMBKV_NOMEM;
@@ -562,10 +585,10 @@ static int score_listed(knn_worker *w, const int64_t *ids, size_t n)
 
 /* Sorts a top-k's n entries into ranking order (insertion sort: k is a
  * few hundred at most in practice, and the heap is half sorted). */
-static void topk_sort(float *d, int64_t *id, size_t n)
+static void topk_sort(double *d, int64_t *id, size_t n)
 {
     for (size_t i = 1; i < n; i++) {
-        float dv = d[i];
+        double dv = d[i];
         int64_t iv = id[i];
         size_t j = i;
         while (j > 0 && after(d[j - 1], id[j - 1], dv, iv)) {
@@ -579,7 +602,7 @@ static void topk_sort(float *d, int64_t *id, size_t n)
 }
 
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
-              int64_t *out_ids, float *out_dist, size_t *found)
+              int64_t *out_ids, double *out_dist, size_t *found)
 {
     if (!s || !queries || !out_ids || !out_dist || !found)
         return embkv__err(EMBKV_INVALID, "embkv_knn: NULL argument");
@@ -599,30 +622,32 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
     if ((o.nonly && !o.only) || (o.nskip && !o.skip) || (o.nextra && (!o.extra_ids || !o.extra_vecs)))
         return embkv__err(EMBKV_INVALID, "embkv_knn: a NULL id list with a nonzero count");
     uint32_t dim = s->dim;
-    float *qnorm = NULL;
     for (size_t q = 0; q < nq; q++)
         for (uint32_t j = 0; j < dim; j++)
             if (!isfinite(queries[q * dim + j]))
                 return embkv__err(EMBKV_INVALID, "embkv_knn: query %zu holds %s at position %u: give finite numbers",
                                   q, isnan(queries[q * dim + j]) ? "NaN" : "an infinity", j);
-    if (o.metric != EMBKV_KNN_DOT) {
-        qnorm = malloc(nq * sizeof *qnorm);
-        if (!qnorm)
-            return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
-        for (size_t q = 0; q < nq; q++) {
-            qnorm[q] = sumsq(queries + q * dim, dim);
-            if (o.metric == EMBKV_KNN_L2)
-                continue;
-            qnorm[q] = 1.0f / sqrtf(qnorm[q]);
-            if (!isfinite(qnorm[q])) {
-                free(qnorm);
-                return embkv__err(EMBKV_INVALID,
-                                  "embkv_knn: query %zu is all zeros: its cosine distance to any row is undefined", q);
-            }
+    float *qnorm = malloc(nq * sizeof *qnorm);
+    bool *qwild = malloc(nq * sizeof *qwild);
+    if (!qnorm || !qwild) {
+        free(qnorm);
+        free(qwild);
+        return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
+    }
+    for (size_t q = 0; q < nq; q++) {
+        const float *qv = queries + q * dim;
+        double qq = dot_d(qv, qv, dim);
+        if (o.metric == EMBKV_KNN_COSINE && !(qq > 0)) {
+            free(qnorm);
+            free(qwild);
+            return embkv__err(EMBKV_INVALID,
+                              "embkv_knn: query %zu is all zeros: its cosine distance to any row is undefined", q);
         }
+        qwild[q] = !(qq >= WILD_LO && qq <= WILD_HI);
+        qnorm[q] = qwild[q] ? 0.0f : o.metric == EMBKV_KNN_COSINE ? (float)(1.0 / sqrt(qq)) : (float)qq;
     }
 
-    knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .nq = nq, .k = k, .metric = o.metric };
+    knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .qwild = qwild, .nq = nq, .k = k, .metric = o.metric };
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
     idset skip;
@@ -709,7 +734,7 @@ merge:
             topk_sort(all->d, all->id, all->n);
             for (size_t i = 0; i < all->n; i++) {
                 out_ids[q * k + i] = all->id[i];
-                out_dist[q * k + i] = o.metric == EMBKV_KNN_L2 ? sqrtf(all->d[i]) : all->d[i];
+                out_dist[q * k + i] = o.metric == EMBKV_KNN_L2 ? sqrt(all->d[i]) : all->d[i];
             }
             for (size_t i = all->n; i < k; i++) {
                 out_ids[q * k + i] = -1;
@@ -725,5 +750,6 @@ out:
     free(ws);
     idset_free(&skip);
     free(qnorm);
+    free(qwild);
     return rc;
 }

@@ -33,6 +33,7 @@ SQLITE_EXTENSION_INIT3
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,7 @@ typedef struct knntab {
 typedef struct knncur {
     sqlite3_vtab_cursor base;
     int64_t *ids;
-    float *dist;
+    double *dist;
     size_t *found;
     size_t nq, k;
     size_t q, r;               /* the current row: query q, rank r + 1 */
@@ -148,6 +149,20 @@ static int knn_error(sqlite3_vtab *pv, int rc, char *msg)
     return msg ? rc : SQLITE_NOMEM;
 }
 
+/* A value for a message: 'text' (its start), a number, NULL, or a BLOB's
+ * size (static buffer: one message at a time). */
+static const char *describe(sqlite3_value *v)
+{
+    static _Thread_local char buf[80];
+    switch (sqlite3_value_type(v)) {
+    case SQLITE_NULL: return "NULL";
+    case SQLITE_BLOB: snprintf(buf, sizeof buf, "a %d-byte BLOB", sqlite3_value_bytes(v)); return buf;
+    case SQLITE_TEXT: snprintf(buf, sizeof buf, "'%.40s%s'", (const char *)sqlite3_value_text(v),
+                               sqlite3_value_bytes(v) > 40 ? "..." : ""); return buf;
+    default: snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_value_text(v)); return buf;
+    }
+}
+
 /* Skips to the next row that exists (queries with fewer than k found). */
 static void knn_settle(knncur *c)
 {
@@ -200,11 +215,16 @@ static float *parse_queries(sqlite3_value *val, unsigned dim, const char *table,
         }
         size_t qi = 0;
         for (cJSON *qv = batch ? j->child : j; qv && !*err; qv = batch ? qv->next : NULL, qi++) {
-            if (!cJSON_IsArray(qv) || (unsigned)cJSON_GetArraySize(qv) != dim) {
+            if (!cJSON_IsArray(qv)) {
+                *err = sqlite3_mprintf("table %s: query %llu of the batch is not an array (a batch is an array of "
+                                       "arrays of %u numbers)",
+                                       table, (unsigned long long)qi, dim);
+                break;
+            }
+            if ((unsigned)cJSON_GetArraySize(qv) != dim) {
                 *err = sqlite3_mprintf("table %s: query %llu must be a JSON array of %u numbers (the table's dim), "
-                                       "got %s of %d",
-                                       table, (unsigned long long)qi, dim, cJSON_IsArray(qv) ? "an array" : "something else",
-                                       cJSON_IsArray(qv) ? cJSON_GetArraySize(qv) : 0);
+                                       "got an array of %d",
+                                       table, (unsigned long long)qi, dim, cJSON_GetArraySize(qv));
                 break;
             }
             unsigned e = 0;
@@ -272,14 +292,13 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         sqlite3_free(err);
         return knn_error(pc->pVtab, SQLITE_ERROR, m);
     }
-    if (sqlite3_value_type(a_k) != SQLITE_INTEGER || sqlite3_value_int64(a_k) <= 0 ||
+    /* (Integer text counts, as ids take it: SQL's own affinity.) */
+    if (sqlite3_value_numeric_type(a_k) != SQLITE_INTEGER || sqlite3_value_int64(a_k) <= 0 ||
         sqlite3_value_int64(a_k) > EMBKV_KNN_MAX_K)
         return knn_error(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: table %s: k (argument 3) must be an integer from 1 to %d, "
-                                         "got '%s'",
-                                         ref.name, EMBKV_KNN_MAX_K,
-                                         sqlite3_value_type(a_k) == SQLITE_NULL ? "NULL"
-                                                                                : (const char *)sqlite3_value_text(a_k)));
+                                         "got %s",
+                                         ref.name, EMBKV_KNN_MAX_K, describe(a_k)));
     size_t k = (size_t)sqlite3_value_int64(a_k);
     int metric = EMBKV_KNN_L2;
     const char *mname = "l2";
@@ -291,9 +310,9 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         else if (sqlite3_stricmp(mname, "dot") == 0) metric = EMBKV_KNN_DOT;
         else
             return knn_error(pc->pVtab, SQLITE_ERROR,
-                             sqlite3_mprintf("embkv_knn: table %s: unknown metric '%s' (argument 4): use 'l2', "
+                             sqlite3_mprintf("embkv_knn: table %s: unknown metric %s (argument 4): use 'l2', "
                                              "'cosine' or 'dot'",
-                                             ref.name, mname));
+                                             ref.name, describe(a_metric)));
     }
     if (!(c->metric = sqlite3_mprintf("%s", mname))) return SQLITE_NOMEM;
     unsigned dim = embkv_dim(ref.store);
@@ -317,6 +336,7 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     float *extra = NULL;
     size_t nonly = 0, nskip = 0, nextra = 0;
     int rc = SQLITE_OK;
+    if (a_ids && sqlite3_value_type(a_ids) == SQLITE_NULL) a_ids = NULL;  /* NULL: every row, as for the metric */
     if (a_ids) {
         only = ek_parse_ids(a_ids, &nonly, &err);
         if (!only) {
@@ -414,7 +434,10 @@ static int knn_column(sqlite3_vtab_cursor *pc, sqlite3_context *ctx, int col)
     case KC_TABLE: sqlite3_result_text(ctx, c->name, -1, SQLITE_TRANSIENT); break;
     case KC_K: sqlite3_result_int64(ctx, (sqlite3_int64)c->k); break;
     case KC_METRIC: sqlite3_result_text(ctx, c->metric, -1, SQLITE_TRANSIENT); break;
-    case KC_IDS: sqlite3_result_value(ctx, c->ids_arg); break;
+    case KC_IDS:
+        if (c->ids_arg) sqlite3_result_value(ctx, c->ids_arg);
+        else sqlite3_result_null(ctx);
+        break;
     default: sqlite3_result_null(ctx); break;
     }
     return SQLITE_OK;

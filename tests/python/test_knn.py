@@ -169,6 +169,14 @@ class KnnTest(Base):
         self.assertEqual(len({g[0] for g in got_old}), 3)
         st = json.loads(conn.execute("SELECT embkv_stats('t')").fetchone()[0])
         self.assertGreater(st["tiers"]["dram"]["dirty_rows"], 100, st)
+        # Every row scored exactly once, in whichever tier (k = all rows),
+        # and a row of the log equal to the query at 0.
+        self.assertEqual(conn.execute("SELECT count(*), count(DISTINCT id) FROM embkv_knn('t', zeroblob(?), ?)",
+                                      (4 * dim, n)).fetchone(), (n, n))
+        ssd_ids = [r[0] for r in conn.execute("SELECT id FROM t WHERE tier = 'ssd' LIMIT 50")]
+        for i in ssd_ids[::10]:
+            got = conn.execute("SELECT id, distance FROM embkv_knn('t', ?, 1)", (truth[i - 1].tobytes(),)).fetchall()
+            self.assertEqual(got, [(i, 0.0)])
         # what SELECT reads is the same truth
         rows = conn.execute("SELECT id, vec FROM t ORDER BY id").fetchall()
         self.assertEqual([r[0] for r in rows], ids.tolist())

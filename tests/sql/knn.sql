@@ -48,6 +48,21 @@ SELECT 'rolled-back', id, distance FROM embkv_knn('item', '[0,0]', 2);
 CREATE VIRTUAL TABLE empty USING embkv(dim=3);
 SELECT 'empty', count(*) FROM embkv_knn('empty', '[1,2,3]', 5);
 
+-- Hidden columns without their argument: NULL (ids), the metric used.
+SELECT 'hidden', quote(ids), quote(q), metric FROM embkv_knn('item', '[0,0]', 1);
+-- k as integer text (SQL's affinity), NULL ids: every row.
+SELECT 'k-text', count(*) FROM embkv_knn('item', '[0,0]', '2', 'dot', NULL);
+-- Vectors float products cannot hold (norms near 1e20 and 1e-25): scored
+-- in double, so distances are right and in order, cosine within [0, 2].
+CREATE VIRTUAL TABLE wide USING embkv(dim=2);
+INSERT INTO wide(id, vec) VALUES (1, '[1e20,1e20]'), (2, '[1e-25,1e-25]'), (3, '[3e38,3e38]'),
+                                 (4, '[1e-40,0]'), (5, '[-1e20,0]'), (6, '[1,1]');
+SELECT 'wide-cos', id, round(distance, 6) FROM embkv_knn('wide', '[1,1]', 6, 'cosine');
+SELECT 'wide-l2', id, printf('%.6e', distance) FROM embkv_knn('wide', '[0,0]', 6);
+SELECT 'wide-l2-batch', query, id, printf('%.6e', distance) FROM embkv_knn('wide', '[[0,0],[1e20,1e20],[1,1]]', 2);
+SELECT 'wide-dot', id, printf('%.6e', distance) FROM embkv_knn('wide', '[1,0]', 3, 'dot');
+SELECT 'tiny-query', id FROM embkv_knn('wide', '[1e-45,1e-45]', 1, 'cosine');
+
 -- Errors: each names the table, the argument and what it must be.
 SELECT * FROM embkv_knn('item', '[0,0]', 0);
 SELECT * FROM embkv_knn('item', '[0,0]', 100001);
@@ -74,3 +89,6 @@ SELECT * FROM embkv_knn('plain', '[0,0]', 1);
 SELECT * FROM embkv_knn('item', zeroblob(8 * 200), 100000);
 SELECT * FROM embkv_knn('item', '[0,0]', 1, 'l2', '[1, "x"]');
 SELECT * FROM embkv_knn('item', '[0,0]', 1, 'l2', 1.5);
+SELECT * FROM embkv_knn('item', '[0,0]', 1, 3);
+SELECT * FROM embkv_knn('item', '[[1,2],5,6]', 1);
+SELECT * FROM embkv_knn('item', '[0,0]', x'02');
