@@ -21,14 +21,16 @@ static int schema_rank(const char *zDb)
 
 static ekvtab *find_connected(ekconn *c, const char *zDb, const char *zName)
 {
+    /* An instance without a store (a dropped table's or a rolled-back
+     * CREATE's, kept by a cached statement) only if no live one has the
+     * name: it is there to say why. */
     ekvtab *best = NULL;
     for (ekvtab *v = c->tabs; v; v = v->next) {
         if (sqlite3_stricmp(v->zName, zName) != 0) continue;
-        if (zDb) {
-            if (sqlite3_stricmp(v->zDb, zDb) == 0) return v;
-        } else if (!best || schema_rank(v->zDb) < schema_rank(best->zDb)) {
+        if (zDb && sqlite3_stricmp(v->zDb, zDb) != 0) continue;
+        if (!best || (!best->store && v->store) ||
+            (!zDb && (best->store != NULL) == (v->store != NULL) && schema_rank(v->zDb) < schema_rank(best->zDb)))
             best = v;
-        }
     }
     return best;
 }

@@ -120,6 +120,28 @@ class TestNumpy(Base):
             conn.close()
 
 
+class TestRolledBackCreate(Base):
+    def test_cached_statement_keeps_no_table(self):
+        """A CREATE rolled back while Python's statement cache keeps an
+        instance of the table: the functions naming it fail as SQL does
+        (they wrote into a ghost store before), and a new CREATE works."""
+        for path in (os.path.join(self.dir, "g.db"), ":memory:"):
+            c = connect(path)
+            c.execute("BEGIN")
+            c.execute("CREATE VIRTUAL TABLE g USING embkv(dim=2, init='zeros')")
+            c.execute("SELECT * FROM g").fetchall()  # cached: the instance stays
+            c.execute("ROLLBACK")
+            for q in ("SELECT embkv_push('g', '[5]', '[1,1]')", "SELECT id FROM embkv_knn('g', '[0,0]', 5)",
+                      "SELECT embkv_checkpoint('g')", "SELECT embkv_stats('g')"):
+                with self.assertRaises(sqlite3.OperationalError) as cm:
+                    c.execute(q).fetchall()
+                self.assertIn("no such table: g (its CREATE was rolled back)", str(cm.exception))
+            c.execute("CREATE VIRTUAL TABLE g USING embkv(dim=2, init='zeros')")
+            self.assertEqual(c.execute("SELECT embkv_push('g', '[5]', '[1,1]')").fetchone(), (1,))
+            self.assertEqual(c.execute("SELECT id FROM embkv_knn('g', '[0,0]', 5)").fetchall(), [(5,)])
+            c.close()
+
+
 def with_tx(conn, fn):
     conn.execute("BEGIN")
     try:
