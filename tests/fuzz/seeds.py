@@ -207,6 +207,8 @@ OPTIONS_SEEDS = {
     'quote-unbalanced': b"dim=4, path='x",
     'ssd-no-size': b"dim=4, ssd_path='y'",
     'cache-huge': b"dim=4, cache_size='1T'",
+    'admit': b"dim=3, init='zeros', admit='count(2)', path='x'",
+    'admit-no-init': b"dim=3, admit='count(2)'",
 }
 
 
