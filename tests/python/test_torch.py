@@ -299,6 +299,28 @@ class TestOneUpdatePerStep(Base):
         self.assertEqual(self.conn.execute("SELECT clock FROM l WHERE id = 1").fetchone()[0], 2)
 
 
+class TestAdmission(Base):
+    def test_rows_from_the_nth_step(self):
+        """admit='count(3)': the first two steps of a new id read its
+        initial values and update nothing; the third stores it (from those
+        values) and its update applies."""
+        emb = ekt.Embedding(self.conn, "adm", dim=DIM, optimizer="sgd", lr=0.5, init="uniform(-1,1)",
+                            admit="count(3)")
+        ids = torch.tensor([7, 8])
+        first = None
+        for step in range(3):
+            out = emb(ids)
+            if first is None:
+                first = out.detach().numpy().copy()
+            np.testing.assert_array_equal(out.detach().numpy(), first)  # nothing applied before
+            out.sum().backward()
+            rows = self.conn.execute("SELECT count(*) FROM adm").fetchone()[0]
+            self.assertEqual(rows, 0 if step < 2 else 2)
+        vec, clock = self.conn.execute("SELECT vec, clock FROM adm WHERE id = 7").fetchone()
+        np.testing.assert_allclose(np.frombuffer(vec, np.float32), first[0] - 0.5, rtol=1e-6)
+        self.assertEqual(clock, 1)
+
+
 def F_emb(ids, weight):
     return torch.nn.functional.embedding(ids, weight)
 
