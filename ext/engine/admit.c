@@ -12,19 +12,17 @@
  *
  * Layout: 4 rows of `width` 8-bit counters (width a power of two), one
  * counter per row picked by a remix of the id's hash.  An id's count is the
- * least of its 4 (never below the true count); a touch raises only the
- * counters equal to that least (conservative update), so ids sharing a
- * counter inflate each other far less.  A false admission (an id admitted
+ * least of its 4 (never below the true count since the last halving); a
+ * touch raises all 4 (admit_touch says why not only the least ones).  A false admission (an id admitted
  * before its N-th pull) needs all 4 of its counters raised by others: with
  * M ids counted into width w the chance is at most about (M/w)^4 for N = 2, and
  * smaller for larger N.  Counters stop at 255, and are halved every
  * width / 4 touches (halve).  Counting is in DRAM only: counts do not
  * survive a restart (an id half way to N starts over).
  *
- * Concurrency: counters are atomic bytes changed by compare-and-swap, so
- * two pulls of one id at once may count once (the id is admitted one pull
- * later), never more than the touches; a touch racing a halving may be
- * lost, or halved, likewise.
+ * Concurrency: counters are atomic bytes changed by compare-and-swap, one
+ * increment per touch and counter, so pulls of one id at once each count;
+ * a touch racing a halving may be halved with it.
  */
 #include <stdlib.h>
 
@@ -106,24 +104,28 @@ unsigned admit_touch(admit_sketch *a, int64_t id)
         atomic_store_explicit(&a->touches, 0, memory_order_relaxed);
         halve(a);
     }
+    /* Every counter of the id goes up by one (a plain count-min update,
+     * not the conservative one that raises only those at the least): a
+     * conservative touch racing another touch of the same id can read one
+     * counter already raised and leave it out, losing a count, and then
+     * an id would not be admitted at its N-th pull. */
     uint64_t h = embkv__hash(id);
-    uint8_t c[4], m = 255;
     for (int r = 0; r < 4; r++) {
-        c[r] = atomic_load_explicit(&a->cnt[counter_at(a, h, r)], memory_order_relaxed);
-        if (c[r] < m)
-            m = c[r];
-    }
-    if (m == 255)
-        return 255;
-    for (int r = 0; r < 4; r++) {
-        if (c[r] != m)
-            continue;
         _Atomic uint8_t *p = &a->cnt[counter_at(a, h, r)];
         uint8_t v = atomic_load_explicit(p, memory_order_relaxed);
-        /* Up to m + 1 at most: a counter another touch took past m stays. */
-        while (v <= m && !atomic_compare_exchange_weak_explicit(p, &v, (uint8_t)(v + 1), memory_order_relaxed,
-                                                                memory_order_relaxed))
+        while (v < 255 && !atomic_compare_exchange_weak_explicit(p, &v, (uint8_t)(v + 1), memory_order_relaxed,
+                                                                 memory_order_relaxed))
             ;
     }
-    return (unsigned)m + 1;
+    /* The count read after all four increments: of touches racing on one
+     * id, the last to finish sees every one of them (each counter's value
+     * at its own increment would not: two touches can each be first on
+     * different counters), so one of them at least sees the N-th. */
+    unsigned least = 255;
+    for (int r = 0; r < 4; r++) {
+        unsigned now = atomic_load_explicit(&a->cnt[counter_at(a, h, r)], memory_order_relaxed);
+        if (now < least)
+            least = now;
+    }
+    return least;
 }

@@ -327,7 +327,7 @@ static bool idset_has(const idset *st, int64_t id)
 typedef struct knn_job {
     embkv_store *s;
     const float *queries;
-    const float *qnorm;        /* each query's squared norm (l2), 1 / its norm (cosine), in float */
+    const float *qnorm;        /* each query's squared norm (l2, dot), 1 / its norm (cosine), in float */
     const bool *qwild;         /* a query whose norm is outside WILD_LO..WILD_HI: scored in double */
     size_t nq, k;
     int metric;
@@ -342,7 +342,7 @@ typedef struct knn_worker {
     topk *tops;                /* nq of them */
     float *score;              /* nq x BLOCK_ROWS */
     const float *rows[BLOCK_ROWS];
-    float norms[BLOCK_ROWS];   /* each row's squared norm (l2), 1 / its norm (cosine) */
+    float norms[BLOCK_ROWS];   /* each row's squared norm (l2, dot), 1 / its norm (cosine) */
     bool wild[BLOCK_ROWS];     /* a row whose norm is outside WILD_LO..WILD_HI: scored in double */
     int64_t ids[BLOCK_ROWS];
     size_t nr;
@@ -359,7 +359,10 @@ static double pair_d(const knn_job *j, const float *qv, const float *v)
     if (j->metric == EMBKV_KNN_DOT)
         return -dot_d(qv, v, dim);
     double qq = dot_d(qv, qv, dim), vv = dot_d(v, v, dim);
-    return qq > 0 && vv > 0 ? 1.0 - dot_d(qv, v, dim) / (sqrt(qq) * sqrt(vv)) : NAN;
+    if (!(qq > 0 && vv > 0))
+        return NAN;
+    double d = 1.0 - dot_d(qv, v, dim) / (sqrt(qq) * sqrt(vv));
+    return d < 0 ? 0 : d > 2 ? 2 : d;  /* the last bit of rounding, not a distance */
 }
 
 static void block_flush(knn_worker *w)
@@ -381,7 +384,7 @@ static void block_flush(knn_worker *w)
         for (size_t r = 0; r < w->nr; r++) {
             float ss = sumsq(w->rows[r], dim);
             w->wild[r] = wild_sumsq(ss);
-            w->norms[r] = j->metric == EMBKV_KNN_COSINE ? 1.0f / sqrtf(ss) : ss;
+            w->norms[r] = j->metric == EMBKV_KNN_COSINE ? 1.0f / sqrtf(ss) : ss;  /* dot: |v|^2 for its bound */
         }
         dots_block(j->queries, j->nq, dim, w->rows, w->nr, w->score);
     }
@@ -407,10 +410,22 @@ static void block_flush(knn_worker *w)
                 if ((double)(approx - tol * (qn + w->norms[r])) > worst)
                     continue;
                 d = l2sq_d(qv, w->rows[r], dim);
-            } else if (j->metric == EMBKV_KNN_COSINE) {
-                d = 1.0 - (double)(sc[r] * j->qnorm[q] * w->norms[r]);
             } else {
-                d = -(double)sc[r];
+                /* Screened in float, decided in double as L2 (a row equal
+                 * to the query at 0, cosine within [0, 2]): the float
+                 * value's error is at most about (dim + 8) epsilon of
+                 * |q| |v| (cosine: of 1). */
+                double approx, bound;
+                if (j->metric == EMBKV_KNN_COSINE) {
+                    approx = 1.0 - (double)sc[r] * j->qnorm[q] * w->norms[r];
+                    bound = (double)(dim + 8) * FLT_EPSILON;
+                } else {
+                    approx = -(double)sc[r];
+                    bound = (double)(dim + 8) * FLT_EPSILON * sqrt((double)j->qnorm[q] * w->norms[r]);
+                }
+                if (approx - bound > worst)
+                    continue;
+                d = pair_d(j, qv, w->rows[r]);
             }
             if (!(d <= worst))
                 continue;
@@ -644,7 +659,7 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
                               "embkv_knn: query %zu is all zeros: its cosine distance to any row is undefined", q);
         }
         qwild[q] = !(qq >= WILD_LO && qq <= WILD_HI);
-        qnorm[q] = qwild[q] ? 0.0f : o.metric == EMBKV_KNN_COSINE ? (float)(1.0 / sqrt(qq)) : (float)qq;
+        qnorm[q] = qwild[q] ? 0.0f : o.metric == EMBKV_KNN_COSINE ? (float)(1.0 / sqrt(qq)) : (float)qq;  /* l2, dot: |q|^2 */
     }
 
     knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .qwild = qwild, .nq = nq, .k = k, .metric = o.metric };

@@ -31,6 +31,7 @@
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -232,6 +233,11 @@ static float *parse_queries(sqlite3_value *val, unsigned dim, const char *table,
                 if (!cJSON_IsNumber(x)) {
                     *err = sqlite3_mprintf("table %s: query %llu, element %u is not a number", table,
                                            (unsigned long long)qi, e);
+                    break;
+                }
+                if (fabs(x->valuedouble) > FLT_MAX) {
+                    *err = sqlite3_mprintf("table %s: query %llu, element %u is out of float32 range: %g", table,
+                                           (unsigned long long)qi, e, x->valuedouble);
                     break;
                 }
                 out[qi * dim + e] = (float)x->valuedouble;

@@ -427,7 +427,7 @@ int ek_parse_admit(const char *val, void *field)
     p = skip_blanks(end);
     if (*p != ')') return -1;
     if (*skip_blanks(p + 1)) return -1;
-    *(uint32_t *)field = (uint32_t)nv;
+    *(uint32_t *)field = nv == 1 ? 0 : (uint32_t)nv;  /* count(1) is none: every id at its first pull */
     return 0;
 }
 

@@ -136,18 +136,21 @@ class _Step:
             self.has_grad[pos] = True
 
     def end(self):
-        """The update: push the summed gradients, return the other permits."""
+        """The update: push the summed gradients, return the other permits.
+        Returns the rows updated (embkv_push's count: rows a table with
+        admission does not hold yet are not among them)."""
         with self.lock:
             if self.state != "open":
-                return
+                return 0
             self.state = "closed"
             _forget_step(self)
             got = self.has_grad
+            updated = 0
             try:
                 if got.all():
-                    embkv.push(self.conn, self.table, self.ids, self.grad)
+                    updated = embkv.push(self.conn, self.table, self.ids, self.grad)
                 elif got.any():
-                    embkv.push(self.conn, self.table, self.ids[got], self.grad[got])
+                    updated = embkv.push(self.conn, self.table, self.ids[got], self.grad[got])
             except BaseException:
                 # The update failed (a NaN gradient, a transaction open on the
                 # connection): the permits go back all the same.
@@ -155,6 +158,7 @@ class _Step:
                 raise
             finally:
                 self._return(self.ids[~got])
+            return updated
 
     def release(self):
         """No update: every permit back (release(), or every batch tensor
@@ -291,11 +295,7 @@ class _TableModule(torch.nn.Module):
         backward pass does it).  Returns the rows updated."""
         _flush_deferred(self.conn)
         st = _peek_step(self.conn, self._key)
-        if st is None:
-            return 0
-        n = int(st.has_grad.sum())
-        st.end()
-        return n
+        return st.end() if st is not None else 0
 
     def lookahead(self, ids):
         """Announce the ids of coming batches (embkv_lookahead), so that rows

@@ -319,6 +319,14 @@ class TestAdmission(Base):
         vec, clock = self.conn.execute("SELECT vec, clock FROM adm WHERE id = 7").fetchone()
         np.testing.assert_allclose(np.frombuffer(vec, np.float32), first[0] - 0.5, rtol=1e-6)
         self.assertEqual(clock, 1)
+        # step() says the rows updated: none while they are not admitted
+        acc = ekt.Embedding(self.conn, "adm2", dim=DIM, init="zeros", admit="count(3)", update="step")
+        acc(torch.tensor([1, 2, 3])).sum().backward()
+        self.assertEqual(acc.step(), 0)
+        for _ in range(2):
+            acc(torch.tensor([1, 2, 3])).sum().backward()
+            n = acc.step()
+        self.assertEqual(n, 3)
 
 
 def F_emb(ids, weight):

@@ -43,6 +43,10 @@ CREATE VIRTUAL TABLE t4 USING embkv(dim=2, path='t.embkv', admit='none');
 CREATE VIRTUAL TABLE plain USING embkv(dim=2, path='plain.embkv', init='zeros');
 SELECT 'plain', json_extract(embkv_stats('plain'), '$.training.admission');
 .shell grep -c admit plain.embkv/app-sqlite-options t.embkv/app-sqlite-options
+-- count(1) is none: every id at its first pull (no admission object, no option kept)
+CREATE VIRTUAL TABLE one USING embkv(dim=2, path='one.embkv', admit='count(1)');
+CREATE VIRTUAL TABLE one2 USING embkv(dim=2, path='one.embkv', admit='none');
+SELECT 'count1', json_extract(embkv_stats('one'), '$.training.admission');
 -- Errors
 CREATE VIRTUAL TABLE e1 USING embkv(dim=2, admit='count(3)');
 CREATE VIRTUAL TABLE e2 USING embkv(dim=2, init='zeros', admit='count(0)');

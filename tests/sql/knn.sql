@@ -62,6 +62,11 @@ SELECT 'wide-l2', id, printf('%.6e', distance) FROM embkv_knn('wide', '[0,0]', 6
 SELECT 'wide-l2-batch', query, id, printf('%.6e', distance) FROM embkv_knn('wide', '[[0,0],[1e20,1e20],[1,1]]', 2);
 SELECT 'wide-dot', id, printf('%.6e', distance) FROM embkv_knn('wide', '[1,0]', 3, 'dot');
 SELECT 'tiny-query', id FROM embkv_knn('wide', '[1e-45,1e-45]', 1, 'cosine');
+-- A row equal to the query is at cosine distance 0, its opposite at 2
+-- (not a rounding either side of them).
+CREATE VIRTUAL TABLE cs USING embkv(dim=3);
+INSERT INTO cs(id, vec) VALUES (1, '[1,1,0.1]'), (2, '[-1,-1,-0.1]');
+SELECT 'cos-ends', id, distance FROM embkv_knn('cs', '[1,1,0.1]', 2, 'cosine');
 
 -- Errors: each names the table, the argument and what it must be.
 SELECT * FROM embkv_knn('item', '[0,0]', 0);
