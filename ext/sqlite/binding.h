@@ -207,6 +207,9 @@ struct ekvtab {
     embkv_session *session; /* training session, see embkv_table_ref */
     ekcurbuf spare;       /* buffers of the last closed cursor, for the next */
     int has_spare;
+    char *gone;           /* set when the CREATE that made this instance was
+                           * rolled back while SQLite keeps it (a cached
+                           * statement): why the functions must not use it */
     char *broken;         /* why the store could not be opened at connect
                            * (NULL when open); see vt_init */
 };

@@ -17,11 +17,11 @@
  * Only the binding can write to embkv_pending; SELECT * FROM embkv_pending
  * shows what the open transaction will remove.
  *
- * A committed DROP, and a rolled-back CREATE, also make the connection's
- * other instances of the table (kept by cached statements) let go of the
- * store: that is part of carrying out the removal, since the directory
- * cannot go while they hold it, so it is done here rather than in the
- * module.
+ * A committed DROP also makes the connection's other instances of the
+ * table (kept by cached statements) let go of the store: that is part of
+ * carrying out the removal, since the directory cannot go while they hold
+ * it, so it is done here rather than in the module.  A rolled-back CREATE
+ * marks its instance gone (binding.h: ekvtab.gone).
  */
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
@@ -81,12 +81,11 @@ int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const ekuser *who,
  * other instances of it (an instance under the
  * table's old name after ALTER TABLE RENAME, kept by a cached statement)
  * let go of the store, so that its directory can go now. */
-static void pend_detach_table(ekconn *c, const char *tid, int dropped)
+static void pend_detach_table(ekconn *c, const char *tid)
 {
     for (ekvtab *v = c->tabs; v; v = v->next) {
         if (!v->store || strcmp(v->tid, tid) != 0) continue;
-        char *why = dropped ? sqlite3_mprintf("table %s was dropped", v->zName)
-                            : sqlite3_mprintf("no such table: %s (its CREATE was rolled back)", v->zName);
+        char *why = sqlite3_mprintf("table %s was dropped", v->zName);
         if (!why) continue;  /* keeps the store: the directory goes with the connection */
         if (v->session) embkv_session_close(v->session);
         v->session = NULL;
@@ -102,10 +101,18 @@ static void pend_detach_table(ekconn *c, const char *tid, int dropped)
 
 static void pend_carry_out(ekconn *c, ekpend *p, int committed)
 {
-    /* A committed DROP, or a rolled-back CREATE: instances of the table
-     * that SQLite still keeps (cached statements, Python's among them) let
-     * go of it, so that the functions naming it fail as SQL does. */
-    if (p->tid[0]) pend_detach_table(c, p->tid, committed);
+    /* A committed DROP: instances of the table that SQLite still keeps
+     * (cached statements) let go of it.  A rolled-back CREATE's instance
+     * goes with the rollback, unless a cached statement (Python's among
+     * them) keeps it: marked gone, so that the functions naming the table
+     * fail as SQL does instead of writing into a store that is going.  (It
+     * keeps its store until SQLite lets it go: the rollback's own undoing
+     * of its writes still needs it.) */
+    if (committed && p->tid[0]) pend_detach_table(c, p->tid);
+    if (!committed && p->tid[0])
+        for (ekvtab *v = c->tabs; v; v = v->next)
+            if (!v->gone && strcmp(v->tid, p->tid) == 0)
+                v->gone = sqlite3_mprintf("no such table: %s (its CREATE was rolled back)", v->zName);
     if (p->unlist) {
         int left = ekusers_remove(p->dir, &p->who);
         if (left == 0 || (left == -1 && p->owner)) ekreg_discard(p->dir);

@@ -28,8 +28,8 @@ static ekvtab *find_connected(ekconn *c, const char *zDb, const char *zName)
     for (ekvtab *v = c->tabs; v; v = v->next) {
         if (sqlite3_stricmp(v->zName, zName) != 0) continue;
         if (zDb && sqlite3_stricmp(v->zDb, zDb) != 0) continue;
-        if (!best || (!best->store && v->store) ||
-            (!zDb && (best->store != NULL) == (v->store != NULL) && schema_rank(v->zDb) < schema_rank(best->zDb)))
+        int live = v->store && !v->gone, best_live = best && best->store && !best->gone;
+        if (!best || (!best_live && live) || (!zDb && best_live == live && schema_rank(v->zDb) < schema_rank(best->zDb)))
             best = v;
     }
     return best;
@@ -148,8 +148,8 @@ int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, cha
     if (!table) err = sqlite3_mprintf("the table name is NULL");
     else if (!c) err = sqlite3_mprintf("embkv is not loaded on this connection");
     else v = resolve(c, table, &err);
-    if (v && !v->store) {
-        err = sqlite3_mprintf("table %s: %s", v->zName, v->broken);
+    if (v && (v->gone || !v->store)) {
+        err = sqlite3_mprintf("table %s: %s", v->zName, v->gone ? v->gone : v->broken);
         v = NULL;
     }
     if (!v) {

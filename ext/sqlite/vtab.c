@@ -742,6 +742,7 @@ static void vt_free(ekvtab *v)
     sqlite3_free(v->optssd);
     sqlite3_free(v->dir);
     sqlite3_free(v->broken);
+    sqlite3_free(v->gone);
     sqlite3_free(v->base.zErrMsg);
     sqlite3_free(v);
     ekconn_unref(c);
