@@ -327,7 +327,7 @@ static bool idset_has(const idset *st, int64_t id)
 typedef struct knn_job {
     embkv_store *s;
     const float *queries;
-    const float *qnorm;        /* each query's squared norm (l2, dot), 1 / its norm (cosine), in float */
+    const float *qnorm;        /* each query's |q|^2 (l2), 1 / |q| (cosine), |q| (dot), in float */
     const bool *qwild;         /* a query whose norm is outside WILD_LO..WILD_HI: scored in double */
     size_t nq, k;
     int metric;
@@ -342,7 +342,7 @@ typedef struct knn_worker {
     topk *tops;                /* nq of them */
     float *score;              /* nq x BLOCK_ROWS */
     const float *rows[BLOCK_ROWS];
-    float norms[BLOCK_ROWS];   /* each row's squared norm (l2, dot), 1 / its norm (cosine) */
+    float norms[BLOCK_ROWS];   /* each row's |v|^2 (l2), 1 / |v| (cosine), |v| (dot) */
     bool wild[BLOCK_ROWS];     /* a row whose norm is outside WILD_LO..WILD_HI: scored in double */
     int64_t ids[BLOCK_ROWS];
     size_t nr;
@@ -365,26 +365,54 @@ static double pair_d(const knn_job *j, const float *qv, const float *v)
     return d < 0 ? 0 : d > 2 ? 2 : d;  /* the last bit of rounding, not a distance */
 }
 
+/* The screen of one query against a block, in place of its dot products:
+ * a lower bound of each row's distance (the float value less its rounding
+ * bound, tol relative: dot products of n terms are off by at most about
+ * n x epsilon x |q| |v|).  One pass the compiler vectorizes; qn is the
+ * query's |q|^2 (l2), 1 / |q| (cosine) or |q| (dot), norms the rows'. */
+KNN_CLONES
+static void screen_block(float *sc, size_t nr, const float *norms, int metric, float qn, float tol)
+{
+    if (metric == EMBKV_KNN_L2)
+        for (size_t r = 0; r < nr; r++)
+            sc[r] = (qn + norms[r]) * (1.0f - tol) - 2.0f * sc[r];
+    else if (metric == EMBKV_KNN_COSINE)
+        for (size_t r = 0; r < nr; r++)
+            sc[r] = (1.0f - tol) - sc[r] * qn * norms[r];
+    else
+        for (size_t r = 0; r < nr; r++)
+            sc[r] = -sc[r] - tol * qn * norms[r];
+}
+
+/* A double the float screen may be compared with: rounded up. */
+static inline float above(double worst)
+{
+    float f = (float)worst;
+    return isinf(f) || (double)f >= worst ? f : nextafterf(f, INFINITY);
+}
+
 static void block_flush(knn_worker *w)
 {
     knn_job *j = w->job;
     if (!w->nr)
         return;
     uint32_t dim = j->s->dim;
-    /* An L2 answer is decided on the direct sum in double; float only
-     * screens, within its rounding bound (sums of n terms are off by at
-     * most about n x epsilon x their magnitude).  Few queries: the direct
-     * float sums screen (cheaper than norms and dots, and a sum that
-     * overflows or underflows goes to double by itself); more: dot
-     * products, and rows whose norms would overflow or underflow float
-     * products are scored in double. */
-    float tol = (float)(dim + 4) * FLT_EPSILON;
+    /* Distances are decided in double; float only screens out the rows
+     * that cannot enter the top k.  Few L2 queries: the direct float sums
+     * screen (cheaper than norms and dots, and a sum that overflows or
+     * underflows goes to double by itself).  More: dot products, screened
+     * a block and a query at a time (screen_block), rows and queries whose
+     * norms would overflow or underflow float products scored in double
+     * (pair_d). */
+    float tol = (float)(dim + 8) * FLT_EPSILON;
     bool direct = j->metric == EMBKV_KNN_L2 && j->nq <= DIRECT_L2_QUERIES;
     if (!direct) {
         for (size_t r = 0; r < w->nr; r++) {
             float ss = sumsq(w->rows[r], dim);
             w->wild[r] = wild_sumsq(ss);
-            w->norms[r] = j->metric == EMBKV_KNN_COSINE ? 1.0f / sqrtf(ss) : ss;  /* dot: |v|^2 for its bound */
+            w->norms[r] = j->metric == EMBKV_KNN_COSINE ? 1.0f / sqrtf(ss)
+                        : j->metric == EMBKV_KNN_DOT    ? sqrtf(ss)
+                                                        : ss;
         }
         dots_block(j->queries, j->nq, dim, w->rows, w->nr, w->score);
     }
@@ -395,42 +423,32 @@ static void block_flush(knn_worker *w)
         topk *t = &w->tops[q];
         const float *qv = j->queries + q * dim;
         double worst = t->n < j->k ? INFINITY : t->d[0];
-        for (size_t r = 0; r < w->nr; r++) {
-            double d;
-            if (direct) {
+        if (direct) {
+            for (size_t r = 0; r < w->nr; r++) {
                 float approx = l2sq(qv, w->rows[r], dim);
                 if (isfinite(approx) && (double)(approx - tol * approx) > worst)
                     continue;
-                d = l2sq_d(qv, w->rows[r], dim);
-            } else if (j->qwild[q] || w->wild[r]) {
-                d = pair_d(j, qv, w->rows[r]);
-            } else if (j->metric == EMBKV_KNN_L2) {
-                float qn = j->qnorm[q];
-                float approx = qn + w->norms[r] - 2.0f * sc[r];
-                if ((double)(approx - tol * (qn + w->norms[r])) > worst)
+                double d = l2sq_d(qv, w->rows[r], dim);
+                if (!(d <= worst))
                     continue;
-                d = l2sq_d(qv, w->rows[r], dim);
-            } else {
-                /* Screened in float, decided in double as L2 (a row equal
-                 * to the query at 0, cosine within [0, 2]): the float
-                 * value's error is at most about (dim + 8) epsilon of
-                 * |q| |v| (cosine: of 1). */
-                double approx, bound;
-                if (j->metric == EMBKV_KNN_COSINE) {
-                    approx = 1.0 - (double)sc[r] * j->qnorm[q] * w->norms[r];
-                    bound = (double)(dim + 8) * FLT_EPSILON;
-                } else {
-                    approx = -(double)sc[r];
-                    bound = (double)(dim + 8) * FLT_EPSILON * sqrt((double)j->qnorm[q] * w->norms[r]);
-                }
-                if (approx - bound > worst)
-                    continue;
-                d = pair_d(j, qv, w->rows[r]);
+                topk_offer(t, j->k, d, w->ids[r]);
+                worst = t->n < j->k ? INFINITY : t->d[0];
             }
+            continue;
+        }
+        bool qwild = j->qwild[q];
+        if (!qwild)
+            screen_block(sc, w->nr, w->norms, j->metric, j->qnorm[q], tol);
+        float wf = above(worst);
+        for (size_t r = 0; r < w->nr; r++) {
+            if (!qwild && sc[r] > wf && !w->wild[r])
+                continue;
+            double d = j->metric == EMBKV_KNN_L2 ? l2sq_d(qv, w->rows[r], dim) : pair_d(j, qv, w->rows[r]);
             if (!(d <= worst))
                 continue;
             topk_offer(t, j->k, d, w->ids[r]);
             worst = t->n < j->k ? INFINITY : t->d[0];
+            wf = above(worst);
         }
     }
     w->nr = 0;
@@ -659,7 +677,10 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
                               "embkv_knn: query %zu is all zeros: its cosine distance to any row is undefined", q);
         }
         qwild[q] = !(qq >= WILD_LO && qq <= WILD_HI);
-        qnorm[q] = qwild[q] ? 0.0f : o.metric == EMBKV_KNN_COSINE ? (float)(1.0 / sqrt(qq)) : (float)qq;  /* l2, dot: |q|^2 */
+        qnorm[q] = qwild[q]                       ? 0.0f
+                 : o.metric == EMBKV_KNN_COSINE ? (float)(1.0 / sqrt(qq))
+                 : o.metric == EMBKV_KNN_DOT    ? (float)sqrt(qq)
+                                                : (float)qq;
     }
 
     knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .qwild = qwild, .nq = nq, .k = k, .metric = o.metric };
