@@ -127,6 +127,7 @@ VEC = {
     'json': vec(0, 0, b'[1, 2.5, -3e-2, 0]'),
     'json-dim4': vec(0, 3, b'[1,2,3,4]'),
     'json-two': vec(0, 0, b'[1,2]\xff[3,4]'),
+    'knn-batch': vec(0, 0, b'[[1,2],[3,4],[0,-1]]\xff[1,2,2]'),
     'json-same': vec(2, 0, b'[0.1, 0.2, 0.3]', 0.5),
     'blob': vec(1, 3, struct.pack('<4f', 1, -2, 0.5, 1e-40)),
     'blob-two': vec(1, 0, struct.pack('<2f', 1, 2) + b'\xff' + struct.pack('<3f', 1, 2, 3)),
