@@ -63,7 +63,7 @@ $(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext check-headers
 	$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$(notdir $$*)) -c $$< -o $$@
 $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
 	rm -f $$@ && ar rcs $$@ $$^
-$(B)/$(1)/tests/%: tests/%.c tests/check.h tests/tier_rows.h $(B)/$(1)/libembkv.a | $(B)/$(1)/tests
+$(B)/$(1)/tests/%: tests/%.c tests/check.h tests/tier_rows.h tests/knn_rows.h $(B)/$(1)/libembkv.a | $(B)/$(1)/tests
 	$$(CC) $$($(1)_CFLAGS) -Itests $$< -o $$@ $(B)/$(1)/libembkv.a $(LDLIBS)
 $(B)/$(1)/tests/test_model_tier: tests/test_model.c
 $(B)/$(1)/tests/test_model_cache: tests/test_model.c

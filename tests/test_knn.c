@@ -12,33 +12,11 @@
  */
 #include "embkv.h"
 #include "check.h"
+#include "knn_rows.h"
 
-#include <math.h>
-#include <pthread.h>
 #include <stdbool.h>
 
-#define DIM 21
 #define ROWS 6000
-
-static double scale = 1.0;
-
-static float val(int64_t id, int j, int version)
-{
-    return (float)((int64_t)mix64((uint64_t)id * 131 + (uint64_t)j * 7 + (uint64_t)version * 1000003) % 2001 - 1000) /
-           256.0f;
-}
-
-static double ref_dist(const float *q, const float *v, int metric)
-{
-    double dot = 0, qq = 0, vv = 0, l2 = 0;
-    for (int j = 0; j < DIM; j++) {
-        dot += (double)q[j] * v[j];
-        qq += (double)q[j] * q[j];
-        vv += (double)v[j] * v[j];
-        l2 += ((double)q[j] - v[j]) * ((double)q[j] - v[j]);
-    }
-    return metric == EMBKV_KNN_L2 ? sqrt(l2) : metric == EMBKV_KNN_COSINE ? 1 - dot / sqrt(qq * vv) : -dot;
-}
 
 typedef struct ranked {
     double d;
@@ -65,21 +43,6 @@ static void brute(const float *q, int metric, size_t k, int64_t n, ranked *out)
     qsort(all, (size_t)n, sizeof *all, cmp_ranked);
     memcpy(out, all, k * sizeof *out);
     free(all);
-}
-
-static embkv_store *make_store(const char *name, int64_t rows)
-{
-    embkv_options o = {0};
-    o.dim = DIM;
-    o.expected_rows = (uint64_t)rows;
-    embkv_store *s = NULL;
-    CHECK_RC(embkv_open(test_tmpdir(name), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-    float v[DIM];
-    for (int64_t id = 0; id < rows && s; id++) {
-        for (int j = 0; j < DIM; j++) v[j] = val(id, j, 0);
-        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
-    }
-    return s;
 }
 
 /* ------------------------------------------------------------ A */
@@ -199,8 +162,6 @@ static void test_errors(embkv_store *s)
 
 int main(void)
 {
-    const char *e = getenv("EMBKV_TEST_SCALE");
-    if (e && *e && atof(e) > 0) scale = atof(e);
     embkv_store *s = make_store("main", ROWS);
     if (s) {
         test_brute(s);

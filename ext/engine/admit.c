@@ -13,10 +13,10 @@
  * Layout: 4 rows of `width` 8-bit counters (width a power of two), one
  * counter per row picked by a remix of the id's hash.  An id's count is the
  * least of its 4 (never below the true count since the last halving); a
- * touch raises all 4 (admit_touch says why not only the least ones).  A false admission (an id admitted
- * before its N-th pull) needs all 4 of its counters raised by others: with
- * M ids counted into width w the chance is at most about (M/w)^4 for N = 2, and
- * smaller for larger N.  Counters stop at 255, and are halved every
+ * touch raises all 4 (admit_touch says why not only the least ones).  A
+ * false admission (an id admitted before its N-th pull) needs all 4 of its
+ * counters raised by others: with M ids counted into width w the chance is
+ * about (1 - e^(-M/w))^4 for N = 2, and smaller for larger N.  Counters stop at 255, and are halved every
  * width / 4 touches (halve).  Counting is in DRAM only: counts do not
  * survive a restart (an id half way to N starts over).
  *
@@ -41,7 +41,7 @@ admit_sketch *admit_new(uint64_t expected_ids)
      * (256 MiB in all): with the halving every width / 4 touches, a
      * counter holds at most about 1/4 of a touch of one-off ids, and a
      * one-off id rarely finds all 4 of its counters raised by others
-     * (tests/test_admit.c measures 0.05% at N = 2 for a stream ten times
+     * (tests/test_admit.c measures 0.09% at N = 2 for a stream ten times
      * the table). */
     while (width < 4 * expected_ids && width < (1ull << 26))
         width <<= 1;
@@ -74,8 +74,8 @@ size_t admit_bytes(const admit_sketch *a)
 static inline uint64_t counter_at(const admit_sketch *a, uint64_t h, int row)
 {
     /* A full remix per row (splitmix's finalizer of the hash plus the
-     * row): one multiply per row left the rows' counters correlated, and
-     * false admissions 20 times what independent rows give. */
+     * row): the 4 rows' counters of an id must be independent choices for
+     * the count-min bound to hold. */
     uint64_t x = h + (uint64_t)(row + 1) * 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;

@@ -267,6 +267,9 @@ int ektxn_unapply(ektxn *t, embkv_store *s);
 void ekerr_table(ekvtab *v, const char *fmt, ...);
 /* The SQLite result code for an embkv_rc. */
 int ekerr_rc(int erc);
+/* Sets an eponymous table's error message (msg sqlite3_malloc'd, taken);
+ * returns rc, or SQLITE_NOMEM when msg is NULL. */
+int ekerr_vtab(sqlite3_vtab *pv, int rc, char *msg);
 /* A table connected without its store can only be dropped: sets the
  * message and returns 1 for such a table. */
 int ekerr_unusable(ekvtab *v);

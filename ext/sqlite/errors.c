@@ -26,6 +26,13 @@ void ekerr_table(ekvtab *v, const char *fmt, ...)
     sqlite3_free(m);
 }
 
+int ekerr_vtab(sqlite3_vtab *pv, int rc, char *msg)
+{
+    sqlite3_free(pv->zErrMsg);
+    pv->zErrMsg = msg;
+    return msg ? rc : SQLITE_NOMEM;
+}
+
 int ekerr_rc(int erc)
 {
     switch (erc) {

@@ -123,13 +123,6 @@ static int heat_close(sqlite3_vtab_cursor *pc)
     return SQLITE_OK;
 }
 
-static int heat_error(sqlite3_vtab *pv, int rc, char *msg)
-{
-    sqlite3_free(pv->zErrMsg);
-    pv->zErrMsg = msg;
-    return msg ? rc : SQLITE_NOMEM;
-}
-
 static int heat_reserve(heatcur *c, size_t want)
 {
     if (want <= c->cap) return 0;
@@ -189,7 +182,7 @@ static int heat_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, 
                            ? (const char *)sqlite3_value_text(argv[0])
                            : NULL;
     if (!name)
-        return heat_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                           sqlite3_mprintf("embkv_heat: expected a table name (TEXT): SELECT id, hits, tier FROM "
                                           "embkv_heat('table')"));
     /* (Named like embkv_stats' argument: 'o.t' for a table of schema o;
@@ -201,13 +194,13 @@ static int heat_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, 
     if (embkv_table_lookup(t->db, name, &ref, &err) != SQLITE_OK) {
         char *m = sqlite3_mprintf("embkv_heat: %s", err ? err : "out of memory");
         sqlite3_free(err);
-        return heat_error(pc->pVtab, SQLITE_ERROR, m);
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, m);
     }
     int erc = embkv_heat_enable(ref.store);
     if (erc == EMBKV_OK) erc = heat_collect(c, ref.store);
     if (erc != EMBKV_OK) {
         heat_reset(c);
-        return heat_error(pc->pVtab, erc == EMBKV_NOMEM ? SQLITE_NOMEM : SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, erc == EMBKV_NOMEM ? SQLITE_NOMEM : SQLITE_ERROR,
                           sqlite3_mprintf("embkv_heat: table %s: %s", ref.name,
                                           erc == EMBKV_NOMEM ? "out of memory" : embkv_errmsg()));
     }

@@ -143,13 +143,6 @@ static int knn_close(sqlite3_vtab_cursor *pc)
     return SQLITE_OK;
 }
 
-static int knn_error(sqlite3_vtab *pv, int rc, char *msg)
-{
-    sqlite3_free(pv->zErrMsg);
-    pv->zErrMsg = msg;
-    return msg ? rc : SQLITE_NOMEM;
-}
-
 /* A value for a message: 'text' (its start), a number, NULL, or a BLOB's
  * size (static buffer: one message at a time). */
 static const char *describe(sqlite3_value *v)
@@ -276,19 +269,19 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     knntab *t = (knntab *)pc->pVtab;
     knn_reset(c);
     if ((idxNum & (KA_TABLE | KA_Q | KA_K)) != (KA_TABLE | KA_Q | KA_K))
-        return knn_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: give the table, the query and k: " USAGE));
     sqlite3_value *a_table = argv[0], *a_q = argv[1], *a_k = argv[2];
     int at = 3;
     sqlite3_value *a_metric = (idxNum & KA_METRIC) ? argv[at++] : NULL;
     sqlite3_value *a_ids = (idxNum & KA_IDS) ? argv[at++] : NULL;
     if (a_ids && !a_metric)
-        return knn_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: ids (argument 5) come after the metric: " USAGE));
 
     const char *name = sqlite3_value_type(a_table) == SQLITE_TEXT ? (const char *)sqlite3_value_text(a_table) : NULL;
     if (!name)
-        return knn_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: argument 1 must be a table name (TEXT): " USAGE));
     if (!(c->name = sqlite3_mprintf("%s", name))) return SQLITE_NOMEM;
     embkv_table_ref ref;
@@ -296,12 +289,12 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     if (embkv_table_lookup(t->db, name, &ref, &err) != SQLITE_OK) {
         char *m = sqlite3_mprintf("embkv_knn: %s", err ? err : "out of memory");
         sqlite3_free(err);
-        return knn_error(pc->pVtab, SQLITE_ERROR, m);
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, m);
     }
     /* (Integer text counts, as ids take it: SQL's own affinity.) */
     if (sqlite3_value_numeric_type(a_k) != SQLITE_INTEGER || sqlite3_value_int64(a_k) <= 0 ||
         sqlite3_value_int64(a_k) > EMBKV_KNN_MAX_K)
-        return knn_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: table %s: k (argument 3) must be an integer from 1 to %d, "
                                          "got %s",
                                          ref.name, EMBKV_KNN_MAX_K, describe(a_k)));
@@ -315,7 +308,7 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         else if (sqlite3_stricmp(mname, "cosine") == 0) metric = EMBKV_KNN_COSINE;
         else if (sqlite3_stricmp(mname, "dot") == 0) metric = EMBKV_KNN_DOT;
         else
-            return knn_error(pc->pVtab, SQLITE_ERROR,
+            return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                              sqlite3_mprintf("embkv_knn: table %s: unknown metric %s (argument 4): use 'l2', "
                                              "'cosine' or 'dot'",
                                              ref.name, describe(a_metric)));
@@ -327,11 +320,11 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     if (!queries) {
         char *m = err ? sqlite3_mprintf("embkv_knn: %s", err) : NULL;
         sqlite3_free(err);
-        return knn_error(pc->pVtab, m ? SQLITE_ERROR : SQLITE_NOMEM, m);
+        return ekerr_vtab(pc->pVtab, m ? SQLITE_ERROR : SQLITE_NOMEM, m);
     }
     if (nq > EMBKV_KNN_MAX_QUERIES || nq * k > EMBKV_KNN_MAX_RESULTS) {
         free(queries);
-        return knn_error(pc->pVtab, SQLITE_ERROR,
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: table %s: %llu queries of k=%llu is too many (at most %d "
                                          "queries, %d results): split the batch",
                                          ref.name, (unsigned long long)nq, (unsigned long long)k, EMBKV_KNN_MAX_QUERIES, EMBKV_KNN_MAX_RESULTS));
@@ -349,7 +342,7 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
             free(queries);
             char *m = err ? sqlite3_mprintf("embkv_knn: table %s: ids (argument 5): %s", ref.name, err) : NULL;
             sqlite3_free(err);
-            return knn_error(pc->pVtab, m ? SQLITE_ERROR : SQLITE_NOMEM, m);
+            return ekerr_vtab(pc->pVtab, m ? SQLITE_ERROR : SQLITE_NOMEM, m);
         }
         o.only = only;
         o.nonly = nonly;
@@ -402,7 +395,7 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         const char *why = erc == EMBKV_NOMEM ? "out of memory" : embkv_errmsg();
         if (strncmp(why, "embkv_knn: ", 11) == 0) why += 11;
         knn_reset(c);
-        return knn_error(pc->pVtab, ekerr_rc(erc), sqlite3_mprintf("embkv_knn: table %s: %s", ref.name, why));
+        return ekerr_vtab(pc->pVtab, ekerr_rc(erc), sqlite3_mprintf("embkv_knn: table %s: %s", ref.name, why));
     }
     if (a_ids && !(c->ids_arg = sqlite3_value_dup(a_ids))) {
         knn_reset(c);

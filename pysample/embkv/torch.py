@@ -229,10 +229,6 @@ def _flush_deferred(conn):
             pass
 
 
-def _leaf_freed(step):
-    step.leaf_freed()
-
-
 class _TableModule(torch.nn.Module):
     def __init__(self, conn, table, dim=None, padding_idx=None, update="backward", **options):
         super().__init__()
@@ -388,7 +384,7 @@ class _TableModule(torch.nn.Module):
             st.leaves += 1
         # Freed without a backward (inference under grad, an exception):
         # once no batch tensor of the step is left, the permits go back.
-        weakref.finalize(w, _leaf_freed, st)
+        weakref.finalize(w, st.leaf_freed)
         return w, local.reshape(ids.shape), pad_local
 
 

@@ -124,7 +124,8 @@ class TestRolledBackCreate(Base):
     def test_cached_statement_keeps_no_table(self):
         """A CREATE rolled back while Python's statement cache keeps an
         instance of the table: the functions naming it fail as SQL does
-        (they wrote into a ghost store before), and a new CREATE works."""
+        (never write into the store the rollback removes), and a new
+        CREATE works."""
         for path in (os.path.join(self.dir, "g.db"), ":memory:"):
             c = connect(path)
             c.execute("BEGIN")
