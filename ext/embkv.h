@@ -527,7 +527,23 @@ typedef struct embkv_train_options {
      * creating the row, and a push drops its gradient.  Counts are kept in
      * DRAM (a count-min sketch sized for the index), not across a close. */
     uint32_t admit_count;
+    /* Eviction (all 0: none).  A row not written (pushed, updated or
+     * inserted) for ttl_ms of wall clock, or for ttl_steps pushes to the
+     * table, expires; with max_rows, rows past that many are evicted in
+     * the order evict ranks (EMBKV_EVICT_LFU: fewest recent accesses
+     * first, LFU with aging; EMBKV_EVICT_LRU: least recently written
+     * first).  A row's age is known from the checkpoint (sync) after its
+     * last write; a row pulled and not yet pushed or released is never
+     * evicted (pulls take a permit on every id while eviction is on).
+     * Applied by the store's eviction thread, about once a second, and by
+     * embkv_evict. */
+    uint64_t ttl_ms, ttl_steps, max_rows;
+    int evict;
 } embkv_train_options;
+enum { EMBKV_EVICT_LFU = 0, EMBKV_EVICT_LRU = 1 };
+#define EMBKV_TTL_MAX_MS (3650ull * 86400000ull) /* ten years */
+#define EMBKV_TTL_MAX_STEPS (1ull << 62)
+#define EMBKV_MAX_ROWS_MAX (1ull << 40)
 
 /* Defaults: sgd, lr 0.01, adagrad accumulator 0, eps 1e-10 (PyTorch's
  * Adagrad default; PyTorch's Adam uses 1e-8: set it when choosing adam),
@@ -577,8 +593,30 @@ typedef struct embkv_train_stats {
      * gradients of ids without a row dropped by pushes. */
     uint64_t admit_refused, admit_dropped;
     uint64_t admit_bytes;        /* DRAM of the counts */
+    /* Eviction: passes run, rows evicted because they expired (ttl_ms,
+     * ttl_steps) and because the table was over max_rows, rows a pass
+     * would have evicted but kept because a pull holds them; the table's
+     * step (pushes so far). */
+    uint64_t evict_passes, evicted_expired, evicted_over, evict_kept;
+    uint64_t steps;
 } embkv_train_stats;
 int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st);
+
+/* One eviction pass now (as the eviction thread runs them): expired rows
+ * and, over max_rows, the lowest ranked rows down to max_rows exactly,
+ * deleted in all tiers within one write group (a checkpoint holds the
+ * whole pass or none of it).  What it did in *r (may be NULL).  A store
+ * without eviction options evicts nothing.  A full pool holds a
+ * tombstone for each row deleted since the last sync (embkv_delete): a
+ * pass that runs out of them stops there, its other victims left for a
+ * pass after the next sync (r->left). */
+typedef struct embkv_evict_result {
+    uint64_t scanned;            /* rows looked at */
+    uint64_t expired, over;      /* rows evicted: expired, over max_rows */
+    uint64_t kept;               /* victims kept: pulled and not yet pushed */
+    uint64_t left;               /* victims not reached: the pool's room for tombstones ran out */
+} embkv_evict_result;
+int embkv_evict(embkv_store *s, embkv_evict_result *r);
 
 #ifdef __cplusplus
 }

@@ -44,5 +44,11 @@ void embkv_debug_kill_after_index_writes(uint64_t n);
  * whose msync or fdatasync failed: the epoch is not durable, and its
  * versions are kept for recovery (n = 0: none). */
 void embkv_debug_fail_syncs(uint64_t n);
+/* Adds offset ms to the wall clock eviction reads (marks and expiry), in
+ * every store of the process: a test's days pass at once. */
+void embkv_debug_clock_ms(int64_t offset);
+/* Stops (paused != 0) or resumes the store's eviction thread; embkv_evict
+ * still runs passes. */
+void embkv_debug_evict_pause(embkv_store *s, int paused);
 
 #endif

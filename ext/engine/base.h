@@ -19,11 +19,11 @@
  *   persist.h log.h | persist.c log.c
  *   index.h | pethash.c slab.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
- *   ops.h batch.h | permits.c admit.c write.c read.c scan.c knn.c hotset.c migrate.c train.c
+ *   ops.h batch.h | permits.c admit.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c train.c
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
  * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,
- * the on-media layout and the invariants P1-P7; handle.h, the store
+ * the on-media layout and the invariants P1-P8; handle.h, the store
  * handle.  1: persistence and the SSD log's files.  2: the index, the
  * record space, snapshots.  3: the tiers.  4: the operations on rows.
  * 5: the store's moments and life.

@@ -43,6 +43,12 @@
  * P7  Every change to rows is inside a write group, and no sync's epoch
  *     switch falls inside one: a sync (and a snapshot) sees each group
  *     entirely or not at all.
+ * P8  A checkpoint mark of epoch e (the root's marks) holds a wall-clock
+ *     time and a push count no earlier than those of any write stamped
+ *     with epoch e or before: it is taken with the groups stopped at e's
+ *     switch, and times never go backwards from mark to mark.  So a row
+ *     whose record epoch is at most e was last written no later than
+ *     mark e says (evict.c: expiry).
  */
 #ifndef EMBKV_FORMAT_H
 #define EMBKV_FORMAT_H
@@ -164,6 +170,20 @@ static inline uint32_t record_size(uint32_t dim, uint32_t state_floats)
 
 #define SSD_PATH_MAX 1024
 
+#define EVICT_MARKS 128
+typedef struct evict_mark {
+    uint64_t epoch;            /* the sync that closed this epoch */
+    uint64_t time_ms;          /* wall clock (ms since 1970) at its switch */
+    uint64_t steps;            /* pushes to the table by then */
+    uint64_t check;            /* evict_mark_check of the three */
+} evict_mark;
+static inline uint64_t evict_mark_check(const evict_mark *m)
+{
+    uint64_t x = m->epoch * 0x9e3779b97f4a7c15ull ^ m->time_ms * 0xc2b2ae3d27d4eb4full ^
+                 m->steps * 0x165667b19e3779f9ull ^ 0x6d61726b6d61726bull;
+    return x ^ (x >> 29);
+}
+
 typedef struct store_root {
     char magic[16];
     uint32_t format_version;
@@ -206,6 +226,11 @@ typedef struct store_root {
      * the bitmaps: a store.dirty zeroed, or replaced by an older copy of
      * itself, agrees with a tally of its own, but not with this one. */
     atomic_uint_fast64_t dirty_count[2], dirty_sum[2];
+    /* Checkpoint marks (P8; evict.c): what time and push count each of
+     * the last syncs closed its epoch at, thinned as they age.  Slots in
+     * no order; one whose check does not match is empty (zero in a root
+     * from before them: no marks). */
+    evict_mark marks[EVICT_MARKS];
 } store_root;
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 /* A row's clock stops at 2^63 - 1, the largest a SQL integer (and an

@@ -114,6 +114,12 @@ struct embkv_store {
 
     /* training (train.c): options, permits; NULL until configured */
     struct train_state *_Atomic train;
+    /* Pushes so far (embkv_push calls: the table's step), from the
+     * durable epoch's mark at open; each sync's mark holds it (P8). */
+    atomic_uint_fast64_t steps;
+    /* eviction (evict.c): options, its thread, counts; NULL until
+     * configured */
+    struct evict *_Atomic evict;
 
     /* the SSD tier (tier.c); log NULL without one */
     struct embkv_log *log;

@@ -5,7 +5,8 @@
  * write.c: row writes (copy-on-write,
  * the cache's write-backs); read.c: row reads; scan.c: index walks;
  * knn.c: nearest-neighbour search; hotset.c: the hottest rows and their
- * moves up; migrate.c: the migration thread;
+ * moves up; migrate.c: the migration thread; evict.c: expiry and
+ * max_rows, the checkpoint marks;
  * train.c: pull/push, optimizers, deferred initialization, sessions.
  */
 #ifndef EMBKV_OPS_H
@@ -22,6 +23,12 @@ void permits_free(permit_table *pt);
 int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited);
 void permit_return(permit_table *pt, int64_t id);
 unsigned permit_count(permit_table *pt, int64_t id);
+/* Runs fn(ctx) (its result in *rc) only while id has no permit out, with
+ * the id's stripe held meanwhile, so that no pull takes one until fn is
+ * done (eviction: a row is deleted only while no batch in flight holds
+ * it).  Returns whether fn ran.  fn may take the store's locks: no one
+ * takes a stripe while holding them. */
+bool permit_none_run(permit_table *pt, int64_t id, int (*fn)(void *ctx), void *ctx, int *rc);
 
 /* ------------------------------------------------------------- admit.c */
 /* Pull counts of ids without a row (admission, admit='count(N)'): a
@@ -54,6 +61,17 @@ int writeback_quiesce(embkv_store *s);
  * reach next (down to 7/8). */
 int writeback_clean(embkv_store *s);
 
+/* A delete's conditions (delete_if): the version of the row a scan saw. */
+typedef struct delete_cond {
+    uint64_t clock;
+    uint32_t epoch;
+} delete_cond;
+/* embkv_delete of id only while it is the version c says (its record of
+ * clock c->clock and epoch c->epoch, in whichever tier) and not dirty in
+ * the DRAM cache: *changed (nothing deleted, EMBKV_OK) when it is not.
+ * Inside the caller's write group. */
+int delete_if(embkv_store *s, int64_t id, const delete_cond *c, bool *changed);
+
 /* ------------------------------------------------------------- read.c */
 /* embkv_get_batch putting row j of the batch at row
  * out_row[j] of out (out_row NULL: at row j). */
@@ -82,6 +100,21 @@ int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves
 /* The hot-set migration thread (migrate.c); stopped before the tier's. */
 int migrate_start(embkv_store *s, uint64_t rate);
 void migrate_stop(embkv_store *s);
+
+/* ------------------------------------------------------------- evict.c */
+/* Installs the eviction options of embkv_train_options (pt: the permits
+ * its deletes respect), starting the eviction thread when one is set. */
+int evict_configure(embkv_store *s, const embkv_train_options *o, permit_table *pt);
+/* Whether pulls must take permits: eviction is on. */
+bool evict_holds_pulls(embkv_store *s);
+/* At a sync, with the groups stopped at epoch's switch: its mark (P8). */
+void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps);
+/* The table's step as of the durable epoch's mark (at open). */
+uint64_t evict_steps_at(embkv_store *s, uint64_t durable);
+void evict_stats(embkv_store *s, embkv_train_stats *st);
+/* The thread stopped (close), then its state freed (free_store). */
+void evict_stop(embkv_store *s);
+void evict_free(embkv_store *s);
 
 /* ------------------------------------------------------------- train.c */
 void train_free(embkv_store *s);

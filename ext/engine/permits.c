@@ -176,3 +176,15 @@ unsigned permit_count(permit_table *pt, int64_t id)
     pthread_mutex_unlock(&ps->mu);
     return c;
 }
+
+bool permit_none_run(permit_table *pt, int64_t id, int (*fn)(void *ctx), void *ctx, int *rc)
+{
+    uint64_t h = embkv__hash(id);
+    pstripe *ps = stripe_for(pt, h);
+    pthread_mutex_lock(&ps->mu);
+    bool none = !ps->cap || !ps->tab[find(ps, id, h)].count;
+    if (none)
+        *rc = fn(ctx);
+    pthread_mutex_unlock(&ps->mu);
+    return none;
+}

@@ -400,6 +400,7 @@ static void free_store(embkv_store *s)
         return;
     /* The tier's thread works on everything below: stopped first (a no-op
      * where embkv_close or a failed open stopped it already). */
+    evict_stop(s);
     tier_worker_stop(s);
     free(atomic_load(&s->ix));
     free(s->free_locs.v);
@@ -414,6 +415,7 @@ static void free_store(embkv_store *s)
     tier_close(s);
     cache_free(s->cache);
     heat_free(s->heat);
+    evict_free(s);
     train_free(s);
     snap_free(s);
     pthread_rwlock_destroy(&s->writers);
@@ -821,6 +823,7 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     dirtymap_reset(s);  /* the pool is as of its durable epoch */
     tier_sync_done(s);  /* segments no row points at any more */
     atomic_store(&s->cur_epoch, r->durable_epoch + 1);
+    atomic_store(&s->steps, evict_steps_at(s, r->durable_epoch));
     r->closed_rows_check = 0;  /* the count is only known again at a clean close */
     pmemobj_persist(s->pop, &r->closed_rows_check, sizeof r->closed_rows_check);
     r->clean = 0;
@@ -1202,6 +1205,7 @@ int embkv_close(embkv_store *s)
     /* Still under the registry lock: an open of this directory from another
      * thread must wait for the flock to go, not take it for another process.
      * The tier's threads first: nothing moves rows during the last sync. */
+    evict_stop(s);
     migrate_stop(s);
     tier_worker_stop(s);
     la_close(s);

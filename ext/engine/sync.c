@@ -76,6 +76,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     uint64_t e = atomic_load(&s->cur_epoch);
     atomic_store(&s->cur_epoch, e + 1);
     uint64_t rows_e = atomic_load(&s->rows);  /* (no writer: exactly epoch e's rows) */
+    uint64_t steps_e = atomic_load(&s->steps); /* (P8: every push of epoch e counted) */
     pthread_mutex_lock(&s->retire_mu);
     locvec pend = s->pending[e & 1], pendu = s->pendingu[e & 1];
     tomb_entry *tombs = s->tombs[e & 1];
@@ -102,6 +103,10 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
             rc = dirtymap_flush(s, s->dirty[(e + 1) & 1]);
     }
     if (rc == EMBKV_OK) {
+        /* The mark first: the epoch it names is not durable until the
+         * store below, and a mark of an epoch that never became durable
+         * is taken for none (evict.c). */
+        evict_mark_write(s, e, steps_e);
         /* (stats read it beside a sync) */
         __atomic_store_n(&s->root->durable_epoch, e, __ATOMIC_RELAXED);
         pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);

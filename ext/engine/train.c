@@ -136,6 +136,14 @@ static int validate(embkv_store *s, const embkv_train_options *o)
     if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)STALENESS_LIMIT)
         return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
                           s->path, (long long)o->staleness);
+    if (o->evict != EMBKV_EVICT_LFU && o->evict != EMBKV_EVICT_LRU)
+        return embkv__err(EMBKV_INVALID, "store %s: option evict: unknown policy %d (lfu or lru)", s->path, o->evict);
+    if (o->ttl_ms > EMBKV_TTL_MAX_MS || o->ttl_steps > EMBKV_TTL_MAX_STEPS || o->max_rows > EMBKV_MAX_ROWS_MAX)
+        return embkv__err(EMBKV_INVALID,
+                          "store %s: options ttl (at most %llu ms), ttl_steps (at most %llu) and max_rows (at most "
+                          "%llu) are out of range",
+                          s->path, (unsigned long long)EMBKV_TTL_MAX_MS, (unsigned long long)EMBKV_TTL_MAX_STEPS,
+                          (unsigned long long)EMBKV_MAX_ROWS_MAX);
     return EMBKV_OK;
 }
 
@@ -181,7 +189,7 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
         atomic_store(&t->admit, a);
     }
     pthread_mutex_unlock(&s->slab_mu);
-    return EMBKV_OK;
+    return evict_configure(s, o, t->permits);
 }
 
 static embkv_train_options options_now(struct train_state *t)
@@ -219,6 +227,7 @@ int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st)
         st->admit_dropped = atomic_load(&t->dropped);
         st->admit_bytes = admit_bytes(atomic_load(&t->admit));
     }
+    evict_stats(s, st);
     return EMBKV_OK;
 }
 
@@ -557,7 +566,12 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     size_t nst = 0, taken = 0;
     int rc = EMBKV_OK;
 
-    if (o.staleness != EMBKV_STALENESS_UNLIMITED) {
+    /* With eviction on, every pull holds its rows until their push (a
+     * bound of its own that is never reached in practice). */
+    unsigned bound = o.staleness != EMBKV_STALENESS_UNLIMITED ? (unsigned)o.staleness + 1
+                     : evict_holds_pulls(s)                    ? STALENESS_LIMIT
+                                                               : 0;
+    if (bound) {
         st = sorted_distinct(ids, n, &nst);
         if (!st)
             return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
@@ -572,7 +586,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
         bool waited_any = false;
         for (; taken < nst; taken++) {
             bool waited = false;
-            int prc = permit_take(t->permits, st[taken], (unsigned)o.staleness + 1, &deadline, &waited);
+            int prc = permit_take(t->permits, st[taken], bound, &deadline, &waited);
             if (prc != EMBKV_OK) {
                 int64_t id = st[taken];
                 return_taken(ss, t, st, taken);
@@ -881,6 +895,9 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
         push_grads_free(&ugrad);
         return rc;
     }
+    /* One step of the table, counted inside the group (P8: a sync's mark
+     * counts every push whose writes it holds). */
+    atomic_fetch_add(&s->steps, 1);
     /* Check (and with an initializer, create) every row before changing any. */
     int64_t *miss = malloc(nu * sizeof *miss);
     uint8_t *present = malloc(nu);

@@ -623,7 +623,7 @@ int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *s
  * the next sync needs a tombstone record: without one in *tloc the attempt
  * changes nothing and returns EMBKV_BUSY, and the caller allocates and
  * retries.  So a full pool still takes the deletes that need no tombstone. */
-static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
+static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, const delete_cond *c, bool *changed)
 {
     int rc = EMBKV_OK;
     char *ssd = NULL;  /* the row's record, when it is in the log */
@@ -647,6 +647,17 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc)
          * crash before the next sync returns to it, as it was. */
         old = &damaged;
         rc = EMBKV_OK;
+    }
+    if (c) {
+        /* The version the caller saw, wherever it is now (a move between
+         * tiers keeps clock and epoch; every write changes one of them).
+         * A cached row is changed in place: its record is not the row. */
+        bool dirty = false;
+        if (old->clock != c->clock || rec_epoch(old) != c->epoch ||
+            (s->cache && cache_find(s->cache, id, h, &dirty) >= 0 && dirty)) {
+            *changed = true;
+            goto out;
+        }
     }
     uint32_t epoch = (uint32_t)atomic_load(&s->cur_epoch);
     bool keep = rec_epoch(old) < epoch;
@@ -698,15 +709,13 @@ out:
     return rc;
 }
 
-int embkv_delete(embkv_store *s, int64_t id)
+static int delete_row(embkv_store *s, int64_t id, const delete_cond *c, bool *changed)
 {
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
     uint64_t tloc = LOC_NONE, h = embkv__hash(id);
     int rc = embkv_group_begin(s);
     if (rc != EMBKV_OK)
         return rc;
-    rc = delete_once(s, id, h, &tloc);
+    rc = delete_once(s, id, h, &tloc, c, changed);
     if (rc == EMBKV_BUSY) {
         if ((rc = alloc_records(s, &tloc, 1, true)) != EMBKV_OK) {
             embkv_group_end(s);
@@ -715,13 +724,28 @@ int embkv_delete(embkv_store *s, int64_t id)
                                                  "used up: delete at most %u rows between two syncs",
                                                  (long long)id, s->delete_reserve);
         }
-        rc = delete_once(s, id, h, &tloc);  /* cannot be EMBKV_BUSY with a tombstone in hand */
+        rc = delete_once(s, id, h, &tloc, c, changed);  /* cannot be EMBKV_BUSY with a tombstone in hand */
     }
     embkv_group_end(s);
     if (tloc != LOC_NONE)
         slab_free(s, &tloc, 1);
-    atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
+    if (!*changed)
+        atomic_fetch_add_explicit(&s->st_deletes, 1, memory_order_relaxed);
     return rc;
+}
+
+int embkv_delete(embkv_store *s, int64_t id)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
+    bool changed = false;
+    return delete_row(s, id, NULL, &changed);
+}
+
+int delete_if(embkv_store *s, int64_t id, const delete_cond *c, bool *changed)
+{
+    *changed = false;
+    return delete_row(s, id, c, changed);
 }
 
 /* Hints a caller found for a write batch (update_batch_in_place). */
