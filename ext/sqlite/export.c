@@ -413,11 +413,21 @@ static int write_meta(exporter *e)
     else snprintf(stale, sizeof stale, "%lld", (long long)t->staleness);
     snprintf(wait, sizeof wait, "%u", t->wait_ms);
     const char *opt = optimizer_name(t->optimizer);
-    char admit[32] = "";
+    /* admission and eviction only when set, as the options file keeps them */
+    char admit[32] = "", ttl[32] = "", evict[128] = "";
     if (t->admit_count) snprintf(admit, sizeof admit, ", admit='count(%u)'", t->admit_count);
+    if (t->ttl_ms) {
+        char d[24];
+        ek_format_ttl(t->ttl_ms, d, sizeof d);
+        snprintf(ttl, sizeof ttl, ", ttl='%s'", d);
+    }
+    size_t ne = 0;
+    if (t->ttl_steps) ne += (size_t)snprintf(evict + ne, sizeof evict - ne, ", ttl_steps=%llu", (unsigned long long)t->ttl_steps);
+    if (t->max_rows) ne += (size_t)snprintf(evict + ne, sizeof evict - ne, ", max_rows=%llu", (unsigned long long)t->max_rows);
+    if (t->evict == EMBKV_EVICT_LRU) snprintf(evict + ne, sizeof evict - ne, ", evict=lru");
     char *create = sqlite3_mprintf("dim=%u, optimizer=%s, lr=%s, initial_accumulator=%s, eps=%s, beta1=%s, "
-                                   "beta2=%s, init='%s', seed=%s, staleness=%s, wait_ms=%s%s",
-                                   embkv_dim(s), opt, lr, acc, eps, b1, b2, init, seed, stale, wait, admit);
+                                   "beta2=%s, init='%s', seed=%s, staleness=%s, wait_ms=%s%s%s%s",
+                                   embkv_dim(s), opt, lr, acc, eps, b1, b2, init, seed, stale, wait, admit, ttl, evict);
     char *version = NULL;
     sqlite3_stmt *st = NULL;
     /* embkv_version() of this build, through the main connection. */

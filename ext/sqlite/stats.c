@@ -3,8 +3,9 @@
  *   embkv_table_lookup()  (C, binding.h) resolves a table name of a
  *                         connection to its store and options;
  *   embkv_stats(table)    statistics as JSON (cJSON);
- *   embkv_checkpoint(table)  embkv_sync, returning the durable epoch.
- * Both SQL functions are SQLITE_DIRECTONLY.
+ *   embkv_checkpoint(table)  embkv_sync, returning the durable epoch;
+ *   embkv_evict(table)    an eviction pass (embkv_evict), what it did as JSON.
+ * The SQL functions are SQLITE_DIRECTONLY.
  */
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
@@ -346,6 +347,23 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         ok = ok && cJSON_AddNumberToObject(ad, "dropped_gradients", (double)ts.admit_dropped);
         ok = ok && cJSON_AddNumberToObject(ad, "bytes", (double)ts.admit_bytes);
     }
+    const embkv_train_options *to = &ref.opts->train;
+    if (ok && (to->ttl_ms || to->ttl_steps || to->max_rows)) {
+        /* Eviction, on tables that have it. */
+        cJSON *ev = cJSON_AddObjectToObject(tr, "eviction");
+        char ttl[24];
+        ek_format_ttl(to->ttl_ms, ttl, sizeof ttl);
+        ok = ev != NULL;
+        ok = ok && cJSON_AddStringToObject(ev, "ttl", ttl);
+        ok = ok && cJSON_AddNumberToObject(ev, "ttl_steps", (double)to->ttl_steps);
+        ok = ok && cJSON_AddNumberToObject(ev, "max_rows", (double)to->max_rows);
+        ok = ok && cJSON_AddStringToObject(ev, "evict", to->evict == EMBKV_EVICT_LRU ? "lru" : "lfu");
+        ok = ok && cJSON_AddNumberToObject(ev, "step", (double)ts.steps);
+        ok = ok && cJSON_AddNumberToObject(ev, "passes", (double)ts.evict_passes);
+        ok = ok && cJSON_AddNumberToObject(ev, "expired", (double)ts.evicted_expired);
+        ok = ok && cJSON_AddNumberToObject(ev, "over_max_rows", (double)ts.evicted_over);
+        ok = ok && cJSON_AddNumberToObject(ev, "kept_pulled", (double)ts.evict_kept);
+    }
     char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!text) {
@@ -375,6 +393,32 @@ static void fn_checkpoint(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     sqlite3_result_int64(ctx, (sqlite3_int64)st.durable_epoch);
 }
 
+static void fn_evict(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    if (fn_table(ctx, "embkv_evict", argv[0], &ref) != SQLITE_OK) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_evict", ref.schema, ref.name, "it deletes rows"))
+        return;
+    embkv_evict_result r;
+    pthread_mutex_t *held = ekreg_commit_lock(ref.store);
+    int erc = embkv_evict(ref.store, &r);
+    ekreg_commit_unlock(held);
+    if (erc != EMBKV_OK) {
+        fn_engine_error(ctx, "embkv_evict", &ref, erc);
+        return;
+    }
+    char *text = sqlite3_mprintf("{\"scanned\":%llu,\"expired\":%llu,\"over_max_rows\":%llu,\"kept_pulled\":%llu,"
+                                 "\"left\":%llu}",
+                                 (unsigned long long)r.scanned, (unsigned long long)r.expired,
+                                 (unsigned long long)r.over, (unsigned long long)r.kept, (unsigned long long)r.left);
+    if (!text) {
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    sqlite3_result_text(ctx, text, -1, sqlite3_free);
+}
+
 int ekfn_register(sqlite3 *db, ekconn *c)
 {
     /* Side effects (a sync) or file-system paths in the result: only from
@@ -385,7 +429,9 @@ int ekfn_register(sqlite3 *db, ekconn *c)
     rc = sqlite3_create_function_v2(db, "embkv_stats", 1, flags, c, fn_stats, NULL, NULL, ekconn_unref_v);
     if (rc != SQLITE_OK) return rc;
     ekconn_ref(c);
-    return sqlite3_create_function_v2(db, "embkv_checkpoint", 1, flags, c, fn_checkpoint, NULL, NULL,
-                                      ekconn_unref_v);
+    rc = sqlite3_create_function_v2(db, "embkv_checkpoint", 1, flags, c, fn_checkpoint, NULL, NULL, ekconn_unref_v);
+    if (rc != SQLITE_OK) return rc;
+    ekconn_ref(c);
+    return sqlite3_create_function_v2(db, "embkv_evict", 1, flags, c, fn_evict, NULL, NULL, ekconn_unref_v);
 }
 

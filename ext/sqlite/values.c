@@ -21,6 +21,7 @@ SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,6 +429,59 @@ int ek_parse_admit(const char *val, void *field)
     if (*p != ')') return -1;
     if (*skip_blanks(p + 1)) return -1;
     *(uint32_t *)field = nv == 1 ? 0 : (uint32_t)nv;  /* count(1) is none: every id at its first pull */
+    return 0;
+}
+
+/* none | 0 | N followed by a unit: ms, s, m, h or d (a duration, up to
+ * EMBKV_TTL_MAX_MS); field is embkv_train_options.ttl_ms. */
+int ek_parse_ttl(const char *val, void *field)
+{
+    val = skip_blanks(val);
+    if (sqlite3_stricmp(val, "none") == 0 || strcmp(val, "0") == 0) {
+        *(uint64_t *)field = 0;
+        return 0;
+    }
+    if (*val < '0' || *val > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long nv = strtoull(val, &end, 10);
+    if (end == val || errno) return -1;
+    static const struct { const char *unit; uint64_t ms; } units[] = {
+        {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
+    const char *u = skip_blanks(end);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (sqlite3_stricmp(u, units[i].unit) != 0) continue;
+        if (nv == 0 || nv > EMBKV_TTL_MAX_MS / units[i].ms) return -1;
+        *(uint64_t *)field = nv * units[i].ms;
+        return 0;
+    }
+    return -1;
+}
+
+/* A ttl in the largest unit that holds it whole ("30d", "90m", "1500ms"),
+ * "none" for 0. */
+void ek_format_ttl(uint64_t ms, char *buf, size_t n)
+{
+    static const struct { const char *unit; uint64_t ms; } units[] = {
+        {"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}, {"ms", 1}};
+    if (!ms) {
+        snprintf(buf, n, "none");
+        return;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (ms % units[i].ms == 0) {
+            snprintf(buf, n, "%llu%s", (unsigned long long)(ms / units[i].ms), units[i].unit);
+            return;
+        }
+}
+
+/* lfu | lru; field is embkv_train_options.evict. */
+int ek_parse_evict(const char *val, void *field)
+{
+    val = skip_blanks(val);
+    if (sqlite3_stricmp(val, "lfu") == 0) *(int *)field = EMBKV_EVICT_LFU;
+    else if (sqlite3_stricmp(val, "lru") == 0) *(int *)field = EMBKV_EVICT_LRU;
+    else return -1;
     return 0;
 }
 

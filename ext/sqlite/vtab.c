@@ -102,10 +102,17 @@ static const ekopt_def ek_options[] = {
      "an integer >= 0 or unlimited", ek_parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
-    /* Kept in the options file only when not none (files from before it
-     * have none): see opt_optional. */
+    /* Admission and eviction: kept in the options file only when not at
+     * their defaults (files from before them have none): opt_optional. */
     {"admit", EKO_CUSTOM, offsetof(embkv_tabopts, train.admit_count), 0, 0,
      "none, or count(N) with N from 1 to 255 (an id is stored from its N-th pull)", ek_parse_admit},
+    {"ttl", EKO_CUSTOM, offsetof(embkv_tabopts, train.ttl_ms), 0, 0,
+     "none, or a duration up to 3650d: a whole number and a unit, ms, s, m, h or d (such as 30d)", ek_parse_ttl},
+    {"ttl_steps", EKO_U64, offsetof(embkv_tabopts, train.ttl_steps), 0, 1ull << 62,
+     "a count of pushes from 0 (none) to 4611686018427387904", NULL},
+    {"max_rows", EKO_U64, offsetof(embkv_tabopts, train.max_rows), 0, 1ull << 40,
+     "a row count from 0 (none) to 1099511627776", NULL},
+    {"evict", EKO_CUSTOM, offsetof(embkv_tabopts, train.evict), 0, 0, "lfu or lru", ek_parse_evict},
     /* Kept by the engine with the store (it checks a reopen's values). */
     {"ssd_size", EKO_BYTES, offsetof(embkv_tabopts, ssd_size), 0, 1ull << 50,
      "a size in bytes up to 1024T, such as 4194304, 64M or 200G (0: no SSD tier)", NULL},
@@ -398,7 +405,10 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
     else if (!strcmp(name, "admit")) {
         if (t->admit_count) snprintf(buf, n, "count(%u)", t->admit_count);
         else snprintf(buf, n, "none");
-    }
+    } else if (!strcmp(name, "ttl")) ek_format_ttl(t->ttl_ms, buf, n);
+    else if (!strcmp(name, "ttl_steps")) snprintf(buf, n, "%llu", (unsigned long long)t->ttl_steps);
+    else if (!strcmp(name, "max_rows")) snprintf(buf, n, "%llu", (unsigned long long)t->max_rows);
+    else if (!strcmp(name, "evict")) snprintf(buf, n, "%s", t->evict == EMBKV_EVICT_LRU ? "lru" : "lfu");
 }
 
 /* A stored option that the options file holds only when it is not at its
@@ -406,7 +416,11 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
  * whose checks must stay what they were. */
 static int opt_optional(unsigned j, const char *value)
 {
-    return !strcmp(ek_options[j].name, "admit") && (!value || !strcmp(value, "none"));
+    static const char *const opt_default[][2] = {
+        {"admit", "none"}, {"ttl", "none"}, {"ttl_steps", "0"}, {"max_rows", "0"}, {"evict", "lfu"}};
+    for (size_t i = 0; i < sizeof opt_default / sizeof opt_default[0]; i++)
+        if (!strcmp(ek_options[j].name, opt_default[i][0])) return !value || !strcmp(value, opt_default[i][1]);
+    return 0;
 }
 
 static int opt_is_stored(unsigned j)
@@ -536,8 +550,8 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     text[n] = 0;
     cJSON *o = cJSON_Parse(text);
     /* The store's options, read through the same parser as a CREATE's. */
-    const char *args[3 + 1 + 16];
-    char kv[16][200];
+    const char *args[3 + 1 + 24];
+    char kv[24][200];
     int argc = 0;
     args[argc++] = "embkv";
     args[argc++] = v->zDb;
@@ -553,7 +567,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         if (!opt_is_stored(j)) continue;
         const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, ek_options[j].name);
         if (!e && opt_optional(j, NULL)) continue;
-        bad = k == 16 || !cJSON_IsString(e) || strchr(e->valuestring, '\'') ||
+        bad = k == 24 || !cJSON_IsString(e) || strchr(e->valuestring, '\'') ||
               strlen(e->valuestring) > 150;
         if (bad) break;
         sum = opts_sum(sum, ek_options[j].name, e->valuestring);

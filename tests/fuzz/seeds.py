@@ -210,6 +210,10 @@ OPTIONS_SEEDS = {
     'cache-huge': b"dim=4, cache_size='1T'",
     'admit': b"dim=3, init='zeros', admit='count(2)', path='x'",
     'admit-no-init': b"dim=3, admit='count(2)'",
+    'evict': b"dim=3, init='zeros', ttl='30d', ttl_steps=100, max_rows=1000, evict='lru', path='x'",
+    'ttl-units': b"dim=3, ttl='1500ms'",
+    'ttl-big': b"dim=3, ttl='3651d'",
+    'evict-bad': b"dim=3, evict='fifo', max_rows=-1",
 }
 
 

@@ -7,6 +7,7 @@ torch.nn.Embedding / EmbeddingBag (sparse) trained with torch.optim.SGD /
 Adagrad, within float32 tolerance: every mode, duplicates, per_sample_weights,
 padding_idx, empty bags."""
 import gc
+import json
 import sys
 import threading
 import unittest
@@ -327,6 +328,41 @@ class TestAdmission(Base):
             acc(torch.tensor([1, 2, 3])).sum().backward()
             n = acc.step()
         self.assertEqual(n, 3)
+
+
+class TestEviction(Base):
+    def evict(self, table):
+        return json.loads(self.conn.execute("SELECT embkv_evict(?)", (table,)).fetchone()[0])
+
+    def test_ttl_steps_count_training_steps(self):
+        """ttl_steps=2: a step is one update of the table (one push a
+        backward pass, however many forwards); an id not in the last two
+        steps' checkpoints is evicted."""
+        emb = ekt.Embedding(self.conn, "ev", dim=DIM, init="zeros", ttl_steps=2)
+        batches = [[1, 2], [1], [1]]
+        for step, ids in enumerate(batches, 1):
+            x = torch.tensor(ids)
+            (emb(x).sum() + emb(x).sum()).backward()  # two forwards, one step
+            self.conn.execute("SELECT embkv_checkpoint('ev')").fetchone()
+            st = json.loads(self.conn.execute("SELECT embkv_stats('ev')").fetchone()[0])
+            self.assertEqual(st["training"]["eviction"]["step"], step)
+            got = self.evict("ev")
+            self.assertEqual(got["expired"], 1 if step == 3 else 0)
+        ids = [r[0] for r in self.conn.execute("SELECT id FROM ev ORDER BY id")]
+        self.assertEqual(ids, [1])
+
+    def test_rows_of_a_step_in_flight_stay(self):
+        """max_rows=1: rows pulled by a forward whose backward has not
+        run are kept (counted), and evicted once it has."""
+        emb = ekt.Embedding(self.conn, "mx", dim=DIM, init="zeros", max_rows=1, evict="lru")
+        out = emb(torch.tensor([5, 6]))
+        got = self.evict("mx")
+        self.assertEqual((got["over_max_rows"], got["kept_pulled"]), (0, 1))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM mx").fetchone()[0], 2)
+        out.sum().backward()
+        got = self.evict("mx")
+        self.assertEqual((got["over_max_rows"], got["kept_pulled"]), (1, 0))
+        self.assertEqual([r[0] for r in self.conn.execute("SELECT id FROM mx")], [6])
 
 
 def F_emb(ids, weight):
