@@ -64,12 +64,23 @@ typedef enum embkv_tier {
 
 typedef struct embkv_store embkv_store;
 
+/* The element type a store keeps its vectors in (embkv_options.dtype):
+ * reads give float32, writes are rounded to it; optimizer state stays
+ * float32.  0: float32 at create, the store's own at a reopen. */
+enum {
+    EMBKV_F32 = 1,   /* float32 */
+    EMBKV_F16 = 2,   /* IEEE binary16 (up to 65504) */
+    EMBKV_BF16 = 3,  /* bfloat16 (float32's range, 8 significant bits) */
+    EMBKV_I8 = 4     /* a byte a element, with a float32 scale and bias a row */
+};
+
 /* Options for creating a store.  Zero means "default" for every field but
  * dim.  When opening an existing store, a non-zero dim / state_floats must
  * match what the store was created with. */
 typedef struct embkv_options {
     uint32_t dim;            /* floats per vector, 1..EMBKV_MAX_DIM */
     uint32_t state_floats;   /* optimizer-state floats per row (default 0) */
+    uint32_t dtype;          /* EMBKV_F32 (default) ... EMBKV_I8; kept with the store */
     uint64_t expected_rows;  /* sizes the index (default 100000) */
     uint64_t pool_size;      /* pool file bytes (default: from expected_rows) */
     double max_load;         /* index load factor that triggers doubling (default 0.9) */
@@ -140,6 +151,10 @@ const char *embkv_errmsg(void);
 /* Store geometry. */
 uint32_t embkv_dim(const embkv_store *s);
 uint32_t embkv_state_floats(const embkv_store *s);
+/* The store's element type (EMBKV_F32 ... EMBKV_I8) and its name ("f32",
+ * "f16", "bf16", "i8"). */
+uint32_t embkv_dtype(const embkv_store *s);
+const char *embkv_dtype_name(uint32_t dtype);
 const char *embkv_path(const embkv_store *s);  /* canonical directory */
 
 /* Per-row metadata. */
@@ -539,7 +554,14 @@ typedef struct embkv_train_options {
      * embkv_evict. */
     uint64_t ttl_ms, ttl_steps, max_rows;
     int evict;
+    /* How a push's results are rounded to a dtype below float32:
+     * EMBKV_ROUND_NEAREST (ties to even), or EMBKV_ROUND_STOCHASTIC (up
+     * with probability the distance to the value below over the step:
+     * unbiased; its random bits a function of (seed, id, clock, element)).
+     * Other writes round to nearest. */
+    int rounding;
 } embkv_train_options;
+enum { EMBKV_ROUND_NEAREST = 0, EMBKV_ROUND_STOCHASTIC = 1 };
 enum { EMBKV_EVICT_LFU = 0, EMBKV_EVICT_LRU = 1 };
 #define EMBKV_TTL_MAX_MS (3650ull * 86400000ull) /* ten years */
 #define EMBKV_TTL_MAX_STEPS (1ull << 62)

@@ -375,6 +375,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     if (rc == EMBKV_OK) {
         embkv_options o = {.dim = s->dim,
                            .state_floats = s->state_floats,
+                           .dtype = s->dtype,
                            .expected_rows = st.rows ? st.rows : 1,
                            .pool_size = st.pool_bytes,
                            .max_load = s->max_load,

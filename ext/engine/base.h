@@ -3,7 +3,7 @@
  *
  * Errors (errmsg.c), the reader epochs of the process (epoch.c), the id
  * hash, the clock, growable vectors and the distinct ids of a batch
- * (util.c).  Nothing here knows a store's layout.
+ * (util.c), the element types of vectors (dtype.c).  Nothing here knows a store's layout.
  *
  * The engine is layered and calls go down: a file may call the files of
  * lower layers and those listed before it in its own layer, never one
@@ -15,7 +15,7 @@
  * piece belongs lower.
  *
  * LAYERS (bottom to top; headers first, then the files in calling order):
- *   base.h format.h handle.h | errmsg.c epoch.c util.c
+ *   base.h format.h handle.h | errmsg.c epoch.c util.c dtype.c
  *   persist.h log.h | persist.c log.c
  *   index.h | pethash.c slab.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
@@ -102,5 +102,27 @@ bool path_resolve(const char *abs, char *out, size_t len);
  * and for each position i, slot_of[i] = its index in uniq (slot_of may be
  * NULL).  EMBKV_NOMEM when the scratch table cannot be had. */
 int ids_distinct(const int64_t *ids, size_t n, int64_t *uniq, size_t *slot_of, size_t *nu);
+
+/* ------------------------------------------------------------ dtype.c */
+/* Bytes of a vector of dim elements of dtype as a record keeps it (a
+ * multiple of 4: the optimizer state after it is float32). */
+static inline uint32_t dtype_vec_bytes(int dtype, uint32_t dim)
+{
+    switch (dtype) {
+    case EMBKV_F16:
+    case EMBKV_BF16: return (2 * dim + 3) & ~3u;
+    case EMBKV_I8: return (8 + dim + 3) & ~3u;
+    default: return 4 * dim;
+    }
+}
+/* The largest magnitude dtype holds (i8: float32's). */
+float dtype_max(int dtype);
+const char *dtype_name(int dtype);
+/* dim float32 from a vector encoded as dtype. */
+void dtype_decode(int dtype, uint32_t dim, const void *src, float *dst);
+/* Encodes dim float32 as dtype: rounded to nearest (seed NULL) or
+ * stochastically from *seed.  Returns 0, or j + 1 for an element j that
+ * dtype cannot hold (beyond its range; nothing is to be kept then). */
+uint32_t dtype_encode(int dtype, uint32_t dim, const float *src, void *dst, const uint64_t *seed);
 
 #endif

@@ -107,6 +107,7 @@ typedef struct cshard {
 struct cache {
     uint64_t capacity;
     uint32_t rec_size, words;
+    uint32_t dtype, vec_bytes;  /* how the records keep their vectors */
     uint32_t stride;           /* a slot: its cslot, then its record, in whole lines */
     cshard shards[CACHE_SHARDS];
     char *slots;               /* capacity * stride */
@@ -186,7 +187,7 @@ uint64_t cache_bytes_for(uint64_t rows, uint32_t rec_size)
     return b;
 }
 
-cache *cache_new(uint64_t rows, uint32_t rec_size)
+cache *cache_new(uint64_t rows, uint32_t rec_size, uint32_t dtype, uint32_t dim)
 {
     if (rows < CACHE_SHARDS)
         rows = CACHE_SHARDS;
@@ -197,6 +198,8 @@ cache *cache_new(uint64_t rows, uint32_t rec_size)
         return NULL;
     c->capacity = rows;
     c->rec_size = rec_size;
+    c->dtype = dtype;
+    c->vec_bytes = dtype_vec_bytes((int)dtype, dim);
     c->words = rec_size / 8;
     c->stride = slot_stride(rec_size);
     uint64_t per = rows / CACHE_SHARDS, extra = rows % CACHE_SHARDS, base = 0, tab_total = 0;
@@ -502,13 +505,19 @@ static int read_slot(cache *c, int64_t si, int64_t id, rec_hdr *hdr, float *vec,
     const uint64_t *w = slot_words(c, (uint32_t)si);
     rec_hdr hd;
     words_load(&hd, w, 0, sizeof hd / 8);
+    /* (an encoded vector is copied out whole, then decoded once the copy
+     * is known to be one version) */
+    uint32_t enc[EMBKV_MAX_DIM / 2 + 4];
+    bool coded = c->dtype != EMBKV_F32;
     if (vec)
-        bytes_load(vec, w, sizeof(rec_hdr), 4 * (size_t)dim);
+        bytes_load(coded ? (void *)enc : (void *)vec, w, sizeof(rec_hdr), c->vec_bytes);
     if (state && state_floats)
-        bytes_load(state, w, sizeof(rec_hdr) + 4 * (size_t)dim, 4 * (size_t)state_floats);
+        bytes_load(state, w, sizeof(rec_hdr) + c->vec_bytes, 4 * (size_t)state_floats);
     seq_fence(__ATOMIC_ACQUIRE);
     if (atomic_load_explicit(&cs->seq, memory_order_relaxed) != sv)
         return -1;
+    if (vec && coded)
+        dtype_decode((int)c->dtype, dim, enc, vec);
     if (hdr)
         *hdr = hd;
     if (!atomic_load_explicit(&cs->ref, memory_order_relaxed))

@@ -157,12 +157,12 @@ static inline uint64_t heap_units_size(uint64_t bytes)
 }
 #define MAX_CHUNKS ((HEAP_UNIT - 64) / sizeof(PMEMoid))  /* chunk table: one unit */
 
-/* Bytes of a record of dim floats and state_floats of optimizer state: the
- * header and the floats, rounded up to a cache line (slab.c: chunk_records
+/* Bytes of a record of dim elements of dtype and state_floats of optimizer
+ * state: the header, the vector and the floats, rounded up to a cache line (slab.c: chunk_records
  * aligns the chunks' records to one). */
-static inline uint32_t record_size(uint32_t dim, uint32_t state_floats)
+static inline uint32_t record_size(int dtype, uint32_t dim, uint32_t state_floats)
 {
-    size_t bytes = sizeof(rec_hdr) + 4 * ((size_t)dim + state_floats);
+    size_t bytes = sizeof(rec_hdr) + dtype_vec_bytes(dtype, dim) + 4 * (size_t)state_floats;
     return (uint32_t)((bytes + 63) & ~(size_t)63);
 }
 
@@ -231,7 +231,11 @@ typedef struct store_root {
      * no order; one whose check does not match is empty (zero in a root
      * from before them: no marks). */
     evict_mark marks[EVICT_MARKS];
+    /* The vectors' element type and dtype ^ DTYPE_CHECK_KEY (both zero in
+     * a root from before them: float32). */
+    uint32_t dtype, dtype_check;
 } store_root;
+#define DTYPE_CHECK_KEY 0x64747970u
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 /* A row's clock stops at 2^63 - 1, the largest a SQL integer (and an
  * export) holds: past it SQL showed it negative and the table's own export

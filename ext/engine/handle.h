@@ -54,6 +54,12 @@ struct embkv_store {
     uint32_t dim;
     uint32_t state_floats;
     uint32_t rec_size;         /* bytes per record, multiple of 16 */
+    uint32_t dtype;            /* the vectors' element type (EMBKV_F32...) */
+    uint32_t vec_bytes;        /* a record's encoded vector: its state follows */
+    /* Optimizer updates rounded stochastically (train.c), from a seed of
+     * the table's (rounding='stochastic'); other writes round to nearest. */
+    atomic_bool round_stochastic;
+    atomic_uint_fast64_t round_seed;
     uint32_t recs_per_chunk;
     uint32_t chunk_bytes;
     uint32_t delete_reserve;   /* free records only tombstones may take */

@@ -235,7 +235,19 @@ static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
     char *base = atomic_load_explicit(&s->chunk_base[loc_chunk(loc)], memory_order_acquire);
     return (rec_hdr *)(base + (size_t)loc_index(loc) * s->rec_size);
 }
+/* A record's payload: the vector encoded as the store's dtype, then the
+ * optimizer state in float32 (rec_vec: the vector of a float32 store). */
 static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
+static inline float *rec_state(const embkv_store *s, rec_hdr *r) { return (float *)((char *)(r + 1) + s->vec_bytes); }
+static inline size_t rec_payload_bytes(const embkv_store *s) { return s->vec_bytes + 4 * (size_t)s->state_floats; }
+/* The vector of r in float32. */
+static inline void rec_vec_get(const embkv_store *s, rec_hdr *r, float *dst)
+{
+    if (s->dtype == EMBKV_F32)
+        memcpy(dst, r + 1, 4 * (size_t)s->dim);
+    else
+        dtype_decode((int)s->dtype, s->dim, r + 1, dst);
+}
 /* Where a record enters from the medium (every read that copies one out):
  * it must be id's and match its checksum, else the read fails naming the
  * id (rec_damaged, in sync.c) instead of returning damaged data. */

@@ -341,6 +341,7 @@ typedef struct knn_worker {
     bool wild[BLOCK_ROWS];     /* a row whose norm is outside WILD_LO..WILD_HI: scored in double */
     int64_t ids[BLOCK_ROWS];
     size_t nr;
+    float *dec;                /* a store of another dtype: the block's rows decoded */
     int rc;
     char msg[512];
 } knn_worker;
@@ -457,6 +458,20 @@ static void block_add(knn_worker *w, int64_t id, const float *v)
         block_flush(w);
 }
 
+/* A record's row: in place for float32, else decoded into the block's
+ * place in w->dec. */
+static void block_add_rec(knn_worker *w, int64_t id, rec_hdr *r)
+{
+    embkv_store *s = w->job->s;
+    if (!w->dec) {
+        block_add(w, id, rec_vec(r));
+        return;
+    }
+    float *v = w->dec + w->nr * (size_t)s->dim;
+    rec_vec_get(s, r, v);
+    block_add(w, id, v);
+}
+
 static void worker_fail(knn_worker *w, int rc)
 {
     if (w->rc == EMBKV_OK) {
@@ -508,7 +523,7 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
             worker_fail(w, rec_damaged(s, ids[i]));
             break;
         }
-        block_add(w, ids[i], rec_vec(r));
+        block_add_rec(w, ids[i], r);
     }
     /* The block points into the pool: score it before the epoch ends. */
     block_flush(w);
@@ -520,7 +535,7 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
             worker_fail(w, rc);
         else
             for (size_t i = 0; i < nssd; i++)
-                block_add(w, ssd_ids[i], rec_vec(recs[i]));
+                block_add_rec(w, ssd_ids[i], recs[i]);
         /* The block points into buf: score it before it goes. */
         block_flush(w);
         free(buf);
@@ -558,6 +573,7 @@ static void worker_free(knn_worker *w, size_t nq)
         }
     free(w->tops);
     free(w->score);
+    free(w->dec);
 }
 
 static int worker_init(knn_worker *w, knn_job *j)
@@ -567,6 +583,8 @@ static int worker_init(knn_worker *w, knn_job *j)
     w->tops = calloc(j->nq, sizeof *w->tops);
     w->score = malloc(j->nq * BLOCK_ROWS * sizeof *w->score);
     if (!w->tops || !w->score)
+        return EMBKV_NOMEM;
+    if (j->s->dtype != EMBKV_F32 && !(w->dec = malloc(BLOCK_ROWS * (size_t)j->s->dim * sizeof(float))))
         return EMBKV_NOMEM;
     for (size_t q = 0; q < j->nq; q++) {
         w->tops[q].d = malloc(j->k * sizeof(double));

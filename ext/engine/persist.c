@@ -71,7 +71,7 @@ uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r)
     const uint64_t k1 = 0x9e3779b97f4a7c15ull, k2 = 0xc2b2ae3d27d4eb4full;
     uint64_t a = (uint64_t)r->id * k1, b = r->prev * k2, c = r->clock ^ k1, d = (uint64_t)r->epoch ^ k2;
     const unsigned char *p = (const unsigned char *)(r + 1);
-    size_t bytes = 4 * ((size_t)s->dim + s->state_floats), i = 0;
+    size_t bytes = s->vec_bytes + 4 * (size_t)s->state_floats, i = 0;
     for (; i + 32 <= bytes; i += 32) {
         uint64_t w[4];
         memcpy(w, p + i, 32);

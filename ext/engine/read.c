@@ -89,9 +89,9 @@ static int get_one(embkv_store *s, int64_t id, float *vec, float *state, embkv_r
             return rc != EMBKV_OK ? rc : rec_damaged(s, id);
         }
         if (vec)
-            memcpy(vec, rec_vec(r), 4 * (size_t)s->dim);
+            rec_vec_get(s, r, vec);
         if (state)
-            memcpy(state, rec_vec(r) + s->dim, 4 * (size_t)s->state_floats);
+            memcpy(state, rec_state(s, r), 4 * (size_t)s->state_floats);
         if (info)
             fill_info(info, r, loc);
         if (counted && heat_counting(s))
@@ -197,7 +197,7 @@ static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, c
             kid[i] = ids[at->v[i]];
         rc = tier_read(s, kid, locs->v, k, &buf, recs, false);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
-            memcpy(out + (out_row ? out_row[at->v[i]] : at->v[i]) * s->dim, rec_vec(recs[i]), 4 * (size_t)s->dim);
+            rec_vec_get(s, recs[i], out + (out_row ? out_row[at->v[i]] : at->v[i]) * s->dim);
         if (rc == EMBKV_OK) {
             tier_note_read(s, kid, locs->v, recs, k);
             /* A pull's push comes next: it finds the rows in the stage. */
@@ -334,7 +334,7 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
                     damaged = true;
                     bad = ids[j];
                 }
-                memcpy(OUT_ROW(j), rec_vec(r), vbytes);
+                rec_vec_get(s, r, OUT_ROW(j));
             } else {
                 memset(OUT_ROW(j), 0, vbytes);
                 missing++;
@@ -482,13 +482,13 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
             }
             if (out) {
                 if (ok)
-                    memcpy(out + (lo + j) * s->dim, rec_vec((rec_hdr *)r), vbytes);
+                    rec_vec_get(s, (rec_hdr *)r, out + (lo + j) * s->dim);
                 else
                     memset(out + (lo + j) * s->dim, 0, vbytes);
             }
             if (state && sbytes) {
                 if (ok)
-                    memcpy(state + (lo + j) * s->state_floats, rec_vec((rec_hdr *)r) + s->dim, sbytes);
+                    memcpy(state + (lo + j) * s->state_floats, rec_state(s, (rec_hdr *)r), sbytes);
                 else
                     memset(state + (lo + j) * s->state_floats, 0, sbytes);
             }

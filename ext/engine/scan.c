@@ -94,7 +94,8 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
             rec_hdr *r = logged ? recs[i] : rec_at(s, locs[i]);
             if (!logged && !rec_ok(s, r, ids[i]))
                 rc = rec_damaged(s, ids[i]);
-            memcpy(buf + i * row_floats, rec_vec(r), row_floats * sizeof(float));
+            rec_vec_get(s, r, buf + i * row_floats);
+            memcpy(buf + i * row_floats + s->dim, rec_state(s, r), 4 * (size_t)s->state_floats);
             fill_info(&info[i], r, locs[i]);
         }
         ebr_leave();

@@ -40,6 +40,8 @@ static embkv_store *registry;
 
 uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
 uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
+uint32_t embkv_dtype(const embkv_store *s) { return s->dtype; }
+const char *embkv_dtype_name(uint32_t dtype) { return dtype_name((int)dtype); }
 const char *embkv_path(const embkv_store *s) { return s->path; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 
@@ -71,6 +73,9 @@ static int validate_options(const embkv_options *opt, unsigned flags, const char
     if (opt->state_floats > EMBKV_MAX_STATE_FLOATS)
         return embkv__err(EMBKV_INVALID, "store %s: option state_floats must be at most %d, got %u", dir,
                           EMBKV_MAX_STATE_FLOATS, opt->state_floats);
+    if (opt->dtype > EMBKV_I8)
+        return embkv__err(EMBKV_INVALID, "store %s: option dtype: unknown type %u (EMBKV_F32, EMBKV_F16, EMBKV_BF16 "
+                          "or EMBKV_I8)", dir, opt->dtype);
     if (opt->max_load != 0 && !(opt->max_load >= 0.1 && opt->max_load <= 0.98))
         return embkv__err(EMBKV_INVALID, "store %s: option max_load must be between 0.1 and 0.98, got %g",
                           dir, opt->max_load);
@@ -105,11 +110,11 @@ static int cache_attach(embkv_store *s, uint64_t bytes)
     /* Rows the bytes hold: the record (its content: not the padding a
      * pool record has), its slot and two to four table entries (the
      * tables round up to powers of two). */
-    uint32_t rec = (uint32_t)((sizeof(rec_hdr) + 4 * ((size_t)s->dim + s->state_floats) + 7) & ~(size_t)7);
+    uint32_t rec = (uint32_t)((sizeof(rec_hdr) + s->vec_bytes + 4 * (size_t)s->state_floats + 7) & ~(size_t)7);
     uint64_t rows = bytes / ((uint64_t)rec + 24 + 32);
     while (rows > 64 && cache_bytes_for(rows, rec) > bytes)
         rows -= rows / 64 ? rows / 64 : 1;
-    cache *c = cache_new(rows, rec);
+    cache *c = cache_new(rows, rec, s->dtype, s->dim);
     if (!c)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
                           s->path, (unsigned long long)rows);
@@ -130,6 +135,9 @@ static int geometry_matches(const embkv_store *s, const embkv_options *opt)
     if (opt->state_floats && opt->state_floats != s->state_floats)
         return embkv__err(EMBKV_INVALID, "store %s: has state_floats %u, %u requested", s->path,
                           s->state_floats, opt->state_floats);
+    if (opt->dtype && opt->dtype != s->dtype)
+        return embkv__err(EMBKV_INVALID, "store %s: has dtype %s, %s requested", s->path, dtype_name((int)s->dtype),
+                          dtype_name((int)opt->dtype));
     return EMBKV_OK;
 }
 
@@ -481,7 +489,9 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     r->format_version = EMBKV_FORMAT_VERSION;
     r->dim = opt->dim;
     r->state_floats = opt->state_floats;
-    r->record_size = record_size(opt->dim, opt->state_floats);
+    r->dtype = opt->dtype ? opt->dtype : EMBKV_F32;
+    r->dtype_check = r->dtype ^ DTYPE_CHECK_KEY;
+    r->record_size = record_size((int)r->dtype, opt->dim, opt->state_floats);
     r->durable_epoch = 0;
     r->clean = 1;
     r->max_load = max_load;
@@ -572,7 +582,7 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
         if (!s->pop)
             return embkv__err(EMBKV_IO, "%s: cannot open %s: %s", s->path, POOL_FILE, pmemobj_errormsg());
     } else {
-        uint32_t rs = record_size(opt->dim, opt->state_floats);
+        uint32_t rs = record_size((int)(opt->dtype ? opt->dtype : EMBKV_F32), opt->dim, opt->state_floats);
         double max_load = opt->max_load ? opt->max_load : DEFAULT_MAX_LOAD;
         uint64_t expected = opt->expected_rows ? opt->expected_rows : DEFAULT_EXPECTED_ROWS;
         uint64_t size = opt->pool_size;
@@ -740,8 +750,15 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     s->dim = r->dim;
     s->state_floats = r->state_floats;
     s->rec_size = r->record_size;
+    if (r->dtype == 0 && r->dtype_check == 0)
+        s->dtype = EMBKV_F32;
+    else if (r->dtype >= EMBKV_F32 && r->dtype <= EMBKV_I8 && r->dtype_check == (r->dtype ^ DTYPE_CHECK_KEY))
+        s->dtype = r->dtype;
+    else
+        return corrupt_root(s, "its dtype is damaged");
+    s->vec_bytes = dtype_vec_bytes((int)s->dtype, s->dim);
     if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
-        s->rec_size != record_size(s->dim, s->state_floats) || r->nbuckets == 0 ||
+        s->rec_size != record_size((int)s->dtype, s->dim, s->state_floats) || r->nbuckets == 0 ||
         (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) || OID_IS_NULL(r->chunk_table))
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
     int rrc = check_root(s);

@@ -15,9 +15,10 @@
 /* ------------------------------------------------------------- cache.c */
 typedef struct cache cache;
 /* A cache of `rows` records of rec_size bytes (a multiple of 8: the
- * header, vector and state of a pool record, without its padding); NULL
+ * header, vector and state of a pool record, without its padding), whose
+ * vectors are dim elements of dtype (decoded as they are read); NULL
  * with errno ENOMEM.  What a slot holds, copied in and out. */
-cache *cache_new(uint64_t rows, uint32_t rec_size);
+cache *cache_new(uint64_t rows, uint32_t rec_size, uint32_t dtype, uint32_t dim);
 uint32_t cache_rec_bytes(const cache *c);
 void cache_free(cache *c);
 uint64_t cache_capacity(const cache *c);

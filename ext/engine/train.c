@@ -114,17 +114,19 @@ static int validate(embkv_store *s, const embkv_train_options *o)
         return embkv__err(EMBKV_INVALID, "store %s: options beta1 and beta2 must be in [0, 1)", s->path);
     if (o->init < EMBKV_INIT_NONE || o->init > EMBKV_INIT_NORMAL)
         return embkv__err(EMBKV_INVALID, "store %s: option init: unknown initializer %d", s->path, o->init);
-    /* Initial values must be float32 numbers: uniform's bounds within its
-     * range, and normal's mean +- 9 std (beyond the largest deviate the
-     * generator can draw, about 8.6). */
+    /* Initial values must be numbers the table's dtype holds: uniform's
+     * bounds within its range, and normal's mean +- 9 std (beyond the
+     * largest deviate the generator can draw, about 8.6). */
+    double top = dtype_max((int)s->dtype);
+    const char *range = s->dtype == EMBKV_F32 ? "float32" : dtype_name((int)s->dtype);
     if (!isfinite(o->init_a) || !isfinite(o->init_b) ||
         (o->init == EMBKV_INIT_UNIFORM &&
-         !(o->init_a < o->init_b && fabs(o->init_a) <= FLT_MAX && fabs(o->init_b) <= FLT_MAX)) ||
-        (o->init == EMBKV_INIT_NORMAL && !(o->init_b >= 0 && fabs(o->init_a) + 9 * o->init_b <= FLT_MAX)))
-        return embkv__err(EMBKV_INVALID, "store %s: option init: %s", s->path,
-                          o->init == EMBKV_INIT_NORMAL
-                              ? "normal(mean, std) needs std >= 0 and |mean| + 9 std within float32 range"
-                              : "uniform(a, b) needs a < b, both within float32 range");
+         !(o->init_a < o->init_b && fabs(o->init_a) <= top && fabs(o->init_b) <= top)) ||
+        (o->init == EMBKV_INIT_NORMAL && !(o->init_b >= 0 && fabs(o->init_a) + 9 * o->init_b <= top)))
+        return embkv__err(EMBKV_INVALID, "store %s: option init: %s within %s range (at most %g)", s->path,
+                          o->init == EMBKV_INIT_NORMAL ? "normal(mean, std) needs std >= 0 and |mean| + 9 std"
+                                                       : "uniform(a, b) needs a < b, both",
+                          range, top);
     if (o->admit_count > 255)
         return embkv__err(EMBKV_INVALID, "store %s: option admit: count(N) takes N from 1 to 255, got %u", s->path,
                           o->admit_count);
@@ -136,6 +138,14 @@ static int validate(embkv_store *s, const embkv_train_options *o)
     if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)STALENESS_LIMIT)
         return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
                           s->path, (long long)o->staleness);
+    if (o->rounding != EMBKV_ROUND_NEAREST && o->rounding != EMBKV_ROUND_STOCHASTIC)
+        return embkv__err(EMBKV_INVALID, "store %s: option rounding: unknown rounding %d (nearest or stochastic)",
+                          s->path, o->rounding);
+    if (o->rounding == EMBKV_ROUND_STOCHASTIC && s->dtype == EMBKV_F32)
+        return embkv__err(EMBKV_INVALID,
+                          "store %s: option rounding: stochastic rounding needs a dtype below float32 (f16, bf16 or "
+                          "i8); the store keeps f32",
+                          s->path);
     if (o->evict != EMBKV_EVICT_LFU && o->evict != EMBKV_EVICT_LRU)
         return embkv__err(EMBKV_INVALID, "store %s: option evict: unknown policy %d (lfu or lru)", s->path, o->evict);
     if (o->ttl_ms > EMBKV_TTL_MAX_MS || o->ttl_steps > EMBKV_TTL_MAX_STEPS || o->max_rows > EMBKV_MAX_ROWS_MAX)
@@ -189,6 +199,8 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
         atomic_store(&t->admit, a);
     }
     pthread_mutex_unlock(&s->slab_mu);
+    atomic_store(&s->round_seed, o->seed ^ 0x726f756e64696e67ull);
+    atomic_store(&s->round_stochastic, o->rounding == EMBKV_ROUND_STOCHASTIC);
     return evict_configure(s, o, t->permits);
 }
 
@@ -647,7 +659,12 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
                 if (found[i])
                     continue;
                 if (refuse && refuse[m++]) {
-                    init_values(&o, ids[i], out + i * s->dim, s->dim);
+                    /* (as its row would keep them: rounded to the dtype) */
+                    float *v = out + i * s->dim;
+                    init_values(&o, ids[i], v, s->dim);
+                    uint32_t enc[EMBKV_MAX_DIM + 2];
+                    if (s->dtype != EMBKV_F32 && dtype_encode((int)s->dtype, s->dim, v, enc, NULL) == 0)
+                        dtype_decode((int)s->dtype, s->dim, enc, v);
                     continue;
                 }
                 rc = get_uncounted(s, ids[i], out + i * s->dim);
@@ -757,7 +774,8 @@ typedef struct push_ctx {
     double lr;
     const push_grads *grad;
     uint32_t dim, state_floats;
-    size_t overflowed;   /* rows left unchanged: their update was not finite */
+    float limit;         /* the largest magnitude the table's dtype holds */
+    size_t overflowed;   /* rows left unchanged: their update was not finite, or beyond the dtype */
     int64_t overflow_id; /* the first of them */
 } push_ctx;
 
@@ -831,8 +849,12 @@ VECTOR_CLONES static int apply_optimizer(void *vctx, size_t i, int64_t id, float
         OPTIMIZER_STEP(GRAD_SUMMED);
     }
     /* A table never holds NaN or Inf (INSERT refuses them too): an update
-     * that overflows float32 leaves the row as it was (w and state are the
-     * new version, dropped when this returns nonzero). */
+     * that overflows float32 (or the table's dtype) leaves the row as it
+     * was (w and state are the new version, dropped when this returns
+     * nonzero). */
+    if (c->limit < FLT_MAX)
+        for (uint32_t j = 0; j < dim; j++)
+            bad |= !(fabsf(w[j]) <= c->limit);
     if (bad) {
         if (c->overflowed++ == 0)
             c->overflow_id = id;
@@ -953,7 +975,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     free(miss);
     size_t updated = 0;
     if (rc == EMBKV_OK) {
-        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim,
+        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim, .limit = dtype_max((int)s->dtype),
                       .state_floats = embkv_train_state_floats(&o, dim)};
         rc = nupd ? update_batch_in_place(s, upd, nupd, in_slot, in_dirty, apply_optimizer, &c, &updated)
                   : EMBKV_OK;
@@ -967,9 +989,10 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
             release_ids(ss, t, uids, nu);
             if (c.overflowed)
                 rc = embkv__err(EMBKV_INVALID,
-                                "id %lld: the update overflows float32 (lr %g): %zu row(s) left unchanged, %zu other "
+                                "id %lld: the update overflows %s (lr %g): %zu row(s) left unchanged, %zu other "
                                 "row(s) of the push updated",
-                                (long long)c.overflow_id, c.lr, c.overflowed, updated);
+                                (long long)c.overflow_id, s->dtype == EMBKV_F32 ? "float32" : dtype_name((int)s->dtype),
+                                c.lr, c.overflowed, updated);
         }
     } else {
         embkv_group_end(s);

@@ -108,11 +108,13 @@ typedef struct write_req {
     rec_hdr *pre;              /* the row's log record read ahead, at pre_loc */
     uint64_t pre_loc;
     char **scratch;            /* a log record read here; the caller frees it after each row */
+    float *rowbuf;             /* W_UPDATE of a store of another dtype: dim + state floats for fn */
 } write_req;
 
 #define PUT_CLOCK 0x100        /* internal: w->clock is the new row's clock */
 #define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
 #define UPDATE_IN_PLACE 0x400  /* internal: fn may change a cached row's slot in place (update_batch_in_place) */
+#define PUT_RAW 0x800          /* internal: w->vec is a record's payload, encoded (a write-back) */
 /* cache_write_locked: the row is turning dirty and *spare is LOC_NONE (no
  * message set; a batch whose count fell short takes one more record). */
 #define NEED_RECORD 0x4e52
@@ -129,6 +131,53 @@ static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, co
     }
     retire_add(s, rb, f->loc, false, pinned);
     return old->prev;
+}
+
+
+/* An update's fn over a row whose payload (vector as the store's dtype,
+ * then state) is at p, about to get clock `clock`: in place for float32;
+ * for another dtype through w->rowbuf, decoded, and encoded back unless
+ * fn skips it (rounded stochastically when the table asks, from a seed
+ * of (table, id, clock): the same update rounds the same way).  Returns
+ * fn's result (nonzero: skipped); when fn's values are beyond the dtype's
+ * range, nonzero with *err an error naming the id (the payload then
+ * unchanged). */
+static int run_fn(embkv_store *s, const write_req *w, int64_t id, void *p, uint64_t clock, int *err)
+{
+    *err = EMBKV_OK;
+    if (s->dtype == EMBKV_F32) {
+        float *v = p;
+        return w->fn(w->ctx, w->index, id, v, v + s->dim);
+    }
+    float *buf = w->rowbuf, *st = (float *)((char *)p + s->vec_bytes);
+    dtype_decode((int)s->dtype, s->dim, p, buf);
+    memcpy(buf + s->dim, st, 4 * (size_t)s->state_floats);
+    int r = w->fn(w->ctx, w->index, id, buf, buf + s->dim);
+    if (r)
+        return r;
+    uint64_t seed = atomic_load_explicit(&s->round_seed, memory_order_relaxed) ^ ((uint64_t)id * 0xd6e8feb86659fd93ull) ^
+                    (clock * 0x9e3779b97f4a7c15ull);
+    bool sr = atomic_load_explicit(&s->round_stochastic, memory_order_relaxed);
+    uint32_t bad = dtype_encode((int)s->dtype, s->dim, buf, p, sr ? &seed : NULL);
+    if (bad) {
+        *err = embkv__err(EMBKV_INVALID, "id %lld: element %u of the update (%g) is beyond %s's range (at most %g): "
+                          "the row is left as it was", (long long)id, bad - 1, (double)buf[bad - 1],
+                          dtype_name((int)s->dtype), (double)dtype_max((int)s->dtype));
+        return 1;
+    }
+    memcpy(st, buf + s->dim, 4 * (size_t)s->state_floats);
+    return 0;
+}
+
+/* A put's vector into the payload at p as the store's dtype (rounded to
+ * nearest): an error naming the id when it cannot be held. */
+static int put_vec(embkv_store *s, int64_t id, const float *vec, void *p)
+{
+    uint32_t bad = dtype_encode((int)s->dtype, s->dim, vec, p, NULL);
+    if (bad)
+        return embkv__err(EMBKV_INVALID, "id %lld: element %u (%g) is beyond %s's range (at most %g)", (long long)id,
+                          bad - 1, (double)vec[bad - 1], dtype_name((int)s->dtype), (double)dtype_max((int)s->dtype));
+    return EMBKV_OK;
 }
 
 /* With the writer lock shared, the id's stripe lock and an epoch held.
@@ -162,32 +211,41 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
                  !(old->epoch & REC_TOMB) && rec_epoch(old) < epoch;
     if (old && !(f.loc & (LOC_TOMB | LOC_SSD)) && !light && !rec_ok(s, old, id))
         return rec_damaged(s, id);
-    size_t vbytes = 4 * (size_t)s->dim, sbytes = 4 * (size_t)s->state_floats;
+    size_t sbytes = 4 * (size_t)s->state_floats, pbytes = rec_payload_bytes(s);
     rec_hdr *nr = rec_at(s, newloc);
-    float *nvec = rec_vec(nr), *nstate = nvec + s->dim;
+    float *nstate = rec_state(s, nr);
 
     if (w->kind == W_PUT) {
         if ((w->flags & EMBKV_PUT_INSERT) && live)
             return embkv__err(EMBKV_EXISTS, "id %lld already exists", (long long)id);
         if ((w->flags & EMBKV_PUT_UPDATE) && !live)
             return embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
-        memcpy(nvec, w->vec, vbytes);
-        if (w->state)
-            memcpy(nstate, w->state, sbytes);
-        else if (live && !(w->flags & EMBKV_PUT_RESET))
-            memcpy(nstate, rec_vec(old) + s->dim, sbytes);
-        else
-            memset(nstate, 0, sbytes);
+        if (w->flags & PUT_RAW) {
+            memcpy(nr + 1, w->vec, pbytes);
+        } else {
+            int prc = put_vec(s, id, w->vec, nr + 1);
+            if (prc != EMBKV_OK)
+                return prc;
+            if (w->state)
+                memcpy(nstate, w->state, sbytes);
+            else if (live && !(w->flags & EMBKV_PUT_RESET))
+                memcpy(nstate, rec_state(s, old), sbytes);
+            else
+                memset(nstate, 0, sbytes);
+        }
     } else {
         if (!live && !(w->flags & EMBKV_UPDATE_CREATE)) {
             w->fn(w->ctx, w->index, id, NULL, NULL);
             return EMBKV_BUSY;
         }
         if (live)
-            memcpy(nvec, rec_vec(old), vbytes + sbytes);
+            memcpy(nr + 1, old + 1, pbytes);
         else
-            memset(nvec, 0, vbytes + sbytes);
-        if (w->fn(w->ctx, w->index, id, nvec, nstate) != 0)
+            memset(nr + 1, 0, pbytes);  /* (zero bits: zeros in every dtype) */
+        int erc, frc = run_fn(s, w, id, nr + 1, live ? clock_next(old->clock) : 0, &erc);
+        if (erc != EMBKV_OK)
+            return erc;
+        if (frc)
             return EMBKV_BUSY;
     }
     /* Readers of an older snapshot must find the version this replaces. */
@@ -263,8 +321,7 @@ static int cache_write_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t
                             rec_hdr *rec, bool log, retire_buf *rb, bool *consumed)
 {
     char *scratch = NULL;
-    float *v = rec_vec(rec);
-    write_req w = {.kind = W_PUT, .vec = v, .state = v + s->dim, .flags = PUT_CLOCK | (log ? 0 : PUT_NOLOG),
+    write_req w = {.kind = W_PUT, .vec = (const float *)(rec + 1), .flags = PUT_CLOCK | PUT_RAW | (log ? 0 : PUT_NOLOG),
                    .clock = rec->clock, .scratch = &scratch};
     int rc = write_row(s, ix, id, h, newloc, &w, rb, consumed);
     free(scratch);
@@ -398,12 +455,13 @@ static int put_content(embkv_store *s, int64_t id, const write_req *w, char *row
     if (w->flags & EMBKV_PUT_INSERT)
         return embkv__err(EMBKV_EXISTS, "id %lld already exists", (long long)id);
     rec_hdr *r = (rec_hdr *)row;
-    float *v = rec_vec(r);
-    memcpy(v, w->vec, 4 * (size_t)s->dim);
+    int prc = put_vec(s, id, w->vec, r + 1);
+    if (prc != EMBKV_OK)
+        return prc;
     if (w->state)
-        memcpy(v + s->dim, w->state, 4 * (size_t)s->state_floats);
+        memcpy(rec_state(s, r), w->state, 4 * (size_t)s->state_floats);
     else if (w->flags & EMBKV_PUT_RESET)
-        memset(v + s->dim, 0, 4 * (size_t)s->state_floats);
+        memset(rec_state(s, r), 0, 4 * (size_t)s->state_floats);
     r->clock = (w->flags & PUT_CLOCK) ? w->clock : (w->flags & EMBKV_PUT_RESET) ? 0 : clock_next(r->clock);
     r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
     return EMBKV_OK;
@@ -440,8 +498,7 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
     if (in_place) {
         rec_hdr *r = cache_update_begin(s->cache, at);
         memcpy(row, r, cache_rec_bytes(s->cache));
-        float *v = rec_vec(r);
-        int skip = w->fn(w->ctx, w->index, id, v, v + s->dim);
+        int erc, skip = run_fn(s, w, id, r + 1, clock_next(r->clock), &erc);
         if (skip)
             memcpy(r, row, cache_rec_bytes(s->cache));
         else {
@@ -449,17 +506,21 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
             r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
         }
         cache_update_end(s->cache, at);
+        if (erc != EMBKV_OK)
+            return erc;
         if (skip)
             return EMBKV_BUSY;
     } else {
         rec_hdr *r = (rec_hdr *)row;
-        float *v = rec_vec(r);
         int rc;
         if (w->kind == W_PUT) {
             if ((rc = put_content(s, id, w, row)) != EMBKV_OK)
                 return rc;
         } else {
-            if (w->fn(w->ctx, w->index, id, v, v + s->dim) != 0)
+            int erc, frc = run_fn(s, w, id, r + 1, clock_next(r->clock), &erc);
+            if (erc != EMBKV_OK)
+                return erc;
+            if (frc)
                 return EMBKV_BUSY;
             r->clock = clock_next(r->clock);
             r->epoch = (uint32_t)atomic_load(&s->cur_epoch);
@@ -685,7 +746,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         /* The entry stays, pointing at a tombstone that links to the
          * durable version. */
         rec_hdr *t = rec_at(s, *tloc);
-        memset(rec_vec(t), 0, 4 * ((size_t)s->dim + s->state_floats));
+        memset(t + 1, 0, rec_payload_bytes(s));
         t->id = id;
         t->prev = prev;
         t->clock = old->clock;
@@ -901,6 +962,15 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     uint64_t hs[RING];
     char *scratch = NULL;
     write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .scratch = &scratch};
+    if (s->dtype != EMBKV_F32 && !(w.rowbuf = malloc(4 * ((size_t)s->dim + s->state_floats)))) {
+        slab_free(s, fresh, nfresh);
+        free(fresh);
+        free(rb);
+        free(row);
+        free(own);
+        pre_read_free(&pre);
+        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
+    }
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     heat_buf hb;
@@ -1010,6 +1080,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         cache_count(c, hits, n - hits);
     free(row);
     free(own);
+    free(w.rowbuf);
     if (next_fresh < nfresh)
         slab_free(s, fresh + next_fresh, nfresh - next_fresh);
     free(fresh);

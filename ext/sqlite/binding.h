@@ -64,6 +64,7 @@ typedef struct ektxn ektxn;   /* txn.c's, opaque */
  * for enumerations, doubles and the like). */
 typedef struct embkv_tabopts {
     uint32_t dim;          /* dim: floats per vector (required, 1..8192) */
+    uint32_t dtype;        /* dtype: EMBKV_F32.. as given, 0 when not (the store's; f32 for a new one) */
     const char *path;      /* path: the store directory as written, NULL when defaulted */
     uint64_t pool_size;    /* pool_size: pool file bytes (0: the engine's default) */
     uint64_t capacity;     /* capacity: expected rows (0: the engine's default) */
@@ -345,6 +346,8 @@ int ek_parse_admit(const char *val, void *field);
 int ek_parse_ttl(const char *val, void *field);
 void ek_format_ttl(uint64_t ms, char *buf, size_t n);
 int ek_parse_evict(const char *val, void *field);
+int ek_parse_dtype(const char *val, void *field);
+int ek_parse_rounding(const char *val, void *field);
 int ek_parse_positive(const char *val, void *field);
 int ek_parse_nonnegative(const char *val, void *field);
 int ek_parse_unit(const char *val, void *field);

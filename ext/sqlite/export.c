@@ -17,6 +17,9 @@
  *       format_version  1
  *       dim, state_floats, rows              integers
  *       float_format    'float32-le'
+ *       dtype           'f32', 'f16', 'bf16' or 'i8': what the table keeps
+ *                       (vec holds its rows decoded to float32; an import
+ *                       into a table of another dtype rounds them to it)
  *       optimizer, lr, initial_accumulator, eps, beta1, beta2, init, seed,
  *       staleness, wait_ms                   the table's training options,
  *                                            as text CREATE reads back
@@ -425,9 +428,15 @@ static int write_meta(exporter *e)
     if (t->ttl_steps) ne += (size_t)snprintf(evict + ne, sizeof evict - ne, ", ttl_steps=%llu", (unsigned long long)t->ttl_steps);
     if (t->max_rows) ne += (size_t)snprintf(evict + ne, sizeof evict - ne, ", max_rows=%llu", (unsigned long long)t->max_rows);
     if (t->evict == EMBKV_EVICT_LRU) snprintf(evict + ne, sizeof evict - ne, ", evict=lru");
-    char *create = sqlite3_mprintf("dim=%u, optimizer=%s, lr=%s, initial_accumulator=%s, eps=%s, beta1=%s, "
+    /* the dtype when not float32, and its rounding when not nearest */
+    char dtype[64] = "";
+    if (embkv_dtype(s) != EMBKV_F32)
+        snprintf(dtype, sizeof dtype, ", dtype=%s%s", embkv_dtype_name(embkv_dtype(s)),
+                 t->rounding == EMBKV_ROUND_STOCHASTIC ? ", rounding=stochastic" : "");
+    char *create = sqlite3_mprintf("dim=%u%s, optimizer=%s, lr=%s, initial_accumulator=%s, eps=%s, beta1=%s, "
                                    "beta2=%s, init='%s', seed=%s, staleness=%s, wait_ms=%s%s%s%s",
-                                   embkv_dim(s), opt, lr, acc, eps, b1, b2, init, seed, stale, wait, admit, ttl, evict);
+                                   embkv_dim(s), dtype, opt, lr, acc, eps, b1, b2, init, seed, stale, wait, admit, ttl,
+                                   evict);
     char *version = NULL;
     sqlite3_stmt *st = NULL;
     /* embkv_version() of this build, through the main connection. */
@@ -449,6 +458,7 @@ static int write_meta(exporter *e)
         {"state_floats", NULL, embkv_state_floats(s)},
         {"rows", NULL, 0},
         {"float_format", EXPORT_FLOATS, 0},
+        {"dtype", embkv_dtype_name(embkv_dtype(s)), 0},
         {"optimizer", opt, 0},
         {"lr", lr, 0},
         {"initial_accumulator", acc, 0},

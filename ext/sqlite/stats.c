@@ -224,6 +224,7 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     ok = ok && cJSON_AddStringToObject(o, "schema", ref.schema);
     ok = ok && cJSON_AddStringToObject(o, "path", ref.dir);
     ok = ok && cJSON_AddNumberToObject(o, "dim", embkv_dim(ref.store));
+    ok = ok && cJSON_AddStringToObject(o, "dtype", embkv_dtype_name(embkv_dtype(ref.store)));
     ok = ok && cJSON_AddNumberToObject(o, "state_floats", embkv_state_floats(ref.store));
     ok = ok && cJSON_AddNumberToObject(o, "rows", (double)st.rows);
     ok = ok && cJSON_AddNumberToObject(o, "pending_writes", (double)ref.pending_writes);

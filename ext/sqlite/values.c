@@ -475,6 +475,28 @@ void ek_format_ttl(uint64_t ms, char *buf, size_t n)
         }
 }
 
+/* f32 | f16 | bf16 | i8; field is embkv_tabopts.dtype. */
+int ek_parse_dtype(const char *val, void *field)
+{
+    val = skip_blanks(val);
+    for (uint32_t d = EMBKV_F32; d <= EMBKV_I8; d++)
+        if (sqlite3_stricmp(val, embkv_dtype_name(d)) == 0) {
+            *(uint32_t *)field = d;
+            return 0;
+        }
+    return -1;
+}
+
+/* nearest | stochastic; field is embkv_train_options.rounding. */
+int ek_parse_rounding(const char *val, void *field)
+{
+    val = skip_blanks(val);
+    if (sqlite3_stricmp(val, "nearest") == 0) *(int *)field = EMBKV_ROUND_NEAREST;
+    else if (sqlite3_stricmp(val, "stochastic") == 0) *(int *)field = EMBKV_ROUND_STOCHASTIC;
+    else return -1;
+    return 0;
+}
+
 /* lfu | lru; field is embkv_train_options.evict. */
 int ek_parse_evict(const char *val, void *field)
 {

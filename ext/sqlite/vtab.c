@@ -87,6 +87,8 @@ static const ekopt_def ek_options[] = {
      "a size in bytes up to 1024T, such as 268435456, 256M or 4G", NULL},
     {"capacity", EKO_U64, offsetof(embkv_tabopts, capacity), 1, 1ull << 40,
      "a row count from 1 to 1099511627776", NULL},
+    /* Kept by the engine with the store, as dim is. */
+    {"dtype", EKO_CUSTOM, offsetof(embkv_tabopts, dtype), 0, 0, "f32, f16, bf16 or i8", ek_parse_dtype},
     {"optimizer", EKO_CUSTOM, offsetof(embkv_tabopts, train.optimizer), 0, 0, "sgd, adagrad or adam",
      ek_parse_optimizer},
     {"lr", EKO_CUSTOM, offsetof(embkv_tabopts, train.lr), 0, 0, "a positive number", ek_parse_positive},
@@ -113,6 +115,8 @@ static const ekopt_def ek_options[] = {
     {"max_rows", EKO_U64, offsetof(embkv_tabopts, train.max_rows), 0, 1ull << 40,
      "a row count from 0 (none) to 1099511627776", NULL},
     {"evict", EKO_CUSTOM, offsetof(embkv_tabopts, train.evict), 0, 0, "lfu or lru", ek_parse_evict},
+    {"rounding", EKO_CUSTOM, offsetof(embkv_tabopts, train.rounding), 0, 0, "nearest or stochastic",
+     ek_parse_rounding},
     /* Kept by the engine with the store (it checks a reopen's values). */
     {"ssd_size", EKO_BYTES, offsetof(embkv_tabopts, ssd_size), 0, 1ull << 50,
      "a size in bytes up to 1024T, such as 4194304, 64M or 200G (0: no SSD tier)", NULL},
@@ -409,6 +413,7 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
     else if (!strcmp(name, "ttl_steps")) snprintf(buf, n, "%llu", (unsigned long long)t->ttl_steps);
     else if (!strcmp(name, "max_rows")) snprintf(buf, n, "%llu", (unsigned long long)t->max_rows);
     else if (!strcmp(name, "evict")) snprintf(buf, n, "%s", t->evict == EMBKV_EVICT_LRU ? "lru" : "lfu");
+    else if (!strcmp(name, "rounding")) snprintf(buf, n, "%s", t->rounding == EMBKV_ROUND_STOCHASTIC ? "stochastic" : "nearest");
 }
 
 /* A stored option that the options file holds only when it is not at its
@@ -417,7 +422,8 @@ static void opt_canon(const embkv_tabopts *o, uint64_t pool_bytes, unsigned j, c
 static int opt_optional(unsigned j, const char *value)
 {
     static const char *const opt_default[][2] = {
-        {"admit", "none"}, {"ttl", "none"}, {"ttl_steps", "0"}, {"max_rows", "0"}, {"evict", "lfu"}};
+        {"admit", "none"}, {"ttl", "none"}, {"ttl_steps", "0"}, {"max_rows", "0"}, {"evict", "lfu"},
+        {"rounding", "nearest"}};
     for (size_t i = 0; i < sizeof opt_default / sizeof opt_default[0]; i++)
         if (!strcmp(ek_options[j].name, opt_default[i][0])) return !value || !strcmp(value, opt_default[i][1]);
     return 0;
@@ -425,7 +431,7 @@ static int opt_optional(unsigned j, const char *value)
 
 static int opt_is_stored(unsigned j)
 {
-    return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "path") &&
+    return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "dtype") && strcmp(ek_options[j].name, "path") &&
            strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path") &&
            strcmp(ek_options[j].name, "cache_size") && strcmp(ek_options[j].name, "migrate") &&
            strcmp(ek_options[j].name, "migrate_rate");
@@ -827,6 +833,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     embkv_options eo;
     memset(&eo, 0, sizeof eo);
     eo.dim = v->opts.dim;
+    eo.dtype = v->opts.dtype;
     eo.expected_rows = v->opts.capacity;
     eo.pool_size = v->opts.pool_size;
     /* At a reconnect the CREATE's ssd_size was met when the table was
@@ -885,7 +892,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
          * that is not a store of this version; a damaged or busy store is
          * not an option error, nor is a store that has gone or changed
          * since its table was created (the path was fine then). */
-        int path_fault = create && v->opts.path &&
+        int dtype_fault = emsg && strstr(emsg, ": has dtype ");
+        int path_fault = create && v->opts.path && !dtype_fault &&
                          !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path ") ||
                                     strstr(emsg, "cache_size") || strstr(emsg, "migrate_rate"))) &&
                          (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
@@ -897,7 +905,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         struct stat gone;
         int renamed = !create && !v->opts.path && !v->is_tmp && erc == EMBKV_NOTSTORE && stat(dir, &gone) != 0 &&
                       errno == ENOENT;
-        err = sqlite3_mprintf("%s%s%s", path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
+        err = sqlite3_mprintf("%s%s%s", dtype_fault ? "option dtype: " : path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
                               emsg ? emsg : "out of memory",
                               renamed ? " (a table created without path keeps its store beside the database file it "
                                         "was created in, named after that file and the table's id: if this file was "
