@@ -73,6 +73,7 @@ typedef struct opts {
     size_t cache_mb;
     int lmdb_readahead;
     size_t pool_mb;      /* load embkv with an SSD tier: the pool (PM tier) this big */
+    uint32_t dtype;      /* load embkv: the rows' element type (0: f32) */
     size_t lookahead;    /* run embkv with embkv_lookahead this many batches ahead */
     size_t dram_mb;      /* run embkv with a DRAM cache (cache_size) this big */
 } opts;
@@ -354,7 +355,7 @@ static int load_fn(void *ctx, size_t i, int64_t id, float *vec, float *state)
     return 0;
 }
 
-static void load_embkv(const char *dir, size_t rows, size_t pool_mb)
+static void load_embkv(const char *dir, size_t rows, size_t pool_mb, uint32_t dtype)
 {
     char path[4096];
     uint32_t sf = adagrad_state_floats();
@@ -362,7 +363,7 @@ static void load_embkv(const char *dir, size_t rows, size_t pool_mb)
     /* Record size from a small store made for the purpose. */
     snprintf(path, sizeof path, "%s/probe", dir);
     embkv_store *s;
-    embkv_options po = {.dim = DIM, .state_floats = sf, .expected_rows = 1000};
+    embkv_options po = {.dim = DIM, .state_floats = sf, .expected_rows = 1000, .dtype = dtype};
     ek(embkv_open(path, &po, EMBKV_OPEN_CREATE, &s), "embkv_open (probe store)");
     embkv_stats st;
     ek(embkv_stats_get(s, &st), "embkv_stats_get");
@@ -381,7 +382,8 @@ static void load_embkv(const char *dir, size_t rows, size_t pool_mb)
     printf("embkv: record %" PRIu64 " bytes, pool %" PRIu64 " MiB, SSD tier %" PRIu64 " MiB\n", rec, pool >> 20,
            ssd >> 20);
     snprintf(path, sizeof path, "%s/store", dir);
-    embkv_options o = {.dim = DIM, .state_floats = sf, .expected_rows = rows, .pool_size = pool, .ssd_size = ssd};
+    embkv_options o = {.dim = DIM, .state_floats = sf, .expected_rows = rows, .pool_size = pool, .ssd_size = ssd,
+                       .dtype = dtype};
     double t0 = now_s();
     ek(embkv_open(path, &o, EMBKV_OPEN_CREATE, &s), "embkv_open (create)");
     printf("embkv: created in %.1f s\n", now_s() - t0);
@@ -944,14 +946,15 @@ static void run(const opts *o)
     if (e->forced_syncs - syncs0)
         printf("; %" PRIu64 " syncs forced by a full pool", e->forced_syncs - syncs0);
     printf("\n");
+    const char *dtype_of_run = e->kind == E_EMBKV ? embkv_dtype_name(embkv_dtype(e->s)) : "-";
     double tc = now_s();
     close_engine(e);
     printf("closed in %.1f s\n", now_s() - tc);
-    printf("RESULT engine=%s advice=%s mode=%s rows=%zu batches=%zu secs=%.1f rows_per_s=%.0f reads_per_row=%.3f "
+    printf("RESULT engine=%s dtype=%s advice=%s mode=%s rows=%zu batches=%zu secs=%.1f rows_per_s=%.0f reads_per_row=%.3f "
            "reads_src=%s read_bytes_per_row=%.0f cg_read_bytes_per_row=%.0f write_bytes_per_row=%.0f qdepth=%.2f "
            "rd_qdepth=%.2f dev_reads_per_row=%.3f proc_iowait=%.2f open_s=%.1f warm_batches=%zu "
            "warm_rows_per_s=%.0f stall=%.3f\n",
-           engine_names[o->engine], advice, o->train ? "train" : "read", o->rows, done, secs, rows / secs,
+           engine_names[o->engine], dtype_of_run, advice, o->train ? "train" : "read", o->rows, done, secs, rows / secs,
            reads_row, cg ? "cgroup" : "device", rbytes_row, cg_rbytes_row, wbytes_row, qd, rqd, dev_reads_row,
            iowait, open_s, warm, (double)(warm * BATCH) / warm_s, stall);
     if (drawing > 0.05 * wall) printf("(drawing the batches took %.1f s of the %.1f s)\n", drawing, wall);
@@ -971,7 +974,8 @@ static void usage(void)
         "       bench_ltm run <embkv|rocksdb|lmdb> DIR --rows N [--mode read|train] [--batches B] [--warmup W]\n"
         "                 [--seconds S] [--warmup-seconds S] [--perm-seed K] [--cache-mb M] [--lmdb-readahead]\n"
         "                 [--lookahead K] [--dram-mb M]\n"
-        "       (load embkv --pool-mb M: a pool of M MiB and an SSD tier for the rest)");
+        "       (load embkv --pool-mb M: a pool of M MiB and an SSD tier for the rest;\n"
+        "        --dtype f32|f16|bf16|i8: the rows' element type)");
 }
 
 int main(int argc, char **argv)
@@ -997,6 +1001,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--perm-seed")) o.perm_seed = parse_size(a, v);
         else if (!strcmp(a, "--cache-mb")) o.cache_mb = parse_size(a, v);
         else if (!strcmp(a, "--pool-mb")) o.pool_mb = parse_size(a, v);
+        else if (!strcmp(a, "--dtype")) {
+            for (uint32_t d = EMBKV_F32; d <= EMBKV_I8; d++)
+                if (!strcmp(v, embkv_dtype_name(d))) o.dtype = d;
+            if (!o.dtype) die("--dtype: f32, f16, bf16 or i8, not '%s'", v);
+        }
         else if (!strcmp(a, "--lookahead")) o.lookahead = parse_size(a, v);
         else if (!strcmp(a, "--dram-mb")) o.dram_mb = parse_size(a, v);
         else if (!strcmp(a, "--mode")) {
@@ -1015,7 +1024,7 @@ int main(int argc, char **argv)
         if (!dir_absent_or_empty(o.dir)) die("%s exists and is not empty", o.dir);
         if (mkdir(o.dir, 0755) != 0 && errno != EEXIST) die("mkdir %s: %s", o.dir, strerror(errno));
         double t0 = now_s();
-        if (o.engine == E_EMBKV) load_embkv(o.dir, o.rows, o.pool_mb);
+        if (o.engine == E_EMBKV) load_embkv(o.dir, o.rows, o.pool_mb, o.dtype);
         else if (o.engine == E_ROCKSDB) load_rocksdb(o.dir, o.rows);
         else load_lmdb(o.dir, o.rows);
         write_meta(o.dir, o.engine, o.rows);

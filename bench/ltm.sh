@@ -28,6 +28,10 @@
 # rocksdb:-:train"; embkv:ssd-la4-dram256:train adds a DRAM cache of 256 MiB
 # (cache_size), inside the same memory limit.
 #
+# With another dtype: a fourth field, e.g. embkv:ssd-la4:train:f16 (a data
+# set build/ltmdata/embkv-ssd-f16 loaded with --dtype f16); the summary
+# gives each dtype's rate over f32's of the same advice and mode.
+#
 # Knobs: LTM_ROWS (default 8000000), LTM_MEM (memory limit, default 1G;
 # RocksDB's block cache gets half of it), LTM_BATCHES (measured batches of
 # 512 ids, default 20000), LTM_SECONDS (measured time limit per run, default
@@ -122,11 +126,20 @@ need_mb() {  # rough disk need of one engine's data, MiB
     esac
 }
 SSD_POOL=${LTM_SSD_POOL:-640}
-sets=$(for spec in $RUNS; do IFS=: read -r e adv _ <<< "$spec"; [[ $adv == ssd-* ]] && echo embkv-ssd || echo "$e"; done | sort -u)
+# The data set of a run: embkv-ssd for the SSD tier's runs, embkv-DTYPE for
+# a dtype other than f32 (a fourth field of the spec), else the engine's.
+set_of() {  # engine advice dtype
+    local s=$1
+    [[ $2 == ssd-* ]] && s=embkv-ssd
+    [[ $1 == embkv && -n $3 && $3 != f32 ]] && s="$s-$3"
+    echo "$s"
+}
+sets=$(for spec in $RUNS; do IFS=: read -r e adv _ dt <<< "$spec"; set_of "$e" "$adv" "$dt"; done | sort -u)
 for set in $sets; do
-    e=${set%-ssd}
+    e=${set%%-*}
     extra=()
-    [[ $set == embkv-ssd ]] && extra=(--pool-mb "$SSD_POOL")
+    [[ $set == embkv-ssd* ]] && extra=(--pool-mb "$SSD_POOL")
+    [[ $set =~ -(f16|bf16|i8)$ ]] && extra+=(--dtype "${BASH_REMATCH[1]}")
     if [[ -f $DATA/$set/ltm.meta ]] && grep -qx "engine=$e rows=$ROWS dim=64 complete=1" "$DATA/$set/ltm.meta"; then
         echo "reusing $DATA/$set (loaded earlier with $ROWS rows; trained runs may have updated it)"
         continue
@@ -144,8 +157,8 @@ done
 # 3. the runs
 results=()
 status=0
-run_one() {  # engine advice mode
-    local e=$1 adv=$2 mode=$3 seed=1 log=$DATA/run.log
+run_one() {  # engine advice mode [dtype]
+    local e=$1 adv=$2 mode=$3 dt=${4:-} seed=1 log=$DATA/run.log
     if [[ $mode == train ]]; then [[ $adv == normal ]] && seed=3 || seed=2; fi
     echo
     echo "################ run $e mode=$mode${adv:+ advice=$adv} (memory limit $MEM, cold page cache)"
@@ -157,9 +170,9 @@ run_one() {  # engine advice mode
     fi
     sync
     echo 3 > /proc/sys/vm/drop_caches
-    local envs=() set=$e extra=()
+    local envs=() set extra=()
+    set=$(set_of "$e" "$adv" "$dt")
     if [[ $adv == ssd-la* ]]; then
-        set=embkv-ssd
         local la=${adv#ssd-la}
         extra=(--lookahead "${la%%-*}")
         # ssd-laK-dramM: with a DRAM cache of M MiB (inside the same limit)
@@ -190,9 +203,9 @@ run_one() {  # engine advice mode
     rm -f "$log"
 }
 for spec in $RUNS; do
-    IFS=: read -r e adv mode <<< "$spec"
+    IFS=: read -r e adv mode dt <<< "$spec"
     [[ $adv == - ]] && adv=
-    run_one "$e" "$adv" "$mode" || { status=1; echo "FAILED to set up the cgroup for $spec"; }
+    run_one "$e" "$adv" "$mode" "$dt" || { status=1; echo "FAILED to set up the cgroup for $spec"; }
 done
 
 # 4. summary
@@ -203,8 +216,8 @@ echo
 printf '%s\n' "${results[@]}" | awk '
 function f(line, k,   i, n, a) { n = split(line, a, " "); for (i = 2; i <= n; i++) if (index(a[i], k "=") == 1) return substr(a[i], length(k) + 2); return "" }
 {
-    e = f($0, "engine"); adv = f($0, "advice"); m = f($0, "mode")
-    name = (e == "embkv") ? "embkv(" adv ")" : e
+    e = f($0, "engine"); adv = f($0, "advice"); m = f($0, "mode"); dt = f($0, "dtype")
+    name = (e == "embkv") ? "embkv(" adv (dt != "f32" ? "," dt : "") ")" : e
     rate[name "/" m] = f($0, "rows_per_s")
     printf "%-15s %-5s %8s rows/s  %7s reads/row (%s)  %8s B read/row  dev qdepth %6s  proc iowait %5s  peak %s MiB  open %s s  stall %s\n",
            name, m, f($0, "rows_per_s"), f($0, "reads_per_row"), f($0, "reads_src"), f($0, "read_bytes_per_row"),
@@ -219,6 +232,13 @@ END {
         a = rate[ours[oi] "/" modes[mi]]; b = rate[base[bi] "/" modes[mi]]
         if (a != "" && b != "" && b > 0)
             printf "%-5s %s / %s: %.2f\n", modes[mi], ours[oi], base[bi], a / b
+    }
+    split("f16 bf16 i8", dts, " ")
+    split("random normal ssd-la0 ssd-la1 ssd-la4", advs, " ")
+    for (mi = 1; mi <= 2; mi++) for (ai = 1; ai <= 5; ai++) for (di = 1; di <= 3; di++) {
+        a = rate["embkv(" advs[ai] "," dts[di] ")/" modes[mi]]; b = rate["embkv(" advs[ai] ")/" modes[mi]]
+        if (a != "" && b != "" && b > 0)
+            printf "%-5s embkv(%s,%s) / embkv(%s): %.2f\n", modes[mi], advs[ai], dts[di], advs[ai], a / b
     }
 }'
 echo

@@ -227,8 +227,9 @@ class Trainer:
             self.memory = MemoryEmbedding(self.sizes, args.dim, args.lr, args.seed)
         elif not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'emb'").fetchone():
             conn.execute("CREATE VIRTUAL TABLE emb USING embkv(dim=%d, optimizer='adagrad', lr=%r, eps=1e-10, "
-                         "init='normal(0,0.05)', seed=%d, staleness=%s, capacity=%d)"
-                         % (args.dim, args.lr, args.seed, args.staleness, sum(self.sizes) + 1))
+                         "init='normal(0,0.05)', seed=%d, staleness=%s, capacity=%d, dtype=%s, rounding=%s)"
+                         % (args.dim, args.lr, args.seed, args.staleness, sum(self.sizes) + 1, args.dtype,
+                            args.rounding))
         self.batches_per_epoch = self.n_train // args.batch
         self.total = self.batches_per_epoch * args.epochs
         self.generation, self.done = self.load_position()
@@ -488,6 +489,10 @@ def main(argv=None):
     ap.add_argument("--dense-lr", type=float, default=0.02)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--staleness", default="unlimited")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "i8"],
+                    help="the element type the table keeps its rows in")
+    ap.add_argument("--rounding", default="nearest", choices=["nearest", "stochastic"],
+                    help="how pushes round to a dtype below f32")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--max-batches", type=int, default=None, help="stop after this many batches (resumable)")

@@ -220,6 +220,15 @@ static void test_lru(void)
     CHECK(strcmp(present(s, 20, 26), "011111") == 0);
     CHECK(embkv_count(s) == 5);
     CHECK(evict(s).over == 0);
+    /* rows written since the last checkpoint are no victims, even with
+     * the table 10 rows over and 5 others to take */
+    put_range(s, 30, 40);
+    r = evict(s);
+    CHECK(r.over == 5 && embkv_count(s) == 10);
+    CHECK(strcmp(present(s, 30, 40), "1111111111") == 0);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK(evict(s).over == 5);
+    CHECK(strcmp(present(s, 30, 40), "0000011111") == 0);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
@@ -343,6 +352,9 @@ static void test_options(void)
     CHECK_RC(embkv_train_configure(s, &t), EMBKV_INVALID);
     CHECK(strstr(embkv_errmsg(), "option evict: unknown policy 7 (lfu or lru)") != NULL);
     t.evict = EMBKV_EVICT_LRU;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "option evict: lru ranks the rows past max_rows, and max_rows is not set") != NULL);
+    t.evict = EMBKV_EVICT_LFU;
     t.ttl_ms = EMBKV_TTL_MAX_MS + 1;
     CHECK_RC(embkv_train_configure(s, &t), EMBKV_INVALID);
     CHECK(strstr(embkv_errmsg(), "options ttl (at most 315360000000 ms)") != NULL);

@@ -17,6 +17,10 @@
  * thinned as they age (the one whose neighbours are closest beside its
  * age goes), so an old row's age is known to a few percent of it.
  *
+ * Rows written since the last checkpoint (epoch past the durable one, or
+ * newer in the cache) are never victims: a pass deletes what checkpoints
+ * hold, and so never ranks a transaction half applied.
+ *
  * Ranks for max_rows: lfu by the access sketch (heat.c: 4-bit counts
  * that halve as the window moves: LFU with aging), ties to the older
  * write; lru by the mark interval of the last write, ties to the fewer
@@ -240,6 +244,10 @@ static void consider(pass *p, int64_t id, const rec_hdr *r)
     uint32_t epoch = rec_epoch(r);
     victim v = {.id = id, .c = {.clock = r->clock, .epoch = epoch}};
     bool expired = p->has_cut && epoch <= p->cut && !dirty;
+    /* Rows written since the last checkpoint are no victims: a pass
+     * deletes what checkpoints hold, so a transaction being applied is
+     * never ranked half way. */
+    bool fresh = dirty || epoch > p->durable;
     if (p->walk == 0) {
         p->scanned++;
         if (expired) {
@@ -247,13 +255,14 @@ static void consider(pass *p, int64_t id, const rec_hdr *r)
             if (!vvec_push(&p->victims, v))
                 p->rc = EMBKV_NOMEM;
         } else if (p->hist) {
-            p->hist[key_of(p, h, epoch, dirty)]++;
+            if (!fresh)
+                p->hist[key_of(p, h, epoch, dirty)]++;
             p->live++;
         }
         return;
     }
-    if (expired)
-        return;  /* (a victim of the first walk) */
+    if (expired || fresh)
+        return;  /* (a victim of the first walk; a row to keep) */
     unsigned k = key_of(p, h, epoch, dirty);
     if (k < p->at) {
         if (!vvec_push(&p->victims, v))
@@ -353,8 +362,8 @@ static int run_pass(embkv_store *s, struct evict *ev, uint64_t target, embkv_evi
     walk(&p);
     if (p.rc == EMBKV_OK && p.hist && p.live > target) {
         uint64_t excess = p.live - target, sum = 0;
-        unsigned k = 0;
-        for (; sum + p.hist[k] < excess; k++)
+        unsigned k = 0, nkeys = 16 * p.nb;
+        for (; k < nkeys && sum + p.hist[k] < excess; k++)
             sum += p.hist[k];
         p.walk = 1;
         p.at = k;

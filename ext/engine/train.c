@@ -148,6 +148,11 @@ static int validate(embkv_store *s, const embkv_train_options *o)
                           s->path);
     if (o->evict != EMBKV_EVICT_LFU && o->evict != EMBKV_EVICT_LRU)
         return embkv__err(EMBKV_INVALID, "store %s: option evict: unknown policy %d (lfu or lru)", s->path, o->evict);
+    if (o->evict == EMBKV_EVICT_LRU && !o->max_rows)
+        return embkv__err(EMBKV_INVALID,
+                          "store %s: option evict: lru ranks the rows past max_rows, and max_rows is not set: give "
+                          "max_rows too (ttl and ttl_steps need no evict)",
+                          s->path);
     if (o->ttl_ms > EMBKV_TTL_MAX_MS || o->ttl_steps > EMBKV_TTL_MAX_STEPS || o->max_rows > EMBKV_MAX_ROWS_MAX)
         return embkv__err(EMBKV_INVALID,
                           "store %s: options ttl (at most %llu ms), ttl_steps (at most %llu) and max_rows (at most "

@@ -206,6 +206,7 @@ struct ekvtab {
     int joined;           /* in the open transaction (xBegin came) */
     float *scratch;       /* dim floats */
     embkv_session *session; /* training session, see embkv_table_ref */
+    int evict_writer;     /* counted as a writer by ekreg_train_configure */
     ekcurbuf spare;       /* buffers of the last closed cursor, for the next */
     int has_spare;
     char *gone;           /* set when the CREATE that made this instance was
@@ -397,6 +398,13 @@ void ekconn_free_wbufs(ekconn *c);
  * an embkv_rc; on failure *err (sqlite3_malloc'd) says why. */
 int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_store **s, char **err);
 void ekreg_close(embkv_store *s);
+/* embkv_train_configure of a table instance's options, its eviction on
+ * only while an instance of a connection that may write holds the store
+ * (a read-only connection must not delete rows, nor its background
+ * passes): writer says this instance is one, counted until
+ * ekreg_train_leave (before its ekreg_close).  An embkv_rc. */
+int ekreg_train_configure(embkv_store *s, const embkv_train_options *o, int writer);
+void ekreg_train_leave(embkv_store *s, const embkv_train_options *o);
 /* Held while a COMMIT writes a buffer to the store and syncs it, and while
  * a checkpoint syncs: a sync of another connection (of this or another
  * database with a table on the store) must not make half of a COMMIT

@@ -92,6 +92,8 @@ static void pend_detach_table(ekconn *c, const char *tid)
         if (v->wb) ekwbuf_release(v->wb, c);
         v->wb = NULL;
         v->txn = NULL;
+        if (v->evict_writer) ekreg_train_leave(v->store, &v->opts.train);
+        v->evict_writer = 0;
         ekreg_close(v->store);
         v->store = NULL;
         sqlite3_free(v->broken);

@@ -71,6 +71,7 @@ typedef struct ekopen {
     pid_t pid;   /* the process that opened it: a forked child closing an
                   * inherited connection must not remove the parent's files */
     pthread_mutex_t commit_mu; /* see ekreg_commit_lock */
+    int writers; /* table instances of connections that may write (ekreg_train_configure) */
 } ekopen;
 
 static ekopen *ek_open_list;
@@ -111,6 +112,7 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
         e->dir = d;
         e->refs = 1;
         e->discard = 0;
+        e->writers = 0;
         e->pid = getpid();
         pthread_mutex_init(&e->commit_mu, NULL);
         e->next = ek_open_list;
@@ -138,6 +140,37 @@ void ekreg_commit_unlock(pthread_mutex_t *mu)
 }
 
 static void remove_store_dir(const char *dir);
+
+/* The options a store's training runs with now: the table's, with its
+ * eviction only while a writer holds it. */
+static int configure(ekopen *e, const embkv_train_options *o)
+{
+    embkv_train_options t = *o;
+    if (!e || e->writers == 0) t.ttl_ms = t.ttl_steps = t.max_rows = 0;
+    return embkv_train_configure(e ? e->s : NULL, &t);
+}
+
+int ekreg_train_configure(embkv_store *s, const embkv_train_options *o, int writer)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *e;
+    for (e = ek_open_list; e && e->s != s; e = e->next) {}
+    if (e && writer) e->writers++;
+    int rc = e ? configure(e, o) : embkv_train_configure(s, o);
+    if (rc != EMBKV_OK && e && writer) e->writers--;
+    pthread_mutex_unlock(&ek_mu);
+    return rc;
+}
+
+void ekreg_train_leave(embkv_store *s, const embkv_train_options *o)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *e;
+    for (e = ek_open_list; e && e->s != s; e = e->next) {}
+    if (e && e->writers > 0 && --e->writers == 0 && e->refs > 1 && configure(e, o) != EMBKV_OK)
+        sqlite3_log(SQLITE_WARNING, "embkv: stopping a store's eviction: %s", embkv_errmsg());
+    pthread_mutex_unlock(&ek_mu);
+}
 
 void ekreg_close(embkv_store *s)
 {

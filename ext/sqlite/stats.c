@@ -11,6 +11,7 @@
 SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <string.h>
 
 static int schema_rank(const char *zDb)
@@ -356,10 +357,13 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         ek_format_ttl(to->ttl_ms, ttl, sizeof ttl);
         ok = ev != NULL;
         ok = ok && cJSON_AddStringToObject(ev, "ttl", ttl);
-        ok = ok && cJSON_AddNumberToObject(ev, "ttl_steps", (double)to->ttl_steps);
+        char num[24];
+        snprintf(num, sizeof num, "%llu", (unsigned long long)to->ttl_steps);  /* (up to 2^62: no double holds it) */
+        ok = ok && cJSON_AddRawToObject(ev, "ttl_steps", num);
         ok = ok && cJSON_AddNumberToObject(ev, "max_rows", (double)to->max_rows);
         ok = ok && cJSON_AddStringToObject(ev, "evict", to->evict == EMBKV_EVICT_LRU ? "lru" : "lfu");
-        ok = ok && cJSON_AddNumberToObject(ev, "step", (double)ts.steps);
+        snprintf(num, sizeof num, "%llu", (unsigned long long)ts.steps);
+        ok = ok && cJSON_AddRawToObject(ev, "step", num);
         ok = ok && cJSON_AddNumberToObject(ev, "passes", (double)ts.evict_passes);
         ok = ok && cJSON_AddNumberToObject(ev, "expired", (double)ts.evicted_expired);
         ok = ok && cJSON_AddNumberToObject(ev, "over_max_rows", (double)ts.evicted_over);
@@ -401,6 +405,14 @@ static void fn_evict(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (fn_table(ctx, "embkv_evict", argv[0], &ref) != SQLITE_OK) return;
     if (ekerr_refuse_readonly(ctx, "embkv_evict", ref.schema, ref.name, "it deletes rows"))
         return;
+    if (ref.pending_writes) {
+        /* (its deletes are not the transaction's: a ROLLBACK would not undo them) */
+        char *m = sqlite3_mprintf("embkv_evict: table %s: this connection has uncommitted writes to the table; "
+                                  "COMMIT them first", ref.name);
+        sqlite3_result_error(ctx, m ? m : "embkv_evict: uncommitted writes", -1);
+        sqlite3_free(m);
+        return;
+    }
     embkv_evict_result r;
     pthread_mutex_t *held = ekreg_commit_lock(ref.store);
     int erc = embkv_evict(ref.store, &r);

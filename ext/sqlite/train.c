@@ -38,6 +38,23 @@ static void train_error(sqlite3_context *ctx, const char *fname, const char *tab
     }
 }
 
+/* An engine error of a pull or push on ref's table; a full pool of a
+ * table that evicts gets the way out that works now (a pass deletes what
+ * checkpoints hold, and frees their tombstones' room at the next). */
+static void engine_error(sqlite3_context *ctx, const char *fname, const embkv_table_ref *ref, int rc)
+{
+    const embkv_train_options *t = &ref->opts->train;
+    if (rc == EMBKV_FULL && (t->max_rows || t->ttl_ms || t->ttl_steps)) {
+        char *m = sqlite3_mprintf("%s (the table evicts, and its eviction thread passes about once a second: "
+                                  "SELECT embkv_checkpoint('%q'), embkv_evict('%q') makes room now)",
+                                  embkv_errmsg(), ref->name, ref->name);
+        train_error(ctx, fname, ref->name, rc, m ? m : embkv_errmsg());
+        sqlite3_free(m);
+        return;
+    }
+    train_error(ctx, fname, ref->name, rc, embkv_errmsg());
+}
+
 /* Gradients: a float32 BLOB or a JSON array of n*dim numbers. */
 static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
 {
@@ -192,7 +209,7 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     sqlite3_free(ids);
     if (rc != EMBKV_OK) {
         sqlite3_free(out);
-        if (rc != EMBKV_NOTFOUND || !ro) train_error(ctx, "embkv_pull", ref.name, rc, embkv_errmsg());
+        if (rc != EMBKV_NOTFOUND || !ro) engine_error(ctx, "embkv_pull", &ref, rc);
         return;
     }
     sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
@@ -234,7 +251,7 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     sqlite3_free(ids);
     sqlite3_free(grads);
     if (rc != EMBKV_OK)
-        train_error(ctx, "embkv_push", ref.name, rc, embkv_errmsg());
+        engine_error(ctx, "embkv_push", &ref, rc);
     else
         sqlite3_result_int64(ctx, (sqlite3_int64)updated);
 }

@@ -437,6 +437,13 @@ int ek_parse_admit(const char *val, void *field)
 int ek_parse_ttl(const char *val, void *field)
 {
     val = skip_blanks(val);
+    char text[64];
+    size_t len = strlen(val);
+    while (len && ek_is_blank(val[len - 1])) len--;
+    if (len >= sizeof text) return -1;
+    memcpy(text, val, len);
+    text[len] = 0;
+    val = text;
     if (sqlite3_stricmp(val, "none") == 0 || strcmp(val, "0") == 0) {
         *(uint64_t *)field = 0;
         return 0;
@@ -451,7 +458,7 @@ int ek_parse_ttl(const char *val, void *field)
     const char *u = skip_blanks(end);
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (sqlite3_stricmp(u, units[i].unit) != 0) continue;
-        if (nv == 0 || nv > EMBKV_TTL_MAX_MS / units[i].ms) return -1;
+        if (nv > EMBKV_TTL_MAX_MS / units[i].ms) return -1;  /* (0 in any unit: none) */
         *(uint64_t *)field = nv * units[i].ms;
         return 0;
     }

@@ -747,12 +747,21 @@ static int has_pool(const char *dir)
  */
 static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The instance's reference to its store, and its count as a writer. */
+static void store_release(ekvtab *v)
+{
+    if (v->evict_writer) ekreg_train_leave(v->store, &v->opts.train);
+    v->evict_writer = 0;
+    ekreg_close(v->store);
+    v->store = NULL;
+}
+
 static void vt_free(ekvtab *v)
 {
     ekconn *c = v->conn;
     if (c) ekconn_remove(c, v);
     if (v->session) embkv_session_close(v->session); /* returns its permits */
-    if (v->store) ekreg_close(v->store);
+    if (v->store) store_release(v);
     if (v->wb) ekwbuf_release(v->wb, c);
     if (v->has_spare) ekcurbuf_free(&v->spare);
     sqlite3_free(v->scratch);
@@ -924,11 +933,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         if (!create) goto broken;
         goto fail;
     }
-    if (embkv_train_configure(v->store, &v->opts.train) != EMBKV_OK) {
+    int writer = !sqlite3_db_readonly(db, v->zDb);
+    if (ekreg_train_configure(v->store, &v->opts.train, writer) != EMBKV_OK) {
         err = sqlite3_mprintf("%s", embkv_errmsg());
         rc = SQLITE_ERROR;
         goto fail;
     }
+    v->evict_writer = writer;
     v->dir = sqlite3_mprintf("%s", embkv_path(v->store));
     v->dim = embkv_dim(v->store);
     v->state_floats = embkv_state_floats(v->store);
@@ -998,10 +1009,8 @@ broken:
      * alone: it was never seen to be an embkv store. */
     v->broken = err ? err : sqlite3_mprintf("%s", sqlite3_errstr(rc));
     err = NULL;
-    if (v->store) {  /* opened, then refused (its options are damaged) */
-        ekreg_close(v->store);
-        v->store = NULL;
-    }
+    if (v->store)  /* opened, then refused (its options are damaged) */
+        store_release(v);
     sqlite3_free(dir);
     dir = NULL;
     v->dim = v->opts.dim;
@@ -1020,10 +1029,8 @@ fail:
     if (create_held) pthread_mutex_unlock(&create_mu);
     *pzErr = sqlite3_mprintf("embkv table %s: %s", argv[2], err ? err : sqlite3_errstr(rc));
     sqlite3_free(err);
-    if (v->store) {
-        ekreg_close(v->store);
-        v->store = NULL;
-    }
+    if (v->store)
+        store_release(v);
     if (v->wb) {  /* its reference to the store too, before removing it */
         ekwbuf_release(v->wb, v->conn);
         v->wb = NULL;

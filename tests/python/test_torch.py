@@ -330,6 +330,29 @@ class TestAdmission(Base):
         self.assertEqual(n, 3)
 
 
+class TestDtype(Base):
+    def test_bf16_rows_train_as_rounded_float32(self):
+        """dtype='bf16': the module's rows are bfloat16 values (their low
+        16 bits zero as float32), and follow a float32 torch model to
+        within bfloat16's step; the records are smaller."""
+        emb = ekt.Embedding(self.conn, "bf", dim=8, dtype="bf16", init="uniform(-1,1)", seed=3,
+                            optimizer="sgd", lr=0.1)
+        ids = torch.tensor([1, 2, 3])
+        ref = torch.nn.Parameter(emb(ids).detach().clone())
+        for step in range(5):
+            g = torch.linspace(-1, 1, 24).reshape(3, 8) * (step + 1)
+            (emb(ids) * g).sum().backward()
+            with torch.no_grad():
+                ref -= 0.1 * g
+                ref.copy_(ref.to(torch.bfloat16).to(torch.float32))
+        rows = np.stack([np.frombuffer(v, np.float32) for (v,) in
+                         self.conn.execute("SELECT vec FROM bf ORDER BY id")])
+        self.assertTrue(np.all(rows.view(np.uint32) & 0xFFFF == 0))
+        np.testing.assert_allclose(rows, ref.detach().numpy(), rtol=2 ** -7, atol=1e-6)
+        st = json.loads(self.conn.execute("SELECT embkv_stats('bf')").fetchone()[0])
+        self.assertEqual((st["dtype"], st["record_bytes"]), ("bf16", 64))
+
+
 class TestEviction(Base):
     def evict(self, table):
         return json.loads(self.conn.execute("SELECT embkv_evict(?)", (table,)).fetchone()[0])
@@ -356,10 +379,12 @@ class TestEviction(Base):
         run are kept (counted), and evicted once it has."""
         emb = ekt.Embedding(self.conn, "mx", dim=DIM, init="zeros", max_rows=1, evict="lru")
         out = emb(torch.tensor([5, 6]))
+        self.conn.execute("SELECT embkv_checkpoint('mx')").fetchone()  # (rows since the last are never evicted)
         got = self.evict("mx")
         self.assertEqual((got["over_max_rows"], got["kept_pulled"]), (0, 1))
         self.assertEqual(self.conn.execute("SELECT count(*) FROM mx").fetchone()[0], 2)
         out.sum().backward()
+        self.conn.execute("SELECT embkv_checkpoint('mx')").fetchone()
         got = self.evict("mx")
         self.assertEqual((got["over_max_rows"], got["kept_pulled"]), (1, 0))
         self.assertEqual([r[0] for r in self.conn.execute("SELECT id FROM mx")], [6])

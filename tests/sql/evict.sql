@@ -66,3 +66,17 @@ CREATE VIRTUAL TABLE e5 USING embkv(dim=2, ttl='90m', ttl_steps=10);
 SELECT 'canon', json_extract(embkv_stats('e5'), '$.training.eviction.ttl');
 SELECT embkv_evict('nosuch');
 SELECT 'plain', embkv_evict('m2') IS NOT NULL;
+-- 0 in any unit is none; blanks around a ttl; lru needs max_rows; a
+-- ttl_steps no double holds, exact
+CREATE VIRTUAL TABLE z1 USING embkv(dim=2, ttl='0s', max_rows=5);
+SELECT 'ttl0', json_extract(embkv_stats('z1'), '$.training.eviction.ttl');
+CREATE VIRTUAL TABLE z2 USING embkv(dim=2, ttl=' 90 m ');
+SELECT 'ttl-blanks', json_extract(embkv_stats('z2'), '$.training.eviction.ttl');
+CREATE VIRTUAL TABLE z3 USING embkv(dim=2, evict='lru');
+CREATE VIRTUAL TABLE z4 USING embkv(dim=2, ttl_steps=4611686018427387903);
+SELECT 'big', json_extract(embkv_stats('z4'), '$.training.eviction.ttl_steps');
+-- a connection with uncommitted writes may not evict
+BEGIN;
+INSERT INTO m(id, vec) VALUES (7, '[7,7]');
+SELECT embkv_evict('m');
+ROLLBACK;
