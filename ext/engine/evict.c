@@ -369,7 +369,8 @@ static int run_pass(embkv_store *s, struct evict *ev, uint64_t target, embkv_evi
         p.at = k;
         walk(&p);
         if (p.rc == EMBKV_OK) {
-            qsort(p.boundary.v, p.boundary.n, sizeof *p.boundary.v, cmp_victim_id);
+            if (p.boundary.n)
+                qsort(p.boundary.v, p.boundary.n, sizeof *p.boundary.v, cmp_victim_id);
             for (size_t i = 0; i < p.boundary.n && sum < excess && p.rc == EMBKV_OK; i++, sum++)
                 if (!vvec_push(&p.victims, p.boundary.v[i]))
                     p.rc = EMBKV_NOMEM;

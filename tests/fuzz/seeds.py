@@ -214,6 +214,9 @@ OPTIONS_SEEDS = {
     'ttl-units': b"dim=3, ttl='1500ms'",
     'ttl-big': b"dim=3, ttl='3651d'",
     'evict-bad': b"dim=3, evict='fifo', max_rows=-1",
+    'dtype': b"dim=5, dtype='f16', init='normal(0,0.01)', rounding='stochastic', path='x'",
+    'dtype-i8': b"dim=3, dtype=i8, optimizer=adagrad",
+    'dtype-bad': b"dim=3, dtype='f8', rounding='up'",
 }
 
 
