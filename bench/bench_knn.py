@@ -46,6 +46,9 @@ def main():
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--vec0", default=os.path.join("build", "npm", "node_modules", "sqlite-vec-linux-x64", "vec0.so"))
     ap.add_argument("--ext", default=None)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "i8"],
+                    help="embkv's table keeps its rows in this type (the others, and the checks, get the same "
+                         "values decoded)")
     a = ap.parse_args()
     ext = a.ext or bench_py.default_extension(__file__)
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -58,8 +61,8 @@ def main():
 
     c = bench_py.connect(os.path.join(a.dir, "knn.db"), ext)
     pool = max(64 << 20, int(a.rows * (32 + 4 * a.dim + 63) // 64 * 64 * 1.6))
-    c.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, path='item.embkv', pool_size=%d, capacity=%d)"
-              % (a.dim, pool, a.rows))
+    c.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%d, path='item.embkv', pool_size=%d, capacity=%d, dtype=%s)"
+              % (a.dim, pool, a.rows, a.dtype))
     t = time.perf_counter()
     c.execute("BEGIN")
     step = 50000
@@ -67,7 +70,10 @@ def main():
         c.executemany("INSERT INTO item(id, vec) VALUES (?, ?)",
                       ((int(ids[i]), data[i].tobytes()) for i in range(s, min(s + step, a.rows))))
     c.execute("COMMIT")
-    print("loaded %d rows of dim %d into embkv in %.1f s" % (a.rows, a.dim, time.perf_counter() - t))
+    print("loaded %d rows of dim %d into embkv (%s) in %.1f s" % (a.rows, a.dim, a.dtype, time.perf_counter() - t))
+    if a.dtype != "f32":
+        # everyone searches the values the table keeps
+        data = np.stack([np.frombuffer(v, np.float32) for (v,) in c.execute("SELECT vec FROM item ORDER BY id")])
 
     vec = None
     if os.path.exists(a.vec0):

@@ -122,6 +122,7 @@ uint64_t evict_steps_at(embkv_store *s, uint64_t durable)
     return n ? m[n - 1].steps : 0;
 }
 
+/* (With sync_mu held: the sync's.) */
 void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
 {
     /* Marks of this epoch or later are of syncs that did not complete
@@ -346,8 +347,11 @@ static int run_pass(embkv_store *s, struct evict *ev, uint64_t target, embkv_evi
     if (!evicting(&p.o))
         return EMBKV_OK;
     uint64_t now = wall_ms(), steps = atomic_load(&s->steps);
+    /* (the marks are written by syncs, under sync_mu) */
+    pthread_mutex_lock(&s->sync_mu);
     p.durable = __atomic_load_n(&s->root->durable_epoch, __ATOMIC_RELAXED);
     p.nmarks = marks_sorted(s, p.durable, p.marks, NULL);
+    pthread_mutex_unlock(&s->sync_mu);
     p.nb = (unsigned)p.nmarks + 2;
     for (size_t i = 0; i < p.nmarks; i++) {
         const evict_mark *m = &p.marks[i];
