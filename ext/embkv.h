@@ -75,8 +75,8 @@ enum {
 };
 
 /* Options for creating a store.  Zero means "default" for every field but
- * dim.  When opening an existing store, a non-zero dim / state_floats must
- * match what the store was created with. */
+ * dim.  When opening an existing store, a non-zero dim / state_floats /
+ * dtype must match what the store was created with. */
 typedef struct embkv_options {
     uint32_t dim;            /* floats per vector, 1..EMBKV_MAX_DIM */
     uint32_t state_floats;   /* optimizer-state floats per row (default 0) */
@@ -154,7 +154,14 @@ uint32_t embkv_state_floats(const embkv_store *s);
 /* The store's element type (EMBKV_F32 ... EMBKV_I8) and its name ("f32",
  * "f16", "bf16", "i8"). */
 uint32_t embkv_dtype(const embkv_store *s);
-const char *embkv_dtype_name(uint32_t dtype);
+const char *embkv_dtype_name(uint32_t dtype);  /* "unknown" for another value */
+/* The largest magnitude a dtype holds (f16 65504, bf16 about 3.3895e38;
+ * f32 and i8 float32's); a larger value is refused, not rounded down. */
+float embkv_dtype_max(uint32_t dtype);
+/* dim float32 from in to out (they may be the same) rounded to nearest as
+ * a store of dtype keeps them: 0, or j + 1 for an element j beyond the
+ * dtype's range or not finite (out then unchanged). */
+uint32_t embkv_dtype_round(uint32_t dtype, uint32_t dim, const float *in, float *out);
 const char *embkv_path(const embkv_store *s);  /* canonical directory */
 
 /* Per-row metadata. */

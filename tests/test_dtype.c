@@ -25,7 +25,7 @@
 #define DIM 16
 
 /* (ext/engine's codec, which the library exports for its own layers) */
-void dtype_decode(int dtype, uint32_t dim, const void *src, float *dst);
+bool dtype_decode(int dtype, uint32_t dim, const void *src, float *dst);
 uint32_t dtype_encode(int dtype, uint32_t dim, const float *src, void *dst, const uint64_t *seed);
 
 static uint64_t rng = 88172645463325252ull;
@@ -75,6 +75,11 @@ static void test_codec(void)
         CHECK(worse == 0);
         CHECK(moved == 0);
     }
+    float pub[3] = {0.1f, 65504.0f, -2.5f}, pr[3];
+    CHECK(embkv_dtype_round(EMBKV_F16, 3, pub, pr) == 0 && pr[0] == (float)(_Float16)0.1f && pr[1] == 65504.0f);
+    float over[2] = {1.0f, 65505.0f};
+    CHECK(embkv_dtype_round(EMBKV_F16, 2, over, pr) == 2);
+    CHECK(embkv_dtype_max(EMBKV_F16) == 65504.0f && strcmp(embkv_dtype_name(99), "unknown") == 0);
     unsigned char enc[64];
     float big[2] = {1.0f, 70000.0f};
     CHECK(dtype_encode(EMBKV_F16, 2, big, enc, NULL) == 2);
@@ -84,6 +89,31 @@ static void test_codec(void)
     float same[3] = {2.5f, 2.5f, 2.5f}, back[3];
     round_trip(EMBKV_I8, same, back, 3);
     CHECK(memcmp(same, back, sizeof same) == 0);
+    /* i8: a range of a few denormals keeps its values (steps of the least) */
+    float tiny[4] = {1e-45f, -1e-45f, 0.0f, 1e-45f}, tback[4];
+    round_trip(EMBKV_I8, tiny, tback, 4);
+    CHECK(memcmp(tiny, tback, sizeof tiny) == 0);
+    /* i8, stochastic: elements on a level (the least, the largest, those
+     * an update left) stay on it, whatever the random bits */
+    size_t moved_edges = 0;
+    for (uint64_t seed = 1; seed <= 20000; seed++) {
+        float row[4] = {0.0f, 1.0f, 0.5f + (float)(seed % 7) * 1e-3f, 1.0f / 3.0f}, out[4];
+        unsigned char e8[16];
+        CHECK(dtype_encode(EMBKV_I8, 4, row, e8, &seed) == 0);
+        dtype_decode(EMBKV_I8, 4, e8, out);
+        moved_edges += out[0] != 0.0f || out[1] != 1.0f;
+    }
+    CHECK(moved_edges == 0);
+    /* encodings no write leaves decode as damaged */
+    uint16_t inf16[2] = {0x3c00, 0x7c00}, nan_bf[2] = {0x3f80, 0x7fc1};
+    float dec[2];
+    CHECK(!dtype_decode(EMBKV_F16, 2, inf16, dec));
+    CHECK(!dtype_decode(EMBKV_BF16, 2, nan_bf, dec));
+    unsigned char bad8[10] = {0};
+    float nanf_ = NAN;
+    memcpy(bad8, &nanf_, 4);
+    CHECK(!dtype_decode(EMBKV_I8, 2, bad8, dec) && dec[0] == 0 && dec[1] == 0);
+    CHECK(dtype_decode(EMBKV_F16, 1, inf16, dec) && dec[0] == 1.0f);
 }
 
 typedef struct scan_ctx {

@@ -118,8 +118,10 @@ static inline uint32_t dtype_vec_bytes(int dtype, uint32_t dim)
 /* The largest magnitude dtype holds (i8: float32's). */
 float dtype_max(int dtype);
 const char *dtype_name(int dtype);
-/* dim float32 from a vector encoded as dtype. */
-void dtype_decode(int dtype, uint32_t dim, const void *src, float *dst);
+/* dim float32 from a vector encoded as dtype; false when the encoding is
+ * none a write leaves (an f16 or bf16 Inf or NaN, an i8 scale or bias not
+ * finite: a damaged record, decoded as far as it goes). */
+bool dtype_decode(int dtype, uint32_t dim, const void *src, float *dst);
 /* Encodes dim float32 as dtype: rounded to nearest (seed NULL) or
  * stochastically from *seed.  Returns 0, or j + 1 for an element j that
  * dtype cannot hold (beyond its range; nothing is to be kept then). */

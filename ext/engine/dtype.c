@@ -90,16 +90,28 @@ static inline uint32_t rnd32(uint64_t seed, uint32_t j)
 
 /* ------------------------------------------------------------- decode */
 
-DTYPE_CLONES static void f16_decode(uint32_t dim, const _Float16 *src, float *dst)
+/* (f16 and bf16: an element whose exponent bits are all ones, Inf or NaN,
+ * is none a write leaves: a damaged record) */
+DTYPE_CLONES static bool f16_decode(uint32_t dim, const _Float16 *src, float *dst)
 {
-    for (uint32_t j = 0; j < dim; j++)
+    uint16_t bad = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        uint16_t b;
+        memcpy(&b, &src[j], 2);
+        bad |= (uint16_t)((b & 0x7c00) == 0x7c00);
         dst[j] = (float)src[j];
+    }
+    return !bad;
 }
 
-static void bf16_decode(uint32_t dim, const uint16_t *src, float *dst)
+static bool bf16_decode(uint32_t dim, const uint16_t *src, float *dst)
 {
-    for (uint32_t j = 0; j < dim; j++)
+    uint16_t bad = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        bad |= (uint16_t)((src[j] & 0x7f80) == 0x7f80);
         dst[j] = u2f((uint32_t)src[j] << 16);
+    }
+    return !bad;
 }
 
 static inline float i8_value(float bias, float scale, uint8_t q)
@@ -108,22 +120,27 @@ static inline float i8_value(float bias, float scale, uint8_t q)
     return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
 }
 
-static void i8_decode(uint32_t dim, const unsigned char *src, float *dst)
+static bool i8_decode(uint32_t dim, const unsigned char *src, float *dst)
 {
     float scale, bias;
     memcpy(&scale, src, 4);
     memcpy(&bias, src + 4, 4);
+    if (!(scale >= 0) || !isfinite(scale) || !isfinite(bias)) {
+        memset(dst, 0, 4 * (size_t)dim);  /* (no NaN leaves here, whatever the caller does) */
+        return false;
+    }
     for (uint32_t j = 0; j < dim; j++)
         dst[j] = i8_value(bias, scale, src[8 + j]);
+    return true;
 }
 
-void dtype_decode(int dtype, uint32_t dim, const void *src, float *dst)
+bool dtype_decode(int dtype, uint32_t dim, const void *src, float *dst)
 {
     switch (dtype) {
-    case EMBKV_F16: f16_decode(dim, src, dst); break;
-    case EMBKV_BF16: bf16_decode(dim, src, dst); break;
-    case EMBKV_I8: i8_decode(dim, src, dst); break;
-    default: memcpy(dst, src, 4 * (size_t)dim);
+    case EMBKV_F16: return f16_decode(dim, src, dst);
+    case EMBKV_BF16: return bf16_decode(dim, src, dst);
+    case EMBKV_I8: return i8_decode(dim, src, dst);
+    default: memcpy(dst, src, 4 * (size_t)dim); return true;
     }
 }
 
@@ -204,6 +221,8 @@ static void i8_params(uint32_t dim, const float *v, float *scale_out, float *bia
         hi = v[j] > hi ? v[j] : hi;
     }
     float scale = (float)(((double)hi - (double)lo) / 255.0);
+    if (scale == 0 && hi > lo)
+        scale = FLT_TRUE_MIN;  /* a range of a few denormals: steps of the least one */
     *bias_out = lo;
     *scale_out = scale;
     *on_grid = false;
@@ -240,7 +259,12 @@ static void i8_encode(uint32_t dim, const float *src, unsigned char *dst, const 
     memcpy(dst + 4, &bias, 4);
     for (uint32_t j = 0; j < dim; j++) {
         double t = scale > 0 ? ((double)src[j] - bias) / scale : 0;
-        double q = on_grid || !seed ? nearbyint(t) : floor(t + rnd32(*seed, j) * (1.0 / 4294967296.0));
+        /* an element on a level (the row's least and largest, and those
+         * an update left alone: within float32's error of the scale, a
+         * few 1e-5 of a level) stays there, stochastic or not */
+        double q = nearbyint(t);
+        if (seed && !on_grid && fabs(t - q) > 1e-3)
+            q = floor(t + rnd32(*seed, j) * (1.0 / 4294967296.0));
         dst[8 + j] = (unsigned char)(q < 0 ? 0 : q > 255 ? 255 : q);
     }
 }
@@ -280,4 +304,24 @@ uint32_t dtype_encode(int dtype, uint32_t dim, const float *src, void *dst, cons
         i8_encode(dim, src, dst, seed);
     }
     return 0;
+}
+
+float embkv_dtype_max(uint32_t dtype) { return dtype_max((int)dtype); }
+
+uint32_t embkv_dtype_round(uint32_t dtype, uint32_t dim, const float *in, float *out)
+{
+    if (dim > EMBKV_MAX_DIM)
+        return 1;
+    for (uint32_t j = 0; j < dim; j++)
+        if (!isfinite(in[j]))
+            return j + 1;
+    if (dtype == EMBKV_F32 || dtype == 0) {
+        memmove(out, in, 4 * (size_t)dim);
+        return 0;
+    }
+    uint32_t enc[EMBKV_MAX_DIM / 2 + 4];
+    uint32_t bad = dtype_encode((int)dtype, dim, in, enc, NULL);
+    if (!bad)
+        dtype_decode((int)dtype, dim, enc, out);
+    return bad;
 }

@@ -240,13 +240,15 @@ static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 static inline float *rec_vec(rec_hdr *r) { return (float *)(r + 1); }
 static inline float *rec_state(const embkv_store *s, rec_hdr *r) { return (float *)((char *)(r + 1) + s->vec_bytes); }
 static inline size_t rec_payload_bytes(const embkv_store *s) { return s->vec_bytes + 4 * (size_t)s->state_floats; }
-/* The vector of r in float32. */
-static inline void rec_vec_get(const embkv_store *s, rec_hdr *r, float *dst)
+/* The vector of r in float32; false for an encoding no write leaves (a
+ * damaged record: dtype_decode). */
+static inline bool rec_vec_get(const embkv_store *s, rec_hdr *r, float *dst)
 {
-    if (s->dtype == EMBKV_F32)
+    if (s->dtype == EMBKV_F32) {
         memcpy(dst, r + 1, 4 * (size_t)s->dim);
-    else
-        dtype_decode((int)s->dtype, s->dim, r + 1, dst);
+        return true;
+    }
+    return dtype_decode((int)s->dtype, s->dim, r + 1, dst);
 }
 /* Where a record enters from the medium (every read that copies one out):
  * it must be id's and match its checksum, else the read fails naming the

@@ -94,8 +94,10 @@ uint32_t rec_checksum(const embkv_store *s, const rec_hdr *r)
 
 int rec_damaged(const embkv_store *s, int64_t id)
 {
-    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: the record is damaged (checksum mismatch)", s->path,
-                      (long long)id);
+    return embkv__err(EMBKV_CORRUPT,
+                      "store %s: id %lld: the record is damaged (checksum mismatch): delete the row (it can be "
+                      "deleted) and write it again, or restore the store from a backup",
+                      s->path, (long long)id);
 }
 
 /* msync a run of pages; records the first failure. */

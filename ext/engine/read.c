@@ -330,11 +330,11 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
                 /* The pull path checks the record's id only (its checksum
                  * would halve the throughput): the update that follows a
                  * pull verifies it whole. */
-                if (r->id != ids[j] && !damaged) {
+                bool decoded = rec_vec_get(s, r, OUT_ROW(j));
+                if ((r->id != ids[j] || !decoded) && !damaged) {
                     damaged = true;
                     bad = ids[j];
                 }
-                rec_vec_get(s, r, OUT_ROW(j));
             } else {
                 memset(OUT_ROW(j), 0, vbytes);
                 missing++;

@@ -41,7 +41,10 @@ static embkv_store *registry;
 uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
 uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
 uint32_t embkv_dtype(const embkv_store *s) { return s->dtype; }
-const char *embkv_dtype_name(uint32_t dtype) { return dtype_name((int)dtype); }
+const char *embkv_dtype_name(uint32_t dtype)
+{
+    return dtype >= EMBKV_F32 && dtype <= EMBKV_I8 ? dtype_name((int)dtype) : "unknown";
+}
 const char *embkv_path(const embkv_store *s) { return s->path; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 

@@ -996,7 +996,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
                 rc = embkv__err(EMBKV_INVALID,
                                 "id %lld: the update overflows %s (lr %g): %zu row(s) left unchanged, %zu other "
                                 "row(s) of the push updated",
-                                (long long)c.overflow_id, s->dtype == EMBKV_F32 ? "float32" : dtype_name((int)s->dtype),
+                                (long long)c.overflow_id,
+                                dtype_max((int)s->dtype) < FLT_MAX ? dtype_name((int)s->dtype) : "float32",
                                 c.lr, c.overflowed, updated);
         }
     } else {

@@ -175,8 +175,9 @@ static int put_vec(embkv_store *s, int64_t id, const float *vec, void *p)
 {
     uint32_t bad = dtype_encode((int)s->dtype, s->dim, vec, p, NULL);
     if (bad)
-        return embkv__err(EMBKV_INVALID, "id %lld: element %u (%g) is beyond %s's range (at most %g)", (long long)id,
-                          bad - 1, (double)vec[bad - 1], dtype_name((int)s->dtype), (double)dtype_max((int)s->dtype));
+        return embkv__err(EMBKV_INVALID, "store %s: id %lld: element %u (%g) is beyond %s's range (at most %g)",
+                          s->path, (long long)id, bad - 1, (double)vec[bad - 1], dtype_name((int)s->dtype),
+                          (double)dtype_max((int)s->dtype));
     return EMBKV_OK;
 }
 

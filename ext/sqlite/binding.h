@@ -207,6 +207,7 @@ struct ekvtab {
     float *scratch;       /* dim floats */
     embkv_session *session; /* training session, see embkv_table_ref */
     int evict_writer;     /* counted as a writer by ekreg_train_configure */
+    uint32_t dtype;       /* the store's element type (EMBKV_F32...) */
     ekcurbuf spare;       /* buffers of the last closed cursor, for the next */
     int has_spare;
     char *gone;           /* set when the CREATE that made this instance was

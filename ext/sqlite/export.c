@@ -862,7 +862,8 @@ static int open_in(importer *m)
             return im_fail(m, SQLITE_ERROR, "file '%s' is not an embkv export (it has no embkv_meta table)", m->file);
         return im_file_fail(m);
     }
-    char *format = NULL, *optimizer = NULL, *floats = NULL;
+    char *format = NULL, *optimizer = NULL, *floats = NULL, *dtype = NULL;
+    int dtype_seen = 0;  /* (files from before it have none: f32) */
     sqlite3_int64 version = -1, dim = -1, sf = -1, rows = -1;
     const char *bad = NULL; /* a key whose value has the wrong type */
     int rc;
@@ -877,7 +878,9 @@ static int open_in(importer *m)
         char **text = !strcmp(key, "format")         ? &format
                       : !strcmp(key, "optimizer")    ? &optimizer
                       : !strcmp(key, "float_format") ? &floats
+                      : !strcmp(key, "dtype")        ? &dtype
                                                      : NULL;
+        if (text == &dtype) dtype_seen = 1;
         if (k < 4) {
             if (t != SQLITE_INTEGER || sqlite3_column_int64(st, 1) < 0) {
                 if (!bad) bad = num_keys[k];
@@ -894,8 +897,13 @@ static int open_in(importer *m)
         sqlite3_free(format);
         sqlite3_free(optimizer);
         sqlite3_free(floats);
+        sqlite3_free(dtype);
         return im_file_fail(m);
     }
+    int dtype_ok = !dtype_seen;
+    for (uint32_t d = EMBKV_F32; dtype && d <= EMBKV_I8; d++)
+        dtype_ok |= !strcmp(dtype, embkv_dtype_name(d));
+    sqlite3_free(dtype);
     sqlite3_finalize(st);
     int out = 0;
     uint32_t tdim = embkv_dim(m->ref.store), tsf = embkv_state_floats(m->ref.store);
@@ -918,6 +926,8 @@ static int open_in(importer *m)
                       f ? f : "?", EXPORT_FLOATS);
         sqlite3_free(f);
     }
+    else if (!dtype_ok)
+        out = im_damaged(m, "embkv_meta's dtype is not f32, f16, bf16 or i8");
     else if (dim < 1 || dim > EMBKV_MAX_DIM || sf > EMBKV_MAX_STATE_FLOATS)
         out = im_damaged(m, "embkv_meta's dim %lld or state_floats %lld is out of range", dim, sf);
     else if ((uint32_t)dim != tdim)
@@ -990,6 +1000,16 @@ static int check_row(importer *m, int crc, int64_t *id, uint64_t *clock)
             return im_fail(m, SQLITE_ERROR, "file '%s': row id %lld: %s element %u is %s (a table holds finite "
                                             "values only)", m->file, lid, k < m->dim ? "vec" : "state",
                            (unsigned)(k < m->dim ? k : k - m->dim), isnan(m->row[k]) ? "NaN" : "infinite");
+    /* A table of a reduced dtype holds what the dtype holds: checked here,
+     * before any row is written. */
+    uint32_t dt = embkv_dtype(m->ref.store);
+    float top = embkv_dtype_max(dt);
+    for (size_t k = 0; dt != EMBKV_F32 && k < m->dim; k++)
+        if (!(fabsf(m->row[k]) <= top))
+            return im_fail(m, SQLITE_ERROR, "file '%s': row id %lld: vec element %u (%.9g) is beyond the table's "
+                                            "dtype %s (at most %.9g): nothing was imported; import into a table of "
+                                            "a wider dtype (f32 or bf16)", m->file, lid, (unsigned)k,
+                           (double)m->row[k], embkv_dtype_name(dt), (double)top);
     /* The optimizer's state as only its updates leave it: adagrad's sum of
      * squared gradients and adam's second moment are >= 0, adam's step
      * count a whole number >= 0 (a negative accumulator sent the next push

@@ -164,6 +164,19 @@ static const char *nonfinite_name(float f)
     return isnan(f) ? "NaN" : f > 0 ? "Inf" : "-Inf";
 }
 
+/* A vector written to a table of a reduced dtype, rounded as the store
+ * will keep it, now: the statement, not its COMMIT, refuses a value the
+ * dtype cannot hold, and the transaction reads its writes as they will
+ * be. */
+static int round_vec(ekvtab *v, int64_t id, float *out)
+{
+    uint32_t bad = v->dtype == EMBKV_F32 ? 0 : embkv_dtype_round(v->dtype, v->dim, out, out);
+    if (!bad) return SQLITE_OK;
+    ekerr_table(v, "id %lld: vec[%u] = %.9g is beyond %s's range (at most %.9g)", (long long)id, bad - 1,
+                (double)out[bad - 1], embkv_dtype_name(v->dtype), (double)embkv_dtype_max(v->dtype));
+    return SQLITE_MISMATCH;
+}
+
 /* A vector from a float32 BLOB or a JSON array of numbers, into out. */
 int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
 {
@@ -186,7 +199,7 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
                 return SQLITE_MISMATCH;
             }
         }
-        return SQLITE_OK;
+        return round_vec(v, id, out);
     }
     case SQLITE_TEXT: {
         const char *s = (const char *)sqlite3_value_text(val);
@@ -225,7 +238,7 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
             }
         }
         cJSON_Delete(j);
-        return rc;
+        return rc == SQLITE_OK ? round_vec(v, id, out) : rc;
     }
     case SQLITE_NULL:
         ekerr_table(v, EXPECT "NULL", EXPECT_ARGS);

@@ -942,6 +942,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->evict_writer = writer;
     v->dir = sqlite3_mprintf("%s", embkv_path(v->store));
     v->dim = embkv_dim(v->store);
+    v->dtype = embkv_dtype(v->store);
     v->state_floats = embkv_state_floats(v->store);
     v->scratch = sqlite3_malloc64((uint64_t)v->dim * sizeof(float));
     if (!v->dir || !v->scratch || ekwbuf_acquire(v) != SQLITE_OK) {

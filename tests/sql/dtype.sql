@@ -23,10 +23,18 @@ SELECT 'paths', (SELECT embkv_json(vec) FROM h WHERE id = 1) = (SELECT embkv_jso
 SELECT 'knn', id, distance FROM embkv_knn('h', (SELECT vec FROM h WHERE id = 2), 1);
 SELECT 'stats', json_extract(embkv_stats('h'), '$.dtype'), json_extract(embkv_stats('h'), '$.record_bytes'),
        json_extract(embkv_stats('q'), '$.record_bytes');
--- beyond the range: refused, nothing written
+-- beyond the range: refused by the statement, nothing written
 INSERT INTO h(id, vec) VALUES (3, '[70000, 0, 0]');
 UPDATE b SET vec = '[1, 3.4e38, 0]' WHERE id = 1;
 SELECT 'after', count(*) FROM h;
+-- a transaction reads its writes as the table will keep them
+BEGIN;
+INSERT INTO h(id, vec) VALUES (4, '[0.1, 0.2, 0.3]');
+SELECT 'in-txn', embkv_json(vec) FROM h WHERE id = 4;
+ROLLBACK;
+-- i8: a range of a few denormals keeps its values
+INSERT INTO q(id, vec) VALUES (3, '[1e-45, -1e-45, 1e-45]');
+SELECT 'tiny', embkv_json(vec) FROM q WHERE id = 3;
 -- training: a push rounds its result (sgd, lr 1: 1 - 0.0001 is 1 in f16)
 CREATE VIRTUAL TABLE t USING embkv(dim=2, dtype='f16', init='zeros', optimizer='sgd', lr=1, path='t.embkv');
 INSERT INTO t(id, vec) VALUES (1, '[1, 1]');
@@ -39,6 +47,12 @@ SELECT 'export', embkv_export('h', 'h.export');
 .shell sqlite3 h.export "SELECT key, value FROM embkv_meta WHERE key IN ('dtype', 'create_options') ORDER BY key"
 CREATE VIRTUAL TABLE f USING embkv(dim=3);
 SELECT 'import', embkv_import('f', 'h.export');
+-- an f32 export with a row beyond f16's range: refused before any row
+INSERT INTO f(id, vec) VALUES (9, '[70000, 1, 1]');
+SELECT 'export-f', embkv_export('f', 'f.export');
+CREATE VIRTUAL TABLE h4 USING embkv(dim=3, dtype='f16');
+SELECT embkv_import('h4', 'f.export');
+SELECT 'h4-rows', count(*) FROM h4;
 SELECT 'imported', id, embkv_json(vec) FROM f ORDER BY id;
 -- @reopen
 .headers off
