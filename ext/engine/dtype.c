@@ -92,15 +92,17 @@ static inline uint32_t rnd32(uint64_t seed, uint32_t j)
 
 /* (f16 and bf16: an element whose exponent bits are all ones, Inf or NaN,
  * is none a write leaves: a damaged record) */
-DTYPE_CLONES static bool f16_decode(uint32_t dim, const _Float16 *src, float *dst)
+DTYPE_CLONES static bool f16_decode(uint32_t dim, const void *src, float *dst)
 {
+    /* two passes over the row's bytes, each one vector loop (a kNN pass
+     * decodes every row) */
+    const uint16_t *bits = src;
     uint16_t bad = 0;
-    for (uint32_t j = 0; j < dim; j++) {
-        uint16_t b;
-        memcpy(&b, &src[j], 2);
-        bad |= (uint16_t)((b & 0x7c00) == 0x7c00);
-        dst[j] = (float)src[j];
-    }
+    for (uint32_t j = 0; j < dim; j++)
+        bad |= (uint16_t)((bits[j] & 0x7c00) == 0x7c00);
+    const _Float16 *h = src;
+    for (uint32_t j = 0; j < dim; j++)
+        dst[j] = (float)h[j];
     return !bad;
 }
 
@@ -114,10 +116,27 @@ static bool bf16_decode(uint32_t dim, const uint16_t *src, float *dst)
     return !bad;
 }
 
+/* A row whose levels float32 arithmetic reaches without overflow (all but
+ * ranges near float32's own) decodes as bias + q * scale in float (each
+ * operation rounded, nothing contracted: every clone the same); the
+ * others in double, clamped. */
+static inline bool i8_float_safe(float bias, float scale)
+{
+    return fabs((double)bias) + 256.0 * (double)scale < (double)FLT_MAX / 2;
+}
+
 static inline float i8_value(float bias, float scale, uint8_t q)
 {
+    if (i8_float_safe(bias, scale))
+        return bias + (float)q * scale;
     double x = (double)bias + (double)q * (double)scale;
     return x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
+}
+
+DTYPE_CLONES static void i8_decode_fast(uint32_t dim, const unsigned char *q, float bias, float scale, float *dst)
+{
+    for (uint32_t j = 0; j < dim; j++)
+        dst[j] = bias + (float)q[j] * scale;
 }
 
 static bool i8_decode(uint32_t dim, const unsigned char *src, float *dst)
@@ -128,6 +147,10 @@ static bool i8_decode(uint32_t dim, const unsigned char *src, float *dst)
     if (!(scale >= 0) || !isfinite(scale) || !isfinite(bias)) {
         memset(dst, 0, 4 * (size_t)dim);  /* (no NaN leaves here, whatever the caller does) */
         return false;
+    }
+    if (i8_float_safe(bias, scale)) {
+        i8_decode_fast(dim, src + 8, bias, scale, dst);
+        return true;
     }
     for (uint32_t j = 0; j < dim; j++)
         dst[j] = i8_value(bias, scale, src[8 + j]);
