@@ -42,6 +42,9 @@
 #ifndef DTYPE_CLONES
 #define DTYPE_CLONES
 #endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__FLT16_MAX__)
+#define HAVE_F16 1  /* _Float16: the conversions vectorize (F16C) */
+#endif
 
 float dtype_max(int dtype)
 {
@@ -76,6 +79,37 @@ static inline float u2f(uint32_t u)
     return f;
 }
 
+/* binary16 in integer arithmetic, for compilers without _Float16 (clang
+ * before 15 on x86, which builds the fuzz targets): the same bits as the
+ * hardware's conversions (round to nearest even; checked against them for
+ * every float32). */
+static uint16_t soft_f2h(float f)
+{
+    uint32_t x = f2u(f), sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
+    if (ax >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000 ? 0x200 : 0));
+    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00);
+    if (ax < 0x38800000) {
+        if (ax < 0x33000000) return (uint16_t)sign;
+        uint32_t m = (ax & 0x7fffff) | 0x800000, shift = 126 - (ax >> 23);
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+static float soft_h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return u2f(sign | 0x7f800000 | (m << 13));
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+
 /* 32 random bits for element j of a write seeded with seed. */
 static inline uint32_t rnd32(uint64_t seed, uint32_t j)
 {
@@ -100,9 +134,14 @@ DTYPE_CLONES static bool f16_decode(uint32_t dim, const void *src, float *dst)
     uint16_t bad = 0;
     for (uint32_t j = 0; j < dim; j++)
         bad |= (uint16_t)((bits[j] & 0x7c00) == 0x7c00);
+#ifdef HAVE_F16
     const _Float16 *h = src;
     for (uint32_t j = 0; j < dim; j++)
         dst[j] = (float)h[j];
+#else
+    for (uint32_t j = 0; j < dim; j++)
+        dst[j] = soft_h2f(bits[j]);
+#endif
     return !bad;
 }
 
@@ -169,24 +208,17 @@ bool dtype_decode(int dtype, uint32_t dim, const void *src, float *dst)
 
 /* ------------------------------------------------------------- encode */
 
-DTYPE_CLONES static void f16_encode_nearest(uint32_t dim, const float *src, _Float16 *dst)
+DTYPE_CLONES static void f16_encode_nearest(uint32_t dim, const float *src, void *dst)
 {
+#ifdef HAVE_F16
+    _Float16 *d = dst;
     for (uint32_t j = 0; j < dim; j++)
-        dst[j] = (_Float16)src[j];
-}
-
-static uint16_t h2u(_Float16 h)
-{
-    uint16_t b;
-    memcpy(&b, &h, 2);
-    return b;
-}
-
-static _Float16 u2h(uint16_t b)
-{
-    _Float16 h;
-    memcpy(&h, &b, 2);
-    return h;
+        d[j] = (_Float16)src[j];
+#else
+    uint16_t *d = dst;
+    for (uint32_t j = 0; j < dim; j++)
+        d[j] = soft_f2h(src[j]);
+#endif
 }
 
 /* The binary16 value next to the one with bits b, toward +inf (up) or
@@ -201,15 +233,15 @@ static uint16_t f16_next(uint16_t b, bool up)
 
 /* x rounded to one of the two binary16 values around it, the upper with
  * probability (x - lo) / (hi - lo). */
-static _Float16 f16_stochastic(float x, uint32_t r)
+static uint16_t f16_stochastic(float x, uint32_t r)
 {
-    _Float16 n = (_Float16)x;
-    float fn = (float)n;
+    uint16_t n = soft_f2h(x);
+    float fn = soft_h2f(n);
     if (fn == x)
         return n;
     bool n_low = fn < x;
-    _Float16 o = u2h(f16_next(h2u(n), n_low));
-    float fo = (float)o;
+    uint16_t o = f16_next(n, n_low);
+    float fo = soft_h2f(o);
     if (!isfinite(fo))
         return n;
     float lo = n_low ? fn : fo, hi = n_low ? fo : fn;
@@ -309,7 +341,7 @@ uint32_t dtype_encode(int dtype, uint32_t dim, const float *src, void *dst, cons
         if (!seed) {
             f16_encode_nearest(dim, src, dst);
         } else {
-            _Float16 *d = dst;
+            uint16_t *d = dst;
             for (uint32_t j = 0; j < dim; j++)
                 d[j] = f16_stochastic(src[j], rnd32(*seed, j));
         }
