@@ -21,8 +21,8 @@
  * FBGEMM's stochastic rounding for fp16.  A value outside a type's range
  * is not encoded (dtype_encode says which): a table never holds Inf.
  *
- * i8 is made to re-encode its own output exactly (a backup, an export
- * and import, the cache's write-back encode decoded rows again): a row
+ * i8 is made to re-encode its own output exactly (a backup, and an
+ * export imported into an i8 table, encode decoded rows again): a row
  * whose values already lie on the grid of some (scale, bias) near the one
  * computed from them is encoded on that grid, so that decode(encode(v))
  * is v for every v that decode gave.
