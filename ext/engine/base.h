@@ -82,6 +82,9 @@ static inline uint64_t hash_step(uint64_t h) { return ((h >> 48) & 3) * 2 + 1; }
 /* ------------------------------------------------------------ util.c */
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t now_ns(void);
+/* A condition variable's deadline ms from now (CLOCK_REALTIME: their
+ * default clock; the background threads' ticks). */
+struct timespec deadline_after_ms(long ms);
 
 typedef struct locvec {
     uint64_t *v;

@@ -57,6 +57,7 @@ struct evict {
     pthread_mutex_t mu;        /* options, the thread's state */
     pthread_cond_t cv;
     embkv_train_options o;
+    atomic_bool on;            /* o sets an eviction option (read by every pull) */
     permit_table *permits;
     pthread_t th;
     bool started, stop, paused;
@@ -443,16 +444,6 @@ int embkv_evict(embkv_store *s, embkv_evict_result *r)
 
 /* ------------------------------------------------------------- the thread */
 
-static struct timespec after_ms(long ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_nsec += ms * 1000000L;
-    t.tv_sec += t.tv_nsec / 1000000000L;
-    t.tv_nsec %= 1000000000L;
-    return t;
-}
-
 /* How often expiry by wall clock is looked at: a sixteenth of the ttl,
  * from a second to a minute. */
 static uint64_t ttl_period(uint64_t ttl_ms)
@@ -467,7 +458,7 @@ static void *evict_main(void *arg)
     struct evict *ev = evict_of(s);
     pthread_mutex_lock(&ev->mu);
     while (!ev->stop) {
-        struct timespec until = after_ms(EVICT_TICK_MS);
+        struct timespec until = deadline_after_ms(EVICT_TICK_MS);
         pthread_cond_timedwait(&ev->cv, &ev->mu, &until);
         if (ev->stop)
             break;
@@ -511,6 +502,7 @@ int evict_configure(embkv_store *s, const embkv_train_options *o, permit_table *
     }
     pthread_mutex_lock(&ev->mu);
     ev->o = *o;
+    atomic_store(&ev->on, evicting(o));
     ev->permits = pt;
     bool start = evicting(o) && !ev->started;
     if (start)
@@ -533,12 +525,7 @@ int evict_configure(embkv_store *s, const embkv_train_options *o, permit_table *
 bool evict_holds_pulls(embkv_store *s)
 {
     struct evict *ev = evict_of(s);
-    if (!ev)
-        return false;
-    pthread_mutex_lock(&ev->mu);
-    bool on = evicting(&ev->o);
-    pthread_mutex_unlock(&ev->mu);
-    return on;
+    return ev && atomic_load_explicit(&ev->on, memory_order_acquire);
 }
 
 void evict_stop(embkv_store *s)

@@ -32,17 +32,6 @@
 #define COMPACT_URGENT_RATE (256ull << 20)
 #define COMPACT_PART (1ull << 20)
 
-/* A condition-variable deadline ms from now (their clock is REALTIME). */
-static struct timespec after_ms(long ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_nsec += ms * 1000000L;
-    t.tv_sec += t.tv_nsec / 1000000000L;
-    t.tv_nsec %= 1000000000L;
-    return t;
-}
-
 /* One round of the thread's work; returns whether it did anything. */
 static bool tw_round(embkv_store *s, uint64_t *tokens)
 {
@@ -92,7 +81,7 @@ static void *tw_main(void *arg)
     pthread_mutex_lock(&s->tw_mu);
     while (!s->tw_stop) {
         if (!s->tw_kick) {
-            struct timespec until = after_ms(TW_TICK_MS);
+            struct timespec until = deadline_after_ms(TW_TICK_MS);
             pthread_cond_timedwait(&s->tw_cond, &s->tw_mu, &until);
         }
         if (s->tw_stop)
@@ -157,7 +146,7 @@ int embkv_tier_idle(embkv_store *s, int timeout_ms)
         s->tw_kick = true;
         pthread_cond_broadcast(&s->tw_cond);
         while (s->tw_rounds < rounds0 + 2 && !s->tw_stop) {
-            struct timespec until = after_ms(10);
+            struct timespec until = deadline_after_ms(10);
             pthread_cond_timedwait(&s->tw_done, &s->tw_mu, &until);
             if (now_ns() > deadline)
                 break;

@@ -667,9 +667,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
                     /* (as its row would keep them: rounded to the dtype) */
                     float *v = out + i * s->dim;
                     init_values(&o, ids[i], v, s->dim);
-                    uint32_t enc[EMBKV_MAX_DIM + 2];
-                    if (s->dtype != EMBKV_F32 && dtype_encode((int)s->dtype, s->dim, v, enc, NULL) == 0)
-                        dtype_decode((int)s->dtype, s->dim, enc, v);
+                    (void)embkv_dtype_round(s->dtype, s->dim, v, v);  /* (init fits the dtype: validate) */
                     continue;
                 }
                 rc = get_uncounted(s, ids[i], out + i * s->dim);

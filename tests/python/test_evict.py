@@ -77,7 +77,7 @@ class TestReadOnly(TempDirTest):
 
 
 class TestTransactions(TempDirTest):
-    def test_a_commit_is_never_ranked_half_way(self):
+    def test_a_large_commit_is_kept_or_counted(self):
         c = connect(self.db)
         c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, capacity=400000, max_rows=1000)")
         n = 200000
