@@ -52,7 +52,8 @@ typedef enum embkv_rc {
     EMBKV_NOMEM,     /* out of DRAM */
     EMBKV_IO,        /* an operating-system call failed */
     EMBKV_CORRUPT,   /* an integrity check failed */
-    EMBKV_BUSY       /* the operation could not proceed now */
+    EMBKV_BUSY,      /* the operation could not proceed now */
+    EMBKV_READONLY   /* the store is open read-only (EMBKV_OPEN_READONLY) */
 } embkv_rc;
 
 /* Tier a row lives in (embkv_rowinfo.tier). */
@@ -126,6 +127,19 @@ typedef struct embkv_options {
 
 /* Flags for embkv_open. */
 #define EMBKV_OPEN_CREATE 0x1  /* create the store if the directory is absent or empty */
+/* Read the store beside its writer in another process (or with none):
+ * no lock is taken, the pool is mapped read-only, and every read returns
+ * rows as of the last checkpoint (the durable epoch when the read or its
+ * snapshot began; a row deleted by a checkpoint that completes while a
+ * snapshot is open may be missing from it).  Reads, scans, snapshots,
+ * embkv_knn (current versions, as always), embkv_stats_get work; every
+ * function that would change the store returns EMBKV_READONLY.  A read
+ * that holds back the writer's reclamation for more than 10 s, or that the
+ * writer's reopening overtook, fails with EMBKV_BUSY (run it again).  In
+ * a process that has the store open to write, this shares that handle. */
+#define EMBKV_OPEN_READONLY 0x2
+/* Whether s was opened with EMBKV_OPEN_READONLY (not sharing a writer's handle). */
+int embkv_readonly(const embkv_store *s);
 
 /* Open (and with EMBKV_OPEN_CREATE, create) the store in directory `dir`.
  * Opening a directory already open in this process returns the same store

@@ -299,6 +299,7 @@ static void backup_free(embkv_backup *b)
 
 int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
 {
+    RO_REFUSE(s, "embkv_backup_begin");
     if (!out)
         return embkv__err(EMBKV_INVALID, "embkv_backup_begin: out is NULL");
     *out = NULL;

@@ -16,10 +16,10 @@
  *
  * LAYERS (bottom to top; headers first, then the files in calling order):
  *   base.h format.h handle.h | errmsg.c epoch.c util.c dtype.c
- *   persist.h log.h | persist.c log.c
+ *   persist.h log.h | persist.c log.c readers.c
  *   index.h | pethash.c slab.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
- *   ops.h batch.h | permits.c admit.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c train.c
+ *   ops.h batch.h | permits.c admit.c readonly.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c train.c
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
  * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,
@@ -64,6 +64,21 @@ uint64_t ebr_now(void);
 uint64_t ebr_safe_epoch(void);
 /* Waits until every reader active now has left. */
 void ebr_synchronize(void);
+/* Readers of other processes (readers.c): oldest publishes `now` to them
+ * and returns the oldest epoch one may still be in (now when none);
+ * wait returns once none is in an epoch below target.  Both may give up
+ * on a reader that holds its epoch too long (it is revoked, and fails
+ * its statement). */
+typedef struct ebr_foreign {
+    struct ebr_foreign *next;
+    uint64_t (*oldest)(struct ebr_foreign *f, uint64_t now);
+    void (*wait)(struct ebr_foreign *f, uint64_t target);
+} ebr_foreign;
+void ebr_foreign_add(ebr_foreign *f);
+void ebr_foreign_remove(ebr_foreign *f);
+/* Raises the global epoch to at least e (a writer taking over a reader
+ * table whose readers hold epochs of an earlier writer). */
+void ebr_advance_to(uint64_t e);
 
 /* ------------------------------------------------------------- hash */
 static inline uint64_t embkv__hash(int64_t id)

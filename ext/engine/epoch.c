@@ -5,6 +5,11 @@
  * copy-on-write is tagged with the epoch of its retirement and freed only
  * when every reader still inside started after it.  One domain serves every
  * store of the process, so a reader thread owns one announcement slot.
+ *
+ * Readers in other processes (a store's reader table, readers.c) take
+ * part through hooks: each reclamation publishes its epoch to them and
+ * asks for their oldest, and a synchronize waits for them too.  The hooks
+ * are function pointers so that this file needs nothing above it.
  */
 #include <sched.h>
 #include <stdlib.h>
@@ -22,6 +27,9 @@ typedef struct ebr_slot {
 static ebr_slot slots[EBR_SLOTS] __attribute__((aligned(64)));
 static atomic_uint_fast64_t global_epoch = 1;
 static atomic_uint high_water;  /* slots ever handed out: scans stop there */
+
+static pthread_mutex_t foreign_mu = PTHREAD_MUTEX_INITIALIZER;
+static ebr_foreign *foreign;
 
 static _Thread_local ebr_slot *my_slot;
 static _Thread_local unsigned depth;
@@ -92,10 +100,43 @@ uint64_t ebr_now(void)
     return atomic_load(&global_epoch);
 }
 
+void ebr_foreign_add(ebr_foreign *f)
+{
+    pthread_mutex_lock(&foreign_mu);
+    f->next = foreign;
+    foreign = f;
+    pthread_mutex_unlock(&foreign_mu);
+}
+
+void ebr_foreign_remove(ebr_foreign *f)
+{
+    pthread_mutex_lock(&foreign_mu);
+    for (ebr_foreign **p = &foreign; *p; p = &(*p)->next)
+        if (*p == f) {
+            *p = f->next;
+            break;
+        }
+    pthread_mutex_unlock(&foreign_mu);
+}
+
+void ebr_advance_to(uint64_t e)
+{
+    uint64_t cur = atomic_load(&global_epoch);
+    while (cur < e && !atomic_compare_exchange_weak(&global_epoch, &cur, e)) {
+    }
+}
+
 uint64_t ebr_safe_epoch(void)
 {
     uint64_t now = atomic_fetch_add(&global_epoch, 1) + 1;
     uint64_t oldest = now;
+    pthread_mutex_lock(&foreign_mu);
+    for (ebr_foreign *f = foreign; f; f = f->next) {
+        uint64_t o = f->oldest(f, now);
+        if (o < oldest)
+            oldest = o;
+    }
+    pthread_mutex_unlock(&foreign_mu);
     unsigned hw = atomic_load(&high_water);
     for (unsigned i = 0; i < hw; i++) {
         uint64_t e = atomic_load(&slots[i].epoch);
@@ -119,4 +160,8 @@ void ebr_synchronize(void)
             sched_yield();
         }
     }
+    pthread_mutex_lock(&foreign_mu);
+    for (ebr_foreign *f = foreign; f; f = f->next)
+        f->wait(f, target);
+    pthread_mutex_unlock(&foreign_mu);
 }

@@ -424,6 +424,7 @@ static int run_pass(embkv_store *s, struct evict *ev, uint64_t target, embkv_evi
 
 int embkv_evict(embkv_store *s, embkv_evict_result *r)
 {
+    RO_REFUSE(s, "embkv_evict");
     if (r)
         memset(r, 0, sizeof *r);
     if (!s)

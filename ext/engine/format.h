@@ -66,6 +66,10 @@
 #define SSD_PATH_FILE "ssd-path" /* an ssd_path outside the store: its tag and path, for embkv_destroy */
 #define POOL_SEAL "store.sealed" /* the pool as a clean close left it (store.c: probe_pool) */
 #define DIRTY_FILE "store.dirty" /* pages written since the durable epoch (sync.c: the dirty map) */
+#define READERS_FILE "READERS" /* reader processes' slots beside the writer (readers.c) */
+/* How long a reader process may hold back the writer's reclamation before
+ * its read is revoked (readers.c: R2). */
+#define READER_HOLD_MS 10000
 
 /* The types of the pool's objects (libpmemobj type numbers). */
 #define TYPE_INDEX 1

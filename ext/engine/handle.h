@@ -39,6 +39,12 @@ struct embkv_store {
     char *path;
     int lockfd;
     pid_t pid;                 /* the opening process (see embkv_close) */
+    /* Opened read-only beside another process's writer
+     * (EMBKV_OPEN_READONLY): the pool mapped read-only, no lock, no
+     * threads; reads as of the durable epoch (readonly.c). */
+    bool reader;
+    struct readers *readers;   /* the reader table (readers.c); NULL without */
+    struct ro_state *ro;       /* a reader's own state (readonly.c) */
 
     /* pool */
     PMEMobjpool *pop;

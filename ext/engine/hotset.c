@@ -21,6 +21,7 @@
 
 int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
 {
+    RO_REFUSE(s, "embkv_hotset");
     if (moved)
         *moved = 0;
     if (!s || (n && !ids))
@@ -52,6 +53,8 @@ int embkv_heat_enable(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_heat_enable: NULL store");
+    if (s && s->reader)
+        return EMBKV_OK; /* (a reader process counts no accesses) */
     atomic_fetch_or_explicit(&s->heat_live, HEAT_ASKED, memory_order_relaxed);
     return EMBKV_OK;
 }
@@ -186,6 +189,7 @@ int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t
 
 int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves)
 {
+    RO_REFUSE(s, "embkv_hotset_move");
     if (moves)
         memset(moves, 0, sizeof *moves);
     if (!s || !moves || (n && !ids))

@@ -21,8 +21,11 @@ typedef struct index_desc {
     uint64_t mask;
     uint64_t generation;       /* bumped on every resize (scan cursors) */
     /* Odd while a key is being moved backwards (towards its home bucket):
-     * a lookup that misses during or across a move retries. */
-    atomic_uint_fast64_t move_seq;
+     * a lookup that misses during or across a move retries.  In the reader
+     * table when the store has one, so that reader processes see it too
+     * (move_seq points at it), else move_seq_here. */
+    atomic_uint_fast64_t *move_seq;
+    atomic_uint_fast64_t move_seq_here;
     /* Pages changed are reported to the owner for the next sync; NULL while a
      * resize builds a private array. */
     struct embkv_store *owner;
@@ -123,7 +126,7 @@ static inline bool ix_probe(index_desc *ix, int64_t id, uint64_t h, found_slot *
     uint8_t fp = hash_fp(h);
     unsigned spins = 0;
     for (;;) {
-        uint64_t seq = atomic_load(&ix->move_seq);
+        uint64_t seq = atomic_load(ix->move_seq);
         uint64_t b = h & ix->mask;
         uint32_t n = 0;
         for (uint64_t i = 0; i <= ix->mask; i++) {
@@ -144,7 +147,7 @@ static inline bool ix_probe(index_desc *ix, int64_t id, uint64_t h, found_slot *
             b = (b + step) & ix->mask;
         }
         /* A miss is only trusted when no key moved backwards meanwhile. */
-        uint64_t seq2 = atomic_load(&ix->move_seq);
+        uint64_t seq2 = atomic_load(ix->move_seq);
         if (seq == seq2 && !(seq & 1)) {
             if (probes)
                 *probes = n;
@@ -192,6 +195,12 @@ uint64_t ix_grow_threshold(embkv_store *s);
 int ix_grow_for(embkv_store *s, uint64_t more);
 /* A descriptor of the bucket array in oid (calloc'd; NULL when out of memory). */
 index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t generation);
+/* A reader process's index (s->reader; pethash.c): made at open, freed at
+ * close; ix_reader_enter enters the thread's reader slot (rd_enter) and,
+ * when not nested, points s->ix at the writer's current array. */
+int ix_reader_open(embkv_store *s);
+void ix_reader_free(embkv_store *s);
+int ix_reader_enter(embkv_store *s);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 /* Points id's entry at q if it still names p (with s->writers shared) and,
@@ -296,6 +305,11 @@ int snap_log(embkv_store *s, int64_t id, uint64_t h, uint64_t prev, bool *pinned
  * logged (may be NULL): 1 where the version log decided locs[i]. */
 void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, uint64_t *locs,
                   uint8_t *logged);
+/* A reader process's snapshot as of durable epoch as_of (inside the
+ * reader slot the opener entered; closing it leaves), NULL when out of
+ * memory; snap_as_of: that epoch (0 for the writer's snapshots). */
+embkv_snapshot *snap_reader_new(embkv_store *s, uint64_t as_of);
+uint64_t snap_as_of(const embkv_snapshot *snap);
 /* Whether the calling thread's group on s logs (a snapshot was open when
  * it began). */
 bool group_logging(embkv_store *s);

@@ -647,8 +647,20 @@ static void topk_sort(double *d, int64_t *id, size_t n)
     }
 }
 
+static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
+                   int64_t *out_ids, double *out_dist, size_t *found);
+
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
+{
+    /* A reader process: not yet.  knn reads records where they are, and a
+     * reader learns of the writer's new record chunks only as it enters. */
+    RO_REFUSE(s, "embkv_knn");
+    return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+}
+
+static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
+                   int64_t *out_ids, double *out_dist, size_t *found)
 {
     if (!s || !queries || !out_ids || !out_dist || !found)
         return embkv__err(EMBKV_INVALID, "embkv_knn: NULL argument");

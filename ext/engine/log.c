@@ -92,6 +92,7 @@ struct embkv_log {
     uint32_t rec_blocks;       /* blocks per record read */
     int dirfd;
     int open_flags;            /* O_DIRECT when the file system takes it */
+    bool readonly;             /* a reader process's (log_options.readonly) */
 
     pthread_rwlock_t lock;     /* the segment table: shared by readers */
     segment **segs;            /* by number; NULL where none */
@@ -196,7 +197,11 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
     if (!g)
         return embkv__err(EMBKV_NOMEM, "%s: out of memory", l->what);
     g->id = id;
-    g->fd = openat(l->dirfd, name, O_RDWR | O_CLOEXEC | l->open_flags);
+    g->fd = openat(l->dirfd, name, (l->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | l->open_flags);
+    if (g->fd < 0 && errno == EINVAL && l->readonly && l->open_flags) {
+        l->open_flags = 0;  /* (a reader finds out per file: it cannot probe) */
+        g->fd = openat(l->dirfd, name, O_RDONLY | O_CLOEXEC);
+    }
     if (g->fd < 0) {
         int e = errno;
         free(g);
@@ -327,14 +332,15 @@ int log_open(const log_options *o, embkv_log **out)
     if (seg_bytes % LOG_BLOCK || seg_bytes / LOG_BLOCK < 1 + 4ull * rec_blocks)
         return embkv__err(EMBKV_INVALID, "%s: segment size %u is not a multiple of %u holding 4 records", what,
                           seg_bytes, LOG_BLOCK);
-    if (mkdir(o->dir, 0755) != 0 && errno != EEXIST)
+    if (!o->readonly && mkdir(o->dir, 0755) != 0 && errno != EEXIST)
         return embkv__err(EMBKV_IO, "%s: cannot create %s: %s", what, o->dir, strerror(errno));
     int dirfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
         return embkv__err(EMBKV_IO, "%s: cannot open %s: %s", what, o->dir, strerror(errno));
     /* One log per directory at a time, in this process or another: two
-     * stores given the same ssd_path would take each other's segments. */
-    if (flock(dirfd, LOCK_EX | LOCK_NB) != 0) {
+     * stores given the same ssd_path would take each other's segments.
+     * (A reader process takes no lock: the writer holds it.) */
+    if (!o->readonly && flock(dirfd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         close(dirfd);
         return e == EWOULDBLOCK
@@ -374,7 +380,8 @@ int log_open(const log_options *o, embkv_log **out)
     /* Does the file system take O_DIRECT?  tmpfs does not.  Asked of an
      * unnamed file, so that nothing is left behind. */
     l->open_flags = O_DIRECT;
-    int probe = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    l->readonly = o->readonly;
+    int probe = o->readonly ? -1 : openat(dirfd, ".", O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
     int perr = probe < 0 ? errno : 0;
     if (probe < 0 && errno == EINVAL) {
         int plain = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -389,7 +396,7 @@ int log_open(const log_options *o, embkv_log **out)
         close(probe);
     /* The same probe says whether segments could be made here: a log that
      * cannot write fails now, not at the first demotion. */
-    if (perr == EACCES || perr == EPERM || perr == EROFS) {
+    if (!o->readonly && (perr == EACCES || perr == EPERM || perr == EROFS)) {
         log_close(l);
         return embkv__err(EMBKV_IO, "%s: cannot write in %s: %s", what, o->dir, strerror(perr));
     }
@@ -913,6 +920,37 @@ static int bad_loc(const embkv_log *l, const segment *g, uint64_t loc)
                       (unsigned long long)log_loc_off(loc), name);
 }
 
+/* A reader process's log: the segments these locations name, opened if
+ * the writer made them since, and opened again if the file open here was
+ * deleted (the writer may make a new one of the same number after a
+ * restart).  The caller's reader slot keeps the writer from deleting the
+ * ones its locations name meanwhile (readers.c: R1). */
+static void ro_refresh(embkv_log *l, const uint64_t *locs, size_t n)
+{
+    pthread_rwlock_wrlock(&l->lock);
+    uint32_t last = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = log_loc_seg(locs[i]);
+        if (id == last || id == 0)
+            continue;
+        last = id;
+        segment *g = seg_get(l, id);
+        struct stat st;
+        if (g && fstat(g->fd, &st) == 0 && st.st_nlink > 0)
+            continue;
+        char name[32];
+        log_segment_name(locs[i], name, sizeof name);
+        if (g) {
+            l->segs[id] = NULL;
+            l->file_bytes -= g->size;
+            close(g->fd);
+            free(g);
+        }
+        (void)seg_open_existing(l, id, name);  /* (none: the read names it missing) */
+    }
+    pthread_rwlock_unlock(&l->lock);
+}
+
 int log_read(embkv_log *l, const uint64_t *locs, size_t n, void *out, size_t *bad)
 {
     if (n == 0)
@@ -926,6 +964,8 @@ int log_read(embkv_log *l, const uint64_t *locs, size_t n, void *out, size_t *ba
         return embkv__err(EMBKV_NOMEM, "%s: out of memory reading %zu records", l->what, n);
     }
     int rc = EMBKV_OK;
+    if (l->readonly)
+        ro_refresh(l, locs, n);
     pthread_rwlock_rdlock(&l->lock);
     for (size_t i = 0; i < n; i++) {
         segment *g = seg_get(l, log_loc_seg(locs[i]));

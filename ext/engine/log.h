@@ -48,6 +48,8 @@ typedef struct log_options {
     uint32_t segment_bytes;   /* default LOG_DEFAULT_SEGMENT; a multiple of LOG_BLOCK */
     uint64_t tag;             /* written into every segment header and checked at open,
                                  so that another store's segments are refused */
+    bool readonly;            /* a reader process's: no lock, nothing created or
+                                 written, segments opened as reads need them */
     bool no_uring;            /* use pread/pwrite (also the fallback when the
                                  kernel refuses io_uring) */
 } log_options;

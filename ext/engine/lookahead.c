@@ -312,6 +312,7 @@ void la_close(embkv_store *s)
 
 int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued)
 {
+    RO_REFUSE(s, "embkv_lookahead");
     if (queued)
         *queued = 0;
     if (!s || (n && !ids))

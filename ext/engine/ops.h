@@ -41,6 +41,20 @@ size_t admit_bytes(const admit_sketch *a);
  * below the true count. */
 unsigned admit_touch(admit_sketch *a, int64_t id);
 
+/* ---------------------------------------------------------- readonly.c */
+/* A store opened with EMBKV_OPEN_READONLY (s->reader): load it (store.c),
+ * free its state; reads as of epoch d (0: the durable epoch now), inside
+ * a reader slot of their own; the refusal of everything else. */
+int ro_load(embkv_store *s, const embkv_options *opt);
+void ro_free(embkv_store *s);
+int ro_enter(embkv_store *s);
+void ro_leave(embkv_store *s);
+uint64_t ro_as_of(embkv_store *s);
+int ro_read(embkv_store *s, uint64_t d, const int64_t *ids, size_t n, float *out, float *state,
+            embkv_rowinfo *info, uint8_t *found, size_t *nmissing, int *tiers);
+int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n);
+int ro_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
+
 /* ------------------------------------------------------------- write.c */
 /* embkv_update_batch for the engine's own update functions
  * (train.c's optimizers), which may be handed a cached row's slot itself

@@ -66,4 +66,50 @@ static inline bool debug_sync_point(void)
            debug_sync_fails();
 }
 
+/* ------------------------------------------------------------- readers.c */
+/* The reader table (readers.c has the rules R1-R3).  The writer's side:
+ * attach at open (generation odd, readers of the last writer revoked, its
+ * slots counted in reclamation), ready once open, detach at close. */
+int readers_attach_writer(embkv_store *s);
+void readers_writer_ready(embkv_store *s);
+void readers_detach(embkv_store *s);
+/* A reader process's side: maps the table (s->readers). */
+int readers_attach_reader(embkv_store *s);
+/* The live writer's pid, or 0. */
+long readers_writer_pid(const embkv_store *s);
+/* A reader thread's epoch on s: rd_enter (nests; waits while a writer
+ * opens the store; *first: not nested), rd_valid after copying rows out (false: revoked or
+ * the writer reopened: R2, R3; rd_invalid gives the error), rd_leave. */
+int rd_enter(embkv_store *s, bool *first);
+bool rd_valid(embkv_store *s);
+int rd_invalid(embkv_store *s);
+void rd_leave(embkv_store *s);
+/* A reader's scan pin (inside its slot): the writer moves no row between
+ * buckets meanwhile.  rd_pin_failed records a pin whose entry failed;
+ * rd_unpin returns false for it (nothing to leave). */
+void rd_pin(embkv_store *s);
+void rd_pin_failed(embkv_store *s);
+bool rd_unpin(embkv_store *s);
+/* The writer around a move between buckets: true when a reader's scan
+ * pin forbids it (readers_move_end in both cases). */
+bool readers_move_begin(embkv_store *s);
+void readers_move_end(embkv_store *s);
+/* Where the index's move_seq lives when readers may look (NULL: none). */
+atomic_uint_fast64_t *readers_move_seq(embkv_store *s);
+/* The writer around a change of the root's index fields; a reader reads
+ * them consistently with readers_ix_read. */
+void readers_ix_begin(embkv_store *s);
+void readers_ix_end(embkv_store *s);
+void readers_ix_read(embkv_store *s, uint64_t *off, uint64_t *nbuckets);
+/* EMBKV_READONLY naming fn: what a reader process's handle (s->reader)
+ * answers every function that would change the store. */
+int rd_refuse(embkv_store *s, const char *fn);
+#define RO_REFUSE(s, fn)                                                                                             \
+    do {                                                                                                             \
+        if ((s) && (s)->reader)                                                                                      \
+            return rd_refuse((s), (fn));                                                                             \
+    } while (0)
+/* READER_HOLD_MS, changed by tests (embkv_debug_reader_hold). */
+extern uint64_t readers_hold_ms;
+
 #endif

@@ -250,7 +250,7 @@ int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h)
              * (ix_first_on_path). */
             will_touch(ix, &ix->buckets[f.bucket]);
             /* Backward move: readers that miss across it retry (move_seq). */
-            atomic_fetch_add(&ix->move_seq, 1);
+            atomic_fetch_add(ix->move_seq, 1);
             unsigned slot_i = (unsigned)__builtin_ctz((unsigned)(~used & FULL_MASK));
             place(ix, hb, slot_i, id, hash_fp(h), f.loc);
             ix_unlock_bucket(hb);
@@ -258,7 +258,7 @@ int ix_move_home(embkv_store *s, index_desc *ix, int64_t id, uint64_t h)
             ix_lock_bucket(ob);
             unplace(ix, ob, f.slot);
             ix_unlock_bucket(ob);
-            atomic_fetch_add(&ix->move_seq, 1);
+            atomic_fetch_add(ix->move_seq, 1);
             uncount_path(ix, h, home, f.bucket);
             return 1;
         }
@@ -334,6 +334,109 @@ bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q, const rec_hdr
     return done;
 }
 
+/* ----------------------------------------------- reader processes' index */
+
+/* A reader process (s->reader) has no index of its own: it walks the
+ * writer's array, found through the root under the reader table's
+ * seqlock (readers_ix_read) each time one of its threads starts reading. */
+typedef struct ro_state {
+    pthread_mutex_t mu;
+    index_desc **old;          /* descriptors replaced (freed at close) */
+    size_t nold;
+    uint64_t ix_off, ix_nb;    /* what the current descriptor describes */
+} ro_state;
+
+/* The record chunks the writer added since (in order: slab.c), for rec_at
+ * (knn reads records where they are).  Under ro->mu. */
+static void reader_chunks(embkv_store *s)
+{
+    while (s->nchunks < MAX_CHUNKS) {
+        uint64_t coff = __atomic_load_n(&s->chunks[s->nchunks].off, __ATOMIC_ACQUIRE);
+        if (coff < 4096 || coff > s->pool_size || s->chunk_bytes > s->pool_size - coff)
+            break;
+        atomic_store(&s->chunk_base[s->nchunks], s->pool_base + ((coff + 63) & ~(uint64_t)63) + 64 - sizeof(rec_hdr));
+        s->nchunks++;
+    }
+}
+
+static int reader_index(embkv_store *s)
+{
+    ro_state *ro = s->ro;
+    uint64_t off, nb;
+    readers_ix_read(s, &off, &nb);
+    pthread_mutex_lock(&ro->mu);
+    index_desc *cur = atomic_load(&s->ix);
+    if (cur && off == ro->ix_off && nb == ro->ix_nb) {
+        reader_chunks(s);
+        pthread_mutex_unlock(&ro->mu);
+        return EMBKV_OK;
+    }
+    if (nb < 16 || (nb & (nb - 1)) || off < 4096 || nb > s->pool_size / BUCKET_BYTES ||
+        off > s->pool_size - (nb + 1) * BUCKET_BYTES) {
+        pthread_mutex_unlock(&ro->mu);
+        return embkv__err(EMBKV_CORRUPT, "store %s: the pool's root names an index outside the pool", s->path);
+    }
+    index_desc *ix = calloc(1, sizeof *ix);
+    index_desc **old = cur ? realloc(ro->old, (ro->nold + 1) * sizeof *old) : ro->old;
+    if (!ix || (cur && !old)) {
+        free(ix);
+        pthread_mutex_unlock(&ro->mu);
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    }
+    uintptr_t p = (uintptr_t)(s->pool_base + off);
+    ix->buckets = (bucket *)((p + BUCKET_BYTES - 1) & ~(uintptr_t)(BUCKET_BYTES - 1));
+    ix->nbuckets = nb;
+    ix->mask = nb - 1;
+    ix->generation = cur ? cur->generation + 1 : 1;
+    ix->owner = s;
+    ix->move_seq = readers_move_seq(s);
+    /* (Other threads of this process may still walk the one it replaces.) */
+    if (cur) {
+        ro->old = old;
+        ro->old[ro->nold++] = cur;
+    }
+    atomic_store(&s->ix, ix);
+    reader_chunks(s);
+    ro->ix_off = off;
+    ro->ix_nb = nb;
+    pthread_mutex_unlock(&ro->mu);
+    return EMBKV_OK;
+}
+
+int ix_reader_open(embkv_store *s)
+{
+    ro_state *ro = calloc(1, sizeof *ro);
+    if (!ro)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+    pthread_mutex_init(&ro->mu, NULL);
+    s->ro = ro;
+    return reader_index(s);
+}
+
+void ix_reader_free(embkv_store *s)
+{
+    ro_state *ro = s->ro;
+    if (!ro)
+        return;
+    for (size_t i = 0; i < ro->nold; i++)
+        free(ro->old[i]);
+    free(ro->old);
+    pthread_mutex_destroy(&ro->mu);
+    free(ro);
+    s->ro = NULL;
+}
+
+int ix_reader_enter(embkv_store *s)
+{
+    bool first;
+    int rc = rd_enter(s, &first);
+    /* The index array the writer uses now, on entering: one it replaced
+     * stays unreused while this slot holds (R1), but only until then. */
+    if (rc == EMBKV_OK && first && (rc = reader_index(s)) != EMBKV_OK)
+        rd_leave(s);
+    return rc;
+}
+
 /* ------------------------------------------------------------ pins */
 
 /* Scans and cursors pin the index: a resize (scan pins only) and moves
@@ -344,6 +447,15 @@ _Thread_local unsigned scan_pins_here;
 
 void embkv_scan_pin(embkv_store *s)
 {
+    if (s->reader) {
+        /* The reader's slot stays entered while pinned (its array cannot
+         * go), and the writer moves no row between buckets meanwhile. */
+        if (ix_reader_enter(s) == EMBKV_OK)
+            rd_pin(s);
+        else
+            rd_pin_failed(s);
+        return;
+    }
     for (;;) {
         atomic_fetch_add(&s->scan_pins, 1);
         /* A resize waiting for scans to end must not be starved by new ones
@@ -367,6 +479,11 @@ void embkv_scan_pin(embkv_store *s)
 
 void embkv_scan_unpin(embkv_store *s)
 {
+    if (s->reader) {
+        if (rd_unpin(s))
+            rd_leave(s);
+        return;
+    }
     scan_pins_here--;
     atomic_fetch_sub(&s->scan_pins, 1);
 }
@@ -392,7 +509,10 @@ int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h
      * one is pinned, no row moves (see embkv_scan_pin). */
     atomic_fetch_add(&s->moves_inflight, 1);
     bool pinned = atomic_load(&s->scan_pins) > 0 || atomic_load(&s->move_pins) > 0;
+    /* Reader processes' scans pin the same way, in the reader table. */
+    pinned = readers_move_begin(s) || pinned;
     int r = pinned ? -1 : ix_move_home(s, ix, id, h);
+    readers_move_end(s);
     atomic_fetch_sub(&s->moves_inflight, 1);
     return r;
 }
@@ -410,6 +530,9 @@ index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t
     ix->mask = nbuckets - 1;
     ix->generation = generation;
     ix->owner = s;
+    ix->move_seq = readers_move_seq(s);
+    if (!ix->move_seq)
+        ix->move_seq = &ix->move_seq_here;
     return ix;
 }
 
@@ -484,6 +607,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     for (uint64_t b = 0; b < nb; b++)
         mark_bucket(s, &nix->buckets[b]);
     int rc = EMBKV_OK;
+    readers_ix_begin(s);
     TX_BEGIN(s->pop) {
         pmemobj_tx_add_range_direct(&r->nbuckets, sizeof r->nbuckets);
         pmemobj_tx_add_range_direct(&r->index, 3 * sizeof(PMEMoid));
@@ -495,6 +619,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
         rc = embkv__err(EMBKV_FULL, "store %s: cannot switch to the grown index: %s", s->path,
                         pmemobj_errormsg());
     } TX_END
+    readers_ix_end(s);
     if (rc != EMBKV_OK) {
         free(nix);
         pmemobj_free(&r->index_next);
@@ -524,5 +649,6 @@ int embkv_grow_index_for(embkv_store *s, uint64_t new_ids)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_grow_index_for: store is NULL");
+    RO_REFUSE(s, "embkv_grow_index_for");
     return new_ids ? ix_grow_for(s, new_ids) : EMBKV_OK;
 }

@@ -109,6 +109,11 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
+    if (s->reader) {
+        uint8_t found = 0;
+        int rc = ro_read(s, 0, &id, 1, vec, state, info, &found, NULL, NULL);
+        return rc != EMBKV_OK ? rc : found ? EMBKV_OK : embkv__err(EMBKV_NOTFOUND, "id %lld not found", (long long)id);
+    }
     return get_one(s, id, vec, state, info, true);
 }
 
@@ -121,6 +126,10 @@ int embkv_exists(embkv_store *s, int64_t id)
 {
     if (!s)
         return 0;
+    if (s->reader) {
+        uint8_t found = 0;
+        return ro_read(s, 0, &id, 1, NULL, NULL, NULL, &found, NULL, NULL) == EMBKV_OK && found;
+    }
     ebr_enter();
     uint64_t loc = ix_lookup(atomic_load(&s->ix), id, embkv__hash(id), &(uint32_t){0});
     ebr_leave();
@@ -129,6 +138,15 @@ int embkv_exists(embkv_store *s, int64_t id)
 
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found)
 {
+    if (s && s->reader) {
+        size_t missing = n;
+        if (ro_read(s, 0, ids, n, NULL, NULL, NULL, found, &missing, NULL) != EMBKV_OK) {
+            if (found)
+                memset(found, 0, n);
+            return n;
+        }
+        return missing;
+    }
     return exists_batch_hints(s, ids, n, found, NULL, NULL);
 }
 
@@ -221,6 +239,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
 {
     if (!s || (n && (!ids || !out)))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
+    if (s->reader)
+        return ro_read(s, 0, ids, n, out, NULL, NULL, found, nmissing, NULL);
     return get_batch_rows(s, ids, n, out, NULL, found, nmissing);
 }
 
@@ -519,6 +539,8 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
+    if (s->reader)
+        return ro_read(s, snap_as_of(snap), ids, n, out, NULL, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing);
 }
 
@@ -527,6 +549,8 @@ int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t 
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_rows_at: NULL argument");
+    if (s->reader)
+        return ro_read(s, snap_as_of(snap), ids, n, out, state, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing);
 }
 
@@ -535,5 +559,7 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
+    if (s->reader)
+        return ro_read(s, snap_as_of(snap), ids, n, NULL, NULL, NULL, found, NULL, tier);
     return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);
 }

@@ -47,6 +47,8 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 {
     if (!s || !fn)
         return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
+    if (s->reader)
+        return ro_scan(s, fn, ctx);
     size_t row_floats = (size_t)s->dim + s->state_floats;
     float *buf = malloc(BUCKET_SLOTS * row_floats * sizeof(float));
     if (!buf)
@@ -115,6 +117,8 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size
     if (!s || !pos || !ids || !n || cap < 64)
         return embkv__err(EMBKV_INVALID, "embkv_scan_ids: NULL argument or cap below 64");
     *n = 0;
+    if (s->reader)
+        return ro_scan_ids(s, pos, ids, cap, n);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     /* pos: low 40 bits the next bucket, high 24 bits the index generation. */

@@ -60,7 +60,22 @@ struct embkv_snapshot {
     uint64_t seq;          /* groups with w >= seq are not visible */
     uint64_t floor;        /* ebr epoch when opened */
     struct embkv_snapshot *next;
+    /* A reader process's snapshot (s->reader): the durable epoch its reads
+     * are as of, read inside the reader slot it holds open (readonly.c). */
+    uint64_t as_of;
 };
+
+embkv_snapshot *snap_reader_new(embkv_store *s, uint64_t as_of)
+{
+    embkv_snapshot *snap = calloc(1, sizeof *snap);
+    if (snap) {
+        snap->s = s;
+        snap->as_of = as_of;
+    }
+    return snap;
+}
+
+uint64_t snap_as_of(const embkv_snapshot *snap) { return snap ? snap->as_of : 0; }
 
 struct snapstate {
     pthread_rwlock_t groups;
@@ -134,6 +149,7 @@ int embkv_group_begin(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_group_begin: store is NULL");
+    RO_REFUSE(s, "embkv_group_begin");
     struct tl_group *g = tl_find(s);
     if (g) {
         g->depth++;
@@ -397,6 +413,11 @@ void embkv_snapshot_close(embkv_snapshot *snap)
     if (!snap)
         return;
     embkv_store *s = snap->s;
+    if (s->reader) {
+        rd_leave(s);
+        free(snap);
+        return;
+    }
     struct snapstate *st = s->snap;
     uint64_t min_seq;
     pthread_mutex_lock(&st->mu);
@@ -447,6 +468,8 @@ int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n)
         return embkv__err(EMBKV_INVALID, "embkv_snapshot_changed_ids: NULL argument");
     *ids = NULL;
     *n = 0;
+    if (snap->s->reader)
+        return EMBKV_OK;  /* (its reads follow versions back themselves) */
     struct snapstate *st = snap->s->snap;
     size_t cap = 0, cnt = 0;
     int64_t *out = NULL;

@@ -47,6 +47,7 @@ const char *embkv_dtype_name(uint32_t dtype)
 }
 const char *embkv_path(const embkv_store *s) { return s->path; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
+int embkv_readonly(const embkv_store *s) { return s && s->reader; }
 
 /* Record chunks: about a thousandth of the pool, a power of two from
  * 256 KiB to 64 MiB less 64 bytes (so that with libpmemobj's allocation
@@ -186,7 +187,7 @@ static int inspect_dir(const char *dir, char *foreign, size_t len)
             seal = true;
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, LOCK_FILE) ||
             !strcmp(e->d_name, POOL_TMP) || !strcmp(e->d_name, POOL_SEAL) || !strcmp(e->d_name, LOG_DIR) ||
-            !strcmp(e->d_name, DIRTY_FILE) ||
+            !strcmp(e->d_name, DIRTY_FILE) || !strcmp(e->d_name, READERS_FILE) ||
             !strcmp(e->d_name, SSD_PATH_FILE) || !strcmp(e->d_name, SSD_PATH_FILE ".tmp") ||
             !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX)))
             continue;
@@ -413,6 +414,13 @@ static void free_store(embkv_store *s)
      * where embkv_close or a failed open stopped it already). */
     evict_stop(s);
     tier_worker_stop(s);
+    readers_detach(s);
+    if (s->reader) {
+        /* (the pool mapped by open_reader; its index descriptors) */
+        if (s->pool_base)
+            munmap(s->pool_base, s->pool_size);
+        ro_free(s);
+    }
     free(atomic_load(&s->ix));
     free(s->free_locs.v);
     for (int i = 0; i < 2; i++) {
@@ -1009,6 +1017,80 @@ out:
     return rc;
 }
 
+/* ----------------------------------------------------------- readers */
+
+/* Where libpmemobj 1.x keeps the root object's offset in its pool
+ * descriptor (after the 4 KiB pool header, the layout name, the lanes' and
+ * heap's fields and their checksum).  A reader cannot ask libpmemobj: it
+ * takes an exclusive lock on the pool file the writer holds. */
+#define PMDK_ROOT_OFFSET_AT 6144
+
+/* A store opened to read beside another process's writer (or none): the
+ * pool mapped read-only, no lock taken, no thread started.  What it may do
+ * and how its reads stay safe: readonly.c and readers.c. */
+static int open_reader(const char *dir, const struct stat *st, const embkv_options *opt, embkv_store **out)
+{
+    char foreign[256] = "";
+    int state = inspect_dir(dir, foreign, sizeof foreign);
+    if (state != 1)
+        return dir_verdict(dir, state == 0 ? 0 : state, foreign, false);
+    embkv_store *s = alloc_store();
+    if (!s)
+        return embkv__err(EMBKV_NOMEM, "store %s: out of memory", dir);
+    s->reader = true;
+    s->dev = st->st_dev;
+    s->ino = st->st_ino;
+    s->refs = 1;
+    s->pid = getpid();
+    s->path = realpath(dir, NULL);
+    int rc = EMBKV_OK;
+    if (!s->path) {
+        rc = embkv__err(EMBKV_IO, "store %s: realpath: %s", dir, strerror(errno));
+        goto fail;
+    }
+    char pool[PATH_MAX];
+    snprintf(pool, sizeof pool, "%s/%s", s->path, POOL_FILE);
+    if ((rc = check_pool_header(pool, s->path)) != EMBKV_OK)
+        goto fail;
+    int fd = open(pool, O_RDONLY | O_CLOEXEC);
+    struct stat ps;
+    if (fd < 0 || fstat(fd, &ps) != 0) {
+        rc = embkv__err(EMBKV_IO, "store %s: cannot read %s: %s", s->path, POOL_FILE, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        goto fail;
+    }
+    if ((uint64_t)ps.st_size < MIN_POOL_SIZE / 2) {
+        close(fd);
+        rc = embkv__err(EMBKV_CORRUPT, "store %s: %s is truncated", s->path, POOL_FILE);
+        goto fail;
+    }
+    void *map = mmap(NULL, (size_t)ps.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        rc = embkv__err(EMBKV_IO, "store %s: cannot map %s: %s", s->path, POOL_FILE, strerror(errno));
+        goto fail;
+    }
+    s->pool_base = map;
+    s->pool_size = (size_t)ps.st_size;
+    uint64_t roff = *(const uint64_t *)(s->pool_base + PMDK_ROOT_OFFSET_AT);
+    if (roff < 4096 || (roff & 15) || roff > s->pool_size - sizeof(store_root)) {
+        rc = corrupt_root(s, "libpmemobj's root offset is out of the pool");
+        goto fail;
+    }
+    s->root = (store_root *)(s->pool_base + roff);
+    rc = ro_load(s, opt);
+    if (rc != EMBKV_OK)
+        goto fail;
+    s->next = registry;
+    registry = s;
+    *out = s;
+    return EMBKV_OK;
+fail:
+    free_store(s);
+    return rc;
+}
+
 /* A new store is never made inside another store's directory: that store
  * holds only its own files, and would refuse to open with a directory of
  * another's in it (a store made inside one bricked it). */
@@ -1065,6 +1147,13 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         /* A store inherited through fork() is the parent's: the child opens
          * anew, and the parent's lock refuses it. */
         if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid()) {
+            if (o->reader && !(flags & EMBKV_OPEN_READONLY)) {
+                long w = readers_writer_pid(o);
+                rc = w ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", o->path, w)
+                       : embkv__err(EMBKV_LOCKED, "store %s is open read-only in this process: close it here "
+                                    "before opening it to write", o->path);
+                goto unlock;
+            }
             rc = geometry_matches(o, opt);
             if (rc == EMBKV_OK)
                 rc = tier_check_open(o, opt);
@@ -1085,6 +1174,10 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         }
     }
 
+    if (flags & EMBKV_OPEN_READONLY) {
+        rc = open_reader(dir, &st, opt, out);
+        goto unlock;
+    }
     char foreign[256] = "";
     /* (-3, the rest of a store without its pool, is judged under the lock:
      * another process's embkv_destroy, which removes the pool first, may be
@@ -1128,6 +1221,14 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     lock_note_holder(s->lockfd);
+    /* The reader table before the pool: the index's descriptor points into
+     * it, and readers of the last writer are revoked before anything is
+     * reused (readers.c: R3). */
+    if ((rc = readers_attach_writer(s)) != EMBKV_OK) {
+        close(s->lockfd);
+        free_store(s);
+        goto unlock;
+    }
     {
         /* Only the lock holder creates a pool: one under the temporary name
          * now is what a process killed while creating left (possibly
@@ -1189,6 +1290,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         free_store(s);
         goto unlock;
     }
+    readers_writer_ready(s);
     s->next = registry;
     registry = s;
     *out = s;
@@ -1219,6 +1321,11 @@ int embkv_close(embkv_store *s)
          * lock descriptor (the flock stays with the parent's) and leave the
          * mapping to the child's exit. */
         close(s->lockfd);
+        pthread_mutex_unlock(&registry_mu);
+        return EMBKV_OK;
+    }
+    if (s->reader) {
+        free_store(s);
         pthread_mutex_unlock(&registry_mu);
         return EMBKV_OK;
     }

@@ -44,6 +44,7 @@ int embkv_sync(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_sync: store is NULL");
+    RO_REFUSE(s, "embkv_sync");
     return sync_fixing(s, NULL, NULL);
 }
 
@@ -152,6 +153,17 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
     if (!s || !out)
         return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
     *out = NULL;
+    if (s->reader) {
+        /* Held open: what its reads may reach stays unreused (R1). */
+        int rc = ro_enter(s);
+        if (rc != EMBKV_OK)
+            return rc;
+        if (!(*out = snap_reader_new(s, ro_as_of(s)))) {
+            ro_leave(s);
+            return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
+        }
+        return EMBKV_OK;
+    }
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: a snapshot cannot be opened inside a write group of the same "
                           "thread", s->path);

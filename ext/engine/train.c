@@ -171,6 +171,8 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
 {
     if (!s || !o)
         return embkv__err(EMBKV_INVALID, "embkv_train_configure: NULL argument");
+    if (s && s->reader)
+        return EMBKV_OK; /* (a reader process trains nothing: its pulls read, its pushes are refused) */
     int rc = validate(s, o);
     if (rc != EMBKV_OK)
         return rc;
@@ -254,6 +256,7 @@ int embkv_session_open(embkv_store *s, embkv_session **out)
 {
     if (!s || !out)
         return embkv__err(EMBKV_INVALID, "embkv_session_open: NULL argument");
+    RO_REFUSE(s, "embkv_pull and embkv_push (training sessions)");
     if (!train_of(s))
         return embkv__err(EMBKV_INVALID, "store %s: not configured for training (embkv_train_configure)", s->path);
     embkv_session *ss = calloc(1, sizeof *ss);
@@ -574,6 +577,7 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
 {
     if (!ss || (n && (!ids || !out)))
         return embkv__err(EMBKV_INVALID, "embkv_pull: NULL argument");
+    RO_REFUSE(ss->s, "embkv_pull");
     if (n == 0)
         return EMBKV_OK;
     embkv_store *s = ss->s;
@@ -882,6 +886,9 @@ static size_t release_ids(embkv_session *ss, struct train_state *t, const int64_
 
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
 {
+    if (!ss)
+        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+    RO_REFUSE(ss->s, "embkv_push");
     if (nupdated)
         *nupdated = 0;
     if (!ss || (n && (!ids || !grads)))

@@ -670,11 +670,13 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
 
 int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags)
 {
+    RO_REFUSE(s, "embkv_put");
     return put_row(s, id, vec, state, flags & (EMBKV_PUT_INSERT | EMBKV_PUT_UPDATE | EMBKV_PUT_RESET), 0);
 }
 
 int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock)
 {
+    RO_REFUSE(s, "embkv_put_clock");
     if (clock > CLOCK_MAX)
         return embkv__err(EMBKV_INVALID, "embkv_put_clock: id %lld: clock %llu is over 2^63 - 1", (long long)id,
                           (unsigned long long)clock);
@@ -800,6 +802,7 @@ int embkv_delete(embkv_store *s, int64_t id)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_delete: store is NULL");
+    RO_REFUSE(s, "embkv_delete");
     bool changed = false;
     return delete_row(s, id, NULL, &changed);
 }
@@ -825,6 +828,7 @@ static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_upda
 int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                        unsigned flags, size_t *nupdated)
 {
+    RO_REFUSE(s, "embkv_update_batch");
     return update_batch(s, ids, n, fn, ctx, flags & EMBKV_UPDATE_CREATE, NULL, nupdated);
 }
 

@@ -41,6 +41,7 @@ int ekerr_rc(int erc)
     case EMBKV_FULL: return SQLITE_FULL;
     case EMBKV_IO: return SQLITE_IOERR;
     case EMBKV_LOCKED: return SQLITE_BUSY;
+    case EMBKV_READONLY: return SQLITE_READONLY;
     case EMBKV_BUSY: return SQLITE_BUSY;
     case EMBKV_CORRUPT: return SQLITE_CORRUPT;
     case EMBKV_EXISTS: return SQLITE_CONSTRAINT_PRIMARYKEY;

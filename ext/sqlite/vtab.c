@@ -873,6 +873,14 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     eo.state_floats = create && made_dir ? embkv_train_state_floats(&v->opts.train, v->opts.dim) : 0;
     char *emsg = NULL;
     int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
+    /* Another process writes the store: a connection that may not write
+     * reads it beside that process (the engine's EMBKV_OPEN_READONLY: rows
+     * as of its last checkpoint). */
+    if (erc == EMBKV_LOCKED && !create && emsg && strstr(emsg, "another process") && ekerr_readonly(db, v->zDb)) {
+        sqlite3_free(emsg);
+        emsg = NULL;
+        erc = ekreg_open(dir, &eo, EMBKV_OPEN_READONLY, &v->store, &emsg);
+    }
     /* Another process has the store: wait for it as SQLite waits for a
      * lock, up to the connection's busy timeout, then say who has it. */
     int budget = erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process") ? ek_pragma_int(db, "busy_timeout", 0) : 0;
@@ -886,10 +894,10 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
     }
     if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {
-        char *m = sqlite3_mprintf("%s: embkv opens a store in one process at a time (waited %d ms, the "
-                                  "connection's busy timeout): close it there, or work through that process "
-                                  "(embkv_export and embkv_backup there make copies other processes can open)",
-                                  emsg, waited);
+        char *m = sqlite3_mprintf("%s: one process at a time may write a store (waited %d ms, the "
+                                  "connection's busy timeout): to read it beside that process, open this database "
+                                  "read-only (sqlite3 -readonly, a file:...?mode=ro URI, or PRAGMA query_only=1 "
+                                  "before the table's first use); to write, close it there", emsg, waited);
         if (m) {
             sqlite3_free(emsg);
             emsg = m;

@@ -37,7 +37,7 @@ int ekwbuf_acquire(ekvtab *v)
         eo.dim = v->dim;
         eo.state_floats = v->state_floats;
         char *err = NULL;
-        if (!wb->dir || !wb->txn || ekreg_open(v->dir, &eo, 0, &wb->store, &err) != EMBKV_OK) {
+        if (!wb->dir || !wb->txn || ekreg_open(v->dir, &eo, embkv_readonly(v->store) ? EMBKV_OPEN_READONLY : 0, &wb->store, &err) != EMBKV_OK) {
             sqlite3_free(err);
             ekreg_free_wbuf(wb);
             return SQLITE_NOMEM;

@@ -381,9 +381,10 @@ class TestForkedChild(Base):
         self.assertEqual(out.returncode, 0, out.stderr)
         store = os.path.join(os.path.realpath(self.dir), "forked.embkv")
         self.assertEqual(out.stdout, "child refused: embkv table t: cannot open its store: store %s is open in another "
-                         "process (pid %d): embkv opens a store in one process at a time (waited 0 ms, the "
-                         "connection's busy timeout): close it there, or work through that process (embkv_export "
-                         "and embkv_backup there make copies other processes can open)\n1:[1,1] 2:[2,2]\n"
+                         "process (pid %d): one process at a time may write a store (waited 0 ms, the connection's busy "
+                         "timeout): to read it beside that process, open this database read-only (sqlite3 -readonly, "
+                         "a file:...?mode=ro URI, or PRAGMA query_only=1 before the table's first use); to write, "
+                         "close it there\n1:[1,1] 2:[2,2]\n"
                          % (store, out_pid(out)))
 
 

@@ -1,0 +1,317 @@
+/*
+ * test_readers.c - reader processes beside a writer (EMBKV_OPEN_READONLY).
+ *
+ * A writer process rewrites every base row in each batch (one write
+ * group: vec[0] = the batch number, vec[1] = the id), inserts one id and
+ * deletes the one inserted five batches before, with an SSD tier and a
+ * pool small enough that rows are demoted and the log compacted, an index
+ * that grows, and a checkpoint every third batch.  Reader processes read
+ * meanwhile, every way a reader may: snapshots with full scans, batch gets,
+ * single gets, existence, kNN.  What they must see: every row of one read
+ * from one checkpoint (all base rows at one batch number, a batch the
+ * writer had checkpointed), never older than the checkpoint the writer had
+ * completed before the read began, and exactly the inserted ids alive at
+ * that batch.  Then readers and the writer are killed (SIGKILL): readers
+ * left keep reading, the writer's reclamation does not wait for the dead,
+ * and a new writer reopens at the last checkpoint while readers go on.
+ * Refusals and the writer-side limits (a revoked read) are checked too.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "embkv.h"
+#include "embkv_debug.h"
+#include "check.h"
+
+#define DIM 8
+#define BASE 2000
+#define INS0 1000000
+
+typedef struct shared {
+    atomic_long synced;        /* last batch a completed checkpoint holds */
+    atomic_long batch;         /* batches done */
+    atomic_int stop;
+    atomic_long reads, bad, busy;
+    char why[256];
+} shared;
+static shared *sh;
+
+static void vec_of(long b, int64_t id, float *v)
+{
+    for (int j = 0; j < DIM; j++)
+        v[j] = (float)j;
+    v[0] = (float)b;
+    v[1] = (float)id;
+}
+
+static int write_batch(embkv_store *s, long b)
+{
+    float v[DIM];
+    int rc = embkv_group_begin(s);
+    for (int64_t id = 0; id < BASE && rc == EMBKV_OK; id++) {
+        vec_of(b, id, v);
+        rc = embkv_put(s, id, v, NULL, 0);
+    }
+    if (rc == EMBKV_OK) {
+        vec_of(b, INS0 + b, v);
+        rc = embkv_put(s, INS0 + b, v, NULL, 0);
+    }
+    if (rc == EMBKV_OK && b > 5)
+        rc = embkv_delete(s, INS0 + b - 5);
+    embkv_group_end(s);
+    return rc;
+}
+
+/* The writer: batches from `from` until told to stop (or `until`). */
+static void writer(const char *dir, long from, long until)
+{
+    embkv_options o = {.dim = DIM, .expected_rows = 64, .pool_size = 16 << 20, .ssd_size = 64 << 20};
+    embkv_store *s;
+    if (embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s) != EMBKV_OK) {
+        fprintf(stderr, "writer open: %s\n", embkv_errmsg());
+        _exit(3);
+    }
+    for (long b = from; !atomic_load(&sh->stop) && (until == 0 || b <= until); b++) {
+        if (write_batch(s, b) != EMBKV_OK) {
+            fprintf(stderr, "writer batch %ld: %s\n", b, embkv_errmsg());
+            _exit(4);
+        }
+        atomic_store(&sh->batch, b);
+        if (b % 3 == 0) {
+            if (embkv_sync(s) != EMBKV_OK) {
+                fprintf(stderr, "writer sync: %s\n", embkv_errmsg());
+                _exit(5);
+            }
+            atomic_store(&sh->synced, b);
+        }
+    }
+    embkv_close(s);
+    _exit(0);
+}
+
+static void bad(const char *fmt, long a, long b)
+{
+    atomic_fetch_add(&sh->bad, 1);
+    snprintf(sh->why, sizeof sh->why, fmt, a, b);
+}
+
+/* One consistent read through a snapshot: returns the batch it saw. */
+static long read_snapshot(embkv_store *s)
+{
+    long before = atomic_load(&sh->synced);
+    embkv_snapshot *snap;
+    int rc = embkv_snapshot_open(s, &snap);
+    if (rc != EMBKV_OK) {
+        if (rc == EMBKV_BUSY)
+            atomic_fetch_add(&sh->busy, 1);
+        else
+            bad("snapshot_open rc %ld (%ld)", rc, 0);
+        return -1;
+    }
+    static int64_t ids[1 << 16];
+    static float vecs[(1 << 16) * DIM];
+    static uint8_t found[1 << 16];
+    size_t n = 0;
+    uint64_t pos = 0;
+    embkv_scan_pin(s);
+    for (;;) {
+        size_t got = 0;
+        rc = embkv_scan_ids(s, &pos, ids + n, (1 << 16) - n, &got);
+        if (rc != EMBKV_OK || got == 0)
+            break;
+        n += got;
+    }
+    embkv_scan_unpin(s);
+    long v = -1;
+    if (rc == EMBKV_OK)
+        rc = embkv_get_batch_at(s, snap, ids, n, vecs, NULL, found, NULL);
+    embkv_snapshot_close(snap);
+    if (rc == EMBKV_BUSY) {
+        atomic_fetch_add(&sh->busy, 1);
+        return -1;
+    }
+    if (rc != EMBKV_OK) {
+        bad("scan rc %ld after %ld reads", rc, atomic_load(&sh->reads));
+        fprintf(stderr, "reader: %s\n", embkv_errmsg());
+        return -1;
+    }
+    long base = 0, ins = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!found[i])
+            continue;
+        float *x = vecs + i * DIM;
+        if ((int64_t)x[1] != ids[i])
+            bad("row %ld holds id %ld", (long)ids[i], (long)x[1]);
+        if (ids[i] < BASE) {
+            if (v < 0)
+                v = (long)x[0];
+            else if ((long)x[0] != v)
+                bad("one snapshot saw batches %ld and %ld", v, (long)x[0]);
+            base++;
+        } else {
+            long b = ids[i] - INS0;
+            if ((long)x[0] != b)
+                bad("inserted row %ld has batch %ld", b, (long)x[0]);
+            ins++;
+        }
+    }
+    if (base != BASE)
+        bad("%ld base rows, want %ld", base, BASE);
+    if (v >= 0) {
+        if (v % 3 != 0)
+            bad("snapshot at batch %ld, which no checkpoint holds (%ld)", v, 0);
+        if (v < before)
+            bad("snapshot at batch %ld, older than checkpoint %ld before it", v, before);
+        /* Alive: id 0's insert (never deleted) and the last five. */
+        long want = v < 5 ? v + 1 : 6;
+        if (ins > want)
+            bad("%ld inserted rows, at most %ld", ins, want);
+    }
+    atomic_fetch_add(&sh->reads, 1);
+    return v;
+}
+
+static void reader(const char *dir, int which)
+{
+    embkv_store *s;
+    if (embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s) != EMBKV_OK) {
+        fprintf(stderr, "reader open: %s\n", embkv_errmsg());
+        _exit(3);
+    }
+    float v[DIM];
+    while (!atomic_load(&sh->stop)) {
+        long got = read_snapshot(s);
+        (void)got;
+        /* single gets: one row at one checkpoint, never before the last */
+        long before = atomic_load(&sh->synced);
+        int64_t id = (which * 7919 + atomic_load(&sh->reads)) % BASE;
+        embkv_rowinfo info;
+        int rc = embkv_get(s, id, v, NULL, &info);
+        if (rc == EMBKV_OK) {
+            if ((long)v[0] < before || (long)v[0] % 3 || (int64_t)v[1] != id)
+                bad("get: batch %ld, checkpoint %ld before", (long)v[0], before);
+        } else if (rc == EMBKV_BUSY) {
+            atomic_fetch_add(&sh->busy, 1);
+        } else {
+            bad("get rc %ld id %ld", rc, id);
+        }
+        /* writes are refused */
+        if (embkv_put(s, id, v, NULL, 0) != EMBKV_READONLY || embkv_sync(s) != EMBKV_READONLY ||
+            embkv_delete(s, id) != EMBKV_READONLY)
+            bad("a write was not refused (%ld %ld)", 0, 0);
+        if (which == 0) {
+            /* kNN of a base row: itself at distance 0 (current versions) */
+            float q[DIM];
+            vec_of(atomic_load(&sh->batch), 5, q);
+            int64_t kid[3];
+            double kd[3];
+            size_t kf = 0;
+            /* not offered to readers yet: refused, not wrong */
+            rc = embkv_knn(s, q, 1, 3, NULL, kid, kd, &kf);
+            if (rc != EMBKV_READONLY)
+                bad("knn rc %ld (%ld)", rc, 0);
+        }
+    }
+    embkv_close(s);
+    _exit(0);
+}
+
+static pid_t spawn(void (*fn)(const char *, int), const char *dir, int arg)
+{
+    pid_t p = fork();
+    if (p == 0)
+        fn(dir, arg);
+    return p;
+}
+
+static void writer_forever(const char *dir, int from) { writer(dir, from, 0); }
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int wait_exit(pid_t p)
+{
+    int st = 0;
+    if (waitpid(p, &st, 0) != p)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int main(void)
+{
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(sh != MAP_FAILED);
+    const char *dir = test_tmpdir("rd");
+
+    /* A: a reader with no writer ever: refused on a missing store, then
+     * reads a closed store. */
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_NOTSTORE);
+    {
+        pid_t w = fork();
+        if (w == 0)
+            writer(dir, 0, 3);
+        CHECK(wait_exit(w) == 0);
+    }
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_OK);
+    float v[DIM];
+    CHECK_RC(embkv_get(s, 7, v, NULL, NULL), EMBKV_OK);
+    CHECK(v[0] == 3.0f && v[1] == 7.0f);
+    CHECK_RC(embkv_get(s, INS0 + 2, v, NULL, NULL), EMBKV_OK);
+    CHECK_RC(embkv_get(s, 424242, v, NULL, NULL), EMBKV_NOTFOUND);
+    CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_READONLY);
+    CHECK(strstr(embkv_errmsg(), "embkv_put") && strstr(embkv_errmsg(), "read-only"));
+    /* Opening it to write in this process is refused while read-only. */
+    embkv_store *w2;
+    CHECK_RC(embkv_open(dir, NULL, 0, &w2), EMBKV_LOCKED);
+    CHECK(strstr(embkv_errmsg(), "read-only in this process") != NULL);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+
+    /* B: a writer and three readers. */
+    atomic_store(&sh->synced, 3);
+    atomic_store(&sh->batch, 3);
+    pid_t wp = spawn(writer_forever, dir, 4);
+    sleep_ms(200);
+    pid_t rp[3];
+    for (int i = 0; i < 3; i++)
+        rp[i] = spawn(reader, dir, i);
+    sleep_ms(3000);
+    long b1 = atomic_load(&sh->batch);
+    CHECK(atomic_load(&sh->reads) > 10);
+    /* C: kill a reader mid-read; the writer goes on. */
+    kill(rp[1], SIGKILL);
+    CHECK(wait_exit(rp[1]) == 128 + SIGKILL);
+    sleep_ms(1500);
+    long b2 = atomic_load(&sh->batch);
+    CHECK(b2 > b1 + 3);
+    /* D: kill the writer; readers go on reading its last checkpoint. */
+    kill(wp, SIGKILL);
+    CHECK(wait_exit(wp) == 128 + SIGKILL);
+    long r0 = atomic_load(&sh->reads);
+    sleep_ms(800);
+    CHECK(atomic_load(&sh->reads) > r0 + 2);
+    /* E: a new writer recovers (to the last checkpoint: batch synced) and
+     * goes on; the readers keep reading, some reads told to run again. */
+    long from = atomic_load(&sh->synced) + 1;
+    atomic_store(&sh->batch, from - 1);
+    wp = spawn(writer_forever, dir, (int)from);
+    sleep_ms(2500);
+    CHECK(atomic_load(&sh->batch) > from + 3);
+    atomic_store(&sh->stop, 1);
+    CHECK(wait_exit(wp) == 0);
+    CHECK(wait_exit(rp[0]) == 0);
+    CHECK(wait_exit(rp[2]) == 0);
+    fprintf(stderr, "readers: %ld reads, %ld told to run again, %ld bad\n", atomic_load(&sh->reads),
+            atomic_load(&sh->busy), atomic_load(&sh->bad));
+    if (atomic_load(&sh->bad))
+        fprintf(stderr, "first fault: %s\n", sh->why);
+    CHECK(atomic_load(&sh->bad) == 0);
+    return test_summary("test_readers");
+}
