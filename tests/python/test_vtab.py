@@ -567,9 +567,10 @@ class TestSecondProcess(Base):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(),
                          "ERROR OperationalError embkv table item: cannot open its store: "
-                         "store %s is open in another process (pid %d): embkv opens a store in one process at "
-                         "a time (waited 300 ms, the connection's busy timeout): close it there, or work through "
-                         "that process (embkv_export and embkv_backup there make copies other processes can open)"
+                         "store %s is open in another process (pid %d): one process at a time may write a store "
+                         "(waited 300 ms, the connection's busy timeout): to read it beside that process, open this "
+                         "database read-only (sqlite3 -readonly, a file:...?mode=ro URI, or PRAGMA query_only=1 "
+                         "before the table's first use); to write, close it there"
                          % (path, os.getpid()))
         self.assertGreaterEqual(time.time() - t0, 0.3)
         # the table is untouched, and the child gets in once this process lets go
