@@ -1221,14 +1221,6 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     lock_note_holder(s->lockfd);
-    /* The reader table before the pool: the index's descriptor points into
-     * it, and readers of the last writer are revoked before anything is
-     * reused (readers.c: R3). */
-    if ((rc = readers_attach_writer(s)) != EMBKV_OK) {
-        close(s->lockfd);
-        free_store(s);
-        goto unlock;
-    }
     {
         /* Only the lock holder creates a pool: one under the temporary name
          * now is what a process killed while creating left (possibly
@@ -1264,6 +1256,12 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         }
     }
     rc = open_pool(s, opt, state == 1);
+    /* The reader table once the pool is embkv's (a refused directory is
+     * left as it was) and before load_store: the index's descriptor points
+     * into it, and readers of the last writer are revoked before recovery
+     * or the free list reuses anything (readers.c: R3). */
+    if (rc == EMBKV_OK)
+        rc = readers_attach_writer(s);
     if (rc == EMBKV_OK)
         rc = load_store(s, opt, flags);
     if (rc == EMBKV_OK && s->creating)
