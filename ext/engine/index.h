@@ -201,6 +201,10 @@ index_desc *ix_desc_new(embkv_store *s, PMEMoid oid, uint64_t nbuckets, uint64_t
 int ix_reader_open(embkv_store *s);
 void ix_reader_free(embkv_store *s);
 int ix_reader_enter(embkv_store *s);
+/* Whether pool location loc names a record of a chunk the reader has
+ * mapped (mapping the writer's new chunks first); false for one the pool
+ * cannot hold. */
+bool ix_reader_loc_mapped(embkv_store *s, uint64_t loc);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
 /* Points id's entry at q if it still names p (with s->writers shared) and,

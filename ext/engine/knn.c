@@ -512,6 +512,13 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
         }
     }
     size_t lines = (s->rec_size + 63) / 64;
+    /* A reader process maps the record chunks the writer added as their
+     * rows turn up (pethash.c). */
+    for (size_t i = 0; s->reader && i < npm; i++)
+        if (!ix_reader_loc_mapped(s, locs[i])) {
+            worker_fail(w, rd_valid(s) ? rec_damaged(s, ids[i]) : rd_invalid(s));
+            return;
+        }
     for (size_t i = 0; i < npm && w->rc == EMBKV_OK; i++) {
         if (i + PREFETCH_AHEAD < npm) {
             const char *p = (const char *)rec_at(s, locs[i + PREFETCH_AHEAD]);
@@ -653,10 +660,18 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
 {
-    /* A reader process: not yet.  knn reads records where they are, and a
-     * reader learns of the writer's new record chunks only as it enters. */
-    RO_REFUSE(s, "embkv_knn");
-    return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+    if (!s || !s->reader)
+        return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+    /* A reader process: the calling thread's slot covers the workers'
+     * reads too (they end before it leaves). */
+    int rc = ro_enter(s);
+    if (rc != EMBKV_OK)
+        return rc;
+    rc = knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+    if (rc == EMBKV_OK && !rd_valid(s))
+        rc = rd_invalid(s);
+    ro_leave(s);
+    return rc;
 }
 
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,

@@ -876,6 +876,8 @@ bool log_loc_plausible(embkv_log *l, uint64_t loc)
     uint32_t id = log_loc_seg(loc);
     if (!loc_shape(l, loc))
         return false;
+    if (l->readonly)
+        return true;  /* (a reader's read opens the segment it names, or names it missing) */
     pthread_rwlock_rdlock(&l->lock);
     const segment *g = seg_get(l, id);
     bool ok = g && (g->damaged || loc_in(l, g, loc));

@@ -426,6 +426,20 @@ void ix_reader_free(embkv_store *s)
     s->ro = NULL;
 }
 
+bool ix_reader_loc_mapped(embkv_store *s, uint64_t loc)
+{
+    uint32_t c = loc_chunk(loc);
+    if (c >= MAX_CHUNKS || loc_index(loc) >= s->recs_per_chunk)
+        return false;
+    if (atomic_load_explicit(&s->chunk_base[c], memory_order_acquire))
+        return true;
+    ro_state *ro = s->ro;
+    pthread_mutex_lock(&ro->mu);
+    reader_chunks(s);
+    pthread_mutex_unlock(&ro->mu);
+    return atomic_load_explicit(&s->chunk_base[c], memory_order_acquire) != NULL;
+}
+
 int ix_reader_enter(embkv_store *s)
 {
     bool first;
