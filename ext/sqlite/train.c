@@ -141,6 +141,17 @@ static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *
                     "this connection has uncommitted writes to the table; COMMIT them first");
         return SQLITE_ERROR;
     }
+    if (!ref->session && embkv_readonly(ref->store)) {
+        /* Read beside another process's writer: pulls read existing rows
+         * (fn_pull); the rest would change the store. */
+        if (!strcmp(fname, "embkv_pull") || !strcmp(fname, "embkv_release")) return SQLITE_OK;
+        char *m = sqlite3_mprintf("the store %s is open read-only in this process, beside its writer in another "
+                                  "process: only that process may train it", embkv_path(ref->store));
+        train_error(ctx, fname, ref->name, EMBKV_READONLY, m ? m : "the store is open read-only");
+        sqlite3_free(m);
+        sqlite3_result_error_code(ctx, SQLITE_READONLY);
+        return SQLITE_ERROR;
+    }
     if (!ref->session) {
         train_error(ctx, fname, ref->name, EMBKV_INVALID, embkv_errmsg());
         return SQLITE_ERROR;
@@ -205,6 +216,7 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         return;
     }
     const char *ro = ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema);
+    if (!ro && embkv_readonly(ref.store)) ro = "the store is open read-only in this process, beside its writer";
     int rc = ro ? pull_existing(ctx, &ref, ids, n, out, ro) : embkv_pull(ref.session, ids, n, out);
     sqlite3_free(ids);
     if (rc != EMBKV_OK) {
@@ -267,7 +279,8 @@ static void fn_release(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (!ids)
         return;
     size_t released = 0;
-    int rc = embkv_release(ref.session, ids, n, &released);
+    /* (a reader process's pulls take no permits: none to return) */
+    int rc = ref.session ? embkv_release(ref.session, ids, n, &released) : EMBKV_OK;
     sqlite3_free(ids);
     if (rc != EMBKV_OK)
         train_error(ctx, "embkv_release", ref.name, rc, embkv_errmsg());
