@@ -50,5 +50,9 @@ void embkv_debug_clock_ms(int64_t offset);
 /* Stops (paused != 0) or resumes the store's eviction thread; embkv_evict
  * still runs passes. */
 void embkv_debug_evict_pause(embkv_store *s, int paused);
+/* How long a reader process may hold back this process's writers'
+ * reclamation before its read is revoked (0: the default, 10 s); taken by
+ * stores opened to write from then on. */
+void embkv_debug_reader_hold(uint64_t ms);
 
 #endif

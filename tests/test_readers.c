@@ -36,6 +36,7 @@ typedef struct shared {
     atomic_long batch;         /* batches done */
     atomic_int stop;
     atomic_long reads, bad, busy;
+    atomic_long hold_ms;       /* the writer's embkv_debug_reader_hold */
     char why[256];
 } shared;
 static shared *sh;
@@ -71,6 +72,7 @@ static void writer(const char *dir, long from, long until)
 {
     embkv_options o = {.dim = DIM, .expected_rows = 64, .pool_size = 16 << 20, .ssd_size = 64 << 20};
     embkv_store *s;
+    embkv_debug_reader_hold((uint64_t)atomic_load(&sh->hold_ms));
     if (embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s) != EMBKV_OK) {
         fprintf(stderr, "writer open: %s\n", embkv_errmsg());
         _exit(3);
@@ -313,6 +315,44 @@ int main(void)
     CHECK(wait_exit(wp) == 0);
     CHECK(wait_exit(rp[0]) == 0);
     CHECK(wait_exit(rp[2]) == 0);
+    /* F: a read that holds the writer back too long is revoked (R2): the
+     * writer goes on, the read fails and says to run it again. */
+    atomic_store(&sh->stop, 0);
+    atomic_store(&sh->hold_ms, 300);
+    from = atomic_load(&sh->batch) + 1;  /* (the last writer closed: all its batches are there) */
+    atomic_store(&sh->batch, from - 1);
+    wp = spawn(writer_forever, dir, (int)from);
+    sleep_ms(300);
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_OK);
+    embkv_snapshot *snap = NULL;
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    int64_t ids[4] = {1, 2, 3, 4};
+    float vs[4 * DIM];
+    uint8_t fd[4];
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 4, vs, NULL, fd, NULL), EMBKV_OK);
+    long held_from = atomic_load(&sh->batch);
+    /* (the writer checkpoints, reclaims, and past 300 ms revokes the
+     * snapshot's slot instead of waiting: it keeps going) */
+    sleep_ms(800);
+    for (int i = 0; i < 400 && atomic_load(&sh->batch) < held_from + 12; i++)
+        sleep_ms(50);
+    CHECK(atomic_load(&sh->batch) >= held_from + 12);
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 4, vs, NULL, fd, NULL), EMBKV_BUSY);
+    if (!strstr(embkv_errmsg(), "held the writer's reclamation for more than 300 ms"))
+        fprintf(stderr, "revoked read: %s\n", embkv_errmsg());
+    CHECK(strstr(embkv_errmsg(), "held the writer's reclamation for more than 300 ms") != NULL);
+    embkv_snapshot_close(snap);
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 4, vs, NULL, fd, NULL), EMBKV_OK);
+    CHECK(fd[0] && vs[1] == 1.0f && (long)vs[0] >= held_from);
+    embkv_snapshot_close(snap);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    atomic_store(&sh->stop, 1);
+    int wrc = wait_exit(wp);
+    if (wrc)
+        fprintf(stderr, "writer exit %d\n", wrc);
+    CHECK(wrc == 0);
+
     fprintf(stderr, "readers: %ld reads, %ld told to run again, %ld bad\n", atomic_load(&sh->reads),
             atomic_load(&sh->busy), atomic_load(&sh->bad));
     if (atomic_load(&sh->bad))

@@ -109,7 +109,5 @@ int rd_refuse(embkv_store *s, const char *fn);
         if ((s) && (s)->reader)                                                                                      \
             return rd_refuse((s), (fn));                                                                             \
     } while (0)
-/* READER_HOLD_MS, changed by tests (embkv_debug_reader_hold). */
-extern uint64_t readers_hold_ms;
 
 #endif

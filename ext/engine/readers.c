@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "persist.h"
+#include "embkv_debug.h"
 
 #define RD_MAGIC "embkv-readers\0\0"  /* 16 bytes */
 #define RD_VERSION 1
@@ -76,6 +77,7 @@ typedef struct rd_header {
     atomic_int writer_pid;          /* 0: no writer */
     atomic_uint_fast64_t writer_start;
     atomic_uint high;               /* slots ever claimed: scans stop there */
+    atomic_uint_fast64_t hold_ms;   /* the writer's READER_HOLD_MS (R2) */
 } rd_header;
 _Static_assert(sizeof(rd_header) <= RD_HEADER, "reader table header too large");
 
@@ -113,7 +115,12 @@ static _Thread_local rd_tl tl[RD_TL];
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 static pthread_key_t tl_key;
 
-uint64_t readers_hold_ms = READER_HOLD_MS;
+static uint64_t readers_hold_ms = READER_HOLD_MS;
+
+void embkv_debug_reader_hold(uint64_t ms)
+{
+    readers_hold_ms = ms ? ms : READER_HOLD_MS;
+}
 
 /* ------------------------------------------------------------ processes */
 
@@ -364,6 +371,7 @@ int readers_attach_writer(embkv_store *s)
     rd_header *h = r->h;
     r->writer = true;
     r->hold_ns = readers_hold_ms * 1000000ull;
+    atomic_store(&h->hold_ms, readers_hold_ms);
     /* R3: odd while this writer opens; the readers of the last one are
      * revoked (a killed writer may have left the generation odd). */
     uint64_t g = atomic_load(&h->gen);
@@ -566,7 +574,7 @@ int rd_invalid(embkv_store *s)
                           "statement again", s->path, readers_writer_pid(s));
     return embkv__err(EMBKV_BUSY, "store %s: this read held the writer's reclamation for more than %llu ms, and "
                       "the writer (process %ld) went on without it: run the statement again, or read fewer rows "
-                      "a statement", s->path, (unsigned long long)readers_hold_ms, readers_writer_pid(s));
+                      "a statement", s->path, (unsigned long long)atomic_load(&r->h->hold_ms), readers_writer_pid(s));
 }
 
 void rd_leave(embkv_store *s)

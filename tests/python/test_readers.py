@@ -1,0 +1,205 @@
+"""Reader processes beside a writer, from SQL.
+
+A trainer process pushes a gradient to every row of a table in each step
+(one push: one write group), so that after step k every row has clock k
+and vec[0] == k, and checkpoints every third step, noting the step in a
+file.  Reader processes open the database read-only (a mode=ro URI, and
+PRAGMA query_only) and run every plan in a loop: full scans, count(*),
+IN lists, point lookups, embkv_pull, embkv_knn, embkv_stats, embkv_export.
+Each statement must see one checkpoint: every row at one step, a step the
+trainer checkpointed, not older than the checkpoint noted before the
+statement began.  Readers and the trainer are killed (SIGKILL) meanwhile:
+the survivors go on, and a trainer started again resumes from the last
+checkpoint while the readers read.  A second process that asks to write is
+refused after its busy timeout, told how to read instead.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from embkv_test import EXT, TempDirTest as Base, connect
+
+DIM = 16
+ROWS = 20000
+
+TRAINER = r"""
+import os, sqlite3, sys, time
+import numpy as np
+db, ext, ck = sys.argv[1], sys.argv[2], sys.argv[3]
+c = sqlite3.connect(db, isolation_level=None, timeout=30)
+c.enable_load_extension(True); c.load_extension(ext)
+n, dim = %(rows)d, %(dim)d
+if not c.execute("SELECT count(*) FROM sqlite_master WHERE name='item'").fetchone()[0]:
+    c.execute("CREATE VIRTUAL TABLE item USING embkv(dim=%%d, path='item.embkv', optimizer='sgd', lr=1, "
+              "pool_size='16M', ssd_size='256M')" %% dim)
+    v = np.zeros((n, dim), np.float32); v[:, 1] = np.arange(n)
+    for a in range(0, n, 5000):
+        c.execute("BEGIN")
+        c.executemany("INSERT INTO item(id, vec) VALUES (?, ?)", ((i, v[i].tobytes()) for i in range(a, min(n, a + 5000))))
+        c.execute("COMMIT")
+        c.execute("SELECT embkv_checkpoint('item')")
+step = c.execute("SELECT clock FROM item WHERE id = 0").fetchone()[0]
+ids = np.arange(n, dtype=np.int64).tobytes()
+g = np.zeros((n, dim), np.float32); g[:, 0] = -1
+g = g.tobytes()
+def note(k):
+    with open(ck + ".tmp", "w") as f: f.write(str(k))
+    os.replace(ck + ".tmp", ck)
+note(step)
+print("ready", step, flush=True)
+while True:
+    c.execute("SELECT embkv_push('item', ?, ?)", (ids, g))
+    step += 1
+    if step %% 3 == 0:
+        c.execute("SELECT embkv_checkpoint('item')")
+        note(step)
+    if os.path.exists(ck + ".stop"):
+        break
+""".replace("%(rows)d", str(ROWS)).replace("%(dim)d", str(DIM)).replace("%%", "%")
+
+READER = r"""
+import json, os, random, sqlite3, sys, time
+import numpy as np
+db, ext, ck, seconds, how = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+if how == "uri":
+    c = sqlite3.connect("file:%s?mode=ro" % db, uri=True, isolation_level=None, timeout=30)
+else:
+    c = sqlite3.connect(db, isolation_level=None, timeout=30)
+    c.execute("PRAGMA query_only=1")
+c.enable_load_extension(True); c.load_extension(ext)
+n, dim = %(rows)d, %(dim)d
+rnd = random.Random(os.getpid())
+stats = {"statements": 0, "again": 0, "bad": [], "plans": {}}
+def ck_now():
+    with open(ck) as f: return int(f.read())
+def bad(what):
+    if len(stats["bad"]) < 5: stats["bad"].append(what)
+def judge(plan, rows, before, want=None):
+    steps = {r[1] for r in rows}
+    if len(steps) != 1: return bad("%%s: %%d checkpoints in one statement: %%s" %% (plan, len(steps), sorted(steps)[:5]))
+    s = steps.pop()
+    if s %% 3 or s < before: return bad("%%s: step %%d (checkpoint %%d before it)" %% (plan, s, before))
+    for r in rows:
+        v = np.frombuffer(r[2], np.float32)
+        if v[0] != r[1] or v[1] != r[0]: return bad("%%s: row %%d holds %%s at clock %%d" %% (plan, r[0], v[:2], r[1]))
+    if want is not None and len(rows) != want: bad("%%s: %%d rows, want %%d" %% (plan, len(rows), want))
+    stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+end = time.time() + seconds
+while time.time() < end:
+    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export"])
+    before = ck_now()
+    try:
+        if plan == "scan":
+            judge(plan, c.execute("SELECT id, clock, vec FROM item").fetchall(), before, n)
+        elif plan == "count":
+            got = c.execute("SELECT count(*) FROM item").fetchone()[0]
+            if got != n: bad("count: %%d" %% got)
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        elif plan == "in":
+            ids = rnd.sample(range(n), 50)
+            judge(plan, c.execute("SELECT id, clock, vec FROM item WHERE id IN (%%s)" %% ",".join(map(str, ids))).fetchall(), before, 50)
+        elif plan == "point":
+            i = rnd.randrange(n)
+            judge(plan, c.execute("SELECT id, clock, vec FROM item WHERE id = ?", (i,)).fetchall(), before, 1)
+        elif plan == "pull":
+            ids = np.array(rnd.sample(range(n), 20), np.int64)
+            v = np.frombuffer(c.execute("SELECT embkv_pull('item', ?)", (ids.tobytes(),)).fetchone()[0], np.float32).reshape(-1, dim)
+            if len(set(v[:, 0].tolist())) != 1 or v[0, 0] < before or int(v[0, 0]) %% 3 or (v[:, 1] != ids).any():
+                bad("pull: steps %%s ids %%s (checkpoint %%d before)" %% (sorted(set(v[:, 0].tolist()))[:4], v[:3, 1], before))
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        elif plan == "knn":
+            q = np.zeros(dim, np.float32); q[0] = before; q[1] = 77
+            got = c.execute("SELECT id FROM embkv_knn('item', ?, 3)", (q.tobytes(),)).fetchall()
+            if len(got) != 3: bad("knn: %%s" %% got)
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        elif plan == "stats":
+            st = json.loads(c.execute("SELECT embkv_stats('item')").fetchone()[0])
+            if st["dim"] != dim: bad("stats: %%s" %% st)
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        else:
+            out = "%%s.export.%%d" %% (db, os.getpid())
+            got = c.execute("SELECT embkv_export('item', ?)", (out,)).fetchone()[0]
+            e = sqlite3.connect(out)
+            rows = e.execute("SELECT count(*), min(clock), max(clock) FROM embkv_rows").fetchone()
+            e.close(); os.remove(out)
+            if got != n or rows[0] != n or rows[1] != rows[2] or rows[1] < before or rows[1] %% 3:
+                bad("export: %%s rows, clocks %%s (checkpoint %%d before)" %% (got, rows, before))
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        stats["statements"] += 1
+    except sqlite3.OperationalError as e:
+        if "run the statement again" in str(e) or "is opening it" in str(e): stats["again"] += 1
+        else: bad("%%s: %%s" %% (plan, e))
+print(json.dumps(stats), flush=True)
+""".replace("%(rows)d", str(ROWS)).replace("%(dim)d", str(DIM)).replace("%%", "%")
+
+
+class TestReaderProcesses(Base):
+    def trainer(self):
+        p = subprocess.Popen([sys.executable, "-c", TRAINER, self.db, EXT, self.ck], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=self.dir)
+        line = p.stdout.readline()
+        self.assertTrue(line.startswith("ready"), (line, p.stderr.read() if p.poll() is not None else ""))
+        return p
+
+    def reader(self, seconds, how):
+        return subprocess.Popen([sys.executable, "-c", READER, self.db, EXT, self.ck, str(seconds), how],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.dir)
+
+    def step(self):
+        with open(self.ck) as f:
+            return int(f.read())
+
+    def finish(self, p):
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, err)
+        return json.loads(out)
+
+    def test_readers_beside_a_trainer_with_kills(self):
+        self.ck = os.path.join(self.dir, "ckpt")
+        w = self.trainer()
+        try:
+            readers = [self.reader(9, "uri"), self.reader(9, "query_only"), self.reader(9, "uri")]
+            time.sleep(2)
+            # a second writer: refused after its busy timeout, told how to read
+            c = connect(self.db, timeout=0.2)
+            with self.assertRaises(Exception) as e:
+                c.execute("SELECT count(*) FROM item").fetchall()
+            self.assertIn("one process at a time may write a store (waited 200 ms", str(e.exception))
+            self.assertIn("open this database read-only", str(e.exception))
+            c.close()
+            # a reader killed mid-work: the trainer goes on
+            readers[2].kill()
+            readers[2].communicate()
+            before = self.step()
+            time.sleep(1.5)
+            self.assertGreater(self.step(), before)
+            # the trainer killed: readers go on; a new one resumes from the checkpoint
+            w.send_signal(signal.SIGKILL)
+            w.communicate()
+            time.sleep(1)
+            last = self.step()
+            w = self.trainer()
+            time.sleep(2)
+            self.assertGreater(self.step(), last)
+            results = [self.finish(r) for r in readers[:2]]
+        finally:
+            open(self.ck + ".stop", "w").close()
+            w.communicate(timeout=60)
+        for r in results:
+            print("reader: %d statements, %d told to run again, plans %s" % (r["statements"], r["again"], r["plans"]),
+                  file=sys.stderr)
+            self.assertEqual(r["bad"], [], r)
+            self.assertGreater(r["statements"], 40, r)
+            self.assertEqual(set(r["plans"]), {"scan", "count", "in", "point", "pull", "knn", "stats", "export"}, r)
+        # after the kill, the store reopened at a checkpoint: every row at one step
+        c = connect(self.db)
+        self.assertEqual(c.execute("SELECT count(DISTINCT clock), count(*) FROM item").fetchone(), (1, ROWS))
+        c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
