@@ -130,8 +130,7 @@ typedef struct embkv_options {
 /* Read the store beside its writer in another process (or with none):
  * no lock is taken, the pool is mapped read-only, and every read returns
  * rows as of the last checkpoint (the durable epoch when the read or its
- * snapshot began; a row deleted by a checkpoint that completes while a
- * snapshot is open may be missing from it).  Reads, scans, snapshots,
+ * snapshot began: one checkpoint, whole).  Reads, scans, snapshots,
  * embkv_knn (current versions, as always), embkv_stats_get work; every
  * function that would change the store returns EMBKV_READONLY.  A read
  * that holds back the writer's reclamation for more than 10 s, or that the

@@ -168,10 +168,15 @@ static long read_snapshot(embkv_store *s)
             bad("snapshot at batch %ld, which no checkpoint holds (%ld)", v, 0);
         if (v < before)
             bad("snapshot at batch %ld, older than checkpoint %ld before it", v, before);
-        /* Alive: id 0's insert (never deleted) and the last five. */
+        /* Alive at batch v: id 0's insert (never deleted) and the last
+         * five, exactly (a row deleted in a checkpoint after the
+         * snapshot's is still there as of it). */
         long want = v < 5 ? v + 1 : 6;
-        if (ins > want)
-            bad("%ld inserted rows, at most %ld", ins, want);
+        if (ins != want)
+            bad("%ld inserted rows, want %ld", ins, want);
+        for (size_t i = 0; i < n; i++)
+            if (found[i] && ids[i] >= INS0 && ids[i] != INS0 && ids[i] - INS0 <= v - 5)
+                bad("inserted row %ld, deleted by batch %ld, is there", (long)(ids[i] - INS0), v);
     }
     atomic_fetch_add(&sh->reads, 1);
     return v;

@@ -99,6 +99,12 @@ struct embkv_store {
     locvec pendingu[2];        /* the same, that no open snapshot may read (P6) */
     tomb_entry *tombs[2];
     size_t ntombs[2], tombs_cap[2];
+    /* Tombstones of durable epochs kept in the index while reader
+     * processes may read as of an earlier checkpoint (sync.c), each with
+     * the reclamation epoch of its sync; under sync_mu. */
+    tomb_entry *tdefer;
+    uint64_t *tdefer_epoch;
+    size_t ntdefer, tdefer_cap;
     limbo_entry *limbo;        /* waiting for readers to leave */
     size_t nlimbo, limbo_cap;
     limbo_entry *plimbo;       /* pinned: waiting for readers and older snapshots (P6) */

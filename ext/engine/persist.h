@@ -72,6 +72,8 @@ static inline bool debug_sync_point(void)
  * slots counted in reclamation), ready once open, detach at close. */
 int readers_attach_writer(embkv_store *s);
 void readers_writer_ready(embkv_store *s);
+/* Whether a reader process is in an epoch now (an unrevoked slot). */
+bool readers_active(embkv_store *s);
 void readers_detach(embkv_store *s);
 /* A reader process's side: maps the table (s->readers). */
 int readers_attach_reader(embkv_store *s);

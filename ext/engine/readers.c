@@ -397,6 +397,20 @@ int readers_attach_writer(embkv_store *s)
     return EMBKV_OK;
 }
 
+bool readers_active(embkv_store *s)
+{
+    struct readers *r = s->readers;
+    if (!r)
+        return false;
+    unsigned high = atomic_load(&r->h->high);
+    for (unsigned i = 0; i < high && i < RD_SLOTS; i++) {
+        uint64_t w = atomic_load(&r->slot[i].word);
+        if (w && !(w & 1))
+            return true;
+    }
+    return false;
+}
+
 void readers_writer_ready(embkv_store *s)
 {
     if (s->readers)

@@ -12,10 +12,10 @@
  * the snapshot it reads through) began: from the record the index names,
  * `prev` is followed back to the version of epoch D or before (P2 keeps
  * that version linked, R1 keeps it unreused).  So a reader never sees a
- * write group in part, nor rows newer than a checkpoint.  One exception,
- * said in the docs: a row deleted in a checkpoint that completes while a
- * snapshot is open may be missing from it (the writer drops a tombstone's
- * index entry once its checkpoint is durable).  Everything read is copied
+ * write group in part, nor rows newer than a checkpoint.  A row deleted
+ * since is found through its tombstone's entry, which the writer keeps
+ * while a reader is in an epoch older than the tombstone's sync (sync.c).
+ * Everything read is copied
  * out and checked (id, checksum) before rd_valid says the slot was not
  * revoked under it (R2, R3); only then is it returned.
  */

@@ -155,6 +155,34 @@ int recover_rows(embkv_store *s, index_desc *ix, bool marked, uint64_t *unknown)
     return rc;
 }
 
+size_t recover_tombstones(embkv_store *s, index_desc *ix)
+{
+    /* Tombstones are never demoted: each names a pool record. */
+    uint64_t durable = s->root->durable_epoch;
+    size_t gone = 0;
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        bucket *bk = &ix->buckets[b];
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            uint64_t loc = bk->slots[i].loc;
+            if (!(bk->used & (1u << i)) || !(loc & LOC_TOMB) || (loc & LOC_SSD))
+                continue;
+            uint64_t p = loc_plain(loc);
+            if (loc_chunk(p) >= s->nchunks || loc_index(p) >= s->recs_per_chunk)
+                continue;  /* (slab_rebuild names what such an entry is) */
+            rec_hdr *r = rec_at(s, p);
+            if (r->id == bk->slots[i].key && (r->epoch & REC_TOMB) && rec_epoch(r) <= durable) {
+                mark_bucket(s, bk);
+                bk->used &= (uint16_t)~(1u << i);
+                persist_range(s, &bk->used, sizeof bk->used);
+                gone++;
+            }
+        }
+    }
+    if (gone)
+        ix_rebuild_overflow(ix);
+    return gone;
+}
+
 void recover_count(embkv_store *s, index_desc *ix)
 {
     uint64_t rows = 0, entries = 0;

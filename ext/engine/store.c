@@ -428,6 +428,8 @@ static void free_store(embkv_store *s)
         free(s->pendingu[i].v);
         free(s->tombs[i]);
     }
+    free(s->tdefer);
+    free(s->tdefer_epoch);
     dirtymap_close(s);
     free(s->limbo);
     free(s->plimbo);
@@ -826,12 +828,17 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
         if (rc != EMBKV_OK)
             return rc;
         s->recovered = 1;
+        recover_tombstones(s, ix);
         rc = slab_rebuild(s);
         if (rc != EMBKV_OK)
             return rc;
         pmemobj_persist(s->pop, ix->buckets, ix->nbuckets * BUCKET_BYTES);
-    } else if ((rc = slab_rebuild(s)) != EMBKV_OK) {
-        return rc;
+    } else {
+        slab_map_chunks(s);
+        if (recover_tombstones(s, ix))
+            pmemobj_persist(s->pop, ix->buckets, ix->nbuckets * BUCKET_BYTES);
+        if ((rc = slab_rebuild(s)) != EMBKV_OK)
+            return rc;
     }
     /* The counts first: a store they refuse keeps its dirty map and its
      * log's segments as they are. */
@@ -1334,6 +1341,7 @@ int embkv_close(embkv_store *s)
     migrate_stop(s);
     tier_worker_stop(s);
     la_close(s);
+    sync_purge_deferred(s);
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
         uint64_t rows = atomic_load(&s->rows);

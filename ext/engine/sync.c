@@ -17,6 +17,7 @@
  */
 #include <libpmem.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "top.h"
 
@@ -38,6 +39,59 @@ static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
         keylock_release(s, h);
         pthread_rwlock_unlock(&s->writers);
     }
+}
+
+/* Tombstones whose index entries stay for reader processes (readers.c):
+ * a reader reads as of the checkpoint that was the last when its
+ * statement began, and a row deleted in a later one is still a row as of
+ * it.  Purged once every reader slot in an epoch at their sync has left
+ * (all: now; the close, before its last sync). */
+static void purge_deferred(embkv_store *s, bool all)
+{
+    if (s->ntdefer == 0)
+        return;
+    uint64_t safe = all ? UINT64_MAX : ebr_safe_epoch();
+    size_t k = 0;
+    while (k < s->ntdefer && s->tdefer_epoch[k] < safe)
+        k++;
+    purge_tombstones(s, s->tdefer, k);
+    memmove(s->tdefer, s->tdefer + k, (s->ntdefer - k) * sizeof *s->tdefer);
+    memmove(s->tdefer_epoch, s->tdefer_epoch + k, (s->ntdefer - k) * sizeof *s->tdefer_epoch);
+    s->ntdefer -= k;
+}
+
+/* Keeps n tombstones of a durable epoch for the readers in an epoch now;
+ * false when out of memory (they are purged now: such a reader may then
+ * miss those rows, and is told nothing). */
+static bool defer_tombstones(embkv_store *s, const tomb_entry *t, size_t n)
+{
+    if (s->ntdefer + n > s->tdefer_cap) {
+        size_t cap = s->tdefer_cap ? s->tdefer_cap : 256;
+        while (cap < s->ntdefer + n)
+            cap *= 2;
+        tomb_entry *a = realloc(s->tdefer, cap * sizeof *a);
+        if (a)
+            s->tdefer = a;
+        uint64_t *b = a ? realloc(s->tdefer_epoch, cap * sizeof *b) : NULL;
+        if (b)
+            s->tdefer_epoch = b;
+        if (!a || !b)
+            return false;
+        s->tdefer_cap = cap;
+    }
+    uint64_t e = ebr_now();
+    for (size_t i = 0; i < n; i++) {
+        s->tdefer[s->ntdefer] = t[i];
+        s->tdefer_epoch[s->ntdefer++] = e;
+    }
+    return true;
+}
+
+void sync_purge_deferred(embkv_store *s)
+{
+    pthread_mutex_lock(&s->sync_mu);
+    purge_deferred(s, true);
+    pthread_mutex_unlock(&s->sync_mu);
 }
 
 int embkv_sync(embkv_store *s)
@@ -122,7 +176,9 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         s->sync_failed = false;
         /* Versions replaced during E and rows deleted during E are garbage
          * now that E is durable (P2), freed once no reader holds them (P6). */
-        purge_tombstones(s, tombs, ntombs);
+        purge_deferred(s, false);
+        if (!(ntombs && readers_active(s) && defer_tombstones(s, tombs, ntombs)))
+            purge_tombstones(s, tombs, ntombs);
         slab_retire(s, pend.v, pend.n, true);
         slab_retire(s, pendu.v, pendu.n, false);
         slab_reclaim(s, false);

@@ -16,6 +16,11 @@
  * marked: only the buckets the dirty map marked.  *unknown counts the rows
  * left on a record that could not be read.  At open, single-threaded. */
 int recover_rows(embkv_store *s, index_desc *ix, bool marked, uint64_t *unknown);
+/* Removes the index entries of tombstones whose deletion is durable (a
+ * sync keeps them while reader processes may read an older checkpoint:
+ * sync.c; a crash may leave them).  Chunks mapped; at open, single-
+ * threaded; returns how many went. */
+size_t recover_tombstones(embkv_store *s, index_desc *ix);
 /* s->rows and s->entries from the index (and the log's rows). */
 void recover_count(embkv_store *s, index_desc *ix);
 
@@ -24,5 +29,8 @@ void recover_count(embkv_store *s, index_desc *ix);
  * switch: snap then sees exactly what the sync made durable, the epoch
  * *durable (may be NULL). */
 int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable);
+/* Purges the tombstones kept for reader processes (the close, before its
+ * last sync). */
+void sync_purge_deferred(embkv_store *s);
 
 #endif
