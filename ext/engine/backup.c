@@ -270,10 +270,30 @@ static uint64_t tree_bytes(const char *path)
 
 /* ------------------------------------------------------------ the API */
 
+/* No row moves between buckets while the cursor runs: the hot-set moves
+ * of this process wait (move_pin), or, in a reader process, the writer's
+ * (a scan pin in the reader table, held in the thread that began the
+ * backup: a reader's backup runs in one thread). */
+static void backup_pin(embkv_store *s)
+{
+    if (s->reader)
+        rd_pin(s);
+    else
+        move_pin(s);
+}
+
+static void backup_unpin(embkv_store *s)
+{
+    if (s->reader)
+        (void)rd_unpin(s);
+    else
+        move_unpin(s);
+}
+
 static void backup_free(embkv_backup *b)
 {
     if (b->pinned)
-        move_unpin(b->s);
+        backup_unpin(b->s);
     if (b->snap)
         embkv_snapshot_close(b->snap);
     if (b->dst)
@@ -299,7 +319,6 @@ static void backup_free(embkv_backup *b)
 
 int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
 {
-    RO_REFUSE(s, "embkv_backup_begin");
     if (!out)
         return embkv__err(EMBKV_INVALID, "embkv_backup_begin: out is NULL");
     *out = NULL;
@@ -332,7 +351,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     }
     /* The backup's own reference: a close of the caller's while it runs
      * leaves the store open until the backup ends. */
-    if (b && embkv_open(s->path, NULL, 0, &b->s) != EMBKV_OK)
+    if (b && embkv_open(s->path, NULL, s->reader ? EMBKV_OPEN_READONLY : 0, &b->s) != EMBKV_OK)
         b->s = NULL;
     if (!b || !b->s || !b->dir || !b->abs || !b->tmp || !b->ids || !b->vec || (s->state_floats && !b->state) || !b->info ||
         !b->found) {
@@ -361,9 +380,13 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         return embkv__err(EMBKV_IO, "embkv_backup: cannot create a directory beside %s: %s", dir, strerror(e));
     }
 
-    /* The checkpoint and the snapshot of it, in one epoch switch. */
-    rc = snap_register(s, &b->snap);
-    if (rc == EMBKV_OK) {
+    /* The checkpoint and the snapshot of it, in one epoch switch; in a
+     * reader process, the writer's last checkpoint (readonly.c). */
+    if (s->reader) {
+        rc = embkv_snapshot_open(s, &b->snap);
+        if (rc == EMBKV_OK)
+            b->epoch = snap_as_of(b->snap);
+    } else if ((rc = snap_register(s, &b->snap)) == EMBKV_OK) {
         rc = sync_fixing(s, b->snap, &b->epoch);
         if (rc != EMBKV_OK) {
             embkv_snapshot_close(b->snap);
@@ -391,7 +414,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         backup_free(b);
         return embkv__err(rc, "%s", msg);
     }
-    move_pin(s);
+    backup_pin(s);
     b->pinned = true;
     *out = b;
     return EMBKV_OK;
@@ -455,7 +478,7 @@ static int step_locked(embkv_backup *b, size_t rows, int *done)
                 continue;
             }
             if (rc == EMBKV_OK && n == 0) {
-                move_unpin(b->s);
+                backup_unpin(b->s);
                 b->pinned = false;
                 rc = embkv_snapshot_changed_ids(b->snap, &b->changed, &b->nchanged);
                 b->phase = 1;

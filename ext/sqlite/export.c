@@ -1199,7 +1199,10 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     embkv_table_ref ref;
     const char *dir;
     if (args(ctx, "embkv_backup", argv, &ref, &dir)) return;
-    if (ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first")) return;
+    /* (beside another process's writer it copies that writer's last
+     * checkpoint, and changes nothing) */
+    if (!embkv_readonly(ref.store) &&
+        ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first")) return;
     if ((size_t)sqlite3_value_bytes(argv[1]) != strlen(dir)) {
         fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "argument 2 holds a NUL byte: not a directory name");
         return;

@@ -5,7 +5,8 @@ A trainer process pushes a gradient to every row of a table in each step
 and vec[0] == k, and checkpoints every third step, noting the step in a
 file.  Reader processes open the database read-only (a mode=ro URI, and
 PRAGMA query_only) and run every plan in a loop: full scans, count(*),
-IN lists, point lookups, embkv_pull, embkv_knn, embkv_stats, embkv_export.
+IN lists, point lookups, embkv_pull, embkv_knn, embkv_stats, embkv_export,
+embkv_backup (the copy opened as a table).
 Each statement must see one checkpoint: every row at one step, a step the
 trainer checkpointed, not older than the checkpoint noted before the
 statement began.  Readers and the trainer are killed (SIGKILL) meanwhile:
@@ -90,7 +91,7 @@ def judge(plan, rows, before, want=None):
     stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
 end = time.time() + seconds
 while time.time() < end:
-    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export"])
+    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup"])
     before = ck_now()
     try:
         if plan == "scan":
@@ -119,6 +120,18 @@ while time.time() < end:
         elif plan == "stats":
             st = json.loads(c.execute("SELECT embkv_stats('item')").fetchone()[0])
             if st["dim"] != dim: bad("stats: %%s" %% st)
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        elif plan == "backup":
+            # a copy of the last checkpoint, taken here, opens as a table
+            d = os.path.join(os.path.dirname(db), "bk-%%d-%%d" %% (os.getpid(), stats["statements"]))
+            info = json.loads(c.execute("SELECT embkv_backup('item', ?)", (d,)).fetchone()[0])
+            b = sqlite3.connect(d + ".db", isolation_level=None)
+            b.enable_load_extension(True); b.load_extension(ext)
+            b.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%%d, path='%%s')" %% (dim, d))
+            rows = b.execute("SELECT count(*), min(clock), max(clock) FROM t").fetchone()
+            b.execute("DROP TABLE t"); b.close(); os.remove(d + ".db")
+            if info["rows"] != n or rows[0] != n or rows[1] != rows[2] or rows[1] < before or rows[1] %% 3:
+                bad("backup: %%s, rows %%s (checkpoint %%d before)" %% (info, rows, before))
             stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
         else:
             out = "%%s.export.%%d" %% (db, os.getpid())
@@ -194,7 +207,8 @@ class TestReaderProcesses(Base):
                   file=sys.stderr)
             self.assertEqual(r["bad"], [], r)
             self.assertGreater(r["statements"], 40, r)
-            self.assertEqual(set(r["plans"]), {"scan", "count", "in", "point", "pull", "knn", "stats", "export"}, r)
+            self.assertEqual(set(r["plans"]), {"scan", "count", "in", "point", "pull", "knn", "stats", "export",
+                                               "backup"}, r)
         # after the kill, the store reopened at a checkpoint: every row at one step
         c = connect(self.db)
         self.assertEqual(c.execute("SELECT count(DISTINCT clock), count(*) FROM item").fetchone(), (1, ROWS))
