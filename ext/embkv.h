@@ -133,8 +133,10 @@ typedef struct embkv_options {
  * snapshot began: one checkpoint, whole).  Reads, scans, snapshots,
  * embkv_knn (current versions, as always), embkv_stats_get work; every
  * function that would change the store returns EMBKV_READONLY.  A read
- * that holds back the writer's reclamation for more than 10 s, or that the
- * writer's reopening overtook, fails with EMBKV_BUSY (run it again).  In
+ * that holds back the writer's reclamation for more than 10 s (100 ms when
+ * the writer must wait for it: a demotion, a resize, a compaction), or
+ * that the writer's reopening overtook, fails with EMBKV_BUSY (run it
+ * again).  In
  * a process that has the store open to write, this shares that handle. */
 #define EMBKV_OPEN_READONLY 0x2
 /* Whether s was opened with EMBKV_OPEN_READONLY (not sharing a writer's handle). */

@@ -470,7 +470,11 @@ static int step_locked(embkv_backup *b, size_t rows, int *done)
         const int64_t *ids = b->ids;
         if (b->phase == 0) {
             rc = embkv_scan_ids(b->s, &b->pos, b->ids, want < 64 ? 64 : want, &n);
-            if (rc == EMBKV_BUSY) {
+            /* (a reader process's snapshot revoked, or overtaken by the
+             * writer's reopening: the backup fails, saying to run again) */
+            if (rc == EMBKV_BUSY && b->s->reader && !rd_valid(b->s))
+                rc = rd_invalid(b->s);
+            else if (rc == EMBKV_BUSY) {
                 /* Resized: again from the start, the copy synced so that
                  * the versions the repeats replace are freed. */
                 b->pos = 0;

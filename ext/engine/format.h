@@ -68,8 +68,11 @@
 #define DIRTY_FILE "store.dirty" /* pages written since the durable epoch (sync.c: the dirty map) */
 #define READERS_FILE "READERS" /* reader processes' slots beside the writer (readers.c) */
 /* How long a reader process may hold back the writer's reclamation before
- * its read is revoked (readers.c: R2). */
+ * its read is revoked, and how long a writer that must wait for it (to
+ * reuse records now: a demotion, a resize, a compaction) waits (readers.c:
+ * R2). */
 #define READER_HOLD_MS 10000
+#define READER_WAIT_MS 100
 
 /* The types of the pool's objects (libpmemobj type numbers). */
 #define TYPE_INDEX 1

@@ -312,9 +312,10 @@ void la_close(embkv_store *s)
 
 int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued)
 {
-    RO_REFUSE(s, "embkv_lookahead");
     if (queued)
         *queued = 0;
+    if (s && s->reader)
+        return EMBKV_OK;  /* (a hint: a reader process stages nothing) */
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_lookahead: %s is NULL", s ? "ids" : "store");
     if (!s->log || n == 0)

@@ -21,10 +21,13 @@
  *
  * R1  A writer frees nothing retired while a live, unrevoked reader slot
  *     holds an epoch at or below the retirement's.
- * R2  A reader holds its epoch at most READER_HOLD_MS while the writer
- *     waits for it: then the writer revokes the slot (sets bit 0 of its
- *     word) and goes on.  A reader checks its word after copying rows out
- *     (rd_valid) and fails its statement instead of returning them.
+ * R2  A reader's epoch holds back what the writer frees later (its
+ *     reclamation) for at most READER_HOLD_MS, and what it must reuse now
+ *     (a demotion making room, a resize, a compaction waiting for readers)
+ *     for at most READER_WAIT_MS: then the writer revokes the slot (sets
+ *     bit 0 of its word) and goes on.  A reader checks its word after
+ *     copying rows out (rd_valid) and fails its statement instead of
+ *     returning them.  So a reader stalls a trainer for a moment at most.
  * R3  A writer's open makes the generation odd, revokes every slot in an
  *     epoch (they read under the previous writer, whose frees the new
  *     one's free list does not know), and makes it even when the store
@@ -87,7 +90,8 @@ struct readers {
     rd_slot *slot;
     int fd;
     bool writer;
-    uint64_t hold_ns;
+    uint64_t hold_ns;          /* R2: how long reclamation lets a slot lag */
+    uint64_t wait_ns;          /* R2: how long a writer waiting for a slot waits */
     /* the writer's view of each slot: the word it last saw, since when */
     uint64_t *seen_word, *seen_ns;
 };
@@ -248,7 +252,7 @@ static void writer_wait(ebr_foreign *f, uint64_t target)
                 slot_free(r, sl);
                 break;
             }
-            if (now_ns() - t0 > r->hold_ns) {
+            if (now_ns() - t0 > r->wait_ns) {
                 atomic_compare_exchange_strong(&sl->word, &w, w | 1);  /* R2 */
                 continue;
             }
@@ -371,6 +375,7 @@ int readers_attach_writer(embkv_store *s)
     rd_header *h = r->h;
     r->writer = true;
     r->hold_ns = readers_hold_ms * 1000000ull;
+    r->wait_ns = (readers_hold_ms < READER_WAIT_MS ? readers_hold_ms : READER_WAIT_MS) * 1000000ull;
     atomic_store(&h->hold_ms, readers_hold_ms);
     /* R3: odd while this writer opens; the readers of the last one are
      * revoked (a killed writer may have left the generation odd). */
@@ -586,9 +591,10 @@ int rd_invalid(embkv_store *s)
     if (t && t->depth && atomic_load(&r->h->gen) != t->gen)
         return embkv__err(EMBKV_BUSY, "store %s: its writer reopened it during this read (process %ld): run the "
                           "statement again", s->path, readers_writer_pid(s));
-    return embkv__err(EMBKV_BUSY, "store %s: this read held the writer's reclamation for more than %llu ms, and "
-                      "the writer (process %ld) went on without it: run the statement again, or read fewer rows "
-                      "a statement", s->path, (unsigned long long)atomic_load(&r->h->hold_ms), readers_writer_pid(s));
+    return embkv__err(EMBKV_BUSY, "store %s: this read held back records the writer (process %ld) needed (more "
+                      "than %llu ms, or %d ms while it had to wait for them), and it went on without it: run the "
+                      "statement again, or read fewer rows a statement", s->path, readers_writer_pid(s),
+                      (unsigned long long)atomic_load(&r->h->hold_ms), READER_WAIT_MS);
 }
 
 void rd_leave(embkv_store *s)
