@@ -4,7 +4,7 @@
 #   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
-#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_knn.py,
+#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_readers.py, bench_knn.py,
 #   bench_ctr.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
@@ -200,6 +200,9 @@ fi
 if [[ -x $PY ]] && "$PY" -c 'import embkv' 2>/dev/null; then
     run "bench_pins.py (/dev/shm)" "$PY" bench/bench_pins.py "$SHM_ROOT/pins" --seconds 30
     rm -rf "$SHM_ROOT/pins"
+    # Reader processes beside a trainer: their reads, and the trainer's steps.
+    run "bench_readers.py (/dev/shm)" "$PY" bench/bench_readers.py "$SHM_ROOT/readers"
+    rm -rf "$SHM_ROOT/readers"
 fi
 
 # Nearest-neighbour search: embkv_knn against sqlite-vec (the npm package
