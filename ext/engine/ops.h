@@ -50,6 +50,8 @@ void ro_free(embkv_store *s);
 int ro_enter(embkv_store *s);
 void ro_leave(embkv_store *s);
 uint64_t ro_as_of(embkv_store *s);
+/* s->rows from the root: the rows of the writer's last checkpoint. */
+void ro_count_update(embkv_store *s);
 int ro_read(embkv_store *s, uint64_t d, const int64_t *ids, size_t n, float *out, float *state,
             embkv_rowinfo *info, uint8_t *found, size_t *nmissing, int *tiers);
 int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n);

@@ -85,8 +85,7 @@ int ro_load(embkv_store *s, const embkv_options *opt)
         if ((rc = log_open(&lo, &s->log)) != EMBKV_OK)
             return rc;
     }
-    atomic_store(&s->rows, r->durable_rows_check == durable_rows_check(r->durable_rows, r->durable_epoch)
-                               ? r->durable_rows : 0);
+    ro_count_update(s);
     return EMBKV_OK;
 }
 
@@ -107,6 +106,18 @@ static const rec_hdr *ro_rec(embkv_store *s, uint64_t loc)
     if (at + s->rec_size > off + s->chunk_bytes)
         return NULL;
     return (const rec_hdr *)(s->pool_base + at);
+}
+
+void ro_count_update(embkv_store *s)
+{
+    /* Epoch, count and check are written apart by the writer's sync: a
+     * count read between them fails the check, and the last one stays. */
+    store_root *r = s->root;
+    uint64_t e = __atomic_load_n(&r->durable_epoch, __ATOMIC_ACQUIRE);
+    uint64_t rows = __atomic_load_n(&r->durable_rows, __ATOMIC_RELAXED);
+    uint64_t check = __atomic_load_n(&r->durable_rows_check, __ATOMIC_RELAXED);
+    if (check == durable_rows_check(rows, e))
+        atomic_store(&s->rows, rows);
 }
 
 uint64_t ro_as_of(embkv_store *s)

@@ -110,6 +110,8 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     ix = atomic_load(&s->ix);
     st->buckets = ix->nbuckets;
     ebr_leave();
+    if (s->reader)
+        ro_count_update(s);  /* (the rows of the writer's last checkpoint) */
     st->rows = atomic_load(&s->rows);
     st->slots_per_bucket = BUCKET_SLOTS;
     st->bucket_bytes = BUCKET_BYTES;

@@ -91,7 +91,7 @@ def judge(plan, rows, before, want=None):
     stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
 end = time.time() + seconds
 while time.time() < end:
-    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup"])
+    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup", "heat"])
     before = ck_now()
     try:
         if plan == "scan":
@@ -119,7 +119,12 @@ while time.time() < end:
             stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
         elif plan == "stats":
             st = json.loads(c.execute("SELECT embkv_stats('item')").fetchone()[0])
-            if st["dim"] != dim: bad("stats: %%s" %% st)
+            if st["dim"] != dim or st["rows"] != n: bad("stats: %%s" %% st)
+            stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+        elif plan == "heat":
+            # every row with its tier; no access counts in a reader process
+            got = c.execute("SELECT count(*), sum(hits), count(DISTINCT tier IN ('pm', 'ssd')) FROM embkv_heat('item')").fetchone()
+            if got != (n, 0, 1): bad("heat: %%s" %% (got,))
             stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
         elif plan == "backup":
             # a copy of the last checkpoint, taken here, opens as a table
@@ -208,7 +213,7 @@ class TestReaderProcesses(Base):
             self.assertEqual(r["bad"], [], r)
             self.assertGreater(r["statements"], 40, r)
             self.assertEqual(set(r["plans"]), {"scan", "count", "in", "point", "pull", "knn", "stats", "export",
-                                               "backup"}, r)
+                                               "backup", "heat"}, r)
         # after the kill, the store reopened at a checkpoint: every row at one step
         c = connect(self.db)
         self.assertEqual(c.execute("SELECT count(DISTINCT clock), count(*) FROM item").fetchone(), (1, ROWS))
