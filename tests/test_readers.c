@@ -73,9 +73,17 @@ static void writer(const char *dir, long from, long until)
     embkv_options o = {.dim = DIM, .expected_rows = 64, .pool_size = 16 << 20, .ssd_size = 64 << 20};
     embkv_store *s;
     embkv_debug_reader_hold((uint64_t)atomic_load(&sh->hold_ms));
+    float v0[DIM];
     if (embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s) != EMBKV_OK) {
         fprintf(stderr, "writer open: %s\n", embkv_errmsg());
         _exit(3);
+    }
+    /* from < 0: after the batch the store holds (every row has it) */
+    if (from < 0) {
+        if (embkv_get(s, 0, v0, NULL, NULL) != EMBKV_OK)
+            _exit(6);
+        from = (long)v0[0] + 1;
+        atomic_store(&sh->batch, from - 1);
     }
     for (long b = from; !atomic_load(&sh->stop) && (until == 0 || b <= until); b++) {
         if (write_batch(s, b) != EMBKV_OK) {
@@ -260,7 +268,7 @@ int main(void)
 {
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
-    const char *dir = test_tmpdir("rd");
+    const char *dir = strdup(test_tmpdir("rd"));  /* (test_tmpdir reuses its buffer) */
 
     /* A: a reader with no writer ever: refused on a missing store, then
      * reads a closed store. */
@@ -286,11 +294,48 @@ int main(void)
     CHECK(strstr(embkv_errmsg(), "read-only in this process") != NULL);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
+    /* One thread reads more stores over its life than it reads at once. */
+    {
+        embkv_store *many[12];
+        for (int i = 0; i < 12; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "many%d", i);
+            const char *d = test_tmpdir(name);
+            embkv_options mo = {.dim = DIM, .pool_size = 16 << 20};
+            embkv_store *w = NULL;
+            CHECK_RC(embkv_open(d, &mo, EMBKV_OPEN_CREATE, &w), EMBKV_OK);
+            vec_of(i, 1, v);
+            CHECK_RC(embkv_put(w, 1, v, NULL, 0), EMBKV_OK);
+            CHECK_RC(embkv_close(w), EMBKV_OK);
+            CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &many[i]), EMBKV_OK);
+        }
+        for (int round = 0; round < 2; round++)
+            for (int i = 0; i < 12; i++) {
+                CHECK_RC(embkv_get(many[i], 1, v, NULL, NULL), EMBKV_OK);
+                CHECK(v[0] == (float)i);
+            }
+        for (int i = 0; i < 12; i++)
+            CHECK_RC(embkv_close(many[i]), EMBKV_OK);
+    }
+
     /* B: a writer and three readers. */
     atomic_store(&sh->synced, 3);
     atomic_store(&sh->batch, 3);
     pid_t wp = spawn(writer_forever, dir, 4);
     sleep_ms(200);
+    /* The reader table removed and made again while the writer runs: a
+     * new reader is refused (the writer would not honour it). */
+    {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/READERS", dir);
+        snprintf(b, sizeof b, "%s/READERS.moved", dir);
+        snprintf(b, sizeof b, "%s/READERS.moved", check_tmp_root);  /* (outside the store) */
+        CHECK(rename(a, b) == 0);
+        embkv_store *x = NULL;
+        CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &x), EMBKV_BUSY);
+        CHECK(strstr(embkv_errmsg(), "does not use the store's reader table READERS") != NULL);
+        CHECK(rename(b, a) == 0);
+    }
     pid_t rp[3];
     for (int i = 0; i < 3; i++)
         rp[i] = spawn(reader, dir, i);
@@ -312,8 +357,7 @@ int main(void)
     /* E: a new writer recovers (to the last checkpoint: batch synced) and
      * goes on; the readers keep reading, some reads told to run again. */
     long from = atomic_load(&sh->synced) + 1;
-    atomic_store(&sh->batch, from - 1);
-    wp = spawn(writer_forever, dir, (int)from);
+    wp = spawn(writer_forever, dir, -1);  /* (from the checkpoint it recovers to, at least `from`) */
     sleep_ms(2500);
     CHECK(atomic_load(&sh->batch) > from + 3);
     atomic_store(&sh->stop, 1);
@@ -324,9 +368,7 @@ int main(void)
      * writer goes on, the read fails and says to run it again. */
     atomic_store(&sh->stop, 0);
     atomic_store(&sh->hold_ms, 300);
-    from = atomic_load(&sh->batch) + 1;  /* (the last writer closed: all its batches are there) */
-    atomic_store(&sh->batch, from - 1);
-    wp = spawn(writer_forever, dir, (int)from);
+    wp = spawn(writer_forever, dir, -1);
     sleep_ms(300);
     CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_OK);
     embkv_snapshot *snap = NULL;
@@ -363,5 +405,6 @@ int main(void)
     if (atomic_load(&sh->bad))
         fprintf(stderr, "first fault: %s\n", sh->why);
     CHECK(atomic_load(&sh->bad) == 0);
+    free((void *)dir);
     return test_summary("test_readers");
 }

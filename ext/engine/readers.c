@@ -446,6 +446,33 @@ void readers_detach(embkv_store *s)
     s->readers = NULL;
 }
 
+/* The process holding the flock on dir's LOCK (the writer), from the
+ * kernel's table of locks (the pid written in LOCK may be stale), or 0. */
+static long lock_pid(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, LOCK_FILE);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    long pid = 0;
+    while (!pid && fgets(line, sizeof line, f)) {
+        char kind[16], mode[16];
+        long p;
+        unsigned maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*[^:]: %15s %*s %15s %ld %x:%x:%llu", kind, mode, &p, &maj, &min, &ino) == 6 &&
+            !strcmp(kind, "FLOCK") && !strcmp(mode, "WRITE") && ino == (unsigned long long)st.st_ino)
+            pid = p;
+    }
+    fclose(f);
+    return pid;
+}
+
 int readers_attach_reader(embkv_store *s)
 {
     struct readers *r;
@@ -453,6 +480,20 @@ int readers_attach_reader(embkv_store *s)
     if (rc != EMBKV_OK)
         return rc;
     pthread_once(&tl_once, tl_make_key);
+    /* A live writer is in this table, or the table is not the one it
+     * honours (READERS removed and made again while it runs): reading
+     * beside it then would be unsafe.  (A writer between its lock and its
+     * table is given a moment.) */
+    long holder = lock_pid(s->path);
+    for (int i = 0; holder && proc_alive((pid_t)holder, 0) && atomic_load(&r->h->writer_pid) != holder; i++) {
+        if (i == 200)
+            return embkv__err(EMBKV_BUSY, "store %s: its writer (process %ld) does not use the store's reader "
+                              "table %s (was the file removed while it ran?): readers cannot read beside it "
+                              "safely; restart the writer", s->path, holder, READERS_FILE);
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+        holder = lock_pid(s->path);
+    }
     s->readers = r;
     return EMBKV_OK;
 }
@@ -477,10 +518,22 @@ static rd_tl *tl_get(struct readers *r)
         if (!tl[i].r && !fr)
             fr = &tl[i];
     }
+    /* All taken: one of a table this thread is not reading now gives its
+     * slot back (a thread may read any number of stores over its life). */
+    for (int i = 0; i < RD_TL && !fr; i++)
+        if (tl[i].depth == 0 && tl[i].failed_pins == 0) {
+            fr = &tl[i];
+            if (fr->slot >= 0) {
+                rd_slot *sl = &fr->r->slot[fr->slot];
+                if (atomic_load(&sl->pid) == getpid() && atomic_load(&sl->tid) == (int)syscall(SYS_gettid))
+                    slot_free(fr->r, sl);
+            }
+        }
     if (fr) {
         fr->r = r;
         fr->slot = -1;
         fr->depth = 0;
+        fr->failed_pins = 0;
     }
     return fr;
 }
