@@ -294,6 +294,40 @@ int main(void)
     CHECK(strstr(embkv_errmsg(), "read-only in this process") != NULL);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
+    /* The files written in a store directory are never followed through
+     * a link: the victim stays as it was. */
+    {
+        char victim[700], link[700], save[700];
+        snprintf(victim, sizeof victim, "%s/victim", check_tmp_root);
+        FILE *f = fopen(victim, "w");
+        CHECK(f && fputs("precious\n", f) >= 0 && fclose(f) == 0);
+        const char *names[3] = {"READERS", "LOCK", "store.dirty"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(link, sizeof link, "%s/%s", dir, names[k]);
+            snprintf(save, sizeof save, "%s/%s.saved", check_tmp_root, names[k]);
+            CHECK(rename(link, save) == 0 || errno == ENOENT);
+            CHECK(symlink(victim, link) == 0);
+            embkv_store *x = NULL;
+            int rrc = embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &x);
+            if (k == 0) {
+                CHECK(rrc == EMBKV_CORRUPT && strstr(embkv_errmsg(), "READERS is a symbolic link"));
+            } else if (rrc == EMBKV_OK) {
+                CHECK_RC(embkv_close(x), EMBKV_OK);
+            }
+            int wrc = embkv_open(dir, NULL, 0, &x);
+            if (k == 1)
+                CHECK(wrc == EMBKV_IO && strstr(embkv_errmsg(), "LOCK is a symbolic link"));
+            if (wrc == EMBKV_OK)
+                CHECK_RC(embkv_close(x), EMBKV_OK);
+            size_t len = 0;
+            char *got = test_read_file(victim, &len);
+            CHECK(got && len == 9 && !memcmp(got, "precious\n", 9));
+            free(got);
+            CHECK(unlink(link) == 0);
+            CHECK(rename(save, link) == 0 || k == 2);
+        }
+    }
+
     /* One thread reads more stores over its life than it reads at once. */
     {
         embkv_store *many[12];

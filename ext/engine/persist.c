@@ -229,7 +229,14 @@ int dirtymap_open(embkv_store *s, bool *usable)
     want.marking = s->is_pmem ? 0 : 1;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", s->path, DIRTY_FILE);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* Never through a link, never into anything but a plain file: the map
+     * is written, and a store directory may come from elsewhere. */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    struct stat fst;
+    if (fd >= 0 && (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
+        close(fd);
+        fd = -1;
+    }
     void *map = MAP_FAILED;
     if (fd >= 0) {
         struct stat st;

@@ -290,16 +290,26 @@ static int table_map(embkv_store *s, struct readers **out)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", s->path, READERS_FILE);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* Never through a link (the table is written: a store directory from
+     * elsewhere must not make it write another file). */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == ELOOP)
+        return embkv__err(EMBKV_CORRUPT, "store %s: its reader table %s is a symbolic link, which embkv does not "
+                          "follow: remove it (the table holds nothing durable; it is made again)", s->path,
+                          READERS_FILE);
     if (fd < 0)
-        return embkv__err(errno == EACCES || errno == EROFS ? EMBKV_IO : EMBKV_IO,
-                          "store %s: cannot open its reader table %s: %s (readers and writers of a store need "
-                          "write access to it)", s->path, READERS_FILE, strerror(errno));
+        return embkv__err(EMBKV_IO, "store %s: cannot open its reader table %s: %s (the writer and the readers of "
+                          "a store need write access to it)", s->path, READERS_FILE, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return embkv__err(EMBKV_IO, "store %s: stat %s: %s", s->path, READERS_FILE, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return embkv__err(EMBKV_CORRUPT, "store %s: its reader table %s is not a plain file: remove it (it holds "
+                          "nothing durable; it is made again)", s->path, READERS_FILE);
     }
     pthread_mutex_lock(&tables_mu);
     for (rd_table *t = tables; t; t = t->next)

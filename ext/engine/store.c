@@ -963,6 +963,21 @@ static void lock_note_holder(int fd)
     /* (without it a refusal only says "another process") */
 }
 
+/* LOCK, never through a link and only a plain file (its holder writes
+ * its pid into it: a store directory from elsewhere must not make it
+ * write another file); -1 with errno (ELOOP for a link or not a file). */
+static int open_lock(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        errno = ELOOP;
+        return -1;
+    }
+    return fd;
+}
+
 static long lock_holder(int fd)
 {
     char buf[32];
@@ -999,9 +1014,11 @@ int embkv_destroy(const char *dir)
     if (state != -3 && (rc = dir_verdict(dir, state, foreign, true)) != EMBKV_OK)
         goto out;
     snprintf(lockpath, sizeof lockpath, "%s/%s", dir, LOCK_FILE);
-    fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd = open_lock(lockpath);
     if (fd < 0) {
-        rc = embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", dir, LOCK_FILE, strerror(errno));
+        rc = errno == ELOOP ? embkv__err(EMBKV_IO, "store %s: its %s is a symbolic link or not a plain file, which "
+                                         "embkv does not open: remove it", dir, LOCK_FILE)
+                            : embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", dir, LOCK_FILE, strerror(errno));
         goto out;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -1212,9 +1229,11 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     char lockpath[PATH_MAX];
     snprintf(lockpath, sizeof lockpath, "%s/%s", s->path, LOCK_FILE);
     s->pid = getpid();
-    s->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    s->lockfd = open_lock(lockpath);
     if (s->lockfd < 0) {
-        rc = embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", s->path, LOCK_FILE, strerror(errno));
+        rc = errno == ELOOP ? embkv__err(EMBKV_IO, "store %s: its %s is a symbolic link or not a plain file, which "
+                                         "embkv does not open: remove it", s->path, LOCK_FILE)
+                            : embkv__err(EMBKV_IO, "store %s: cannot open %s: %s", s->path, LOCK_FILE, strerror(errno));
         free_store(s);
         goto unlock;
     }
