@@ -141,6 +141,8 @@ typedef struct embkv_options {
 #define EMBKV_OPEN_READONLY 0x2
 /* Whether s was opened with EMBKV_OPEN_READONLY (not sharing a writer's handle). */
 int embkv_readonly(const embkv_store *s);
+/* For such a handle: the live process writing the store (0: none). */
+long embkv_writer_pid(const embkv_store *s);
 
 /* Open (and with EMBKV_OPEN_CREATE, create) the store in directory `dir`.
  * Opening a directory already open in this process returns the same store

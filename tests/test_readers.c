@@ -288,10 +288,24 @@ int main(void)
     CHECK_RC(embkv_get(s, 424242, v, NULL, NULL), EMBKV_NOTFOUND);
     CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_READONLY);
     CHECK(strstr(embkv_errmsg(), "embkv_put") && strstr(embkv_errmsg(), "read-only"));
-    /* Opening it to write in this process is refused while read-only. */
-    embkv_store *w2;
-    CHECK_RC(embkv_open(dir, NULL, 0, &w2), EMBKV_LOCKED);
-    CHECK(strstr(embkv_errmsg(), "read-only in this process") != NULL);
+    /* Opened to write in this process too: a handle of its own beside the
+     * reader's, which reads its checkpoints; a read-only open now shares
+     * the writer's. */
+    embkv_store *w2, *s2;
+    CHECK_RC(embkv_open(dir, NULL, 0, &w2), EMBKV_OK);
+    CHECK(w2 != s && !embkv_readonly(w2));
+    vec_of(3, 424242, v);
+    CHECK_RC(embkv_put(w2, 424242, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_get(s, 424242, v, NULL, NULL), EMBKV_NOTFOUND);
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s2), EMBKV_OK);
+    CHECK(s2 == w2);
+    CHECK_RC(embkv_get(s2, 424242, v, NULL, NULL), EMBKV_OK);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    CHECK_RC(embkv_sync(w2), EMBKV_OK);
+    CHECK_RC(embkv_get(s, 424242, v, NULL, NULL), EMBKV_OK);
+    CHECK_RC(embkv_delete(w2, 424242), EMBKV_OK);
+    CHECK_RC(embkv_close(w2), EMBKV_OK);
+    CHECK_RC(embkv_get(s, 424242, v, NULL, NULL), EMBKV_NOTFOUND);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
     /* The files written in a store directory are never followed through
@@ -326,6 +340,61 @@ int main(void)
             CHECK(unlink(link) == 0);
             CHECK(rename(save, link) == 0 || k == 2);
         }
+    }
+
+    /* A store another process reads is not destroyed under it; embkv_check
+     * is the writer's; a reader table with garbage in its slots works. */
+    {
+        const char *d = strdup(test_tmpdir("destroyme"));
+        embkv_options mo = {.dim = DIM, .pool_size = 16 << 20};
+        embkv_store *w = NULL;
+        CHECK_RC(embkv_open(d, &mo, EMBKV_OPEN_CREATE, &w), EMBKV_OK);
+        CHECK_RC(embkv_put(w, 1, v, NULL, 0), EMBKV_OK);
+        CHECK_RC(embkv_close(w), EMBKV_OK);
+        int fds[2];
+        CHECK(pipe(fds) == 0);
+        pid_t kid = fork();
+        if (kid == 0) {
+            embkv_store *x = NULL;
+            if (embkv_open(d, NULL, EMBKV_OPEN_READONLY, &x) != EMBKV_OK)
+                _exit(3);
+            if (write(fds[1], "r", 1) != 1)
+                _exit(4);
+            sleep_ms(60000);
+            _exit(0);
+        }
+        char c;
+        CHECK(read(fds[0], &c, 1) == 1);
+        CHECK_RC(embkv_destroy(d), EMBKV_LOCKED);
+        CHECK(strstr(embkv_errmsg(), "open for reading in another process") != NULL);
+        kill(kid, SIGKILL);
+        CHECK(wait_exit(kid) == 128 + SIGKILL);
+        close(fds[0]);
+        close(fds[1]);
+        embkv_store *x = NULL;
+        CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &x), EMBKV_OK);
+        CHECK_RC(embkv_check(x), EMBKV_READONLY);
+        CHECK_RC(embkv_close(x), EMBKV_OK);
+        /* garbage in every slot, the header intact: readers and the
+         * writer go on (dead processes' slots are freed) */
+        char rp[700];
+        snprintf(rp, sizeof rp, "%s/READERS", d);
+        FILE *f = fopen(rp, "r+b");
+        CHECK(f != NULL);
+        if (f) {
+            unsigned char junk[4096];
+            for (size_t i = 0; i < sizeof junk; i++)
+                junk[i] = (unsigned char)(i * 151 + 7);
+            CHECK(fseek(f, 4096, SEEK_SET) == 0);
+            for (int k = 0; k < 16; k++)
+                CHECK(fwrite(junk, 1, sizeof junk, f) == sizeof junk);
+            CHECK(fclose(f) == 0);
+        }
+        CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &x), EMBKV_OK);
+        CHECK_RC(embkv_get(x, 1, v, NULL, NULL), EMBKV_OK);
+        CHECK_RC(embkv_close(x), EMBKV_OK);
+        CHECK_RC(embkv_destroy(d), EMBKV_OK);
+        free((void *)d);
     }
 
     /* One thread reads more stores over its life than it reads at once. */

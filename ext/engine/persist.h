@@ -77,6 +77,9 @@ bool readers_active(embkv_store *s);
 void readers_detach(embkv_store *s);
 /* A reader process's side: maps the table (s->readers). */
 int readers_attach_reader(embkv_store *s);
+/* A live process (not this one) that has the store in dir open to read,
+ * or 0 (embkv_destroy). */
+long readers_live_reader(const char *dir);
 /* The live writer's pid, or 0. */
 long readers_writer_pid(const embkv_store *s);
 /* A reader thread's epoch on s: rd_enter (nests; waits while a writer

@@ -187,10 +187,12 @@ static void slot_free(struct readers *r, rd_slot *sl)
     atomic_store(&sl->pid, 0);
 }
 
-/* Frees the slots of processes that are gone; returns how many. */
-static unsigned sweep_dead(struct readers *r)
+/* Frees the slots of processes that are gone (all: every slot, not only
+ * those below the high-water mark, which a damaged table may understate);
+ * returns how many. */
+static unsigned sweep_dead(struct readers *r, bool all)
 {
-    unsigned n = 0, high = atomic_load(&r->h->high);
+    unsigned n = 0, high = all ? RD_SLOTS : atomic_load(&r->h->high);
     for (unsigned i = 0; i < high && i < RD_SLOTS; i++) {
         rd_slot *sl = &r->slot[i];
         int pid = atomic_load(&sl->pid);
@@ -393,8 +395,14 @@ int readers_attach_writer(embkv_store *s)
     atomic_store(&h->gen, (g | 1) + 2);
     atomic_store(&h->ix_seq, 0);
     atomic_store(&h->moving, 0);
-    sweep_dead(r);
-    unsigned high = atomic_load(&h->high);
+    sweep_dead(r, true);
+    /* (the mark again, from the slots in use: a damaged table's may be
+     * anything) */
+    unsigned high = 0;
+    for (unsigned i = 0; i < RD_SLOTS; i++)
+        if (atomic_load(&r->slot[i].pid))
+            high = i + 1;
+    atomic_store(&h->high, high);
     for (unsigned i = 0; i < high && i < RD_SLOTS; i++) {
         uint64_t w = atomic_load(&r->slot[i].word);
         if (w && !(w & 1))
@@ -504,8 +512,56 @@ int readers_attach_reader(embkv_store *s)
         nanosleep(&ts, NULL);
         holder = lock_pid(s->path);
     }
-    s->readers = r;
-    return EMBKV_OK;
+    /* A slot of the process's own while the store is open here (no epoch,
+     * no thread): embkv_destroy in another process sees it and refuses. */
+    int pid = getpid();
+    for (int round = 0; round < 2; round++) {
+        for (unsigned i = 0; i < RD_SLOTS; i++) {
+            int expect = 0;
+            if (atomic_load_explicit(&r->slot[i].pid, memory_order_relaxed) == 0 &&
+                atomic_compare_exchange_strong(&r->slot[i].pid, &expect, pid)) {
+                atomic_store(&r->slot[i].tid, 0);
+                atomic_store(&r->slot[i].start, my_start());
+                atomic_store(&r->slot[i].word, 0);
+                unsigned hw = atomic_load(&r->h->high);
+                while (hw < i + 1 && !atomic_compare_exchange_weak(&r->h->high, &hw, i + 1)) {
+                }
+                s->readers = r;
+                return EMBKV_OK;
+            }
+        }
+        if (!sweep_dead(r, true))
+            break;
+    }
+    return embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)",
+                      s->path, RD_SLOTS);
+}
+
+long readers_live_reader(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, READERS_FILE);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    void *map = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == RD_FILE_BYTES
+                    ? mmap(NULL, RD_FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0)
+                    : MAP_FAILED;
+    close(fd);
+    if (map == MAP_FAILED)
+        return 0;
+    long found = 0;
+    const rd_header *h = map;
+    rd_slot *slots = (rd_slot *)((char *)map + RD_HEADER);
+    if (!memcmp(h->magic, RD_MAGIC, 16))
+        for (unsigned i = 0; i < RD_SLOTS && !found; i++) {
+            int pid = atomic_load(&slots[i].pid);
+            if (pid && pid != getpid() && proc_alive(pid, atomic_load(&slots[i].start)))
+                found = pid;
+        }
+    munmap(map, RD_FILE_BYTES);
+    return found;
 }
 
 long readers_writer_pid(const embkv_store *s)
@@ -575,7 +631,7 @@ static int slot_claim(embkv_store *s, struct readers *r, rd_tl *t)
                 return EMBKV_OK;
             }
         }
-        if (!sweep_dead(r))
+        if (!sweep_dead(r, true))
             break;
     }
     return embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)",
@@ -651,9 +707,13 @@ int rd_invalid(embkv_store *s)
 {
     struct readers *r = s->readers;
     rd_tl *t = tl_get(r);
-    if (t && t->depth && atomic_load(&r->h->gen) != t->gen)
-        return embkv__err(EMBKV_BUSY, "store %s: its writer reopened it during this read (process %ld): run the "
-                          "statement again", s->path, readers_writer_pid(s));
+    if (t && t->depth && atomic_load(&r->h->gen) != t->gen) {
+        long w = readers_writer_pid(s);
+        return w ? embkv__err(EMBKV_BUSY, "store %s: its writer (process %ld) opened it anew during this read: run "
+                              "the statement again", s->path, w)
+                 : embkv__err(EMBKV_BUSY, "store %s: its writer opened it anew during this read (or the reader "
+                              "table %s was changed): run the statement again", s->path, READERS_FILE);
+    }
     return embkv__err(EMBKV_BUSY, "store %s: this read held back records the writer (process %ld) needed (more "
                       "than %llu ms, or %d ms while it had to wait for them), and it went on without it: run the "
                       "statement again, or read fewer rows a statement", s->path, readers_writer_pid(s),
@@ -722,7 +782,7 @@ bool readers_move_begin(embkv_store *s)
     if (atomic_load(&r->h->pins) == 0)
         return false;
     /* Pinned: a dead reader's pins are its slot's, freed with it. */
-    sweep_dead(r);
+    sweep_dead(r, false);
     return atomic_load(&r->h->pins) > 0;
 }
 

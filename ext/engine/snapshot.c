@@ -149,7 +149,7 @@ int embkv_group_begin(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_group_begin: store is NULL");
-    RO_REFUSE(s, "embkv_group_begin");
+    RO_REFUSE(s, "writing rows (embkv_group_begin)");
     struct tl_group *g = tl_find(s);
     if (g) {
         g->depth++;

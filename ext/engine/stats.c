@@ -16,6 +16,9 @@ int embkv_check(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_check: store is NULL");
+    if (s->reader)
+        return embkv__err(EMBKV_READONLY, "embkv_check: store %s is open read-only in this process: its counts "
+                          "are the writer's; check it in the process that writes it (or with none open)", s->path);
     pthread_rwlock_wrlock(&s->writers);
     index_desc *ix = atomic_load(&s->ix);
     int rc = EMBKV_OK;

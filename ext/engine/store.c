@@ -48,6 +48,7 @@ const char *embkv_dtype_name(uint32_t dtype)
 const char *embkv_path(const embkv_store *s) { return s->path; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 int embkv_readonly(const embkv_store *s) { return s && s->reader; }
+long embkv_writer_pid(const embkv_store *s) { return s && s->reader ? readers_writer_pid(s) : 0; }
 
 /* Record chunks: about a thousandth of the pool, a power of two from
  * 256 KiB to 64 MiB less 64 bytes (so that with libpmemobj's allocation
@@ -1028,6 +1029,13 @@ int embkv_destroy(const char *dir)
                       : embkv__err(EMBKV_LOCKED, "store %s is open in another process", dir);
         goto out;
     }
+    /* Nor may another process be reading it (readers take no lock). */
+    long reader = readers_live_reader(dir);
+    if (reader) {
+        rc = embkv__err(EMBKV_LOCKED, "store %s is open for reading in another process (pid %ld): close it there "
+                        "first", dir, reader);
+        goto out;
+    }
     /* Under the lock, again: nothing foreign arrived meanwhile. */
     state = inspect_dir(dir, foreign, sizeof foreign);
     if (state != -3 && (rc = dir_verdict(dir, state, foreign, true)) != EMBKV_OK)
@@ -1167,35 +1175,39 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         rc = embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: not a directory", dir);
         goto unlock;
     }
-    for (embkv_store *o = registry; o; o = o->next) {
+    /* The process's handle of the store: its writer's, which a read-only
+     * open shares too, else a read-only open shares its reader's.  (A
+     * writer opened while readers of this process read is a handle of its
+     * own beside theirs: its reclamation counts their slots as any
+     * reader's.) */
+    embkv_store *same = NULL;
+    for (embkv_store *o = registry; o; o = o->next)
         /* A store inherited through fork() is the parent's: the child opens
          * anew, and the parent's lock refuses it. */
-        if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid()) {
-            if (o->reader && !(flags & EMBKV_OPEN_READONLY)) {
-                long w = readers_writer_pid(o);
-                rc = w ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", o->path, w)
-                       : embkv__err(EMBKV_LOCKED, "store %s is open read-only in this process: close it here "
-                                    "before opening it to write", o->path);
-                goto unlock;
-            }
-            rc = geometry_matches(o, opt);
-            if (rc == EMBKV_OK)
-                rc = tier_check_open(o, opt);
-            if (rc == EMBKV_OK && opt && opt->cache_size && o->cache_size && opt->cache_size != o->cache_size)
-                rc = embkv__err(EMBKV_INVALID,
-                                "store %s is already open in this process with option cache_size %llu; another "
-                                "open asked for %llu (leave it out, or 0, to share the cache)",
-                                o->path, (unsigned long long)o->cache_size, (unsigned long long)opt->cache_size);
-            else if (rc == EMBKV_OK && opt && opt->cache_size && !o->cache_size)
-                rc = cache_attach(o, opt->cache_size);
-            if (rc == EMBKV_OK && opt && opt->migrate_rate)
-                rc = migrate_start(o, opt->migrate_rate);
-            if (rc == EMBKV_OK) {
-                o->refs++;
-                *out = o;
-            }
-            goto unlock;
+        if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid() &&
+            (!o->reader || ((flags & EMBKV_OPEN_READONLY) && !same)))
+            same = o;
+    if (same) {
+        embkv_store *o = same;
+        rc = geometry_matches(o, opt);
+        /* (a reader's handle takes no cache and runs no migration) */
+        if (rc == EMBKV_OK && !o->reader)
+            rc = tier_check_open(o, opt);
+        if (rc == EMBKV_OK && !o->reader && opt && opt->cache_size && o->cache_size &&
+            opt->cache_size != o->cache_size)
+            rc = embkv__err(EMBKV_INVALID,
+                            "store %s is already open in this process with option cache_size %llu; another "
+                            "open asked for %llu (leave it out, or 0, to share the cache)",
+                            o->path, (unsigned long long)o->cache_size, (unsigned long long)opt->cache_size);
+        else if (rc == EMBKV_OK && !o->reader && opt && opt->cache_size && !o->cache_size)
+            rc = cache_attach(o, opt->cache_size);
+        if (rc == EMBKV_OK && !o->reader && opt && opt->migrate_rate)
+            rc = migrate_start(o, opt->migrate_rate);
+        if (rc == EMBKV_OK) {
+            o->refs++;
+            *out = o;
         }
+        goto unlock;
     }
 
     if (flags & EMBKV_OPEN_READONLY) {

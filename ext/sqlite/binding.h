@@ -288,7 +288,7 @@ const char *ekerr_readonly(sqlite3 *db, const char *zDb);
  * (SQLITE_READONLY, naming the function, the table, the reason and `what`
  * the function would have changed) and returns 1; else 0. */
 int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *schema, const char *table,
-                          const char *what);
+                          const char *what, embkv_store *store);
 
 /* ========================================================================
  * dirusers.c: the tables using a store directory, listed in it, and who

@@ -89,7 +89,7 @@ const char *ekerr_readonly(sqlite3 *db, const char *zDb)
 }
 
 int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *schema, const char *table,
-                          const char *what)
+                          const char *what, embkv_store *store)
 {
     const char *why = ekerr_readonly(sqlite3_context_db_handle(ctx), schema);
     if (!why) return 0;
@@ -97,9 +97,15 @@ int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *s
     char *whyd = !main_db && strncmp(why, "the database", 12) == 0
                      ? sqlite3_mprintf("the database %s is open read-only", schema)
                      : NULL;
-    char *m = sqlite3_mprintf("%s: table %s%s%s: %s, and %s changes the store (%s); call it from a connection that "
-                              "may write (the database opened read-write, PRAGMA query_only off)",
-                              fname, main_db ? "" : schema, main_db ? "" : ".", table, whyd ? whyd : why, fname, what);
+    /* A store this process reads beside another's writer: only there. */
+    long writer = store && embkv_readonly(store) ? embkv_writer_pid(store) : 0;
+    char *advice = writer ? sqlite3_mprintf("process %ld writes the store: call it there", writer)
+                          : sqlite3_mprintf("call it from a connection that may write (the database opened "
+                                            "read-write, PRAGMA query_only off)");
+    char *m = sqlite3_mprintf("%s: table %s%s%s: %s, and %s changes the store (%s); %s", fname, main_db ? "" : schema,
+                              main_db ? "" : ".", table, whyd ? whyd : why, fname, what,
+                              advice ? advice : "call it where the store is written");
+    sqlite3_free(advice);
     sqlite3_free(whyd);
     sqlite3_result_error(ctx, m ? m : "read-only connection", -1);
     sqlite3_free(m);

@@ -1105,7 +1105,7 @@ static void fn_import(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     memset(&m, 0, sizeof m);
     m.ctx = ctx;
     if (args(ctx, "embkv_import", argv, &m.ref, &m.file)) return;
-    if (ekerr_refuse_readonly(ctx, "embkv_import", m.ref.schema, m.ref.name, "it writes rows")) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_import", m.ref.schema, m.ref.name, "it writes rows", m.ref.store)) return;
     embkv_store *s = m.ref.store;
     uint64_t rows = 0, fresh = 0, done = 0;
     int ok = open_in(&m) == 0 && check_file(&m, &rows, &fresh) == 0;
@@ -1202,7 +1202,7 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     /* (beside another process's writer it copies that writer's last
      * checkpoint, and changes nothing) */
     if (!embkv_readonly(ref.store) &&
-        ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first")) return;
+        ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first", ref.store)) return;
     if ((size_t)sqlite3_value_bytes(argv[1]) != strlen(dir)) {
         fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "argument 2 holds a NUL byte: not a directory name");
         return;

@@ -283,7 +283,7 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         sqlite3_free(err);
         return;
     }
-    if (ekerr_refuse_readonly(ctx, "embkv_hotset", ref.schema, ref.name, "it moves rows between tiers")) return;
+    if (ekerr_refuse_readonly(ctx, "embkv_hotset", ref.schema, ref.name, "it moves rows between tiers", ref.store)) return;
     int64_t *ids = NULL;
     size_t n = 0;
     int erc = embkv_heat_enable(ref.store);

@@ -384,7 +384,7 @@ static void fn_checkpoint(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     (void)argc;
     embkv_table_ref ref;
     if (fn_table(ctx, "embkv_checkpoint", argv[0], &ref) != SQLITE_OK) return;
-    if (ekerr_refuse_readonly(ctx, "embkv_checkpoint", ref.schema, ref.name, "it makes the rows written so far durable"))
+    if (ekerr_refuse_readonly(ctx, "embkv_checkpoint", ref.schema, ref.name, "it makes the rows written so far durable", ref.store))
         return;
     embkv_stats st;
     pthread_mutex_t *held = ekreg_commit_lock(ref.store);
@@ -403,7 +403,7 @@ static void fn_evict(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     (void)argc;
     embkv_table_ref ref;
     if (fn_table(ctx, "embkv_evict", argv[0], &ref) != SQLITE_OK) return;
-    if (ekerr_refuse_readonly(ctx, "embkv_evict", ref.schema, ref.name, "it deletes rows"))
+    if (ekerr_refuse_readonly(ctx, "embkv_evict", ref.schema, ref.name, "it deletes rows", ref.store))
         return;
     if (ref.pending_writes) {
         /* (its deletes are not the transaction's: a ROLLBACK would not undo them) */

@@ -141,17 +141,10 @@ static int train_target(sqlite3_context *ctx, const char *fname, sqlite3_value *
                     "this connection has uncommitted writes to the table; COMMIT them first");
         return SQLITE_ERROR;
     }
-    if (!ref->session && embkv_readonly(ref->store)) {
-        /* Read beside another process's writer: pulls read existing rows
-         * (fn_pull); the rest would change the store. */
-        if (!strcmp(fname, "embkv_pull") || !strcmp(fname, "embkv_release")) return SQLITE_OK;
-        char *m = sqlite3_mprintf("the store %s is open read-only in this process, beside its writer in another "
-                                  "process: only that process may train it", embkv_path(ref->store));
-        train_error(ctx, fname, ref->name, EMBKV_READONLY, m ? m : "the store is open read-only");
-        sqlite3_free(m);
-        sqlite3_result_error_code(ctx, SQLITE_READONLY);
-        return SQLITE_ERROR;
-    }
+    /* A store this process opened read-only has no session: pulls read
+     * existing rows (fn_pull), releases return nothing, pushes are refused
+     * (fn_push). */
+    if (!ref->session && embkv_readonly(ref->store)) return SQLITE_OK;
     if (!ref->session) {
         train_error(ctx, fname, ref->name, EMBKV_INVALID, embkv_errmsg());
         return SQLITE_ERROR;
@@ -232,7 +225,17 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     embkv_table_ref ref;
     if (train_target(ctx, "embkv_push", argv[0], &ref) != SQLITE_OK)
         return;
-    if (ekerr_refuse_readonly(ctx, "embkv_push", ref.schema, ref.name, "it updates rows"))
+    if (!ref.session && !ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema)) {
+        /* (query_only turned off since the table opened read-only) */
+        char *m = sqlite3_mprintf("this process opened the store %s read-only (a connection that may not write "
+                                  "opened the table first): train from a process that opens it to write",
+                                  embkv_path(ref.store));
+        train_error(ctx, "embkv_push", ref.name, EMBKV_READONLY, m ? m : "the store is open read-only");
+        sqlite3_free(m);
+        sqlite3_result_error_code(ctx, SQLITE_READONLY);
+        return;
+    }
+    if (ekerr_refuse_readonly(ctx, "embkv_push", ref.schema, ref.name, "it updates rows", ref.store))
         return;
     double lr = 0;
     if (argc > 3 && sqlite3_value_type(argv[3]) != SQLITE_NULL) {

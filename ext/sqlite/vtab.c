@@ -872,15 +872,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * existing store keeps its own (0: any), compared by check_state. */
     eo.state_floats = create && made_dir ? embkv_train_state_floats(&v->opts.train, v->opts.dim) : 0;
     char *emsg = NULL;
-    int erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
-    /* Another process writes the store: a connection that may not write
-     * reads it beside that process (the engine's EMBKV_OPEN_READONLY: rows
-     * as of its last checkpoint). */
-    if (erc == EMBKV_LOCKED && !create && emsg && strstr(emsg, "another process") && ekerr_readonly(db, v->zDb)) {
-        sqlite3_free(emsg);
-        emsg = NULL;
-        erc = ekreg_open(dir, &eo, EMBKV_OPEN_READONLY, &v->store, &emsg);
-    }
+    /* A connection that may not write (read-only database, query_only)
+     * opens the store to read (the engine's EMBKV_OPEN_READONLY): beside
+     * another process's writer, rows as of its last checkpoint, and it
+     * never keeps a trainer out; in a process that has the store open to
+     * write, it shares that handle (the rows committed there). */
+    unsigned oflags = create ? EMBKV_OPEN_CREATE : ekerr_readonly(db, v->zDb) ? EMBKV_OPEN_READONLY : 0;
+    int erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     /* Another process has the store: wait for it as SQLite waits for a
      * lock, up to the connection's busy timeout, then say who has it. */
     int budget = erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process") ? ek_pragma_int(db, "busy_timeout", 0) : 0;
@@ -891,7 +889,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         waited += step;
         sqlite3_free(emsg);
         emsg = NULL;
-        erc = ekreg_open(dir, &eo, create ? EMBKV_OPEN_CREATE : 0, &v->store, &emsg);
+        erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     }
     if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {
         char *m = sqlite3_mprintf("%s: one process at a time may write a store (waited %d ms, the "

@@ -50,10 +50,15 @@ class TestReadOnly(TempDirTest):
         with self.assertRaisesRegex(sqlite3.OperationalError, "embkv_evict"):
             ro.execute("SELECT embkv_evict('item')").fetchone()
         # a writable connection beside it (its table connected by a use):
-        # the thread passes
+        # the thread passes; the read-only connection, which opened the
+        # store to read before any could write here, sees them at the
+        # next checkpoint
         w = connect(self.db)
         self.assertEqual(count(w, "item"), 5)
-        self.assertTrue(wait_for(lambda: count(ro, "item") == 0))
+        self.assertTrue(wait_for(lambda: count(w, "item") == 0))
+        self.assertEqual(count(ro, "item"), 5)
+        w.execute("SELECT embkv_checkpoint('item')").fetchone()
+        self.assertEqual(count(ro, "item"), 0)
         w.close()
         ro.close()
 
