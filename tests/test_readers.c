@@ -463,6 +463,25 @@ int main(void)
     wp = spawn(writer_forever, dir, -1);  /* (from the checkpoint it recovers to, at least `from`) */
     sleep_ms(2500);
     CHECK(atomic_load(&sh->batch) > from + 3);
+    /* G: SIGKILL at random moments, of the writer (a new one recovers)
+     * or of a reader (a new one starts), twelve times; the readers'
+     * checks go on throughout. */
+    unsigned seed = (unsigned)time(NULL);
+    fprintf(stderr, "test_readers: random kills, seed %u\n", seed);
+    srand(seed);
+    long g0 = atomic_load(&sh->batch), r1 = atomic_load(&sh->reads);
+    for (int round = 0; round < 12; round++) {
+        sleep_ms(50 + rand() % 350);
+        int victim = rand() % 3;  /* 0: the writer, 1: reader 0, 2: reader 2 */
+        pid_t *p = victim == 0 ? &wp : victim == 1 ? &rp[0] : &rp[2];
+        kill(*p, SIGKILL);
+        CHECK(wait_exit(*p) == 128 + SIGKILL);
+        *p = victim == 0 ? spawn(writer_forever, dir, -1) : spawn(reader, dir, victim == 1 ? 0 : 2);
+    }
+    for (int i = 0; i < 200 && atomic_load(&sh->batch) < g0 + 6; i++)
+        sleep_ms(50);
+    CHECK(atomic_load(&sh->batch) >= g0 + 6);
+    CHECK(atomic_load(&sh->reads) > r1);
     atomic_store(&sh->stop, 1);
     CHECK(wait_exit(wp) == 0);
     CHECK(wait_exit(rp[0]) == 0);
