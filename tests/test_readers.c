@@ -407,6 +407,115 @@ int main(void)
         free((void *)d);
     }
 
+    /* H: a snapshot held while another process's writer updates one row
+     * in 100 checkpoints, then deletes rows, checkpoints and closes
+     * cleanly: the snapshot still reads its own checkpoint whole.  And a
+     * pool too full for the writer's versions while a snapshot holds them
+     * back: the writer waits (at most 100 ms), revokes it, and goes on
+     * (never "pool full"). */
+    {
+        const char *d = strdup(test_tmpdir("held"));
+        embkv_options ho = {.dim = DIM, .pool_size = 16 << 20};
+        embkv_store *w = NULL;
+        CHECK_RC(embkv_open(d, &ho, EMBKV_OPEN_CREATE, &w), EMBKV_OK);
+        for (int64_t id = 0; id < 200; id++) {
+            vec_of(0, id, v);
+            CHECK_RC(embkv_put(w, id, v, NULL, 0), EMBKV_OK);
+        }
+        CHECK_RC(embkv_close(w), EMBKV_OK);
+        embkv_store *x = NULL;
+        embkv_snapshot *hs = NULL;
+        CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &x), EMBKV_OK);
+        /* (the writer opens first: a snapshot from before a writer's open
+         * is revoked by it, R3) */
+        int up[2], down[2];
+        CHECK(pipe(up) == 0 && pipe(down) == 0);
+        char c;
+        pid_t kid = fork();
+        if (kid == 0) {
+            embkv_store *cw = NULL;
+            float cv[DIM];
+            if (embkv_open(d, NULL, 0, &cw) != EMBKV_OK || write(up[1], "w", 1) != 1 || read(down[0], &c, 1) != 1)
+                _exit(3);
+            for (int k = 1; k <= 100; k++) {
+                vec_of(k, 7, cv);
+                if (embkv_put(cw, 7, cv, NULL, 0) != EMBKV_OK || embkv_sync(cw) != EMBKV_OK)
+                    _exit(4);
+            }
+            for (int64_t id = 100; id < 150; id++)
+                if (embkv_delete(cw, id) != EMBKV_OK)
+                    _exit(5);
+            if (embkv_sync(cw) != EMBKV_OK || embkv_close(cw) != EMBKV_OK)
+                _exit(6);
+            _exit(0);
+        }
+        CHECK(read(up[0], &c, 1) == 1);
+        CHECK_RC(embkv_snapshot_open(x, &hs), EMBKV_OK);
+        CHECK(write(down[1], "r", 1) == 1);
+        CHECK(wait_exit(kid) == 0);
+        close(up[0]);
+        close(up[1]);
+        close(down[0]);
+        close(down[1]);
+        int64_t hid[200];
+        float hv[200 * DIM];
+        uint8_t hf[200];
+        size_t miss = 99;
+        for (int i = 0; i < 200; i++)
+            hid[i] = i;
+        CHECK_RC(embkv_get_batch_at(x, hs, hid, 200, hv, NULL, hf, &miss), EMBKV_OK);
+        CHECK(miss == 0 && hv[7 * DIM] == 0.0f && hv[120 * DIM + 1] == 120.0f);
+        embkv_snapshot_close(hs);
+        /* a new read: the last checkpoint (row 7 at 100, rows 100-149 gone) */
+        CHECK_RC(embkv_get_batch_at(x, NULL, hid, 200, hv, NULL, hf, &miss), EMBKV_OK);
+        CHECK(miss == 50 && hv[7 * DIM] == 100.0f);
+        /* the full pool: every row rewritten each step, no SSD tier */
+        CHECK(pipe(up) == 0 && pipe(down) == 0);
+        kid = fork();
+        if (kid == 0) {
+            embkv_store *cw = NULL;
+            float cv[DIM];
+            if (embkv_open(d, NULL, 0, &cw) != EMBKV_OK || write(up[1], "w", 1) != 1 || read(down[0], &c, 1) != 1)
+                _exit(3);
+            /* 60,000 rows of 64-byte records, rewritten step after step:
+             * three versions of each fill the 16 MiB pool */
+            int64_t n = 60000;
+            for (int64_t id = 150; id < n; id++) {
+                vec_of(0, id, cv);
+                if (embkv_put(cw, id, cv, NULL, 0) != EMBKV_OK)
+                    _exit(4);
+            }
+            if (embkv_sync(cw) != EMBKV_OK)
+                _exit(5);
+            for (int step = 0; step < 12; step++) {
+                for (int64_t id = 150; id < n; id++) {
+                    vec_of(step, id, cv);
+                    int prc = embkv_put(cw, id, cv, NULL, 0);
+                    if (prc != EMBKV_OK) {
+                        fprintf(stderr, "full pool: step %d id %lld: %s\n", step, (long long)id, embkv_errmsg());
+                        _exit(6);
+                    }
+                }
+                if (embkv_sync(cw) != EMBKV_OK)
+                    _exit(7);
+            }
+            _exit(embkv_close(cw) == EMBKV_OK ? 0 : 8);
+        }
+        CHECK(read(up[0], &c, 1) == 1);
+        CHECK_RC(embkv_snapshot_open(x, &hs), EMBKV_OK);
+        CHECK(write(down[1], "r", 1) == 1);
+        CHECK(wait_exit(kid) == 0);
+        close(up[0]);
+        close(up[1]);
+        close(down[0]);
+        close(down[1]);
+        int hrc = embkv_get_batch_at(x, hs, hid, 200, hv, NULL, hf, &miss);
+        CHECK(hrc == EMBKV_BUSY || hrc == EMBKV_OK);
+        embkv_snapshot_close(hs);
+        CHECK_RC(embkv_close(x), EMBKV_OK);
+        free((void *)d);
+    }
+
     /* One thread reads more stores over its life than it reads at once. */
     {
         embkv_store *many[12];

@@ -75,6 +75,10 @@ typedef struct ebr_foreign {
     void (*wait)(struct ebr_foreign *f, uint64_t target);
 } ebr_foreign;
 void ebr_foreign_add(ebr_foreign *f);
+/* Waits until no reader of another process is in an epoch older than now
+ * (each at most its wait bound: readers.c R2); this process's readers are
+ * not waited for. */
+void ebr_synchronize_foreign(void);
 void ebr_foreign_remove(ebr_foreign *f);
 /* Raises the global epoch to at least e (a writer taking over a reader
  * table whose readers hold epochs of an earlier writer). */

@@ -119,6 +119,15 @@ void ebr_foreign_remove(ebr_foreign *f)
     pthread_mutex_unlock(&foreign_mu);
 }
 
+void ebr_synchronize_foreign(void)
+{
+    uint64_t target = atomic_fetch_add(&global_epoch, 1) + 1;
+    pthread_mutex_lock(&foreign_mu);
+    for (ebr_foreign *f = foreign; f; f = f->next)
+        f->wait(f, target);
+    pthread_mutex_unlock(&foreign_mu);
+}
+
 void ebr_advance_to(uint64_t e)
 {
     uint64_t cur = atomic_load(&global_epoch);

@@ -222,6 +222,9 @@ static uint64_t writer_oldest(ebr_foreign *f, uint64_t now)
         if (r->seen_word[i] != w) {
             r->seen_word[i] = w;
             r->seen_ns[i] = t;
+        } else if (t - r->seen_ns[i] > 1000000000ull && !proc_alive(atomic_load(&sl->pid), atomic_load(&sl->start))) {
+            slot_free(r, sl);  /* (a dead process's slot, found within a second) */
+            continue;
         } else if (t - r->seen_ns[i] > r->hold_ns) {
             /* R2: held too long.  A dead process's slot is freed instead. */
             if (!proc_alive(atomic_load(&sl->pid), atomic_load(&sl->start)))
@@ -299,6 +302,9 @@ static int table_map(embkv_store *s, struct readers **out)
         return embkv__err(EMBKV_CORRUPT, "store %s: its reader table %s is a symbolic link, which embkv does not "
                           "follow: remove it (the table holds nothing durable; it is made again)", s->path,
                           READERS_FILE);
+    if (fd < 0 && errno == EISDIR)
+        return embkv__err(EMBKV_CORRUPT, "store %s: its reader table %s is a directory: remove it (the table holds "
+                          "nothing durable; it is made again)", s->path, READERS_FILE);
     if (fd < 0)
         return embkv__err(EMBKV_IO, "store %s: cannot open its reader table %s: %s (the writer and the readers of "
                           "a store need write access to it)", s->path, READERS_FILE, strerror(errno));
@@ -714,9 +720,9 @@ int rd_invalid(embkv_store *s)
                  : embkv__err(EMBKV_BUSY, "store %s: its writer opened it anew during this read (or the reader "
                               "table %s was changed): run the statement again", s->path, READERS_FILE);
     }
-    return embkv__err(EMBKV_BUSY, "store %s: this read held back records the writer (process %ld) needed (more "
-                      "than %llu ms, or %d ms while it had to wait for them), and it went on without it: run the "
-                      "statement again, or read fewer rows a statement", s->path, readers_writer_pid(s),
+    return embkv__err(EMBKV_BUSY, "store %s: this read held back records the writer needed (more than %llu ms, "
+                      "or %d ms while it had to wait for them), and it went on without it: run the statement "
+                      "again, or read fewer rows a statement", s->path,
                       (unsigned long long)atomic_load(&r->h->hold_ms), READER_WAIT_MS);
 }
 
@@ -831,10 +837,15 @@ void readers_ix_read(embkv_store *s, uint64_t *off, uint64_t *nbuckets)
 int rd_refuse(embkv_store *s, const char *fn)
 {
     long w = readers_writer_pid(s);
+    if (w == getpid())
+        return embkv__err(EMBKV_READONLY, "%s: this handle of store %s was opened read-only; this process also has "
+                          "the store open to write, through another handle: use that one (in SQL: a connection "
+                          "that opens the table after one that may write, or reconnect)", fn, s->path);
     if (w)
         return embkv__err(EMBKV_READONLY, "%s: store %s is open read-only in this process, beside its writer "
                           "(process %ld): only that process may change it", fn, s->path, w);
     return embkv__err(EMBKV_READONLY, "%s: store %s is open read-only in this process: open it without "
-                      "EMBKV_OPEN_READONLY (no other process holding it) to change it", fn, s->path);
+                      "EMBKV_OPEN_READONLY to change it (in SQL: reconnect with a connection that may write)", fn,
+                      s->path);
 }
 

@@ -26,7 +26,7 @@
 
 #include "ops.h"
 
-#define RO_HOPS 64  /* versions followed back from the index's record */
+#define RO_HOPS (1 << 20)  /* versions followed back: each strictly older (a damaged chain ends early) */
 
 int ro_enter(embkv_store *s) { return ix_reader_enter(s); }
 
@@ -125,6 +125,16 @@ uint64_t ro_as_of(embkv_store *s)
     return __atomic_load_n(&s->root->durable_epoch, __ATOMIC_ACQUIRE);
 }
 
+/* A version older than the one it was reached from is not: the records
+ * are damaged, or (the slot revoked) reused under the read. */
+static int chain_broken(embkv_store *s, int64_t id)
+{
+    if (!rd_valid(s))
+        return rd_invalid(s);
+    return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its versions since the checkpoint do not lead back to it "
+                      "(a damaged record)", s->path, (long long)id);
+}
+
 /* Each id's version as of epoch d, copied into recs (rec_size bytes each):
  * st[i] 1 found, 0 absent.  Inside ro_enter. */
 static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n, char *recs, uint8_t *st,
@@ -135,8 +145,9 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
     size_t *todo = malloc(n * sizeof *todo);
     uint64_t *ssd = malloc(n * sizeof *ssd);
     uint8_t *queued = malloc(n);  /* todo[k] waits for this round's log read */
+    uint32_t *newer = malloc(n * sizeof *newer); /* the epoch of the version followed back from */
     int rc = EMBKV_OK;
-    if (!loc || !todo || !ssd || !queued) {
+    if (!loc || !todo || !ssd || !queued || !newer) {
         rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory reading %zu rows", s->path, n);
         goto out;
     }
@@ -145,6 +156,7 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
         uint32_t probes;
         loc[i] = ix_lookup(ix, ids[i], embkv__hash(ids[i]), &probes);
         st[i] = 0;
+        newer[i] = UINT32_MAX;
         todo[nt++] = i;
     }
     for (int hop = 0; hop < RO_HOPS && nt > 0 && rc == EMBKV_OK; hop++) {
@@ -176,6 +188,11 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
                 break;
             }
             const rec_hdr *h = (const rec_hdr *)dst;
+            if (rec_epoch(h) >= newer[i]) {
+                rc = chain_broken(s, ids[i]);
+                break;
+            }
+            newer[i] = rec_epoch(h);
             if (rec_epoch(h) <= d) {
                 st[i] = !(h->epoch & REC_TOMB);
                 if (tier)
@@ -214,6 +231,11 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
                 rc = rd_valid(s) ? rec_damaged(s, ids[i]) : rd_invalid(s);
                 break;
             }
+            if (rec_epoch(h) >= newer[i]) {
+                rc = chain_broken(s, ids[i]);
+                break;
+            }
+            newer[i] = rec_epoch(h);
             if (rec_epoch(h) <= d) {
                 st[i] = !(h->epoch & REC_TOMB);
                 if (tier)
@@ -227,9 +249,7 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
         nt = rc == EMBKV_OK ? keep2 : 0;
     }
     if (rc == EMBKV_OK && nt > 0)
-        rc = rd_valid(s) ? embkv__err(EMBKV_CORRUPT, "store %s: id %lld: more than %d versions newer than the "
-                                      "checkpoint: its records are damaged", s->path, (long long)ids[todo[0]], RO_HOPS)
-                         : rd_invalid(s);
+        rc = chain_broken(s, ids[todo[0]]);
     /* R2, R3: what was copied counts only if the slot held throughout. */
     if (rc == EMBKV_OK && !rd_valid(s))
         rc = rd_invalid(s);
@@ -238,6 +258,7 @@ out:
     free(todo);
     free(ssd);
     free(queued);
+    free(newer);
     return rc;
 }
 

@@ -141,7 +141,7 @@ static int add_chunk(embkv_store *s)
 static int ensure_free(embkv_store *s, size_t want)
 {
     int rc = EMBKV_OK;
-    bool reclaimed = false;
+    bool reclaimed = false, waited = false;
     while (s->free_locs.n < want) {
         if (!reclaimed) {
             /* Records retired to the epoch limbo may be free by now. */
@@ -151,8 +151,21 @@ static int ensure_free(embkv_store *s, size_t want)
             pthread_mutex_lock(&s->slab_mu);
             continue;
         }
-        if ((rc = add_chunk(s)) != EMBKV_OK)
+        if ((rc = add_chunk(s)) == EMBKV_OK)
+            continue;
+        /* The pool is full, and a reader process may be what holds the
+         * versions in limbo: wait for it (at most READER_WAIT_MS, then
+         * it is revoked: readers.c R2) rather than refuse the write. */
+        if (rc != EMBKV_FULL || waited || !readers_active(s))
             break;
+        waited = true;
+        pthread_mutex_unlock(&s->slab_mu);
+        /* (the other processes' readers only: this thread may be in an
+         * epoch, and this process's readers are never held long) */
+        ebr_synchronize_foreign();
+        slab_reclaim(s, false);
+        pthread_mutex_lock(&s->slab_mu);
+        rc = EMBKV_OK;
     }
     return rc;
 }

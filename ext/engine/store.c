@@ -1372,7 +1372,10 @@ int embkv_close(embkv_store *s)
     migrate_stop(s);
     tier_worker_stop(s);
     la_close(s);
-    sync_purge_deferred(s);
+    /* (kept, with readers reading as of an older checkpoint: the next
+     * writer's open removes them, readers.c R3) */
+    if (!readers_active(s))
+        sync_purge_deferred(s);
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
         uint64_t rows = atomic_load(&s->rows);

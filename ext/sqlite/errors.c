@@ -14,6 +14,7 @@ SQLITE_EXTENSION_INIT3
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void ekerr_table(ekvtab *v, const char *fmt, ...)
 {
@@ -99,6 +100,7 @@ int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *s
                      : NULL;
     /* A store this process reads beside another's writer: only there. */
     long writer = store && embkv_readonly(store) ? embkv_writer_pid(store) : 0;
+    if (writer == (long)getpid()) writer = 0; /* (this process writes it too: a connection that may write) */
     char *advice = writer ? sqlite3_mprintf("process %ld writes the store: call it there", writer)
                           : sqlite3_mprintf("call it from a connection that may write (the database opened "
                                             "read-write, PRAGMA query_only off)");
