@@ -228,5 +228,37 @@ class TestReaderProcesses(Base):
         c.close()
 
 
+HOLDER = r"""
+import os, sqlite3, sys, time
+db, ext, go = sys.argv[1], sys.argv[2], sys.argv[3]
+c = sqlite3.connect("file:%s?mode=ro" % db, uri=True, isolation_level=None)
+c.enable_load_extension(True); c.load_extension(ext)
+print(c.execute("SELECT count(*) FROM item").fetchone()[0], flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+"""
+
+
+class TestDropBesideAReader(Base):
+    def test_drop_leaves_a_store_another_process_reads(self):
+        w = connect(self.db)
+        w.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, path='item.embkv')")
+        w.execute("INSERT INTO item(id, vec) VALUES (1, '[1,1,1,1]'), (2, '[2,2,2,2]')")
+        w.execute("SELECT embkv_checkpoint('item')").fetchone()
+        go = os.path.join(self.dir, "go")
+        r = subprocess.Popen([sys.executable, "-c", HOLDER, self.db, EXT, go], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.assertEqual(r.stdout.readline().strip(), "2")
+        w.execute("DROP TABLE item")
+        store = os.path.join(self.dir, "item.embkv")
+        # the table is gone; the store another process reads is not
+        self.assertTrue(os.path.isdir(store))
+        self.assertTrue(os.path.exists(os.path.join(store, "store.pool")))
+        open(go, "w").close()
+        out, err = r.communicate(timeout=60)
+        self.assertEqual(r.returncode, 0, err)
+        w.close()
+
+
 if __name__ == "__main__":
     unittest.main()
