@@ -274,6 +274,77 @@ static int wait_exit(pid_t p)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* A writer process opens store d and signals; this process opens a
+ * snapshot through x into *hs (the writer's open first: one from before it
+ * would be revoked, R3); then the writer runs work and closes.  The
+ * writer's exit status (0: work and close succeeded). */
+static int snapshot_beside(const char *d, embkv_store *x, embkv_snapshot **hs, int (*work)(embkv_store *))
+{
+    int up[2], down[2];
+    char c;
+    if (pipe(up) != 0 || pipe(down) != 0)
+        return -1;
+    pid_t kid = fork();
+    if (kid == 0) {
+        embkv_store *cw = NULL;
+        if (embkv_open(d, NULL, 0, &cw) != EMBKV_OK || write(up[1], "w", 1) != 1 || read(down[0], &c, 1) != 1)
+            _exit(3);
+        int wrc = work(cw);
+        _exit(wrc ? wrc : embkv_close(cw) == EMBKV_OK ? 0 : 9);
+    }
+    int rc = read(up[0], &c, 1) == 1 ? embkv_snapshot_open(x, hs) : -1;
+    if (rc != EMBKV_OK || write(down[1], "r", 1) != 1)
+        kill(kid, SIGKILL);
+    int st = wait_exit(kid);
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+    return rc != EMBKV_OK ? -1 : st;
+}
+
+/* Row 7 updated in 100 checkpoints, then rows 100-149 deleted. */
+static int held_updates(embkv_store *cw)
+{
+    float cv[DIM];
+    for (int k = 1; k <= 100; k++) {
+        vec_of(k, 7, cv);
+        if (embkv_put(cw, 7, cv, NULL, 0) != EMBKV_OK || embkv_sync(cw) != EMBKV_OK)
+            return 4;
+    }
+    for (int64_t id = 100; id < 150; id++)
+        if (embkv_delete(cw, id) != EMBKV_OK)
+            return 5;
+    return embkv_sync(cw) == EMBKV_OK ? 0 : 6;
+}
+
+/* 60,000 rows of 64-byte records, rewritten step after step: three
+ * versions of each fill the 16 MiB pool. */
+static int held_full_pool(embkv_store *cw)
+{
+    float cv[DIM];
+    int64_t n = 60000;
+    for (int64_t id = 150; id < n; id++) {
+        vec_of(0, id, cv);
+        if (embkv_put(cw, id, cv, NULL, 0) != EMBKV_OK)
+            return 4;
+    }
+    if (embkv_sync(cw) != EMBKV_OK)
+        return 5;
+    for (int step = 0; step < 12; step++) {
+        for (int64_t id = 150; id < n; id++) {
+            vec_of(step, id, cv);
+            if (embkv_put(cw, id, cv, NULL, 0) != EMBKV_OK) {
+                fprintf(stderr, "full pool: step %d id %lld: %s\n", step, (long long)id, embkv_errmsg());
+                return 6;
+            }
+        }
+        if (embkv_sync(cw) != EMBKV_OK)
+            return 7;
+    }
+    return 0;
+}
+
 int main(void)
 {
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -428,35 +499,7 @@ int main(void)
         CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &x), EMBKV_OK);
         /* (the writer opens first: a snapshot from before a writer's open
          * is revoked by it, R3) */
-        int up[2], down[2];
-        CHECK(pipe(up) == 0 && pipe(down) == 0);
-        char c;
-        pid_t kid = fork();
-        if (kid == 0) {
-            embkv_store *cw = NULL;
-            float cv[DIM];
-            if (embkv_open(d, NULL, 0, &cw) != EMBKV_OK || write(up[1], "w", 1) != 1 || read(down[0], &c, 1) != 1)
-                _exit(3);
-            for (int k = 1; k <= 100; k++) {
-                vec_of(k, 7, cv);
-                if (embkv_put(cw, 7, cv, NULL, 0) != EMBKV_OK || embkv_sync(cw) != EMBKV_OK)
-                    _exit(4);
-            }
-            for (int64_t id = 100; id < 150; id++)
-                if (embkv_delete(cw, id) != EMBKV_OK)
-                    _exit(5);
-            if (embkv_sync(cw) != EMBKV_OK || embkv_close(cw) != EMBKV_OK)
-                _exit(6);
-            _exit(0);
-        }
-        CHECK(read(up[0], &c, 1) == 1);
-        CHECK_RC(embkv_snapshot_open(x, &hs), EMBKV_OK);
-        CHECK(write(down[1], "r", 1) == 1);
-        CHECK(wait_exit(kid) == 0);
-        close(up[0]);
-        close(up[1]);
-        close(down[0]);
-        close(down[1]);
+        CHECK(snapshot_beside(d, x, &hs, held_updates) == 0);
         int64_t hid[200];
         float hv[200 * DIM];
         uint8_t hf[200];
@@ -470,45 +513,7 @@ int main(void)
         CHECK_RC(embkv_get_batch_at(x, NULL, hid, 200, hv, NULL, hf, &miss), EMBKV_OK);
         CHECK(miss == 50 && hv[7 * DIM] == 100.0f);
         /* the full pool: every row rewritten each step, no SSD tier */
-        CHECK(pipe(up) == 0 && pipe(down) == 0);
-        kid = fork();
-        if (kid == 0) {
-            embkv_store *cw = NULL;
-            float cv[DIM];
-            if (embkv_open(d, NULL, 0, &cw) != EMBKV_OK || write(up[1], "w", 1) != 1 || read(down[0], &c, 1) != 1)
-                _exit(3);
-            /* 60,000 rows of 64-byte records, rewritten step after step:
-             * three versions of each fill the 16 MiB pool */
-            int64_t n = 60000;
-            for (int64_t id = 150; id < n; id++) {
-                vec_of(0, id, cv);
-                if (embkv_put(cw, id, cv, NULL, 0) != EMBKV_OK)
-                    _exit(4);
-            }
-            if (embkv_sync(cw) != EMBKV_OK)
-                _exit(5);
-            for (int step = 0; step < 12; step++) {
-                for (int64_t id = 150; id < n; id++) {
-                    vec_of(step, id, cv);
-                    int prc = embkv_put(cw, id, cv, NULL, 0);
-                    if (prc != EMBKV_OK) {
-                        fprintf(stderr, "full pool: step %d id %lld: %s\n", step, (long long)id, embkv_errmsg());
-                        _exit(6);
-                    }
-                }
-                if (embkv_sync(cw) != EMBKV_OK)
-                    _exit(7);
-            }
-            _exit(embkv_close(cw) == EMBKV_OK ? 0 : 8);
-        }
-        CHECK(read(up[0], &c, 1) == 1);
-        CHECK_RC(embkv_snapshot_open(x, &hs), EMBKV_OK);
-        CHECK(write(down[1], "r", 1) == 1);
-        CHECK(wait_exit(kid) == 0);
-        close(up[0]);
-        close(up[1]);
-        close(down[0]);
-        close(down[1]);
+        CHECK(snapshot_beside(d, x, &hs, held_full_pool) == 0);
         int hrc = embkv_get_batch_at(x, hs, hid, 200, hv, NULL, hf, &miss);
         CHECK(hrc == EMBKV_BUSY || hrc == EMBKV_OK);
         embkv_snapshot_close(hs);

@@ -292,7 +292,7 @@ static void walk(pass *p)
         uint64_t b1 = b0 + RANGE < ix->nbuckets ? b0 + RANGE : ix->nbuckets;
         size_t n = 0, nssd = 0;
         for (uint64_t b = b0; b < b1; b++)
-            n += scan_bucket_rows(&ix->buckets[b], ids + n, locs + n);
+            n += ix_bucket_rows(&ix->buckets[b], ids + n, locs + n, false);
         for (size_t i = 0; i < n && p->rc == EMBKV_OK; i++) {
             if (locs[i] & LOC_SSD) {
                 ssd_ids[nssd] = ids[i];

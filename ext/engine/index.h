@@ -157,6 +157,36 @@ static inline bool ix_probe(index_desc *ix, int64_t id, uint64_t h, found_slot *
     }
 }
 
+/* The rows of one bucket read under its seqlock as one moment of it: their
+ * ids and locations, tombstone entries too when tombs (a reader process:
+ * a row deleted since its checkpoint is a row as of it); how many. */
+static inline unsigned ix_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs, bool tombs)
+{
+    unsigned spins = 0;
+    for (;;) {
+        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
+        if (v1 & 1) {
+            ix_relax(&spins);
+            continue;
+        }
+        unsigned n = 0;
+        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
+        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
+            if (!(used & (1u << i)))
+                continue;
+            uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
+            if ((loc & LOC_TOMB) && !tombs)
+                continue;
+            ids[n] = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
+            locs[n] = loc;
+            n++;
+        }
+        seq_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+            return n;
+    }
+}
+
 static inline uint64_t ix_lookup(index_desc *ix, int64_t id, uint64_t h, uint32_t *probes)
 {
     found_slot f;

@@ -499,7 +499,7 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     uint64_t locs[RANGE_BUCKETS * BUCKET_SLOTS], ssd_locs[RANGE_BUCKETS * BUCKET_SLOTS];
     size_t n = 0, npm = 0, nssd = 0;
     for (uint64_t b = b0; b < b1; b++)
-        n += scan_bucket_rows(&ix->buckets[b], ids + n, locs + n);
+        n += ix_bucket_rows(&ix->buckets[b], ids + n, locs + n, false);
     for (size_t i = 0; i < n; i++) {
         if (idset_has(j->skip, ids[i]))
             continue;

@@ -42,10 +42,12 @@ size_t admit_bytes(const admit_sketch *a);
 unsigned admit_touch(admit_sketch *a, int64_t id);
 
 /* ---------------------------------------------------------- readonly.c */
-/* A store opened with EMBKV_OPEN_READONLY (s->reader): load it (store.c),
- * free its state; reads as of epoch d (0: the durable epoch now), inside
- * a reader slot of their own; the refusal of everything else. */
-int ro_load(embkv_store *s, const embkv_options *opt);
+/* A store opened with EMBKV_OPEN_READONLY (s->reader): ro_load does what
+ * store.c's open_reader leaves (the reader table, the index, the log, the
+ * count; the root's geometry is checked there), ro_free undoes it; reads
+ * as of epoch d (0: the durable epoch now), inside a reader slot of their
+ * own. */
+int ro_load(embkv_store *s);
 void ro_free(embkv_store *s);
 int ro_enter(embkv_store *s);
 void ro_leave(embkv_store *s);
@@ -104,9 +106,6 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
                           uint8_t *in_dirty);
 
 /* ------------------------------------------------------------- scan.c */
-/* The live rows of one bucket (tombstones left out), read under its
- * seqlock as one moment of it: their ids and locations; how many. */
-unsigned scan_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs);
 
 /* ------------------------------------------------------------- hotset.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as

@@ -88,7 +88,6 @@ struct readers {
     ebr_foreign hook;          /* first: epoch.c calls back with it */
     rd_header *h;
     rd_slot *slot;
-    int fd;
     bool writer;
     uint64_t hold_ns;          /* R2: how long reclamation lets a slot lag */
     uint64_t wait_ns;          /* R2: how long a writer waiting for a slot waits */
@@ -202,6 +201,35 @@ static unsigned sweep_dead(struct readers *r, bool all)
         }
     }
     return n;
+}
+
+/* A free slot taken for this process (tid 0: its presence while the store
+ * is open here; else the reading thread's), the slots of dead processes
+ * freed if none is; its number, or -1 with the error set. */
+static int slot_take(embkv_store *s, struct readers *r, int tid)
+{
+    int pid = getpid();
+    for (int round = 0; round < 2; round++) {
+        for (unsigned i = 0; i < RD_SLOTS; i++) {
+            rd_slot *sl = &r->slot[i];
+            int expect = 0;
+            if (atomic_load_explicit(&sl->pid, memory_order_relaxed) == 0 &&
+                atomic_compare_exchange_strong(&sl->pid, &expect, pid)) {
+                atomic_store(&sl->tid, tid);
+                atomic_store(&sl->start, my_start());
+                atomic_store(&sl->word, 0);
+                unsigned hw = atomic_load(&r->h->high);
+                while (hw < i + 1 && !atomic_compare_exchange_weak(&r->h->high, &hw, i + 1)) {
+                }
+                return (int)i;
+            }
+        }
+        if (!sweep_dead(r, true))
+            break;
+    }
+    embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)", s->path,
+               RD_SLOTS);
+    return -1;
 }
 
 /* --------------------------------------------------------- the writer */
@@ -368,7 +396,6 @@ static int table_map(embkv_store *s, struct readers **out)
     }
     r->h = h;
     r->slot = (rd_slot *)((char *)map + RD_HEADER);
-    r->fd = -1;
     r->hook.oldest = writer_oldest;
     r->hook.wait = writer_wait;
     t->dev = st.st_dev;
@@ -520,27 +547,11 @@ int readers_attach_reader(embkv_store *s)
     }
     /* A slot of the process's own while the store is open here (no epoch,
      * no thread): embkv_destroy in another process sees it and refuses. */
-    int pid = getpid();
-    for (int round = 0; round < 2; round++) {
-        for (unsigned i = 0; i < RD_SLOTS; i++) {
-            int expect = 0;
-            if (atomic_load_explicit(&r->slot[i].pid, memory_order_relaxed) == 0 &&
-                atomic_compare_exchange_strong(&r->slot[i].pid, &expect, pid)) {
-                atomic_store(&r->slot[i].tid, 0);
-                atomic_store(&r->slot[i].start, my_start());
-                atomic_store(&r->slot[i].word, 0);
-                unsigned hw = atomic_load(&r->h->high);
-                while (hw < i + 1 && !atomic_compare_exchange_weak(&r->h->high, &hw, i + 1)) {
-                }
-                s->readers = r;
-                return EMBKV_OK;
-            }
-        }
-        if (!sweep_dead(r, true))
-            break;
-    }
-    return embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)",
-                      s->path, RD_SLOTS);
+    int i = slot_take(s, r, 0);
+    if (i < 0)
+        return EMBKV_BUSY;
+    s->readers = r;
+    return EMBKV_OK;
 }
 
 long readers_live_reader(const char *dir)
@@ -613,35 +624,19 @@ static rd_tl *tl_get(struct readers *r)
 /* The calling thread's slot, claimed on first use. */
 static int slot_claim(embkv_store *s, struct readers *r, rd_tl *t)
 {
-    int pid = getpid(), tid = (int)syscall(SYS_gettid);
+    int tid = (int)syscall(SYS_gettid);
     if (t->slot >= 0) {
         rd_slot *sl = &r->slot[t->slot];
-        if (atomic_load(&sl->pid) == pid && atomic_load(&sl->tid) == tid)
+        if (atomic_load(&sl->pid) == getpid() && atomic_load(&sl->tid) == tid)
             return EMBKV_OK;
         t->slot = -1;  /* freed meanwhile (this process closed the store, or a sweep) */
     }
-    for (int round = 0; round < 2; round++) {
-        for (unsigned i = 0; i < RD_SLOTS; i++) {
-            rd_slot *sl = &r->slot[i];
-            int expect = 0;
-            if (atomic_load_explicit(&sl->pid, memory_order_relaxed) == 0 &&
-                atomic_compare_exchange_strong(&sl->pid, &expect, pid)) {
-                atomic_store(&sl->tid, tid);
-                atomic_store(&sl->start, my_start());
-                atomic_store(&sl->word, 0);
-                unsigned hw = atomic_load(&r->h->high);
-                while (hw < i + 1 && !atomic_compare_exchange_weak(&r->h->high, &hw, i + 1)) {
-                }
-                t->slot = (int)i;
-                pthread_setspecific(tl_key, (void *)1);
-                return EMBKV_OK;
-            }
-        }
-        if (!sweep_dead(r, true))
-            break;
-    }
-    return embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)",
-                      s->path, RD_SLOTS);
+    int i = slot_take(s, r, tid);
+    if (i < 0)
+        return EMBKV_BUSY;
+    t->slot = i;
+    pthread_setspecific(tl_key, (void *)1);
+    return EMBKV_OK;
 }
 
 int rd_enter(embkv_store *s, bool *first)

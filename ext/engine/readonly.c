@@ -32,34 +32,9 @@ int ro_enter(embkv_store *s) { return ix_reader_enter(s); }
 
 void ro_leave(embkv_store *s) { rd_leave(s); }
 
-int ro_load(embkv_store *s, const embkv_options *opt)
+int ro_load(embkv_store *s)
 {
     store_root *r = s->root;
-    if (memcmp(r->magic, EMBKV_MAGIC, sizeof r->magic) != 0)
-        return embkv__err(EMBKV_CORRUPT, "store %s: the pool's root object is damaged: its magic is damaged "
-                          "(or the store's creation never completed)", s->path);
-    if (r->format_version != EMBKV_FORMAT_VERSION)
-        return embkv__err(EMBKV_VERSION, "store %s: format version %u, this build reads version %d", s->path,
-                          r->format_version, EMBKV_FORMAT_VERSION);
-    s->dim = r->dim;
-    s->state_floats = r->state_floats;
-    s->rec_size = r->record_size;
-    s->dtype = r->dtype == 0 && r->dtype_check == 0 ? EMBKV_F32 : r->dtype;
-    if (s->dtype < EMBKV_F32 || s->dtype > EMBKV_I8 || (r->dtype && r->dtype_check != (r->dtype ^ DTYPE_CHECK_KEY)) ||
-        s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
-        s->rec_size != record_size((int)s->dtype, s->dim, s->state_floats) || r->chunk_bytes < s->rec_size + 64 ||
-        r->chunk_bytes > s->pool_size || r->chunk_table.off < 4096 ||
-        r->chunk_table.off > s->pool_size - MAX_CHUNKS * sizeof(PMEMoid))
-        return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
-    s->vec_bytes = dtype_vec_bytes((int)s->dtype, s->dim);
-    if (opt && ((opt->dim && opt->dim != s->dim) || (opt->state_floats && opt->state_floats != s->state_floats) ||
-                (opt->dtype && opt->dtype != s->dtype)))
-        return embkv__err(EMBKV_INVALID, "store %s: has dim %u, state_floats %u, dtype %s; the open asked for "
-                          "another", s->path, s->dim, s->state_floats, dtype_name((int)s->dtype));
-    s->chunk_bytes = r->chunk_bytes;
-    s->recs_per_chunk = (s->chunk_bytes - 128) / s->rec_size;
-    s->chunks = (PMEMoid *)(s->pool_base + r->chunk_table.off);
-    s->max_load = r->max_load;
     /* (never counted in: heat_live stays 0; the statistics read it) */
     uint64_t expect = s->pool_size / s->rec_size;
     if (!(s->heat = heat_new(expect < 1024 ? 1024 : expect)))
@@ -91,22 +66,6 @@ int ro_load(embkv_store *s, const embkv_options *opt)
 
 void ro_free(embkv_store *s) { ix_reader_free(s); }
 
-/* The record at pool location loc, or NULL when loc names none the pool
- * could hold (a damaged index). */
-static const rec_hdr *ro_rec(embkv_store *s, uint64_t loc)
-{
-    uint32_t c = loc_chunk(loc), i = loc_index(loc);
-    if (c >= MAX_CHUNKS || i >= s->recs_per_chunk)
-        return NULL;
-    uint64_t off = __atomic_load_n(&s->chunks[c].off, __ATOMIC_ACQUIRE);
-    if (off < 4096 || off > s->pool_size || s->chunk_bytes > s->pool_size - off)
-        return NULL;
-    uint64_t first = ((off + 63) & ~(uint64_t)63) + 64 - sizeof(rec_hdr);
-    uint64_t at = first + (uint64_t)i * s->rec_size;
-    if (at + s->rec_size > off + s->chunk_bytes)
-        return NULL;
-    return (const rec_hdr *)(s->pool_base + at);
-}
 
 void ro_count_update(embkv_store *s)
 {
@@ -133,6 +92,29 @@ static int chain_broken(embkv_store *s, int64_t id)
         return rd_invalid(s);
     return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its versions since the checkpoint do not lead back to it "
                       "(a damaged record)", s->path, (long long)id);
+}
+
+/* A version of id just copied to h, from tier `where`: checked (id and
+ * checksum, and older than the one it was reached from, *newer); when it
+ * is of epoch d or before it is the row as of d (*st, *tier), else *more
+ * and *loc is the version it replaced. */
+static int settle(embkv_store *s, uint64_t d, int64_t id, const rec_hdr *h, uint8_t where, uint32_t *newer,
+                  uint8_t *st, uint8_t *tier, uint64_t *loc, bool *more)
+{
+    if (!rec_ok(s, h, id))
+        return rd_valid(s) ? rec_damaged(s, id) : rd_invalid(s);
+    if (rec_epoch(h) >= *newer)
+        return chain_broken(s, id);
+    *newer = rec_epoch(h);
+    *more = rec_epoch(h) > d;
+    if (*more) {
+        *loc = h->prev;
+    } else {
+        *st = !(h->epoch & REC_TOMB);
+        if (tier)
+            *tier = where;
+    }
+    return EMBKV_OK;
 }
 
 /* Each id's version as of epoch d, copied into recs (rec_size bytes each):
@@ -179,26 +161,17 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
                 ns++;
                 continue;
             }
-            const rec_hdr *r = ro_rec(s, l);
-            char *dst = recs + i * (size_t)s->rec_size;
-            if (r)
-                memcpy(dst, r, s->rec_size);
-            if (!r || !rec_ok(s, (const rec_hdr *)dst, ids[i])) {
+            /* (a location no chunk of the pool holds: a damaged index) */
+            if (!ix_reader_loc_mapped(s, l)) {
                 rc = rd_valid(s) ? rec_damaged(s, ids[i]) : rd_invalid(s);
                 break;
             }
-            const rec_hdr *h = (const rec_hdr *)dst;
-            if (rec_epoch(h) >= newer[i]) {
-                rc = chain_broken(s, ids[i]);
-                break;
-            }
-            newer[i] = rec_epoch(h);
-            if (rec_epoch(h) <= d) {
-                st[i] = !(h->epoch & REC_TOMB);
-                if (tier)
-                    tier[i] = EMBKV_TIER_PM;
-            } else {
-                loc[i] = h->prev;
+            char *dst = recs + i * (size_t)s->rec_size;
+            memcpy(dst, rec_at(s, l), s->rec_size);
+            bool more = false;
+            rc = settle(s, d, ids[i], (const rec_hdr *)dst, EMBKV_TIER_PM, &newer[i], &st[i], tier ? &tier[i] : NULL,
+                        &loc[i], &more);
+            if (rc == EMBKV_OK && more) {
                 queued[keep] = 0;
                 todo[keep++] = i;
             }
@@ -226,24 +199,11 @@ static int ro_versions(embkv_store *s, uint64_t d, const int64_t *ids, size_t n,
             }
             char *dst = recs + i * (size_t)s->rec_size;
             memcpy(dst, buf + j++ * (size_t)s->rec_size, s->rec_size);
-            const rec_hdr *h = (const rec_hdr *)dst;
-            if (!rec_ok(s, h, ids[i])) {
-                rc = rd_valid(s) ? rec_damaged(s, ids[i]) : rd_invalid(s);
-                break;
-            }
-            if (rec_epoch(h) >= newer[i]) {
-                rc = chain_broken(s, ids[i]);
-                break;
-            }
-            newer[i] = rec_epoch(h);
-            if (rec_epoch(h) <= d) {
-                st[i] = !(h->epoch & REC_TOMB);
-                if (tier)
-                    tier[i] = EMBKV_TIER_SSD;
-            } else {
-                loc[i] = h->prev;
+            bool more = false;
+            rc = settle(s, d, ids[i], (const rec_hdr *)dst, EMBKV_TIER_SSD, &newer[i], &st[i],
+                        tier ? &tier[i] : NULL, &loc[i], &more);
+            if (rc == EMBKV_OK && more)
                 todo[keep2++] = i;
-            }
         }
         free(buf);
         nt = rc == EMBKV_OK ? keep2 : 0;
@@ -318,27 +278,6 @@ out:
     return rc;
 }
 
-/* Every used slot of bucket bk, tombstones too (a row deleted since the
- * checkpoint is still there as of it). */
-static unsigned ro_bucket_ids(const bucket *bk, int64_t *ids)
-{
-    for (;;) {
-        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-        if (v1 & 1) {
-            sched_yield();
-            continue;
-        }
-        unsigned n = 0;
-        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
-        for (unsigned i = 0; i < BUCKET_SLOTS; i++)
-            if (used & (1u << i))
-                ids[n++] = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
-            return n;
-    }
-}
-
 int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n)
 {
     *n = 0;
@@ -353,8 +292,9 @@ int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t 
         ro_leave(s);
         return embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);
     }
+    uint64_t locs[BUCKET_SLOTS];
     while (b < ix->nbuckets && *n + BUCKET_SLOTS <= cap)
-        *n += ro_bucket_ids(&ix->buckets[b++], ids + *n);
+        *n += ix_bucket_rows(&ix->buckets[b++], ids + *n, locs, true);
     if (!rd_valid(s))
         rc = rd_invalid(s);
     ro_leave(s);

@@ -17,32 +17,6 @@
 
 #include "ops.h"
 
-unsigned scan_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *locs)
-{
-    for (;;) {
-        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-        if (v1 & 1) {
-            sched_yield();
-            continue;
-        }
-        unsigned n = 0;
-        uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
-        for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
-            if (!(used & (1u << i)))
-                continue;
-            uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
-            if (loc & LOC_TOMB)
-                continue;
-            ids[n] = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
-            locs[n] = loc;
-            n++;
-        }
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
-            return n;
-    }
-}
-
 int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 {
     if (!s || !fn)
@@ -73,7 +47,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
             ebr_leave();
             break;
         }
-        unsigned n = scan_bucket_rows(&ix->buckets[b], ids, locs);
+        unsigned n = ix_bucket_rows(&ix->buckets[b], ids, locs, false);
         rec_hdr *recs[BUCKET_SLOTS];
         char *ssd = NULL;  /* the bucket's log records */
         /* Cached rows: their current version is the cache's. */
@@ -131,7 +105,7 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size
     }
     uint64_t locs[BUCKET_SLOTS];
     while (b < ix->nbuckets && *n + BUCKET_SLOTS <= cap)
-        *n += scan_bucket_rows(&ix->buckets[b++], ids + *n, locs);
+        *n += ix_bucket_rows(&ix->buckets[b++], ids + *n, locs, false);
     ebr_leave();
     *pos = (gen << 40) | b;
     return EMBKV_OK;

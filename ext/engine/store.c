@@ -735,6 +735,30 @@ static int check_root(embkv_store *s)
     return EMBKV_OK;
 }
 
+/* The root's geometry into s (format version, dim, optimizer state, record
+ * size, dtype), each checked: the writer's open and a reader's alike. */
+static int root_geometry(embkv_store *s)
+{
+    store_root *r = s->root;
+    if (r->format_version != EMBKV_FORMAT_VERSION)
+        return embkv__err(EMBKV_VERSION, "store %s: format version %u, this build reads version %d", s->path,
+                          r->format_version, EMBKV_FORMAT_VERSION);
+    s->dim = r->dim;
+    s->state_floats = r->state_floats;
+    s->rec_size = r->record_size;
+    if (r->dtype == 0 && r->dtype_check == 0)
+        s->dtype = EMBKV_F32;
+    else if (r->dtype >= EMBKV_F32 && r->dtype <= EMBKV_I8 && r->dtype_check == (r->dtype ^ DTYPE_CHECK_KEY))
+        s->dtype = r->dtype;
+    else
+        return corrupt_root(s, "its dtype is damaged");
+    s->vec_bytes = dtype_vec_bytes((int)s->dtype, s->dim);
+    if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
+        s->rec_size != record_size((int)s->dtype, s->dim, s->state_floats))
+        return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
+    return EMBKV_OK;
+}
+
 static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
 {
     store_root *r = s->root;
@@ -758,22 +782,11 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     } else if (memcmp(r->magic, EMBKV_MAGIC, sizeof r->magic) != 0) {
         return corrupt_root(s, "its magic is damaged");
     }
-    if (r->format_version != EMBKV_FORMAT_VERSION)
-        return embkv__err(EMBKV_VERSION, "store %s: format version %u, this build reads version %d", s->path,
-                          r->format_version, EMBKV_FORMAT_VERSION);
-    s->dim = r->dim;
-    s->state_floats = r->state_floats;
-    s->rec_size = r->record_size;
-    if (r->dtype == 0 && r->dtype_check == 0)
-        s->dtype = EMBKV_F32;
-    else if (r->dtype >= EMBKV_F32 && r->dtype <= EMBKV_I8 && r->dtype_check == (r->dtype ^ DTYPE_CHECK_KEY))
-        s->dtype = r->dtype;
-    else
-        return corrupt_root(s, "its dtype is damaged");
-    s->vec_bytes = dtype_vec_bytes((int)s->dtype, s->dim);
-    if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
-        s->rec_size != record_size((int)s->dtype, s->dim, s->state_floats) || r->nbuckets == 0 ||
-        (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) || OID_IS_NULL(r->chunk_table))
+    int grc = root_geometry(s);
+    if (grc != EMBKV_OK)
+        return grc;
+    if (r->nbuckets == 0 || (r->nbuckets & (r->nbuckets - 1)) || OID_IS_NULL(r->index) ||
+        OID_IS_NULL(r->chunk_table))
         return embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
     int rrc = check_root(s);
     if (rrc != EMBKV_OK)
@@ -1111,7 +1124,27 @@ static int open_reader(const char *dir, const struct stat *st, const embkv_optio
         goto fail;
     }
     s->root = (store_root *)(s->pool_base + roff);
-    rc = ro_load(s, opt);
+    store_root *r = s->root;
+    if (memcmp(r->magic, EMBKV_MAGIC, sizeof r->magic) != 0) {
+        rc = corrupt_root(s, "its magic is damaged (or the store's creation never completed)");
+        goto fail;
+    }
+    if ((rc = root_geometry(s)) != EMBKV_OK)
+        goto fail;
+    /* (check_root needs libpmemobj's handle: the chunk table and the
+     * chunks are checked as they are used, readonly.c) */
+    if (r->chunk_bytes < s->rec_size + 64 || r->chunk_bytes > s->pool_size || r->chunk_table.off < 4096 ||
+        r->chunk_table.off > s->pool_size - MAX_CHUNKS * sizeof(PMEMoid)) {
+        rc = embkv__err(EMBKV_CORRUPT, "store %s: root object is inconsistent", s->path);
+        goto fail;
+    }
+    if ((rc = geometry_matches(s, opt)) != EMBKV_OK)
+        goto fail;
+    s->chunk_bytes = r->chunk_bytes;
+    s->recs_per_chunk = (s->chunk_bytes - 128) / s->rec_size;
+    s->chunks = (PMEMoid *)(s->pool_base + r->chunk_table.off);
+    s->max_load = r->max_load;
+    rc = ro_load(s);
     if (rc != EMBKV_OK)
         goto fail;
     s->next = registry;
