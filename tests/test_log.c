@@ -607,6 +607,41 @@ static void test_kill(void)
     free(locs);
 }
 
+/* ssd_size reached with garbage in it: the message tells a log full of
+ * rows (grow ssd_size) from one full of garbage that only checkpoints
+ * take back (checkpoint and write again). */
+static void test_full_of_garbage(void)
+{
+    const char *dir = test_tmpdir("full_garbage");
+    uint32_t rec = 1024;
+    uint64_t per_seg = (SEG / LOG_BLOCK - 1) * (LOG_BLOCK / rec);
+    embkv_log *l;
+    CHECK_RC(open_log(dir, rec, 3ull * SEG, false, &l), EMBKV_OK);
+    uint64_t *locs = malloc(2 * per_seg * sizeof *locs);
+    CHECK_RC(append_n(l, rec, 0, 2 * per_seg, locs, 3), EMBKV_OK);
+    CHECK_RC(append_n(l, rec, 2 * per_seg, 1, locs, 3), EMBKV_FULL);
+    CHECK(has(embkv_errmsg(), "2097152 bytes of segments, 2088960 of them live rows (0 in segments emptied"));
+    CHECK(has(embkv_errmsg(), "open the store with a larger ssd_size"));
+    /* Three quarters of the first segment replaced (garbage, not yet
+     * compacted). */
+    for (size_t i = 0; i < per_seg * 3 / 4; i++)
+        log_release(l, locs[i]);
+    CHECK_RC(append_n(l, rec, 2 * per_seg, 1, locs, 3), EMBKV_FULL);
+    CHECK(has(embkv_errmsg(), "2097152 bytes of segments, 1305600 of them live rows (0 in segments emptied"));
+    CHECK(has(embkv_errmsg(), "the rest is garbage that compaction frees across checkpoints: checkpoint "
+                              "(embkv_sync; embkv_checkpoint in SQL) and write again, checkpoint more often"));
+    /* All of it: an emptied segment, deleted at the next sync. */
+    for (size_t i = per_seg * 3 / 4; i < per_seg; i++)
+        log_release(l, locs[i]);
+    CHECK_RC(append_n(l, rec, 2 * per_seg, 1, locs, 3), EMBKV_FULL);
+    CHECK(has(embkv_errmsg(), "1044480 of them live rows (1048576 in segments emptied by compaction"));
+    CHECK(has(embkv_errmsg(), "checkpoint (embkv_sync; embkv_checkpoint in SQL) and write again"));
+    log_delete_dead(l);
+    CHECK_RC(append_n(l, rec, 2 * per_seg, 1, locs, 3), EMBKV_OK);
+    log_close(l);
+    free(locs);
+}
+
 int main(void)
 {
     sigset_t set;
@@ -618,6 +653,7 @@ int main(void)
     test_roundtrip(8208, false, "large");
     test_roundtrip(4096, false, "block");
     test_full();
+    test_full_of_garbage();
     test_damage();
     test_header_formats();
     test_bad_options();

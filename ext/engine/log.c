@@ -695,6 +695,13 @@ static int append_part(embkv_log *l, segment *g, const char *recs, size_t n, uin
     return EMBKV_OK;
 }
 
+/* The room n records take: a record smaller than a block shares it with
+ * whole records only, the rest of the block is padding. */
+static uint64_t room_of(const embkv_log *l, uint64_t n)
+{
+    return l->per_block ? n * (LOG_BLOCK / l->per_block) : n * l->rec_blocks * LOG_BLOCK;
+}
+
 int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool for_compaction)
 {
     if (n == 0)
@@ -721,22 +728,35 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
      * the next sync wherever compaction had just made its segment.) */
     bool fits = !l->max_bytes || !new_segs || l->file_bytes + new_segs * l->seg_bytes <= limit;
     if (!fits) {
-        uint64_t empty = 0;
+        uint64_t empty = 0, live = 0, written = 0;
         pthread_rwlock_rdlock(&l->lock);
         for (uint32_t i = 1; i <= l->max_id && i < l->segs_cap; i++) {
             segment *e = l->segs[i];
-            if (e && !e->damaged && i != l->head && atomic_load(&e->live) == 0)
+            if (!e)
+                continue;
+            live += atomic_load(&e->live);
+            written += atomic_load(&e->end) - LOG_BLOCK;
+            if (!e->damaged && i != l->head && atomic_load(&e->live) == 0)
                 empty += e->size;
         }
         pthread_rwlock_unlock(&l->lock);
         pthread_mutex_unlock(&l->write_mu);
-        return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments (%llu of them emptied by "
-                          "compaction, deleted at the next sync), ssd_size %llu (%u bytes of it kept for "
-                          "compaction), %zu records to append; %s", l->what,
-                          (unsigned long long)l->file_bytes, (unsigned long long)empty,
+        live = room_of(l, live);
+        /* Garbage is taken back only across checkpoints (compaction's
+         * emptied segments go at the next one): with a quarter of the
+         * room garbage, a checkpoint and a retry is the way on; without,
+         * the rows themselves fill it. */
+        bool garbage = empty || (written > live && written - live >= limit / 4);
+        return embkv__err(EMBKV_FULL, "%s: ssd_size reached: %llu bytes of segments, %llu of them live rows (%llu "
+                          "in segments emptied by compaction, deleted at the next sync), ssd_size %llu (%u bytes "
+                          "of it kept for compaction), %zu records to append; %s", l->what,
+                          (unsigned long long)l->file_bytes, (unsigned long long)live, (unsigned long long)empty,
                           (unsigned long long)l->max_bytes, l->seg_bytes, n,
-                          empty ? "a checkpoint deletes the emptied segments"
-                                : "open the store with a larger ssd_size (it may grow, not shrink)");
+                          garbage ? "the rest is garbage that compaction frees across checkpoints: checkpoint "
+                                    "(embkv_sync; embkv_checkpoint in SQL) and write again, checkpoint more "
+                                    "often, or give a larger "
+                                    "ssd_size (about 3x the live rows)"
+                                  : "open the store with a larger ssd_size (it may grow, not shrink)");
     }
     const char *p = recs;
     size_t done = 0;
@@ -1162,10 +1182,7 @@ void log_stats_get(embkv_log *l, log_stats *st)
     }
     st->file_bytes = l->file_bytes;
     pthread_rwlock_unlock(&l->lock);
-    /* The room they take: a record smaller than a block shares it with
-     * whole records only, the rest of the block is padding. */
-    st->live_bytes = l->per_block ? st->live_records * (LOG_BLOCK / l->per_block)
-                                  : st->live_records * l->rec_blocks * LOG_BLOCK;
+    st->live_bytes = room_of(l, st->live_records);
     st->reads = atomic_load(&l->reads);
     st->read_bytes = atomic_load(&l->read_bytes);
     st->read_submits = atomic_load(&l->read_submits);
