@@ -139,6 +139,13 @@ typedef struct embkv_options {
  * again).  In
  * a process that has the store open to write, this shares that handle. */
 #define EMBKV_OPEN_READONLY 0x2
+/* Changes are durable at embkv_sync only: the last embkv_close does not
+ * sync, and what changed since the last sync is rolled back at the next
+ * open, as after a crash.  For a store that must never be durable at a
+ * moment its application did not choose (a shard of a distributed table,
+ * whose checkpoints must be the job's steps).  A handle shared in the
+ * process keeps it once any of its opens gave it. */
+#define EMBKV_OPEN_NO_CLOSE_SYNC 0x4
 /* Whether s was opened with EMBKV_OPEN_READONLY (not sharing a writer's handle). */
 int embkv_readonly(const embkv_store *s);
 /* For such a handle: the live process writing the store (0: none). */
@@ -150,7 +157,8 @@ long embkv_writer_pid(const embkv_store *s);
 int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
                embkv_store **out);
 
-/* Drop one reference; the last one syncs and closes the pool.  In a child
+/* Drop one reference; the last one syncs (unless an open gave
+ * EMBKV_OPEN_NO_CLOSE_SYNC) and closes the pool.  In a child
  * forked from the process that opened the store it writes nothing (the
  * pool is shared with the parent): a store is used by one process. */
 int embkv_close(embkv_store *s);

@@ -826,6 +826,75 @@ static void update_then_die(embkv_store *c, void *ctx)
     raise(SIGKILL);
 }
 
+/* Rows [0, n) are generation gen, rows [n, n + extra) absent. */
+static size_t rows_wrong(embkv_store *s, int64_t n, int gen, int64_t extra)
+{
+    size_t wrong = 0;
+    float v[DIM], want[DIM];
+    for (int64_t id = 0; id < n + extra; id++) {
+        int rc = embkv_get(s, id, v, NULL, NULL);
+        make_vec(id, (uint32_t)gen, want);
+        if (id < n ? rc != EMBKV_OK || memcmp(v, want, sizeof v) != 0 : rc != EMBKV_NOTFOUND)
+            wrong++;
+    }
+    return wrong;
+}
+
+/* EMBKV_OPEN_NO_CLOSE_SYNC: a clean close leaves the store as of its last
+ * sync (updates, inserts and deletes after it rolled back, rows in the
+ * pool, the SSD log and the DRAM cache alike), as a kill would; without
+ * the flag the close keeps them.  Any open of a shared handle sets it. */
+static void close_without_sync(void)
+{
+    char d[1024];
+    snprintf(d, sizeof d, "%s-nosync", dir);
+    embkv_options o = opts;
+    const int64_t n = 60000;  /* more than the pool holds */
+    o.expected_rows = n;
+    o.pool_size = 16u << 20;
+    o.ssd_size = 64u << 20;
+    o.cache_size = 1u << 20;
+    for (int flag_on_second = 0; flag_on_second < 3; flag_on_second++) {
+        embkv_destroy(d);
+        embkv_store *s = NULL, *s2 = NULL;
+        CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE | (flag_on_second == 0 ? EMBKV_OPEN_NO_CLOSE_SYNC : 0), &s),
+                 EMBKV_OK);
+        if (!s)
+            return;
+        put_rows(s, n, 1);
+        CHECK_RC(embkv_sync(s), EMBKV_OK);
+        CHECK_RC(embkv_open(d, NULL, flag_on_second == 1 ? EMBKV_OPEN_NO_CLOSE_SYNC : 0, &s2), EMBKV_OK);
+        put_rows(s, n, 2);
+        float v[DIM];
+        make_vec(n, 2, v);
+        CHECK_RC(embkv_put(s, n, v, NULL, 0), EMBKV_OK);
+        CHECK_RC(embkv_delete(s, 7), EMBKV_OK);
+        embkv_stats st;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        CHECK(st.rows_ssd > 0);  /* rows in the log too */
+        CHECK_RC(embkv_close(s2), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        CHECK_RC(embkv_open(d, &o, 0, &s), EMBKV_OK);
+        if (!s)
+            return;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        if (flag_on_second < 2) {
+            CHECK(st.recovered == 1);
+            CHECK(rows_wrong(s, n, 1, 1) == 0);
+            CHECK(st.rows == (uint64_t)n);
+        } else {
+            /* without the flag: the close synced */
+            CHECK(st.recovered == 0);
+            CHECK(embkv_get(s, 7, v, NULL, NULL) == EMBKV_NOTFOUND);
+            CHECK(embkv_get(s, n, v, NULL, NULL) == EMBKV_OK);
+            CHECK(st.rows == (uint64_t)n);
+        }
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    embkv_destroy(d);
+}
+
 /* The set bits of store.dirty past its header page, as bit numbers from
  * the file's start; *nbits how many. */
 static uint64_t *dirty_bits(const char *d, size_t *nbits)
@@ -961,6 +1030,7 @@ int main(void)
     kill_in_tier_move();
     kill_after_failed_syncs();
     damaged_dirty_map();
+    close_without_sync();
 
     model m;
     model_init(&m);

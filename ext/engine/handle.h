@@ -43,6 +43,7 @@ struct embkv_store {
      * (EMBKV_OPEN_READONLY): the pool mapped read-only, no lock, no
      * threads; reads as of the durable epoch (readonly.c). */
     bool reader;
+    bool no_close_sync;        /* EMBKV_OPEN_NO_CLOSE_SYNC: the close leaves the last sync's state */
     struct readers *readers;   /* the reader table (readers.c); NULL without */
     struct ro_state *ro;       /* a reader's own state (readonly.c) */
 

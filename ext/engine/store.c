@@ -1238,6 +1238,8 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
             rc = migrate_start(o, opt->migrate_rate);
         if (rc == EMBKV_OK) {
             o->refs++;
+            if (flags & EMBKV_OPEN_NO_CLOSE_SYNC)
+                o->no_close_sync = true;
             *out = o;
         }
         goto unlock;
@@ -1360,6 +1362,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     readers_writer_ready(s);
+    s->no_close_sync = (flags & EMBKV_OPEN_NO_CLOSE_SYNC) != 0;
     s->next = registry;
     registry = s;
     *out = s;
@@ -1409,6 +1412,15 @@ int embkv_close(embkv_store *s)
      * writer's open removes them, readers.c R3) */
     if (!readers_active(s))
         sync_purge_deferred(s);
+    /* Without the sync the store stays marked open: the next open recovers
+     * it to the last sync, as after a crash (P5). */
+    if (s->no_close_sync) {
+        pmemobj_close(s->pop);
+        close(s->lockfd);
+        free_store(s);
+        pthread_mutex_unlock(&registry_mu);
+        return EMBKV_OK;
+    }
     int rc = embkv_sync(s);
     if (rc == EMBKV_OK) {
         uint64_t rows = atomic_load(&s->rows);

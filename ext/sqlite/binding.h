@@ -76,6 +76,7 @@ typedef struct embkv_tabopts {
     uint64_t cache_size;   /* cache_size: the DRAM cache's bytes (0: none) */
     uint32_t migrate;      /* migrate: 1 for 'auto' (background hot-set migration), 0 for 'off' */
     uint64_t migrate_rate; /* migrate_rate: its bound in moves per second (0: not given) */
+    uint32_t durable;      /* durable: 1 for 'checkpoint' (a close does not checkpoint), 0 for 'close' */
 } embkv_tabopts;
 
 /* The store's table options, beside it (vtab.c writes and reads it; an

@@ -1,6 +1,7 @@
 /*
  * export.c - copies of a table that leave the store:
  *   embkv_export(table, file)  -> rows written to a new file
+ *   embkv_export(table, file, ids) -> those of the rows, as one
  *   embkv_import(table, file)  -> rows put into the table
  *   embkv_backup(table, dir)   -> a checkpoint copied as a new store (the
  *                                 engine's embkv_backup_*, at the end)
@@ -725,19 +726,54 @@ static void exporter_free(exporter *e)
     sqlite3_free(e->why);
 }
 
+/* The ids argument of embkv_export(table, file, ids), sorted, each once,
+ * into e->ids; -1 after failing ctx. */
+static int given_ids(exporter *e, sqlite3_value *v)
+{
+    char *err = NULL;
+    size_t n = 0;
+    int64_t *ids = ek_parse_ids(v, &n, &err);
+    if (!ids) {
+        fail(e->ctx, "embkv_export", e->ref.name, err ? SQLITE_ERROR : SQLITE_NOMEM, "argument 3: %s",
+             err ? err : "out of memory");
+        sqlite3_free(err);
+        return -1;
+    }
+    int64_t *tmp = malloc(n * sizeof *tmp);
+    int bad = !tmp || ids_add(e, ids, n);
+    sqlite3_free(ids);
+    if (bad) {
+        free(tmp);
+        fail(e->ctx, "embkv_export", e->ref.name, SQLITE_NOMEM, "out of memory");
+        return -1;
+    }
+    sort_ids(e->ids, tmp, e->nids);
+    free(tmp);
+    size_t w = 0;
+    for (size_t i = 0; i < e->nids; i++)
+        if (w == 0 || e->ids[i] != e->ids[w - 1]) e->ids[w++] = e->ids[i];
+    e->nids = w;
+    return 0;
+}
+
 static void fn_export(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
-    (void)argc;
     exporter e;
     memset(&e, 0, sizeof e);
     e.held = -1;
     e.ctx = ctx;
     if (args(ctx, "embkv_export", argv, &e.ref, &e.file)) return;
+    /* (the ids before the file: a bad argument makes nothing) */
+    if (argc == 3 && given_ids(&e, argv[2])) {
+        exporter_free(&e);
+        return;
+    }
     uint64_t rows = 0;
     int erc, ok = open_out(&e) == 0 && write_meta(&e) == 0;
-    /* The table as of now: the snapshot first, then the ids. */
+    /* The table as of now: the snapshot first, then the ids (those given:
+     * the ones the table holds). */
     if (ok && (erc = embkv_snapshot_open(e.ref.store, &e.snap)) != EMBKV_OK) ok = 0, ex_engine_fail(&e, erc);
-    if (ok && (erc = collect_ids(&e)) != EMBKV_OK) ok = 0, ex_engine_fail(&e, erc);
+    if (ok && argc == 2 && (erc = collect_ids(&e)) != EMBKV_OK) ok = 0, ex_engine_fail(&e, erc);
     ok = ok && write_rows(&e, &rows) == 0;
     if (e.snap) {
         embkv_snapshot_close(e.snap);
@@ -1261,6 +1297,7 @@ int embkv_export_register(sqlite3 *db)
     /* Files and writes to the store: never from views, triggers or schema. */
     const int flags = SQLITE_UTF8 | SQLITE_DIRECTONLY;
     int rc = sqlite3_create_function_v2(db, "embkv_export", 2, flags, NULL, fn_export, NULL, NULL, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_create_function_v2(db, "embkv_export", 3, flags, NULL, fn_export, NULL, NULL, NULL);
     if (rc == SQLITE_OK) rc = sqlite3_create_function_v2(db, "embkv_import", 2, flags, NULL, fn_import, NULL, NULL, NULL);
     if (rc == SQLITE_OK) rc = sqlite3_create_function_v2(db, "embkv_backup", 2, flags, NULL, fn_backup, NULL, NULL, NULL);
     return rc;

@@ -79,6 +79,13 @@ static int parse_migrate(const char *val, void *field)
     return 0;
 }
 
+static int parse_durable(const char *val, void *field)
+{
+    if (!sqlite3_stricmp(val, "close")) *(uint32_t *)field = 0;
+    else if (!sqlite3_stricmp(val, "checkpoint")) *(uint32_t *)field = 1;
+    else return -1;
+    return 0;
+}
 
 static const ekopt_def ek_options[] = {
     {"dim", EKO_U32, offsetof(embkv_tabopts, dim), 1, EMBKV_MAX_DIM, "an integer from 1 to 8192", NULL},
@@ -128,6 +135,12 @@ static const ekopt_def ek_options[] = {
     {"migrate", EKO_CUSTOM, offsetof(embkv_tabopts, migrate), 0, 0, "off or auto", parse_migrate},
     {"migrate_rate", EKO_U64, offsetof(embkv_tabopts, migrate_rate), 1, 1000000000,
      "moves per second from 1 to 1000000000", NULL},
+    /* When the store is durable (the engine's EMBKV_OPEN_NO_CLOSE_SYNC):
+     * like the cache, the process's opens; a table's every connection
+     * takes it from its CREATE. */
+    {"durable", EKO_CUSTOM, offsetof(embkv_tabopts, durable), 0, 0,
+     "close (checkpoints and the last close make changes durable) or checkpoint (checkpoints only)",
+     parse_durable},
 };
 #define N_OPTIONS (sizeof ek_options / sizeof ek_options[0])
 
@@ -434,7 +447,7 @@ static int opt_is_stored(unsigned j)
     return strcmp(ek_options[j].name, "dim") && strcmp(ek_options[j].name, "dtype") && strcmp(ek_options[j].name, "path") &&
            strcmp(ek_options[j].name, "ssd_size") && strcmp(ek_options[j].name, "ssd_path") &&
            strcmp(ek_options[j].name, "cache_size") && strcmp(ek_options[j].name, "migrate") &&
-           strcmp(ek_options[j].name, "migrate_rate");
+           strcmp(ek_options[j].name, "migrate_rate") && strcmp(ek_options[j].name, "durable");
 }
 
 /* After the store is open: take its options, or record the table's. */
@@ -878,6 +891,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * never keeps a trainer out; in a process that has the store open to
      * write, it shares that handle (the rows committed there). */
     unsigned oflags = create ? EMBKV_OPEN_CREATE : ekerr_readonly(db, v->zDb) ? EMBKV_OPEN_READONLY : 0;
+    if (v->opts.durable && !(oflags & EMBKV_OPEN_READONLY)) oflags |= EMBKV_OPEN_NO_CLOSE_SYNC;
     int erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     /* Another process has the store: wait for it as SQLite waits for a
      * lock, up to the connection's busy timeout, then say who has it. */

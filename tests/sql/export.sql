@@ -236,3 +236,18 @@ SELECT embkv_export('p', 'p.embkv/log/p.export');
 CREATE VIRTUAL TABLE other USING embkv(dim=3, path='other.embkv');
 SELECT embkv_export('p', 'other.embkv/p.export');
 SELECT 'still-opens', count(*) FROM other;
+
+-- Some rows: embkv_export(table, file, ids) writes those of the ids the
+-- table holds (a JSON array, an int64 BLOB or one integer; each once),
+-- with state and clock, in the same format; an import puts just them.
+SELECT 'some', embkv_export('a1', 'a1-some.export', '[3, 1, 99, 3]');
+ATTACH 'a1-some.export' AS g;
+SELECT 'some-rows', group_concat(id), (SELECT value FROM g.embkv_meta WHERE key = 'rows') FROM g.embkv_rows;
+SELECT 'some-equal', count(*) FROM g.embkv_rows r JOIN a1 ON a1.id = r.id AND a1.vec = r.vec AND a1.clock = r.clock;
+DETACH g;
+SELECT 'one', embkv_export('a1', 'a1-one.export', 2);
+CREATE VIRTUAL TABLE a9 USING embkv(dim=3, optimizer=adagrad, lr=0.5);
+SELECT 'some-import', embkv_import('a9', 'a1-some.export'), embkv_import('a9', 'a1-one.export'), (SELECT group_concat(id) FROM (SELECT id FROM a9 ORDER BY id));
+SELECT 'none-held', embkv_export('a1', 'a1-none.export', '[1000, 1001]');
+SELECT embkv_export('a1', 'a1-bad.export', x'0102');
+SELECT embkv_export('a1', 'a1-bad.export', '[]');

@@ -212,6 +212,11 @@ CREATE VIRTUAL TABLE adam8191 USING embkv(dim=8191, optimizer='adam', pool_size=
 SELECT 'adam8191', count(*) FROM adam8191;
 -- migrate_rate with migrate='off' given: says so.
 CREATE VIRTUAL TABLE mig USING embkv(dim=2, migrate='off', migrate_rate=5);
+-- durable: close or checkpoint only.
+CREATE VIRTUAL TABLE dur USING embkv(dim=2, durable='sometimes');
+CREATE VIRTUAL TABLE dur USING embkv(dim=2, durable=checkpoint);
+SELECT count(*) FROM dur;
+DROP TABLE dur;
 -- A store's directory holds only its own files: no store and no SSD log
 -- goes inside another store's (one there made it refuse to open), and the
 -- outer store reopens untouched.  Its own log/ may be named.
