@@ -595,5 +595,40 @@ class TestSecondProcess(Base):
         self.assertEqual(out.strip(), "1", err)
 
 
+class TestDurableCheckpoint(Base):
+    """durable='checkpoint': what changed after the last checkpoint is gone
+    at the next open, though the connection closed cleanly (pushes, pulls
+    that created rows, and a COMMIT, which checkpoints, kept); the default
+    keeps it at the close."""
+
+    def run_case(self, durable):
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, optimizer=sgd, lr=1, init=zeros%s)"
+                  % (", durable='%s'" % durable if durable else ""))
+        ids = np.arange(10, dtype=np.int64)
+        c.execute("SELECT embkv_pull('t', ?)", (ids.tobytes(),)).fetchone()
+        c.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), np.ones((10, 2), np.float32).tobytes()))
+        c.execute("SELECT embkv_checkpoint('t')")
+        c.execute("SELECT embkv_pull('t', ?)", (np.arange(20, dtype=np.int64).tobytes(),)).fetchone()
+        c.execute("SELECT embkv_push('t', ?, ?)", (np.arange(20, dtype=np.int64).tobytes(),
+                                                  np.ones((20, 2), np.float32).tobytes()))
+        c.close()
+        c = connect(self.db)
+        got = c.execute("SELECT count(*), sum(clock), min(json_extract(embkv_json(vec), '$[0]')) FROM t").fetchone()
+        c.execute("INSERT INTO t(id, vec) VALUES (100, '[5, 5]')")  # a COMMIT: durable
+        c.execute("SELECT embkv_push('t', 0, '[1, 1]')")
+        c.close()
+        c = connect(self.db)
+        after = c.execute("SELECT count(*), (SELECT clock FROM t WHERE id = 0) FROM t").fetchone()
+        c.close()
+        return got, after
+
+    def test_rolled_back_at_open(self):
+        self.assertEqual(self.run_case("checkpoint"), ((10, 10, -1.0), (11, 1)))
+
+    def test_default_keeps_at_close(self):
+        self.assertEqual(self.run_case(None), ((20, 30, -2.0), (21, 3)))
+
+
 if __name__ == "__main__":
     unittest.main()

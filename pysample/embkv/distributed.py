@@ -1,0 +1,978 @@
+"""embkv tables sharded over the ranks of a torch.distributed job.
+
+    # torchrun --nproc_per_node=2 train.py   (launch line: docs/distributed.md)
+    import torch.distributed as dist, embkv.distributed as ekd
+    dist.init_process_group("gloo")
+    emb = ekd.ShardedEmbeddingBag("model-dir", "user", dim=64, mode="sum", optimizer="adagrad",
+                                  lr=0.05, init="normal(0,0.01)")
+    step, extra = ekd.restore([emb])     # (None, None) before the first checkpoint
+    out = emb(ids, offsets)              # this rank's batch
+    loss.backward()                      # gradients go to the rows' owners
+    ekd.checkpoint([emb], step, extra=state_dict)
+
+Rows are sharded by row: an id's bucket is a hash of it (splitmix64) modulo
+`buckets` (4096), and a bucket map, kept in the manifest, gives each bucket
+to a rank.  Each rank owns one embkv store per table under model_dir
+(`rank-00000.db` and the store beside it), with every option embkv.torch
+takes (tiers, cache, optimizer, staleness), and serves its rows.
+
+A forward is collective (every rank calls it, as with DDP): each rank sends
+the distinct ids of its batch to their owners with one all_to_all_single of
+counts and one of ids; an owner pulls each distinct id once per step (its
+staleness permit is taken there) and the rows come back the same way.  Torch
+then runs its own embedding / embedding_bag on them, so outputs and
+gradients follow torch's rules.  At the end of the backward pass (or at
+step() with update="step") the gradients of every forward of the step go to
+the owners (one all_to_all_single per forward, in forward order, so that
+every rank runs the same collectives whatever order autograd ran its hooks
+in); an owner adds what the ranks sent for an id in rank order and pushes
+the sum once: one optimizer step and one tick of the clock per row per step,
+as one process training on all ranks' batches together.
+
+Checkpoints (checkpoint(), collective) are batch-aligned.  The shards'
+tables are created durable='checkpoint': a shard is durable only when this
+module checkpoints it, never at a close (a rank that fails and exits rolls
+back to its last checkpoint, as a killed one does).  checkpoint(step):
+  1. every rank writes a redo file: its shard's rows touched since the last
+     checkpoint, whole (vector, optimizer state, clock: embkv_export with
+     ids), and rank 0 the caller's `extra` (torch.save);
+  2. rank 0 writes the manifest (step, world size, bucket map, tables and
+     options, the redo files), atomically: a temporary file, fsync, rename,
+     fsync of the directory.  This is the commit point;
+  3. every shard checkpoints (embkv_checkpoint), then the redo files of the
+     checkpoint before are deleted.
+A job killed anywhere restarts from the last manifest: restore() imports
+each shard's redo file of that step (embkv_import: idempotent), bringing a
+shard that had not reached step 3 to the step, and one that had to itself.
+No shard can be past the manifest, since shards checkpoint only after it.
+
+Resharding: a job started with another number of ranks than the manifest's
+moves buckets to their new owners at construction of each table (collective,
+crash-safe: rows are copied, then the new manifest is written, then the
+sources' copies removed; a kill anywhere starts the move over).  Every old
+shard's database must be reachable under model_dir from the new ranks (one
+machine, or a shared file system).
+
+A rank that dies makes the collectives of the others fail (gloo: at once
+when the connection drops, else after the process group's timeout); the
+error is raised as EkdError naming the table, the operation and the ranks
+found dead on this machine.
+"""
+import datetime
+import io
+import json
+import os
+import shutil
+import sqlite3
+import time
+import zlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import embkv
+import embkv.torch as ekt
+
+__all__ = ["EkdError", "ShardedEmbedding", "ShardedEmbeddingBag", "checkpoint", "restore", "stats", "bucket_of",
+           "MANIFEST"]
+
+MANIFEST = "manifest.json"
+_FORMAT = "embkv-distributed-manifest"
+_VERSION = 1
+DEFAULT_BUCKETS = 4096
+
+
+class EkdError(RuntimeError):
+    """A distributed operation failed (a rank died, a collective timed out,
+    the manifest or a shard is not what the job expects)."""
+
+
+# ---------------------------------------------------------------- buckets
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_G = np.uint64(0x9E3779B97F4A7C15)
+
+
+def bucket_of(ids, buckets=DEFAULT_BUCKETS):
+    """Bucket of each id: splitmix64(id) mod buckets (the same on every
+    machine and in every version of this module)."""
+    z = np.asarray(ids, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        z = z + _G
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(buckets)).astype(np.int64)
+
+
+def _default_map(buckets, world):
+    return np.arange(buckets, dtype=np.int64) % world
+
+
+# ---------------------------------------------------------------- files
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path, data):
+    """data (bytes) at path, whole or not at all, durable when it returns."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _manifest_bytes(m):
+    body = json.dumps(m, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"manifest": m, "crc32": zlib.crc32(body.encode())}, sort_keys=True).encode()
+
+
+def _read_manifest(model_dir):
+    """The manifest of model_dir (a dict), None when there is none; raises
+    EkdError naming the file when it is damaged or not a manifest."""
+    path = os.path.join(model_dir, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    advice = ("restore model_dir from a backup, or remove %s to start the tables over from their shards' "
+              "first state" % path)
+    try:
+        outer = json.loads(raw)
+        m = outer["manifest"]
+        body = json.dumps(m, sort_keys=True, separators=(",", ":"))
+        if zlib.crc32(body.encode()) != outer["crc32"]:
+            raise EkdError("embkv.distributed: manifest %s is damaged: its checksum does not match; %s"
+                           % (path, advice))
+        if m.get("format") != _FORMAT or m.get("version") != _VERSION:
+            raise EkdError("embkv.distributed: %s is not an embkv.distributed manifest of version %d; %s"
+                           % (path, _VERSION, advice))
+        int(m["step"]), int(m["buckets"])
+        for name, t in m["tables"].items():
+            bm, w = t["bucket_map"], t["world_size"]
+            if (not isinstance(w, int) or w < 1 or not isinstance(bm, list) or len(bm) != m["buckets"] or
+                    any(not isinstance(r, int) or r < 0 or r >= w for r in bm)):
+                raise EkdError("embkv.distributed: manifest %s: the bucket map of table %r does not give each of "
+                               "its %s buckets to one of its %s ranks; %s" % (path, name, m["buckets"], w, advice))
+            if len(t["redo"]) > w:
+                raise EkdError("embkv.distributed: manifest %s: table %r has redo files of more ranks than its %d; "
+                               "%s" % (path, name, w, advice))
+        return m
+    except EkdError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:
+        raise EkdError("embkv.distributed: manifest %s is damaged (%s: %s); %s"
+                       % (path, type(e).__name__, e, advice)) from None
+
+
+def _shard_db(model_dir, rank):
+    return os.path.join(model_dir, "rank-%05d.db" % rank)
+
+
+def _redo_dir(model_dir, step):
+    return os.path.join(model_dir, "redo-%d" % step)
+
+
+def _extra_file(model_dir, step):
+    return os.path.join(model_dir, "extra-%d.pt" % step)
+
+
+# ---------------------------------------------------------------- collectives
+
+class _Group:
+    """The process group and what this module knows of its ranks: (host, pid)
+    of each, to name the dead ones when a collective fails."""
+
+    def __init__(self, group):
+        if not dist.is_available() or not dist.is_initialized():
+            raise EkdError("embkv.distributed: torch.distributed is not initialized: call "
+                           "torch.distributed.init_process_group('gloo') first (torchrun sets its environment)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.where = [None] * self.world
+        try:
+            dist.all_gather_object(self.where, (os.uname().nodename, os.getpid()), group=group)
+        except RuntimeError as e:
+            self.where = [(None, None)] * self.world
+            raise self.fail("the construction of a sharded table", e) from None
+
+    def dead(self):
+        """Ranks on this machine whose process is gone (or a zombie not yet
+        reaped by its launcher); waits up to a second for one, since the
+        connection may drop before the process is reaped."""
+        host = os.uname().nodename
+        for _ in range(20):
+            out = [r for r, (h, pid) in enumerate(self.where) if h == host and r != self.rank and _gone(pid)]
+            if out:
+                return out
+            time.sleep(0.05)
+        return []
+
+    def fail(self, what, e):
+        dead = self.dead()
+        who = ("rank %s (pid %s) is gone" % (", ".join(map(str, dead)),
+                                            ", ".join(str(self.where[r][1]) for r in dead))) if dead else \
+            "no rank on this machine is gone: one elsewhere died or hangs, or the process group's timeout passed"
+        return EkdError("embkv.distributed: %s failed on rank %d of %d: %s (%s); restart the job: it resumes from "
+                        "the last checkpoint" % (what, self.rank, self.world, who, str(e).strip().splitlines()[0]
+                                                 if str(e).strip() else type(e).__name__))
+
+    def call(self, what, fn, *a, **kw):
+        try:
+            return fn(*a, group=self.group, **kw)
+        except EkdError:
+            raise
+        except RuntimeError as e:
+            raise self.fail(what, e) from None
+
+    def gather(self, what, obj):
+        out = [None] * self.world
+        self.call(what, dist.all_gather_object, out, obj)
+        return out
+
+    def bcast(self, what, obj):
+        box = [obj]
+        self.call(what, dist.broadcast_object_list, box, src=0)
+        return box[0]
+
+    def barrier(self, what):
+        # (an all_reduce, not dist.barrier: its failure names the same way
+        # and it works with every backend)
+        t = torch.zeros(1)
+        self.call(what, dist.all_reduce, t)
+
+    def agree(self, what, ok_or_error):
+        """Every rank's outcome of a local step: raises on every rank when
+        one failed (naming it), so that no rank goes on into a collective
+        the others left."""
+        res = self.gather(what, ok_or_error)
+        bad = [(r, e) for r, e in enumerate(res) if e is not None]
+        if bad:
+            r, e = bad[0]
+            raise EkdError("embkv.distributed: %s failed on rank %d: %s" % (what, r, e))
+
+    def exchange(self, what, send, send_counts, width=1):
+        """all_to_all_single of send (rows grouped by destination rank,
+        send_counts of them for each, `width` values a row); returns
+        (received rows, counts received from each rank)."""
+        sc = torch.as_tensor(np.asarray(send_counts, dtype=np.int64))
+        rc = torch.empty_like(sc)
+        self.call(what, dist.all_to_all_single, rc, sc)
+        recv_counts = rc.numpy().copy()
+        t = torch.from_numpy(np.ascontiguousarray(send).reshape(-1))
+        out = torch.empty(int(recv_counts.sum()) * width, dtype=t.dtype)
+        self.call(what, dist.all_to_all_single, out, t, [int(c) * width for c in recv_counts],
+                  [int(c) * width for c in send_counts])
+        return out.numpy().reshape((-1, width) if width > 1 else (-1,)), recv_counts
+
+    def exchange_back(self, what, send, recv_counts, send_counts, width):
+        """The reply to an exchange: rows for what each rank sent (send_counts
+        from the exchange's receiver's view: recv_counts), in its order."""
+        t = torch.from_numpy(np.ascontiguousarray(send).reshape(-1))
+        out = torch.empty(int(np.sum(send_counts)) * width, dtype=t.dtype)
+        self.call(what, dist.all_to_all_single, out, t, [int(c) * width for c in send_counts],
+                  [int(c) * width for c in recv_counts])
+        return out.numpy().reshape(-1, width)
+
+
+def _gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except (OSError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------- the owner's step
+
+class _OwnerStep:
+    """The rows this rank's shard served in the open step (each id pulled
+    once: one permit), and the gradients the ranks sent for them, summed."""
+
+    def __init__(self, dim):
+        self.dim = dim
+        self.ids = np.empty(0, np.int64)
+        self.rows = np.empty((0, dim), np.float32)
+        self.grad = np.empty((0, dim), np.float32)
+        self.has_grad = np.empty(0, bool)
+
+    def rows_for(self, conn, table, u):
+        """Rows of the sorted distinct ids u, pulling those not pulled yet;
+        returns (rows, positions of u in self.ids)."""
+        pos = np.searchsorted(self.ids, u)
+        there = pos < len(self.ids)
+        there[there] = self.ids[pos[there]] == u[there]
+        new = u[~there]
+        if len(new):
+            r = embkv.pull(conn, table, new, self.dim)
+            ids = np.concatenate([self.ids, new])
+            order = np.argsort(ids, kind="stable")
+            self.ids = ids[order]
+            self.rows = np.concatenate([self.rows, r])[order]
+            self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
+            self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
+            pos = np.searchsorted(self.ids, u)
+        return self.rows[pos], pos
+
+
+class _Fwd:
+    """One training forward of a table: what the backward exchange needs."""
+    __slots__ = ("mod", "n", "order", "send_counts", "recv_counts", "owner_pos", "grad")
+
+    def __init__(self, mod, n, order, send_counts, recv_counts, owner_pos):
+        self.mod, self.n, self.order = mod, n, order
+        self.send_counts, self.recv_counts, self.owner_pos = send_counts, recv_counts, owner_pos
+        self.grad = None
+
+
+# The last manifest of each model_dir this process read or wrote.
+_latest = {}
+
+# Forwards of the open step, in forward order (all tables): the end of the
+# step exchanges their gradients in this order on every rank.
+_pending = []
+_queued = [False]
+
+
+def _end_step():
+    _queued[0] = False
+    todo = list(_pending)
+    del _pending[:]
+    mods = []
+    try:
+        for f in todo:
+            m = f.mod
+            if m not in mods:
+                mods.append(m)
+            g = f.grad
+            flag = np.ones((f.n, 1), np.float32) if g is not None else np.zeros((f.n, 1), np.float32)
+            if g is None:
+                g = np.zeros((f.n, m.embedding_dim), np.float32)
+            send = np.concatenate([g, flag], axis=1)[f.order] if f.n else np.zeros((0, m.embedding_dim + 1),
+                                                                                  np.float32)
+            got = m._g.exchange_back("the gradient exchange of table %r" % m.table, send, f.send_counts,
+                                     f.recv_counts, m.embedding_dim + 1)
+            st = m._owner
+            # np.add.at adds in index order: rank 0's gradients first, then
+            # rank 1's, ... (the order of summation is fixed)
+            sel = got[:, -1] > 0
+            np.add.at(st.grad, f.owner_pos[sel], got[sel, :-1])
+            st.has_grad[f.owner_pos[sel]] = True
+    except BaseException:
+        for m in mods:
+            m._release_owner()
+        raise
+    for m in mods:
+        m._push_owner()
+    return mods
+
+
+class _ShardedTable(torch.nn.Module):
+    def __init__(self, model_dir, table, dim=None, padding_idx=None, update="backward", buckets=None, group=None,
+                 **options):
+        super().__init__()
+        if update not in ("backward", "step"):
+            raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
+        if "durable" in options or "path" in options:
+            raise ValueError("embkv.distributed: table %r: options path and durable are the module's own (each "
+                             "shard is a store under model_dir, durable at the job's checkpoints)" % table)
+        for k, v in options.items():
+            if not isinstance(v, (int, float, str)) or isinstance(v, bool):
+                raise ValueError("embkv.distributed: table %r: option %s must be a number or a string, not %r"
+                                 % (table, k, v))
+        self._g = _Group(group)
+        self.model_dir = os.path.abspath(model_dir)
+        self.table = table
+        self.update = update
+        self.padding_idx = padding_idx
+        rank, world = self._g.rank, self._g.world
+        want = {"table": table, "dim": None if dim is None else int(dim), "options": dict(sorted(options.items())),
+                "buckets": None if buckets is None else int(buckets), "update": update,
+                "kind": type(self).__name__, "padding_idx": padding_idx, "model_dir": self.model_dir}
+        # The ranks must agree on the table: each compares every rank's.
+        every = self._g.gather("the construction of table %r" % table, want)
+        for r, w in enumerate(every):
+            for k in want:
+                if k == "model_dir":
+                    continue  # (each host its own)
+                if w[k] != every[0][k]:
+                    raise EkdError("embkv.distributed: table %r: ranks disagree on %s: rank 0 has %r, rank %d %r"
+                                   % (table, k, every[0][k], r, w[k]))
+        # The manifest: rank 0's, for every rank.
+        err, m = None, None
+        if rank == 0:
+            try:
+                os.makedirs(self.model_dir, exist_ok=True)
+                m = _read_manifest(self.model_dir)
+            except (EkdError, OSError) as e:
+                err = str(e)
+        m, err = self._g.bcast("reading the manifest", (m, err))
+        if err:
+            raise EkdError(err)
+        os.makedirs(self.model_dir, exist_ok=True)
+        t = m["tables"].get(table) if m is not None else None
+        if m is not None:
+            if t is not None:
+                for k, mine in (("dim", want["dim"]), ("options", want["options"] or None), ("kind", want["kind"])):
+                    if mine is not None and t[k] != mine:
+                        raise EkdError("embkv.distributed: table %r: %s is %r, but the checkpoint in %s has %r "
+                                       "(another table, or another job's model_dir): give the same, or another "
+                                       "model_dir" % (table, k, mine, os.path.join(self.model_dir, MANIFEST), t[k]))
+                dim = t["dim"]
+                options = dict(t["options"])
+            if buckets is not None and int(buckets) != m["buckets"]:
+                raise EkdError("embkv.distributed: table %r: buckets=%d, but the checkpoint in %s has %d buckets "
+                               "(they cannot change)" % (table, buckets, os.path.join(self.model_dir, MANIFEST),
+                                                       m["buckets"]))
+            buckets = m["buckets"]
+        if dim is None:
+            raise ValueError("embkv.distributed: table %r does not exist: give dim (and options) to create it" % table)
+        self.buckets = int(buckets or DEFAULT_BUCKETS)
+        if not 1 <= self.buckets <= 1 << 20:
+            raise ValueError("embkv.distributed: buckets must be from 1 to 1048576, not %d" % self.buckets)
+        self._options = dict(options)
+        self._dim_req = int(dim)
+        if t is not None and t["world_size"] != world:
+            m = _reshard(self, m)
+        elif t is not None and "moved_from" in t:
+            m = _cleanup(self, m)
+        if m is not None:
+            _latest[self.model_dir] = m
+        t = m["tables"].get(table) if m is not None else None
+        self.bucket_map = np.asarray(t["bucket_map"], np.int64) if t is not None else _default_map(self.buckets, world)
+        err = None
+        try:
+            self.conn = self._open_shard(rank)
+        except (EkdError, ValueError, sqlite3.Error) as e:
+            err = str(e)
+        self._g.agree("opening the shards of table %r" % table, err)
+        self.embedding_dim = embkv.dim(self.conn, table)
+        self._owner = _OwnerStep(self.embedding_dim)
+        self._touched = []          # ids this shard served since the last checkpoint
+        self.bytes_sent = 0         # ids, rows and gradients this rank sent (payload bytes)
+        self.exchange_seconds = 0.0
+
+    # -- the shard
+
+    def _open_shard(self, k, conn=None):
+        """This module's table in shard k's database (created, with the
+        module's options, when absent); a new connection unless given."""
+        c = conn or embkv.connect(_shard_db(self.model_dir, k), timeout=30)
+        opts = dict(self._options)
+        row = c.execute("SELECT sql FROM sqlite_schema WHERE type='table' AND name=? COLLATE NOCASE",
+                        (self.table,)).fetchone()
+        if row is None:
+            opts["durable"] = "checkpoint"
+            opts["path"] = "%s.rank-%05d.embkv" % (self.table, k)
+        elif "durable='checkpoint'" not in (row[0] or "").replace(" ", ""):
+            raise EkdError("embkv.distributed: table %r in %s was not made by embkv.distributed (its CREATE lacks "
+                           "durable='checkpoint'): give another model_dir or table name"
+                           % (self.table, _shard_db(self.model_dir, k)))
+        # (an existing table: the store's rule refuses other options)
+        ekt._TableModule(c, self.table, dim=self._dim_req, **opts)
+        return c
+
+    def _release_owner(self):
+        st = self._owner
+        self._owner = _OwnerStep(self.embedding_dim)
+        if len(st.ids):
+            try:
+                embkv.release(self.conn, self.table, st.ids)
+            except sqlite3.Error:
+                pass
+
+    def _push_owner(self):
+        st = self._owner
+        self._owner = _OwnerStep(self.embedding_dim)
+        got = st.has_grad
+        try:
+            if got.any():
+                embkv.push(self.conn, self.table, st.ids[got], st.grad[got])
+        finally:
+            if (~got).any():
+                embkv.release(self.conn, self.table, st.ids[~got])
+
+    # -- forward
+
+    def _route(self, u):
+        """Owner of each id, and u reordered by owner (stable)."""
+        owner = self.bucket_map[bucket_of(u, self.buckets)] if len(u) else np.empty(0, np.int64)
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner, minlength=self._g.world)
+        return order, counts
+
+    def _gather(self, ids):
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("embkv.distributed: ids must be a LongTensor or IntTensor, not %s" % ids.dtype)
+        flat = ids.reshape(-1).to(torch.int64)
+        if self.padding_idx is not None:
+            is_pad = flat == self.padding_idx
+            real = flat[~is_pad]
+        else:
+            is_pad, real = None, flat
+        uniq, inv = torch.unique(real, return_inverse=True)
+        u = uniq.numpy()
+        training = torch.is_grad_enabled()
+        order, counts = self._route(u)
+        what = "the forward of table %r" % self.table
+        t0 = _now()
+        rids, recv_counts = self._g.exchange(what, u[order], counts)
+        # the owner: each distinct id once
+        uu, rinv = np.unique(rids, return_inverse=True)
+        self._touched.append(uu)
+        if training:
+            rows_uu, pos_uu = self._owner.rows_for(self.conn, self.table, uu)
+            owner_pos = pos_uu[rinv]
+        else:
+            rows_uu = np.zeros((len(uu), self.embedding_dim), np.float32)
+            held = np.zeros(len(uu), bool)
+            st = self._owner
+            if len(st.ids) and len(uu):
+                p = np.searchsorted(st.ids, uu)
+                held = p < len(st.ids)
+                held[held] = st.ids[p[held]] == uu[held]
+                rows_uu[held] = st.rows[p[held]]
+            rest = uu[~held]
+            if len(rest):
+                rows_uu[~held] = embkv.pull(self.conn, self.table, rest, self.embedding_dim)
+                embkv.release(self.conn, self.table, rest)
+            owner_pos = None
+        back = self._g.exchange_back(what, rows_uu[rinv], recv_counts, counts, self.embedding_dim)
+        self.exchange_seconds += _now() - t0
+        self.bytes_sent += 8 * len(u) + 4 * self.embedding_dim * len(rids)
+        rows = np.empty((len(u), self.embedding_dim), np.float32)
+        rows[order] = back
+        w = torch.from_numpy(rows)
+        local = torch.empty_like(flat)
+        pad_local = None
+        if is_pad is not None:
+            pad_local = len(u)
+            w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
+            local[is_pad] = pad_local
+            local[~is_pad] = inv
+        else:
+            local = inv
+        if not training:
+            return w, local.reshape(ids.shape), pad_local
+        f = _Fwd(self, len(u), order, counts, recv_counts, owner_pos)
+        _pending.append(f)
+        w.requires_grad_(True)
+        n = len(u)
+        mode = self.update
+
+        def hook(grad):
+            g = grad[:n].contiguous().numpy()
+            if f.grad is not None:
+                raise RuntimeError("embkv.distributed: a second backward through one forward of table %r "
+                                   "(retain_graph): run a forward per backward" % self.table)
+            f.grad = np.array(g, np.float32, copy=True)
+            if mode == "backward" and not _queued[0]:
+                _queued[0] = True
+                torch.autograd.Variable._execution_engine.queue_callback(_timed_end_step)
+            return grad
+
+        w.register_hook(hook)
+        return w, local.reshape(ids.shape), pad_local
+
+    def step(self):
+        """update="step": exchange and apply the gradients of every forward
+        since the last update (collective: every rank calls it)."""
+        _timed_end_step()
+
+    def lookahead(self, ids):
+        """Announce coming batches' ids to their owners (collective), which
+        read ahead the rows on their SSD tier; returns the rows queued on
+        this rank's shard."""
+        a = np.unique(np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64))
+        order, counts = self._route(a)
+        rids, _ = self._g.exchange("the look-ahead of table %r" % self.table, a[order], counts)
+        if not len(rids):
+            return 0
+        return ekt._TableModule.lookahead(self, np.unique(rids))
+
+    def extra_repr(self):
+        return "table=%r, dim=%d, rank=%d/%d, buckets=%d" % (self.table, self.embedding_dim, self._g.rank,
+                                                          self._g.world, self.buckets)
+
+    def _describe(self):
+        return {"dim": self.embedding_dim, "options": dict(sorted(self._options.items())),
+                "kind": type(self).__name__, "world_size": self._g.world,
+                "bucket_map": [int(x) for x in self.bucket_map]}
+
+
+def _now():
+    return time.perf_counter()
+
+
+def _timed_end_step():
+    t0 = _now()
+    mods = _end_step()
+    for m in mods:
+        m.exchange_seconds += _now() - t0
+
+
+class ShardedEmbedding(_ShardedTable):
+    """torch.nn.Embedding over a table sharded across the job's ranks."""
+
+    def forward(self, input):
+        w, local, pad = self._gather(input)
+        return F.embedding(local, w, padding_idx=pad)
+
+
+class ShardedEmbeddingBag(_ShardedTable):
+    """torch.nn.EmbeddingBag (modes "sum" and "mean") over a table sharded
+    across the job's ranks."""
+
+    def __init__(self, model_dir, table, dim=None, mode="mean", padding_idx=None, include_last_offset=False,
+                 **options):
+        if mode not in ("sum", "mean"):
+            raise ValueError("embkv.distributed.ShardedEmbeddingBag: mode must be 'sum' or 'mean', not %r" % (mode,))
+        self._mode = mode
+        super().__init__(model_dir, table, dim=dim, padding_idx=padding_idx, **options)
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        w, local, pad = self._gather(input)
+        return F.embedding_bag(local, w, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=pad)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _check_modules(modules, what):
+    modules = list(modules)
+    if not modules or not all(isinstance(m, _ShardedTable) for m in modules):
+        raise TypeError("embkv.distributed.%s: give a list of ShardedEmbedding / ShardedEmbeddingBag modules" % what)
+    dirs = {m.model_dir for m in modules}
+    if len(dirs) != 1:
+        raise ValueError("embkv.distributed.%s: the modules live in different model_dirs (%s): one checkpoint is "
+                         "one model_dir" % (what, ", ".join(sorted(dirs))))
+    names = [m.table.lower() for m in modules]
+    if len(set(names)) != len(names):
+        raise ValueError("embkv.distributed.%s: a table is given twice" % what)
+    if _pending:
+        raise EkdError("embkv.distributed.%s: forwards of the open step have not been updated yet (their "
+                       "backward, or step() with update='step', comes first)" % what)
+    return modules
+
+
+def checkpoint(modules, step, extra=None):
+    """Make every shard of the modules' tables durable as of `step` (an
+    integer, larger than the last checkpoint's), with `extra` (any object
+    torch.save takes: dense model and optimizer state, data position) kept
+    beside it.  Collective: every rank calls it, between steps."""
+    modules = _check_modules(modules, "checkpoint")
+    step = int(step)
+    g = modules[0]._g
+    model_dir = modules[0].model_dir
+    last = _latest.get(model_dir)
+    if last is not None and step <= last["step"]:
+        raise ValueError("embkv.distributed.checkpoint: step %d is not after the last checkpoint's, %d"
+                         % (step, last["step"]))
+    # 1. redo files and the extra state
+    redo = {}
+    err = None
+    try:
+        d = _redo_dir(model_dir, step)
+        os.makedirs(d, exist_ok=True)
+        for m in modules:
+            name = "%s.rank-%05d.export" % (m.table, g.rank)
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                os.unlink(path)  # a checkpoint of this step that did not commit
+            ids = np.unique(np.concatenate(m._touched)) if m._touched else np.empty(0, np.int64)
+            n = 0
+            if len(ids):
+                n = m.conn.execute("SELECT embkv_export(?, ?, ?)", (m.table, path, ids.tobytes())).fetchone()[0]
+            redo[m.table] = name if n else None
+        _fsync_dir(d)
+        if g.rank == 0 and extra is not None:
+            buf = io.BytesIO()
+            torch.save(extra, buf)
+            _write_atomic(_extra_file(model_dir, step), buf.getvalue())
+    except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+        err = "%s: %s" % (type(e).__name__, e)
+    every = g.gather("checkpoint %d (its redo files)" % step, (redo, err))
+    bad = [(r, e) for r, (_, e) in enumerate(every) if e]
+    if bad:
+        raise EkdError("embkv.distributed.checkpoint: step %d: rank %d could not write its redo files: %s"
+                       % (step, bad[0][0], bad[0][1]))
+    # 2. the manifest (rank 0), the commit point
+    man = {"format": _FORMAT, "version": _VERSION, "step": step, "buckets": modules[0].buckets,
+           "tables": {m.table: dict(m._describe(), redo=[every[r][0][m.table] for r in range(g.world)])
+                      for m in modules},
+           "extra": os.path.basename(_extra_file(model_dir, step)) if extra is not None else None}
+    # tables not checkpointed now but named by the last manifest stay named
+    if last is not None:
+        for t, desc in last["tables"].items():
+            if t not in man["tables"]:
+                raise EkdError("embkv.distributed.checkpoint: table %r of the last checkpoint is not among the "
+                               "modules: checkpoint every table of model_dir together" % t)
+    err = None
+    if g.rank == 0:
+        try:
+            _write_atomic(os.path.join(model_dir, MANIFEST), _manifest_bytes(man))
+        except OSError as e:
+            err = "cannot write %s: %s" % (os.path.join(model_dir, MANIFEST), e)
+    g.agree("checkpoint %d (the manifest)" % step, err)
+    _latest[model_dir] = man
+    # 3. the shards durable at the step; then the last checkpoint's files go
+    err = None
+    try:
+        for m in modules:
+            embkv.checkpoint(m.conn, m.table)
+            m._touched = []
+    except sqlite3.Error as e:
+        err = str(e)
+    g.agree("checkpoint %d (the shards)" % step, err)
+    if last is not None:
+        old = _redo_dir(model_dir, last["step"])
+        for m in modules:
+            try:
+                os.unlink(os.path.join(old, "%s.rank-%05d.export" % (m.table, g.rank)))
+            except FileNotFoundError:
+                pass
+        g.barrier("checkpoint %d (removing the last one's files)" % step)
+        if g.rank == 0:
+            shutil.rmtree(old, ignore_errors=True)
+            if last.get("extra"):
+                try:
+                    os.unlink(os.path.join(model_dir, last["extra"]))
+                except FileNotFoundError:
+                    pass
+    return step
+
+
+def restore(modules):
+    """Put every shard of the modules' tables back at the last checkpoint's
+    step (collective); returns (step, extra), or (None, None) when model_dir
+    has no checkpoint.  Call it after constructing the modules, before
+    training."""
+    modules = _check_modules(modules, "restore")
+    g = modules[0]._g
+    model_dir = modules[0].model_dir
+    man, err = None, None
+    if g.rank == 0:
+        try:
+            man = _read_manifest(model_dir)
+        except EkdError as e:
+            err = str(e)
+    man, err = g.bcast("restore (reading the manifest)", (man, err))
+    if err:
+        raise EkdError(err)
+    if man is None:
+        return None, None
+    _latest[model_dir] = man
+    for name, t in man["tables"].items():
+        if t["world_size"] != g.world:
+            raise EkdError("embkv.distributed.restore: table %r of the checkpoint in %s has %d ranks, this job %d: "
+                           "construct its module first (the construction moves the buckets)"
+                           % (name, model_dir, t["world_size"], g.world))
+    missing = [t for t in man["tables"] if t not in {m.table for m in modules}]
+    if missing:
+        raise EkdError("embkv.distributed.restore: the checkpoint has tables %s that are not among the modules: "
+                       "restore every table of model_dir together" % ", ".join(map(repr, missing)))
+    err = None
+    try:
+        for m in modules:
+            redo = man["tables"].get(m.table, {}).get("redo") or []
+            name = redo[g.rank] if g.rank < len(redo) else None
+            if name:
+                path = os.path.join(_redo_dir(model_dir, man["step"]), name)
+                if not os.path.exists(path):
+                    raise EkdError("the checkpoint's redo file %s is missing: restore model_dir from a backup"
+                                   % path)
+                m.conn.execute("SELECT embkv_import(?, ?)", (m.table, path)).fetchone()
+            m._touched = []
+            m._release_owner()
+    except (EkdError, sqlite3.Error, OSError) as e:
+        err = str(e)
+    g.agree("restore of step %d" % man["step"], err)
+    extra = None
+    if man.get("extra"):
+        data, err = None, None
+        if g.rank == 0:
+            try:
+                with open(os.path.join(model_dir, man["extra"]), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                err = "cannot read the checkpoint's extra state: %s" % e
+        data, err = g.bcast("restore (the extra state)", (data, err))
+        if err:
+            raise EkdError("embkv.distributed.restore: %s" % err)
+        extra = torch.load(io.BytesIO(data))
+    return man["step"], extra
+
+
+def stats(module):
+    """embkv_stats of every shard of the module's table (collective): a list
+    of dicts, rank order, each with its "rank"."""
+    st = json.loads(module.conn.execute("SELECT embkv_stats(?)", (module.table,)).fetchone()[0])
+    st["rank"] = module._g.rank
+    st["bytes_sent"] = module.bytes_sent
+    st["exchange_seconds"] = module.exchange_seconds
+    return module._g.gather("embkv.distributed.stats of table %r" % module.table, st)
+
+
+# ---------------------------------------------------------------- resharding
+
+def _reshard(mod, man):
+    """Move the buckets of mod's table from the manifest's ranks to this
+    job's (collective).  Rows are copied first (embkv_export of the ids of
+    the buckets that change owner, embkv_import at the new owner), then rank
+    0 writes the manifest naming the new layout for the table, then the
+    copies left behind are removed (_cleanup).  A kill before the manifest
+    starts the move over (the old shards are whole: each first drops rows
+    that are not its own, leftovers of a move that was cut); one after it
+    leaves the cleanup to the next construction."""
+    g = mod._g
+    t = man["tables"][mod.table]
+    old_world, step, B = t["world_size"], man["step"], man["buckets"]
+    old_map = np.asarray(t["bucket_map"], np.int64)
+    new_map = _default_map(B, g.world)
+    what = "resharding table %r from %d to %d ranks" % (mod.table, old_world, g.world)
+    move = os.path.join(mod.model_dir, "move-%s-%d-%dto%d" % (mod.table, step, old_world, g.world))
+    redo = t.get("redo") or []
+    err = None
+    try:
+        for k in range(old_world):
+            if k % g.world != g.rank:
+                continue
+            db = _shard_db(mod.model_dir, k)
+            if not os.path.exists(db):
+                raise EkdError("shard %d's database %s is missing: every shard of the checkpoint must be "
+                               "reachable under model_dir (one machine, or a shared file system)" % (k, db))
+            c = embkv.connect(db, timeout=30)
+            try:
+                mod._open_shard(k, conn=c)
+                # the old shard at the step, then only its own rows
+                name = redo[k] if k < len(redo) else None
+                if name:
+                    c.execute("SELECT embkv_import(?, ?)",
+                              (mod.table, os.path.join(_redo_dir(mod.model_dir, step), name))).fetchone()
+                ids = _all_ids(c, mod.table)
+                b = bucket_of(ids, B)
+                own = old_map[b] == k
+                if not own.all():
+                    _delete(c, mod.table, ids[~own])
+                    ids, b = ids[own], b[own]
+                dest = new_map[b]
+                os.makedirs(move, exist_ok=True)
+                for n in np.unique(dest):
+                    if n == k:
+                        continue
+                    path = os.path.join(move, "from-%05d.to-%05d.export" % (k, n))
+                    if os.path.exists(path):
+                        os.unlink(path)
+                    c.execute("SELECT embkv_export(?, ?, ?)", (mod.table, path, ids[dest == n].tobytes())).fetchone()
+            finally:
+                c.close()
+        if os.path.isdir(move):
+            _fsync_dir(move)
+    except (EkdError, sqlite3.Error, OSError) as e:
+        err = str(e)
+    g.agree(what + " (copying out)", err)
+    err = None
+    try:
+        c = embkv.connect(_shard_db(mod.model_dir, g.rank), timeout=30)
+        try:
+            mod._open_shard(g.rank, conn=c)
+            for name in sorted(os.listdir(move)) if os.path.isdir(move) else []:
+                if name.endswith(".to-%05d.export" % g.rank):
+                    c.execute("SELECT embkv_import(?, ?)", (mod.table, os.path.join(move, name))).fetchone()
+        finally:
+            c.close()
+    except (EkdError, sqlite3.Error, OSError) as e:
+        err = str(e)
+    g.agree(what + " (copying in)", err)
+    new = json.loads(json.dumps(man))
+    new["tables"][mod.table].update({"world_size": g.world, "bucket_map": [int(x) for x in new_map], "redo": [],
+                                     "moved_from": old_world})
+    err = None
+    if g.rank == 0:
+        try:
+            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(new))
+        except OSError as e:
+            err = str(e)
+    g.agree(what + " (the manifest)", err)
+    shutil.rmtree(move, ignore_errors=True)
+    return _cleanup(mod, new)
+
+
+def _cleanup(mod, man):
+    """After a move: each shard keeps only its own rows of mod's table, and
+    shards past the job's ranks lose the table (collective; again at each
+    construction until done).  Returns the manifest, rewritten without the
+    mark."""
+    g = mod._g
+    t = man["tables"][mod.table]
+    B = man["buckets"]
+    new_map = np.asarray(t["bucket_map"], np.int64)
+    what = "the cleanup after resharding table %r" % mod.table
+    err = None
+    try:
+        for k in range(max(t["moved_from"], g.world)):
+            if k % g.world != g.rank or not os.path.exists(_shard_db(mod.model_dir, k)):
+                continue
+            c = embkv.connect(_shard_db(mod.model_dir, k), timeout=30)
+            try:
+                if k >= g.world:
+                    if c.execute("SELECT 1 FROM sqlite_schema WHERE name=? COLLATE NOCASE",
+                                 (mod.table,)).fetchone():
+                        c.execute("DROP TABLE %s" % ekt._quote(mod.table))
+                    continue
+                mod._open_shard(k, conn=c)
+                ids = _all_ids(c, mod.table)
+                gone = ids[new_map[bucket_of(ids, B)] != k]
+                if len(gone):
+                    _delete(c, mod.table, gone)
+            finally:
+                c.close()
+    except (EkdError, sqlite3.Error, OSError) as e:
+        err = str(e)
+    g.agree(what, err)
+    new = json.loads(json.dumps(man))
+    new["tables"][mod.table].pop("moved_from", None)
+    err = None
+    if g.rank == 0:
+        try:
+            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(new))
+        except OSError as e:
+            err = str(e)
+    g.agree(what + " (the manifest)", err)
+    return new
+
+
+def _all_ids(conn, table):
+    return np.array([r[0] for r in conn.execute("SELECT id FROM %s" % ekt._quote(table))], np.int64)
+
+
+def _delete(conn, table, ids):
+    """Delete ids from table in one transaction (its COMMIT checkpoints: the
+    state is a checkpoint's here)."""
+    conn.execute("BEGIN")
+    try:
+        for a in range(0, len(ids), 10000):
+            conn.execute("DELETE FROM %s WHERE id IN (SELECT value FROM json_each(?))" % ekt._quote(table),
+                         (json.dumps([int(x) for x in ids[a:a + 10000]]),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

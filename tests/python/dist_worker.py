@@ -1,0 +1,128 @@
+"""One rank of the distributed tests (test_distributed.py starts them).
+
+argv[1] is a JSON config: model_dir, steps (train until this step), every
+(checkpoint every that many steps), optimizer, lr, dump (a directory:
+export every shard's rows after each checkpoint and after the restore, as
+step-S.rank-R.export), world/rank/port come from the environment
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as torchrun sets them), and
+"mode": "train" (restore, then train and checkpoint), "reference" (one
+process, embkv.torch on all ranks' batches together, into model_dir/ref.db),
+or a bad-input case.  Prints "step S" after each checkpoint, "restored S".
+
+The batches: global step s has BAGS bags of up to 4 ids drawn from
+UNIVERSE ids (some ids hot); rank r of W takes bags r, r + W, ...; the loss
+is the sum over bags of ((bag - target)^2).sum(), so the gradient of a row
+is the sum of what every rank's bags give it, whatever W is.
+"""
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+import embkv
+import embkv.torch as ekt
+
+cfg = json.loads(sys.argv[1])
+DIM = cfg.get("dim", 8)
+BAGS = cfg.get("bags", 48)
+UNIVERSE = cfg.get("universe", 3000)
+OPTS = dict(optimizer=cfg.get("optimizer", "adagrad"), lr=cfg.get("lr", 0.05), init="normal(0,0.1)", seed=7,
+            staleness=0)
+
+
+def batch(step, rank, world):
+    rng = np.random.default_rng(1000 + step)
+    sizes = rng.integers(1, 5, BAGS)
+    hot = rng.random(int(sizes.sum())) < 0.3
+    ids = np.where(hot, rng.integers(0, 20, int(sizes.sum())), rng.integers(0, UNIVERSE, int(sizes.sum())))
+    target = rng.standard_normal((BAGS, DIM)).astype(np.float32)
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    mine = list(range(rank, BAGS, world))
+    bag_ids = [ids[offs[b]:offs[b] + sizes[b]] for b in mine]
+    flat = np.concatenate(bag_ids) if bag_ids else np.empty(0, np.int64)
+    o = np.concatenate([[0], np.cumsum([len(x) for x in bag_ids])[:-1]]) if bag_ids else np.empty(0, np.int64)
+    return (torch.from_numpy(flat.astype(np.int64)), torch.from_numpy(o.astype(np.int64)),
+            torch.from_numpy(target[mine]))
+
+
+def train_step(emb, step, rank, world):
+    ids, offs, tgt = batch(step, rank, world)
+    out = emb(ids, offs)
+    loss = ((out - tgt) ** 2).sum()
+    loss.backward()
+
+
+def reference():
+    """One process: every step on all bags."""
+    conn = embkv.connect(os.path.join(cfg["model_dir"], "ref.db"))
+    emb = ekt.EmbeddingBag(conn, "user", dim=DIM, mode="sum", **OPTS)
+    for step in range(1, cfg["steps"] + 1):
+        train_step(emb, step, 0, 1)
+        if cfg.get("dump") and step % cfg["every"] == 0:
+            conn.execute("SELECT embkv_export('user', ?)",
+                         (os.path.join(cfg["dump"], "step-%d.ref.export" % step),)).fetchone()
+    conn.close()
+
+
+def main():
+    if cfg["mode"] == "reference":
+        return reference()
+    import torch.distributed as dist
+    import embkv.distributed as ekd
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg.get("timeout", 20)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cfg.get("marks"):
+        with open(os.path.join(cfg["marks"], "up-%d-%d" % (os.getpid(), rank)), "w"):
+            pass
+    dim = DIM
+    opts = dict(OPTS)
+    if cfg["mode"] == "bad-dim" and rank == world - 1:
+        dim = DIM + 1
+    if cfg["mode"] == "bad-option" and rank == world - 1:
+        opts["lr"] = 0.5
+    try:
+        emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode="sum", **opts)
+        if cfg.get("second_table"):
+            item = ekd.ShardedEmbedding(cfg["model_dir"], "item", dim=4, optimizer="sgd", lr=0.1, init="zeros")
+        mods = [emb] + ([item] if cfg.get("second_table") else [])
+        step, extra = ekd.restore(mods)
+    except ekd.EkdError as e:
+        print("EkdError:", e, flush=True)
+        sys.exit(3)
+    if step is not None and extra != {"step": step, "note": "extra"}:
+        print("bad extra", extra, flush=True)
+        sys.exit(4)
+    step = step or 0
+
+    def dump(s):
+        if cfg.get("dump"):
+            path = os.path.join(cfg["dump"], "step-%d.w%d.rank-%d.export" % (s, world, rank))
+            if os.path.exists(path):
+                os.unlink(path)
+            emb.conn.execute("SELECT embkv_export('user', ?)", (path,)).fetchone()
+
+    if cfg.get("dump_restore"):
+        dump(step)
+    print("restored", step, flush=True)
+    while step < cfg["steps"]:
+        step += 1
+        train_step(emb, step, rank, world)
+        if cfg.get("second_table"):
+            ids = torch.arange(step % 7, step % 7 + 5)
+            (item(ids).sum() * 1.0).backward()
+        if step % cfg["every"] == 0:
+            ekd.checkpoint(mods, step, extra={"step": step, "note": "extra"})
+            dump(step)
+            print("step", step, flush=True)
+    if cfg.get("stats"):
+        st = ekd.stats(emb)
+        if rank == 0:
+            print("stats", json.dumps([{k: s[k] for k in ("rank", "rows", "bytes_sent")} for s in st]), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""embkv.distributed: tables sharded over the ranks of a torch.distributed
+job (gloo on 127.0.0.1), each rank a process of dist_worker.py.
+
+- Sharded training equals one process training on all ranks' batches
+  (embkv.torch): 1 rank bit for bit, 2 and 3 ranks with every clock equal
+  and every value within 1e-4 (the ranks' gradients of a row are added in
+  rank order, torch adds one process's in bag order: float rounding).
+- SIGKILL of a random rank at a random moment, again and again: the other
+  ranks fail within the process group's timeout, naming the dead rank, and
+  the job started again resumes from the last checkpoint with every shard
+  bit for bit what an uninterrupted run had at that step.
+- Resharding 2 -> 3 -> 2 ranks keeps every row, clock and optimizer state,
+  each row in exactly one shard, its owner's; a kill during the move, then
+  a restart, ends the same way.
+- Bad input: ranks that disagree on dim or options, a damaged manifest, a
+  bucket map that does not cover every bucket, options against the
+  checkpoint's, a table not made by embkv.distributed.
+"""
+import glob
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import unittest
+
+import numpy as np
+
+import embkv.distributed as ekd
+from embkv_test import TempDirTest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "dist_worker.py")
+SCALE = float(os.environ.get("EMBKV_TEST_SCALE", "1") or 1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(world, cfg, extra_env=None):
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
+        env.update(extra_env or {})
+        procs.append(subprocess.Popen([sys.executable, WORKER, json.dumps(cfg)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def wait_up(procs, marks, limit=120):
+    """Until every process of procs has its process group (dist_worker
+    marks it), or one has exited."""
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        have = set(f.split("-")[1] for f in os.listdir(marks))
+        if all(str(p.pid) in have or p.poll() is not None for p in procs):
+            return
+        time.sleep(0.05)
+
+
+def finish(procs, timeout=240):
+    out = []
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, _ = p.communicate()
+            o += "\n[killed by the test: still running after %d s]" % timeout
+        out.append((p.returncode, o))
+    return out
+
+
+def run(world, cfg, timeout=240):
+    return finish(start(world, cfg), timeout)
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def rows(path):
+    c = sqlite3.connect(path)
+    try:
+        return {i: (cl, bytes(v), bytes(s) if s else b"") for i, cl, v, s in
+                c.execute("SELECT id, clock, vec, state FROM embkv_rows")}
+    finally:
+        c.close()
+
+
+def union(paths):
+    """Rows of several exports, and ids found in more than one."""
+    got, dup = {}, []
+    for p in paths:
+        for i, r in rows(p).items():
+            if i in got:
+                dup.append(i)
+            got[i] = r
+    return got, dup
+
+
+def buckets_ok(model_dir, table, world, dump_glob):
+    """Each shard's rows are its own (the manifest's bucket map)."""
+    with open(os.path.join(model_dir, ekd.MANIFEST)) as f:
+        man = json.load(f)["manifest"]
+    t = man["tables"][table]
+    bmap = np.asarray(t["bucket_map"])
+    bad = 0
+    for p in glob.glob(dump_glob):
+        r = int(p.rsplit("rank-", 1)[1].split(".")[0])
+        ids = np.array(sorted(rows(p)), np.int64)
+        if len(ids):
+            bad += int((bmap[ekd.bucket_of(ids, man["buckets"])] != r).sum())
+    return t["world_size"] == world and bad == 0
+
+
+class Base(TempDirTest):
+    def cfg(self, **kw):
+        c = {"mode": "train", "model_dir": os.path.join(self.dir, "m"), "steps": 6, "every": 3,
+             "dump": os.path.join(self.dir, "dump"), "marks": os.path.join(self.dir, "marks")}
+        c.update(kw)
+        os.makedirs(c["dump"], exist_ok=True)
+        os.makedirs(c["marks"], exist_ok=True)
+        return c
+
+    def ok(self, results):
+        for r, (rc, out) in enumerate(results):
+            self.assertEqual(rc, 0, "rank %d failed:\n%s" % (r, out[-3000:]))
+        return [o for _, o in results]
+
+    def dumps(self, step, world):
+        return sorted(glob.glob(os.path.join(self.dir, "dump", "step-%d.w%d.rank-*.export" % (step, world))))
+
+
+class TestEquality(Base):
+    def compare(self, world, optimizer):
+        cfg = self.cfg(optimizer=optimizer, model_dir=os.path.join(self.dir, "m%d" % world))
+        self.ok(run(world, cfg))
+        ref_cfg = dict(cfg, mode="reference", model_dir=self.dir)
+        if not os.path.exists(os.path.join(self.dir, "dump", "step-6.ref.export")):
+            r = subprocess.run([sys.executable, WORKER, json.dumps(ref_cfg)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        for step in (3, 6):
+            ref = rows(os.path.join(self.dir, "dump", "step-%d.ref.export" % step))
+            got, dup = union(self.dumps(step, world))
+            self.assertEqual(dup, [])
+            self.assertEqual(sorted(got), sorted(ref))
+            self.assertGreater(len(ref), 200)
+            self.assertEqual([got[i][0] for i in sorted(ref)], [ref[i][0] for i in sorted(ref)])  # clocks
+            worst = 0.0
+            exact = 0
+            for i in ref:
+                a = np.frombuffer(ref[i][1] + ref[i][2], np.float32)
+                b = np.frombuffer(got[i][1] + got[i][2], np.float32)
+                worst = max(worst, float(np.abs(a - b).max()))
+                exact += ref[i][1:] == got[i][1:]
+            if world == 1:
+                self.assertEqual(exact, len(ref), "one rank is embkv.torch bit for bit")
+            self.assertLessEqual(worst, 1e-4, "%d ranks, %s, step %d" % (world, optimizer, step))
+        self.assertTrue(buckets_ok(cfg["model_dir"], "user", world, os.path.join(self.dir, "dump",
+                                                                               "step-6.w%d.rank-*.export" % world)))
+
+    def test_sgd(self):
+        for world in (1, 2, 3):
+            self.compare(world, "sgd")
+
+    def test_adagrad(self):
+        for world in (2, 3):
+            self.compare(world, "adagrad")
+
+
+class TestKill(Base):
+    def test_kill_random_rank(self):
+        """A clean 2-rank run dumps every checkpoint; then a job that is
+        killed again and again (a random rank, a random moment) and started
+        again each time must restore exactly those states."""
+        world, steps, every = 2, 600, 10
+        clean = self.cfg(steps=steps, every=every, model_dir=os.path.join(self.dir, "clean"),
+                         dump=os.path.join(self.dir, "clean-dump"))
+        self.ok(run(world, clean))
+        ref = {s: union(sorted(glob.glob(os.path.join(clean["dump"], "step-%d.w2.rank-*.export" % s))))[0]
+               for s in range(every, steps + 1, every)}
+        cfg = self.cfg(steps=steps, every=every, dump_restore=True, timeout=10)
+        rng = random.Random(5)
+        rounds = max(20, int(20 * SCALE))
+        kills = restored = 0
+        failed_fast = []
+        for rnd in range(rounds):
+            procs = start(world, cfg)
+            victim = rng.randrange(world)
+            wait_up(procs, cfg["marks"])
+            time.sleep(rng.uniform(0.0, 0.6))
+            if procs[victim].poll() is None:
+                procs[victim].send_signal(signal.SIGKILL)
+                kills += 1
+                t0 = time.time()
+                res = finish(procs, timeout=60)
+                took = time.time() - t0
+                others = [res[r] for r in range(world) if r != victim]
+                for rc, out in others:
+                    if rc != 0:
+                        self.assertIn("embkv.distributed", out)
+                        self.assertIn("restart the job", out)
+                        if "rank %d (pid" % victim in out:
+                            failed_fast.append(took)
+                self.assertLess(took, 40, "the other ranks must fail within the timeout")
+            else:
+                res = finish(procs)
+            # every restore (this round's start) equals the clean run at its step
+            for r, (rc, out) in enumerate(res):
+                for line in out.splitlines():
+                    if line.startswith("restored "):
+                        s = int(line.split()[1])
+                        if s:
+                            got = rows(os.path.join(self.dir, "dump", "step-%d.w%d.rank-%d.export" % (s, world, r)))
+                            ids = np.array(sorted(ref[s]), np.int64)
+                            mine = ids[ekd.bucket_of(ids) % world == r]
+                            self.assertEqual(got, {int(i): ref[s][int(i)] for i in mine},
+                                             "round %d: rank %d's restore of step %d" % (rnd, r, s))
+                            restored += 1
+            if all(rc == 0 for rc, _ in res):
+                break
+        # a rank that hangs (SIGSTOP): the others fail after the process
+        # group's timeout (10 s here), saying no rank here is gone
+        procs = start(world, cfg)
+        wait_up(procs, cfg["marks"])
+        time.sleep(0.3)
+        if procs[1].poll() is None:
+            procs[1].send_signal(signal.SIGSTOP)
+            t0 = time.time()
+            try:
+                o, _ = procs[0].communicate(timeout=60)
+            finally:
+                procs[1].send_signal(signal.SIGKILL)
+                procs[1].communicate()
+            took = time.time() - t0
+            self.assertNotEqual(procs[0].returncode, 0)
+            self.assertIn("no rank on this machine is gone", o)
+            self.assertLess(took, 40)
+            print("a hung rank: the other failed after %.1f s (timeout 10 s)" % took, file=sys.stderr)
+        # and to the end
+        self.ok(run(world, cfg))
+        got, dup = union(self.dumps(steps, world))
+        self.assertEqual(got, ref[steps])
+        self.assertGreaterEqual(kills, 5)
+        self.assertGreater(restored, 0)
+        self.assertTrue(failed_fast, "some failure names the dead rank")
+        print("kill test: %d kills, %d restores checked, %d failures named the dead rank (within %.1f s)"
+              % (kills, restored, len(failed_fast), max(failed_fast)), file=sys.stderr)
+
+
+class TestReshard(Base):
+    def test_2_3_2(self):
+        cfg = self.cfg(steps=4, every=2, dump_restore=True, second_table=True)
+        self.ok(run(2, cfg))
+        at4, _ = union(self.dumps(4, 2))
+        # 2 -> 3, killed during the move a few times, then done
+        rng = random.Random(3)
+        for _ in range(3):
+            procs = start(3, dict(cfg, steps=4))
+            wait_up(procs, cfg["marks"])
+            time.sleep(rng.uniform(0.0, 1.5))
+            procs[rng.randrange(3)].send_signal(signal.SIGKILL)
+            t0 = time.time()
+            res = finish(procs, timeout=60)
+            print("reshard kill: others done in %.1f s: %s" % (time.time() - t0, [r[1][-300:] for r in res]), file=sys.stderr)
+        self.ok(run(3, dict(cfg, steps=4)))
+        got, dup = union(self.dumps(4, 3))
+        self.assertEqual(dup, [])
+        self.assertEqual(got, at4)
+        self.assertTrue(buckets_ok(cfg["model_dir"], "user", 3, os.path.join(self.dir, "dump", "step-4.w3.rank-*")))
+        # train on with 3 ranks, then back to 2
+        self.ok(run(3, dict(cfg, steps=8)))
+        at8, dup = union(self.dumps(8, 3))
+        self.assertEqual(dup, [])
+        self.ok(run(2, dict(cfg, steps=8)))
+        got, dup = union(self.dumps(8, 2))
+        self.assertEqual(dup, [])
+        self.assertEqual(got, at8)
+        self.assertTrue(buckets_ok(cfg["model_dir"], "user", 2, os.path.join(self.dir, "dump", "step-8.w2.rank-*")))
+        # the third shard's table is gone, its rows moved
+        c = sqlite3.connect(os.path.join(cfg["model_dir"], "rank-00002.db"))
+        self.assertEqual(c.execute("SELECT count(*) FROM sqlite_schema WHERE type='table' AND name IN "
+                                   "('user','item')").fetchone()[0], 0)
+        c.close()
+
+
+class TestBadInput(Base):
+    def failing(self, world, cfg, want):
+        res = run(world, cfg, timeout=120)
+        for r, (rc, out) in enumerate(res):
+            self.assertNotEqual(rc, 0, "rank %d should fail" % r)
+            self.assertIn(want, out, "rank %d" % r)
+
+    def test_disagree(self):
+        self.failing(2, self.cfg(mode="bad-dim"), "table 'user': ranks disagree on dim: rank 0 has 8, rank 1 9")
+        self.failing(2, self.cfg(mode="bad-option"), "ranks disagree on options")
+
+    def test_manifest(self):
+        cfg = self.cfg(steps=3, every=3)
+        self.ok(run(2, cfg))
+        path = os.path.join(cfg["model_dir"], "manifest.json")
+        with open(path, "rb") as f:
+            good = f.read()
+        # no manifest: a fresh start, (None, None)
+        os.rename(path, path + ".away")
+        outs = self.ok(run(2, dict(cfg, steps=0)))
+        self.assertIn("restored 0", outs[0])
+        os.rename(path + ".away", path)
+        # damaged
+        bad = good.replace(b'"step": 3', b'"step": 4')
+        self.assertNotEqual(bad, good)
+        write(path, bad)
+        self.failing(2, cfg, "manifest %s is damaged: its checksum does not match" % path)
+        write(path, b"{not json")
+        self.failing(2, cfg, "manifest %s is damaged" % path)
+        # a bucket map that does not cover every bucket (checksum right)
+        m = json.loads(good)["manifest"]
+        m["tables"]["user"]["bucket_map"] = m["tables"]["user"]["bucket_map"][:-1]
+        write(path, ekd._manifest_bytes(m))
+        self.failing(2, cfg, "the bucket map of table 'user' does not give each of its 4096 buckets")
+        m = json.loads(good)["manifest"]
+        m["tables"]["user"]["bucket_map"][5] = 7
+        write(path, ekd._manifest_bytes(m))
+        self.failing(2, cfg, "does not give each of its 4096 buckets to one of its 2 ranks")
+        write(path, good)
+        # options against the checkpoint's
+        self.failing(2, dict(cfg, lr=0.5), "table 'user': options is")
+        # a table of that name not made by embkv.distributed
+        other = self.cfg(model_dir=os.path.join(self.dir, "other"))
+        os.makedirs(other["model_dir"])
+        c = sqlite3.connect(os.path.join(other["model_dir"], "rank-00000.db"))
+        c.enable_load_extension(True)
+        from embkv_test import EXT
+        c.load_extension(EXT)
+        c.execute("CREATE VIRTUAL TABLE user USING embkv(dim=8, optimizer=adagrad, lr=0.05)")
+        c.close()
+        self.failing(2, other, "was not made by embkv.distributed")
+
+    def test_torchrun(self):
+        """The documented launch line works (Debian's torch 1.13 needs
+        -r 1 -t 1 --log_dir)."""
+        cfg = self.cfg(steps=3, every=3)
+        logs = os.path.join(self.dir, "logs")
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                            "--master_port=%d" % free_port(), "-r", "1", "-t", "1", "--log_dir", logs,
+                            WORKER, json.dumps(cfg)], capture_output=True, text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-2000:])
+        self.assertEqual(len(self.dumps(3, 2)), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
