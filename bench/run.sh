@@ -5,7 +5,7 @@
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
 #   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_readers.py, bench_knn.py,
-#   bench_ctr.py (below)
+#   bench_ctr.py, bench_dist.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
 # Everything printed is also written to build/bench-results.txt.  Pools live
@@ -223,6 +223,9 @@ fi
 if [[ -x $PY ]] && "$PY" -c 'import embkv, torch' 2>/dev/null; then
     run "bench_ctr.py (/dev/shm)" "$PY" bench/bench_ctr.py --out "$SHM_ROOT/ctr"
     rm -rf "$SHM_ROOT/ctr"
+    # The same model with its table sharded over 1, 2 and 4 ranks (torchrun).
+    run "bench_dist.py (/dev/shm)" "$PY" bench/bench_dist.py --out "$SHM_ROOT/dist"
+    rm -rf "$SHM_ROOT/dist"
 else
     echo; echo "bench_ctr.py skipped: $PY cannot import embkv and torch (make deps venv installs them)"; status=1
 fi

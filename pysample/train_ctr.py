@@ -139,7 +139,7 @@ def read_rows(conn, first, count):
     """Rows first..first+count-1 of samples: dense, ids (field-offset), labels."""
     cols = ", ".join(["label"] + ["d%d" % i for i in range(NDENSE)] + ["c%d" % i for i in range(NCAT)])
     rows = np.array(conn.execute("SELECT %s FROM samples WHERE id >= ? AND id < ? ORDER BY id" % cols,
-                                 (first, first + count)).fetchall(), dtype=np.float64)
+                                 (first, first + count)).fetchall(), dtype=np.float64).reshape(-1, 1 + NDENSE + NCAT)
     label = rows[:, 0].astype(np.float32)
     dense = rows[:, 1:1 + NDENSE].astype(np.float32)
     ids = rows[:, 1 + NDENSE:].astype(np.int64) + (np.arange(NCAT, dtype=np.int64) << FIELD_SHIFT)
@@ -475,6 +475,114 @@ class Trainer:
         print("curves: %s" % path)
 
 
+# ------------------------------------------------------------------ distributed
+
+def run_dist(args):
+    """--dist: every rank of a torch.distributed job (torchrun) trains its
+    slice of each global batch of --batch rows; the embedding table is
+    sharded over the ranks (embkv.distributed: the store of each shard in
+    <db>.dist/), the dense model replicated, its gradients summed with
+    all_reduce (as DDP does).  Checkpoints are embkv.distributed's (the
+    dense state and the position in their `extra`)."""
+    import datetime
+    import torch.distributed as dist
+    import embkv.distributed as ekd
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.dist_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        sys.exit("train_ctr.py --dist: --batch %d must be a multiple of the ranks, %d" % (args.batch, world))
+    if rank == 0:
+        conn = embkv.connect(args.db)
+        if args.fresh:
+            for name in ("emb", "samples", "meta", "predictions"):
+                conn.execute("DROP TABLE IF EXISTS %s" % name)
+            import shutil
+            shutil.rmtree(args.db + ".dist", ignore_errors=True)
+        if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'samples'").fetchone():
+            generate(conn, args.train_rows, args.test_rows, args.seed, args.vocab_scale)
+        conn.close()
+    dist.barrier()
+    conn = embkv.connect(args.db)
+    m = meta(conn)
+    n_train, n_test = int(m["n_train"]), int(m["n_test"])
+    sizes = json.loads(m["vocab"])
+    torch.manual_seed(args.seed)
+    dense = Dense(args.dim)
+    opt = torch.optim.Adagrad(dense.parameters(), lr=args.dense_lr)
+    emb = ekd.ShardedEmbedding(args.db + ".dist", "emb", dim=args.dim, optimizer="adagrad", lr=args.lr,
+                               eps=1e-10, init="normal(0,0.05)", seed=args.seed, staleness=args.dist_cache,
+                               local_cache=args.dist_cache > 0, capacity=max(1000, (sum(sizes) + 1) // world * 2))
+    step, extra = ekd.restore([emb])
+    done = 0
+    if extra is not None:
+        dense.load_state_dict(extra["dense"])
+        opt.load_state_dict(extra["opt"])
+        done = extra["done"]
+        if rank == 0:
+            print("resuming at batch %d (checkpoint %d)" % (done, step))
+    per_epoch = n_train // args.batch
+    total = per_epoch * args.epochs
+    stop_at = total if args.max_batches is None else min(total, done + args.max_batches)
+    local = args.batch // world
+    t0 = time.time()
+    steps = 0
+    for b in range(done, stop_at):
+        epoch, k = divmod(b, per_epoch)
+        order = np.random.default_rng(args.seed * 1000 + epoch).permutation(per_epoch)
+        first = int(order[k]) * args.batch + rank * local
+        dv, ids, label = read_rows(conn, first, local)
+        embs = emb(ids)
+        # the global batch's mean loss, summed over the ranks
+        loss = F.binary_cross_entropy_with_logits(dense(dv, embs), label, reduction="sum") / args.batch
+        opt.zero_grad()
+        loss.backward()  # the embedding gradients go to their owners here
+        for p in dense.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        steps += 1
+        if (b + 1) % args.checkpoint_every == 0 or b + 1 == stop_at:
+            ekd.checkpoint([emb], b + 1, extra={"dense": dense.state_dict(), "opt": opt.state_dict(),
+                                                "done": b + 1})
+    elapsed = time.time() - t0
+    # held-out AUC: each rank scores a slice, rank 0 gathers
+    scores, labels = [], []
+    with torch.no_grad():
+        for first in range(n_train, n_train + n_test, 2048):
+            count = min(2048, n_train + n_test - first)
+            part = (count + world - 1) // world
+            lo = first + rank * part
+            cnt = max(0, min(part, first + count - lo))
+            dv, ids, label = read_rows(conn, lo, cnt)
+            embs = emb(ids)  # collective: every rank calls it, its slice maybe empty
+            scores.append(torch.sigmoid(dense(dv, embs)).numpy())
+            labels.append(label.numpy())
+    got = [None] * world
+    dist.all_gather_object(got, (np.concatenate(scores), np.concatenate(labels).astype(np.int64)))
+    st = ekd.stats(emb)
+    res = None
+    if rank == 0:
+        sc = np.concatenate([g[0] for g in got])
+        lab = np.concatenate([g[1] for g in got])
+        examples = steps * args.batch
+        sent = sum(x["bytes_sent"] for x in st)
+        res = {"batches": steps, "ranks": world, "examples_per_s": examples / elapsed if elapsed > 0 else 0.0,
+               "auc": auc(sc, lab), "best_auc": float(m["best_auc"]),
+               "bytes_per_example": sent / examples if examples else 0.0,
+               "exchange_ms_per_step": 1000 * max(x["exchange_seconds"] for x in st) / max(1, steps),
+               "rows_per_shard": [x["rows"] for x in st], "done": stop_at, "total": total,
+               "cache_hits": sum(x["cache_hits"] for x in st)}
+        if args.json:
+            print(json.dumps(res))
+        else:
+            print("held-out AUC %.5f; best achievable %.4f; %d ranks, %d batches of %d, %.0f examples/s, "
+                  "%.0f bytes sent per example, %.1f ms a step in the exchanges"
+                  % (res["auc"], res["best_auc"], world, steps, args.batch, res["examples_per_s"],
+                     res["bytes_per_example"], res["exchange_ms_per_step"]))
+    conn.close()
+    dist.destroy_process_group()
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=os.path.join(os.getcwd(), "ctr-demo.db"))
@@ -501,6 +609,13 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--dist", action="store_true",
+                    help="one rank of a torch.distributed job (launch with torchrun): the table sharded over "
+                         "the ranks (embkv.distributed)")
+    ap.add_argument("--dist-timeout", type=int, default=60, help="seconds before a hung rank fails the others")
+    ap.add_argument("--dist-cache", type=int, default=0,
+                    help="with --dist: keep rows read from other ranks for up to this many steps (HET's cache; "
+                         "the table's staleness)")
     args = ap.parse_args(argv)
     if args.staleness != "unlimited" and not args.staleness.isdigit():
         ap.error("--staleness: a number or 'unlimited'")
@@ -510,6 +625,12 @@ def main(argv=None):
         ap.error("--train-rows must hold at least one --batch, and --test-rows at least 2")
     if not args.vocab_scale > 0 or args.eval_every < 0 or (args.max_batches is not None and args.max_batches < 0):
         ap.error("--vocab-scale must be positive, --eval-every and --max-batches >= 0")
+    if args.dist_cache < 0:
+        ap.error("--dist-cache must be >= 0")
+    if args.dist:
+        if args.memory or args.workers != 1:
+            ap.error("--dist takes neither --memory nor --workers")
+        return run_dist(args)
     tr = Trainer(args)
     try:
         res = tr.run()

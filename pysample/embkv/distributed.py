@@ -200,6 +200,7 @@ class _Group:
             raise EkdError("embkv.distributed: torch.distributed is not initialized: call "
                            "torch.distributed.init_process_group('gloo') first (torchrun sets its environment)")
         self.group = group
+        self.seconds = 0.0      # spent in collectives
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.where = [None] * self.world
@@ -231,12 +232,15 @@ class _Group:
                                                  if str(e).strip() else type(e).__name__))
 
     def call(self, what, fn, *a, **kw):
+        t0 = time.perf_counter()
         try:
             return fn(*a, group=self.group, **kw)
         except EkdError:
             raise
         except RuntimeError as e:
             raise self.fail(what, e) from None
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def gather(self, what, obj):
         out = [None] * self.world
@@ -311,33 +315,61 @@ class _OwnerStep:
         self.rows = np.empty((0, dim), np.float32)
         self.grad = np.empty((0, dim), np.float32)
         self.has_grad = np.empty(0, bool)
+        self.pulled = np.empty(0, bool)     # (false: only a gradient came, for a row a rank had cached)
+
+    def _insert(self, new, rows, pulled):
+        ids = np.concatenate([self.ids, new])
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.rows = np.concatenate([self.rows, rows])[order]
+        self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
+        self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
+        self.pulled = np.concatenate([self.pulled, np.full(len(new), pulled)])[order]
+
+    def _find(self, u):
+        pos = np.searchsorted(self.ids, u)
+        there = pos < len(self.ids)
+        there[there] = self.ids[pos[there]] == u[there]
+        return pos, there
 
     def rows_for(self, conn, table, u):
         """Rows of the sorted distinct ids u, pulling those not pulled yet;
         returns (rows, positions of u in self.ids)."""
-        pos = np.searchsorted(self.ids, u)
-        there = pos < len(self.ids)
-        there[there] = self.ids[pos[there]] == u[there]
+        pos, there = self._find(u)
         new = u[~there]
         if len(new):
-            r = embkv.pull(conn, table, new, self.dim)
-            ids = np.concatenate([self.ids, new])
-            order = np.argsort(ids, kind="stable")
-            self.ids = ids[order]
-            self.rows = np.concatenate([self.rows, r])[order]
-            self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
-            self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
+            self._insert(new, embkv.pull(conn, table, new, self.dim), True)
             pos = np.searchsorted(self.ids, u)
+        late = ~self.pulled[pos]
+        if late.any():
+            # (a gradient-only entry, now read: pull it, as rows_for does)
+            self.rows[pos[late]] = embkv.pull(conn, table, self.ids[pos[late]], self.dim)
+            self.pulled[pos[late]] = True
         return self.rows[pos], pos
+
+    def positions(self, u):
+        """Positions of the distinct ids u (any order), adding those not
+        there without pulling them (their gradients only)."""
+        s = np.unique(u)
+        pos, there = self._find(s)
+        if not there.all():
+            self._insert(s[~there], np.zeros((int((~there).sum()), self.dim), np.float32), False)
+        return np.searchsorted(self.ids, u)
 
 
 class _Fwd:
-    """One training forward of a table: what the backward exchange needs."""
-    __slots__ = ("mod", "n", "order", "send_counts", "recv_counts", "owner_pos", "grad")
+    """One training forward of a table: what the backward exchange needs.
+    ask: which of the forward's distinct ids were asked of their owners
+    (the others came from the local cache); order, send_counts, recv_counts
+    and owner_pos: that exchange, seen from both ends; hit_*: the cached
+    ids, grouped by owner."""
+    __slots__ = ("mod", "n", "ask", "order", "send_counts", "recv_counts", "owner_pos", "hit_ids", "hit_order",
+                 "hit_counts", "grad")
 
-    def __init__(self, mod, n, order, send_counts, recv_counts, owner_pos):
-        self.mod, self.n, self.order = mod, n, order
+    def __init__(self, mod, n, ask, order, send_counts, recv_counts, owner_pos, hit):
+        self.mod, self.n, self.ask, self.order = mod, n, ask, order
         self.send_counts, self.recv_counts, self.owner_pos = send_counts, recv_counts, owner_pos
+        self.hit_ids, self.hit_order, self.hit_counts = hit
         self.grad = None
 
 
@@ -364,28 +396,44 @@ def _end_step():
             flag = np.ones((f.n, 1), np.float32) if g is not None else np.zeros((f.n, 1), np.float32)
             if g is None:
                 g = np.zeros((f.n, m.embedding_dim), np.float32)
-            send = np.concatenate([g, flag], axis=1)[f.order] if f.n else np.zeros((0, m.embedding_dim + 1),
-                                                                                  np.float32)
-            got = m._g.exchange_back("the gradient exchange of table %r" % m.table, send, f.send_counts,
-                                     f.recv_counts, m.embedding_dim + 1)
+            gf = np.concatenate([g, flag], axis=1)
+            what = "the gradient exchange of table %r" % m.table
+            got = m._g.exchange_back(what, gf[f.ask][f.order], f.send_counts, f.recv_counts, m.embedding_dim + 1)
+            me = m._g.rank
+            m.bytes_sent += 4 * (m.embedding_dim + 1) * int(f.send_counts.sum() - f.send_counts[me])
             st = m._owner
             # np.add.at adds in index order: rank 0's gradients first, then
             # rank 1's, ... (the order of summation is fixed)
             sel = got[:, -1] > 0
             np.add.at(st.grad, f.owner_pos[sel], got[sel, :-1])
             st.has_grad[f.owner_pos[sel]] = True
+            if m.local_cache:
+                # the gradients of rows served from the cache: ids and
+                # gradients to their owners
+                rids, rc = m._g.exchange(what, f.hit_ids[f.hit_order], f.hit_counts)
+                rg = m._g.exchange_back(what, gf[~f.ask][f.hit_order], rc, f.hit_counts, m.embedding_dim + 1)
+                m.bytes_sent += (8 + 4 * (m.embedding_dim + 1)) * int(f.hit_counts.sum() - f.hit_counts[me])
+                sel = rg[:, -1] > 0
+                if sel.any():
+                    m._touched.append(np.unique(rids[sel]))
+                    pos = st.positions(rids[sel])
+                    np.add.at(st.grad, pos, rg[sel, :-1])
+                    st.has_grad[pos] = True
     except BaseException:
         for m in mods:
             m._release_owner()
         raise
     for m in mods:
         m._push_owner()
+        m._steps += 1
+        if m.local_cache:
+            m._cache = {k: v for k, v in m._cache.items() if m._steps - v[1] < m._cache_steps}
     return mods
 
 
 class _ShardedTable(torch.nn.Module):
     def __init__(self, model_dir, table, dim=None, padding_idx=None, update="backward", buckets=None, group=None,
-                 **options):
+                 local_cache=False, **options):
         super().__init__()
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
@@ -396,6 +444,17 @@ class _ShardedTable(torch.nn.Module):
             if not isinstance(v, (int, float, str)) or isinstance(v, bool):
                 raise ValueError("embkv.distributed: table %r: option %s must be a number or a string, not %r"
                                  % (table, k, v))
+        self.local_cache = bool(local_cache)
+        self._cache_steps = 0
+        if self.local_cache:
+            st = options.get("staleness")
+            if not isinstance(st, int) or st < 1:
+                raise ValueError("embkv.distributed: table %r: local_cache serves a remote row for at most "
+                                 "`staleness` steps: give staleness=N with N >= 1 (not %r)" % (table, st))
+            self._cache_steps = st
+        self._cache = {}            # remote id -> (row, step it was read at)
+        self._steps = 0             # updates done
+        self.cache_hits = 0
         self._g = _Group(group)
         self.model_dir = os.path.abspath(model_dir)
         self.table = table
@@ -404,7 +463,8 @@ class _ShardedTable(torch.nn.Module):
         rank, world = self._g.rank, self._g.world
         want = {"table": table, "dim": None if dim is None else int(dim), "options": dict(sorted(options.items())),
                 "buckets": None if buckets is None else int(buckets), "update": update,
-                "kind": type(self).__name__, "padding_idx": padding_idx, "model_dir": self.model_dir}
+                "kind": type(self).__name__, "padding_idx": padding_idx, "local_cache": self.local_cache,
+                "model_dir": self.model_dir}
         # The ranks must agree on the table: each compares every rank's.
         every = self._g.gather("the construction of table %r" % table, want)
         for r, w in enumerate(every):
@@ -465,8 +525,7 @@ class _ShardedTable(torch.nn.Module):
         self.embedding_dim = embkv.dim(self.conn, table)
         self._owner = _OwnerStep(self.embedding_dim)
         self._touched = []          # ids this shard served since the last checkpoint
-        self.bytes_sent = 0         # ids, rows and gradients this rank sent (payload bytes)
-        self.exchange_seconds = 0.0
+        self.bytes_sent = 0         # ids, rows and gradients this rank sent to other ranks (payload bytes)
 
     # -- the shard
 
@@ -491,9 +550,9 @@ class _ShardedTable(torch.nn.Module):
     def _release_owner(self):
         st = self._owner
         self._owner = _OwnerStep(self.embedding_dim)
-        if len(st.ids):
+        if st.pulled.any():
             try:
-                embkv.release(self.conn, self.table, st.ids)
+                embkv.release(self.conn, self.table, st.ids[st.pulled])
             except sqlite3.Error:
                 pass
 
@@ -501,12 +560,13 @@ class _ShardedTable(torch.nn.Module):
         st = self._owner
         self._owner = _OwnerStep(self.embedding_dim)
         got = st.has_grad
+        back = ~got & st.pulled
         try:
             if got.any():
                 embkv.push(self.conn, self.table, st.ids[got], st.grad[got])
         finally:
-            if (~got).any():
-                embkv.release(self.conn, self.table, st.ids[~got])
+            if back.any():
+                embkv.release(self.conn, self.table, st.ids[back])
 
     # -- forward
 
@@ -529,10 +589,23 @@ class _ShardedTable(torch.nn.Module):
         uniq, inv = torch.unique(real, return_inverse=True)
         u = uniq.numpy()
         training = torch.is_grad_enabled()
-        order, counts = self._route(u)
+        me = self._g.rank
+        owner = self.bucket_map[bucket_of(u, self.buckets)] if len(u) else np.empty(0, np.int64)
+        ask = np.ones(len(u), bool)
+        cached_rows = None
+        if self.local_cache and len(u):
+            cache, now, bound = self._cache, self._steps, self._cache_steps
+            hits = [i for i in np.nonzero(owner != me)[0]
+                    if (e := cache.get(int(u[i]))) is not None and now - e[1] < bound]
+            if hits:
+                ask[hits] = False
+                cached_rows = np.stack([cache[int(u[i])][0] for i in hits])
+                self.cache_hits += len(hits)
+        ua = u[ask]
+        order = np.argsort(owner[ask], kind="stable")
+        counts = np.bincount(owner[ask], minlength=self._g.world)
         what = "the forward of table %r" % self.table
-        t0 = _now()
-        rids, recv_counts = self._g.exchange(what, u[order], counts)
+        rids, recv_counts = self._g.exchange(what, ua[order], counts)
         # the owner: each distinct id once
         uu, rinv = np.unique(rids, return_inverse=True)
         self._touched.append(uu)
@@ -554,10 +627,19 @@ class _ShardedTable(torch.nn.Module):
                 embkv.release(self.conn, self.table, rest)
             owner_pos = None
         back = self._g.exchange_back(what, rows_uu[rinv], recv_counts, counts, self.embedding_dim)
-        self.exchange_seconds += _now() - t0
-        self.bytes_sent += 8 * len(u) + 4 * self.embedding_dim * len(rids)
+        # (what crosses to other ranks: ids out, rows back to their requesters)
+        self.bytes_sent += 8 * int(counts.sum() - counts[me]) + \
+            4 * self.embedding_dim * int(recv_counts.sum() - recv_counts[me])
+        rows_a = np.empty((len(ua), self.embedding_dim), np.float32)
+        rows_a[order] = back
         rows = np.empty((len(u), self.embedding_dim), np.float32)
-        rows[order] = back
+        rows[ask] = rows_a
+        if cached_rows is not None:
+            rows[~ask] = cached_rows
+        if self.local_cache:
+            remote = owner[ask] != me
+            for i, r in zip(ua[remote].tolist(), rows_a[remote]):
+                self._cache[i] = (r, self._steps)
         w = torch.from_numpy(rows)
         local = torch.empty_like(flat)
         pad_local = None
@@ -570,7 +652,10 @@ class _ShardedTable(torch.nn.Module):
             local = inv
         if not training:
             return w, local.reshape(ids.shape), pad_local
-        f = _Fwd(self, len(u), order, counts, recv_counts, owner_pos)
+        hit_ids = u[~ask]
+        ho = owner[~ask]
+        f = _Fwd(self, len(u), ask, order, counts, recv_counts, owner_pos,
+                 (hit_ids, np.argsort(ho, kind="stable"), np.bincount(ho, minlength=self._g.world)))
         _pending.append(f)
         w.requires_grad_(True)
         n = len(u)
@@ -584,7 +669,7 @@ class _ShardedTable(torch.nn.Module):
             f.grad = np.array(g, np.float32, copy=True)
             if mode == "backward" and not _queued[0]:
                 _queued[0] = True
-                torch.autograd.Variable._execution_engine.queue_callback(_timed_end_step)
+                torch.autograd.Variable._execution_engine.queue_callback(_end_step)
             return grad
 
         w.register_hook(hook)
@@ -593,7 +678,7 @@ class _ShardedTable(torch.nn.Module):
     def step(self):
         """update="step": exchange and apply the gradients of every forward
         since the last update (collective: every rank calls it)."""
-        _timed_end_step()
+        _end_step()
 
     def lookahead(self, ids):
         """Announce coming batches' ids to their owners (collective), which
@@ -614,17 +699,6 @@ class _ShardedTable(torch.nn.Module):
         return {"dim": self.embedding_dim, "options": dict(sorted(self._options.items())),
                 "kind": type(self).__name__, "world_size": self._g.world,
                 "bucket_map": [int(x) for x in self.bucket_map]}
-
-
-def _now():
-    return time.perf_counter()
-
-
-def _timed_end_step():
-    t0 = _now()
-    mods = _end_step()
-    for m in mods:
-        m.exchange_seconds += _now() - t0
 
 
 class ShardedEmbedding(_ShardedTable):
@@ -801,6 +875,7 @@ def restore(modules):
                                    % path)
                 m.conn.execute("SELECT embkv_import(?, ?)", (m.table, path)).fetchone()
             m._touched = []
+            m._cache = {}
             m._release_owner()
     except (EkdError, sqlite3.Error, OSError) as e:
         err = str(e)
@@ -827,7 +902,8 @@ def stats(module):
     st = json.loads(module.conn.execute("SELECT embkv_stats(?)", (module.table,)).fetchone()[0])
     st["rank"] = module._g.rank
     st["bytes_sent"] = module.bytes_sent
-    st["exchange_seconds"] = module.exchange_seconds
+    st["exchange_seconds"] = module._g.seconds
+    st["cache_hits"] = module.cache_hits
     return module._g.gather("embkv.distributed.stats of table %r" % module.table, st)
 
 

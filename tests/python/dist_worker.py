@@ -83,6 +83,8 @@ def main():
         dim = DIM + 1
     if cfg["mode"] == "bad-option" and rank == world - 1:
         opts["lr"] = 0.5
+    if cfg["mode"] == "cache":
+        return cache_case(ekd, rank, world)
     try:
         emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode="sum", **opts)
         if cfg.get("second_table"):
@@ -121,6 +123,29 @@ def main():
         st = ekd.stats(emb)
         if rank == 0:
             print("stats", json.dumps([{k: s[k] for k in ("rank", "rows", "bytes_sent")} for s in st]), flush=True)
+    dist.destroy_process_group()
+
+
+def cache_case(ekd, rank, world):
+    """local_cache: two ids, one owned by each rank, read by both every
+    step (sgd, lr 1, a gradient of 1 from each rank: a row loses 2 a step).
+    Prints what each step read, the rows at the end and the bytes sent."""
+    import torch.distributed as dist
+    emb = ekd.ShardedEmbedding(cfg["model_dir"], "c", dim=2, optimizer="sgd", lr=1, init="zeros",
+                               staleness=cfg["staleness"], local_cache=cfg["local_cache"])
+    ids = np.arange(200, dtype=np.int64)
+    own = emb.bucket_map[ekd.bucket_of(ids, emb.buckets)]
+    pick = torch.tensor([int(ids[own == 0][0]), int(ids[own == 1][0])])
+    seen = []
+    for step in range(cfg["steps"]):
+        out = emb(pick)
+        seen.append(out[:, 0].tolist())
+        out.sum().backward()
+    with torch.no_grad():
+        end = emb(pick)[:, 0].tolist()
+    st = ekd.stats(emb)
+    print("cache", json.dumps({"rank": rank, "seen": seen, "end": end, "bytes": emb.bytes_sent,
+                               "hits": emb.cache_hits, "clocks": [x["rows"] for x in st]}), flush=True)
     dist.destroy_process_group()
 
 

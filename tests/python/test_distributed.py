@@ -36,6 +36,9 @@ from embkv_test import TempDirTest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "dist_worker.py")
 SCALE = float(os.environ.get("EMBKV_TEST_SCALE", "1") or 1)
+# The sanitizer pass (tests/run.sh preloads their runtimes) checks memory,
+# not crash recovery again: fewer kill rounds there.
+SANITIZED = bool(os.environ.get("EMBKV_PRELOAD"))
 
 
 def free_port():
@@ -169,6 +172,23 @@ class TestEquality(Base):
             self.assertLessEqual(worst, 1e-4, "%d ranks, %s, step %d" % (world, optimizer, step))
         self.assertTrue(buckets_ok(cfg["model_dir"], "user", world, os.path.join(self.dir, "dump",
                                                                                "step-6.w%d.rank-*.export" % world)))
+        if world == 2:
+            # sql/shards.sql over the shards, read-only
+            from embkv_test import EXT
+            with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "sql", "shards.sql")) as f:
+                script = f.read()
+            r = subprocess.run(["sqlite3", "-readonly", "-cmd", ".load " + EXT, "-cmd", ".mode list", "rank-00000.db"],
+                               input=script.replace(".mode column", ".mode list"), capture_output=True, text=True,
+                               cwd=cfg["model_dir"])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stderr, "")
+            lines = r.stdout.splitlines()
+            n = len(union(self.dumps(6, 2))[0])
+            self.assertIn("rows|ids", lines)
+            self.assertEqual(lines[lines.index("rows|ids") + 1], "%d|%d" % (n, n))
+            per = [x.split("|") for x in lines[1:3]]
+            self.assertEqual([p[0] for p in per], ["0", "1"])
+            self.assertEqual(sum(int(p[1]) for p in per), n)
 
     def test_sgd(self):
         for world in (1, 2, 3):
@@ -177,6 +197,44 @@ class TestEquality(Base):
     def test_adagrad(self):
         for world in (2, 3):
             self.compare(world, "adagrad")
+
+
+class TestLocalCache(Base):
+    def case(self, local_cache, staleness=2, steps=5):
+        res = self.ok(run(2, self.cfg(mode="cache", local_cache=local_cache, staleness=staleness, steps=steps,
+                                      model_dir=os.path.join(self.dir, "m%d" % local_cache))))
+        out = [json.loads(next(line for line in o.splitlines() if line.startswith("cache "))[6:]) for o in res]
+        return sorted(out, key=lambda x: x["rank"])
+
+    def test_stale_for_at_most_staleness_steps(self):
+        fresh = [[-2.0 * k] * 2 for k in range(5)]
+        for r in self.case(False):
+            self.assertEqual(r["seen"], fresh)     # every step asks the owners
+            self.assertEqual(r["hits"], 0)
+        cached = self.case(True)
+        for r in cached:
+            # the own row fresh; the other's read at steps 0, 2, 4 and
+            # served from the cache in between (2 steps at most)
+            other = 1 - r["rank"]
+            want = [[None, None] for _ in range(5)]
+            for k in range(5):
+                want[k][r["rank"]] = -2.0 * k
+                want[k][other] = -2.0 * (k - k % 2)
+            self.assertEqual(r["seen"], want)
+            # (and the read after the last step: the other's row from step 4)
+            self.assertEqual(r["hits"], 3)
+            self.assertEqual(r["end"][other], -8.0)
+            # every gradient reached the owner, those of cached rows too
+            self.assertEqual(r["end"][r["rank"]], -10.0)
+        plain = self.case(False)
+        for a, b in zip(cached, plain):
+            self.assertLess(a["bytes"], b["bytes"])
+
+    def test_needs_staleness(self):
+        res = run(2, self.cfg(mode="cache", local_cache=True, staleness=0, steps=1))
+        for rc, out in res:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("local_cache serves a remote row for at most `staleness` steps", out)
 
 
 class TestKill(Base):
@@ -192,7 +250,7 @@ class TestKill(Base):
                for s in range(every, steps + 1, every)}
         cfg = self.cfg(steps=steps, every=every, dump_restore=True, timeout=10)
         rng = random.Random(5)
-        rounds = max(20, int(20 * SCALE))
+        rounds = 6 if SANITIZED else max(20, int(20 * SCALE))
         kills = restored = 0
         failed_fast = []
         for rnd in range(rounds):
@@ -232,10 +290,10 @@ class TestKill(Base):
                 break
         # a rank that hangs (SIGSTOP): the others fail after the process
         # group's timeout (10 s here), saying no rank here is gone
-        procs = start(world, cfg)
+        procs = start(world, cfg) if not SANITIZED else []
         wait_up(procs, cfg["marks"])
         time.sleep(0.3)
-        if procs[1].poll() is None:
+        if procs and procs[1].poll() is None:
             procs[1].send_signal(signal.SIGSTOP)
             t0 = time.time()
             try:
@@ -252,7 +310,7 @@ class TestKill(Base):
         self.ok(run(world, cfg))
         got, dup = union(self.dumps(steps, world))
         self.assertEqual(got, ref[steps])
-        self.assertGreaterEqual(kills, 5)
+        self.assertGreaterEqual(kills, 3 if SANITIZED else 15)
         self.assertGreater(restored, 0)
         self.assertTrue(failed_fast, "some failure names the dead rank")
         print("kill test: %d kills, %d restores checked, %d failures named the dead rank (within %.1f s)"
@@ -271,9 +329,9 @@ class TestReshard(Base):
             wait_up(procs, cfg["marks"])
             time.sleep(rng.uniform(0.0, 1.5))
             procs[rng.randrange(3)].send_signal(signal.SIGKILL)
-            t0 = time.time()
             res = finish(procs, timeout=60)
-            print("reshard kill: others done in %.1f s: %s" % (time.time() - t0, [r[1][-300:] for r in res]), file=sys.stderr)
+            for rc, out in res:
+                self.assertTrue(rc <= 0 or "EkdError" in out, out[-2000:])
         self.ok(run(3, dict(cfg, steps=4)))
         got, dup = union(self.dumps(4, 3))
         self.assertEqual(dup, [])
