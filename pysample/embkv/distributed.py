@@ -283,8 +283,10 @@ class _Group:
         return out.numpy().reshape((-1, width) if width > 1 else (-1,)), recv_counts
 
     def exchange_back(self, what, send, recv_counts, send_counts, width):
-        """The reply to an exchange: rows for what each rank sent (send_counts
-        from the exchange's receiver's view: recv_counts), in its order."""
+        """The reply to an exchange: send holds recv_counts[r] rows for each
+        rank r (one for each id the exchange brought from r, in its order),
+        and each rank r sends back send_counts[r] (one for each id sent to
+        it).  Returns the rows received."""
         t = torch.from_numpy(np.ascontiguousarray(send).reshape(-1))
         out = torch.empty(int(np.sum(send_counts)) * width, dtype=t.dtype)
         self.call(what, dist.all_to_all_single, out, t, [int(c) * width for c in send_counts],
@@ -411,7 +413,7 @@ def _end_step():
                 # the gradients of rows served from the cache: ids and
                 # gradients to their owners
                 rids, rc = m._g.exchange(what, f.hit_ids[f.hit_order], f.hit_counts)
-                rg = m._g.exchange_back(what, gf[~f.ask][f.hit_order], rc, f.hit_counts, m.embedding_dim + 1)
+                rg = m._g.exchange_back(what, gf[~f.ask][f.hit_order], f.hit_counts, rc, m.embedding_dim + 1)
                 m.bytes_sent += (8 + 4 * (m.embedding_dim + 1)) * int(f.hit_counts.sum() - f.hit_counts[me])
                 sel = rg[:, -1] > 0
                 if sel.any():

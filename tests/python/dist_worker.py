@@ -136,13 +136,22 @@ def cache_case(ekd, rank, world):
     ids = np.arange(200, dtype=np.int64)
     own = emb.bucket_map[ekd.bucket_of(ids, emb.buckets)]
     pick = torch.tensor([int(ids[own == 0][0]), int(ids[own == 1][0])])
+    if cfg.get("uneven"):
+        # rank 1 reads two more rows of rank 0's, rank 0 one more of its own
+        more = ids[own == 0][1:3] if rank == 1 else ids[own == 0][3:4]
+        pick = torch.cat([pick, torch.from_numpy(more)])
     seen = []
     for step in range(cfg["steps"]):
         out = emb(pick)
-        seen.append(out[:, 0].tolist())
+        seen.append(out[:2, 0].tolist())
         out.sum().backward()
     with torch.no_grad():
         end = emb(pick)[:, 0].tolist()
+        if cfg.get("uneven"):
+            mine = pick[torch.from_numpy(emb.bucket_map[ekd.bucket_of(pick.numpy(), emb.buckets)] == rank)]
+            end = [(int(i), float(v)) for i, v in zip(mine, emb.conn.execute(
+                "SELECT json_group_array(json_extract(embkv_json(vec), '$[0]')) FROM c WHERE id IN (%s)"
+                % ",".join(str(int(i)) for i in mine)).fetchone()[0][1:-1].split(","))]
     st = ekd.stats(emb)
     print("cache", json.dumps({"rank": rank, "seen": seen, "end": end, "bytes": emb.bytes_sent,
                                "hits": emb.cache_hits, "clocks": [x["rows"] for x in st]}), flush=True)

@@ -200,9 +200,10 @@ class TestEquality(Base):
 
 
 class TestLocalCache(Base):
-    def case(self, local_cache, staleness=2, steps=5):
+    def case(self, local_cache, staleness=2, steps=5, uneven=False):
         res = self.ok(run(2, self.cfg(mode="cache", local_cache=local_cache, staleness=staleness, steps=steps,
-                                      model_dir=os.path.join(self.dir, "m%d" % local_cache))))
+                                      uneven=uneven, model_dir=os.path.join(self.dir, "m%d%d" % (local_cache,
+                                                                                             uneven)))))
         out = [json.loads(next(line for line in o.splitlines() if line.startswith("cache "))[6:]) for o in res]
         return sorted(out, key=lambda x: x["rank"])
 
@@ -229,6 +230,15 @@ class TestLocalCache(Base):
         plain = self.case(False)
         for a, b in zip(cached, plain):
             self.assertLess(a["bytes"], b["bytes"])
+
+    def test_uneven(self):
+        """Ranks with different numbers of cached rows: every gradient
+        reaches its owner (a gradient of 1 per read: the rows do not
+        depend on what was read)."""
+        a = self.case(True, staleness=3, steps=7, uneven=True)
+        b = self.case(False, staleness=3, steps=7, uneven=True)
+        self.assertEqual([r["end"] for r in a], [r["end"] for r in b])
+        self.assertGreater(sum(r["hits"] for r in a), 6)
 
     def test_needs_staleness(self):
         res = run(2, self.cfg(mode="cache", local_cache=True, staleness=0, steps=1))
