@@ -85,6 +85,8 @@ def main():
         opts["lr"] = 0.5
     if cfg["mode"] == "cache":
         return cache_case(ekd, rank, world)
+    if cfg["mode"] == "misc":
+        return misc_case(ekd, rank, world)
     try:
         emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode="sum", **opts)
         if cfg.get("second_table"):
@@ -123,6 +125,37 @@ def main():
         st = ekd.stats(emb)
         if rank == 0:
             print("stats", json.dumps([{k: s[k] for k in ("rank", "rows", "bytes_sent")} for s in st]), flush=True)
+    dist.destroy_process_group()
+
+
+def misc_case(ekd, rank, world):
+    """padding_idx, update="step", lookahead (rows in an SSD tier), stats."""
+    import torch.distributed as dist
+    emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "p", dim=4, mode="sum", padding_idx=-1, optimizer="sgd", lr=1,
+                                  init="zeros", update="step")
+    ids, offs = torch.tensor([1, -1, 2, -1, -1]), torch.tensor([0, 2, 4])
+    out = emb(ids, offs)
+    out.sum().backward()
+    res = {"rank": rank, "out": out.tolist()}
+    q = "SELECT group_concat(id || ':' || clock) FROM (SELECT id, clock FROM p ORDER BY id)"
+    res["before"] = emb.conn.execute(q).fetchone()[0]
+    emb.step()
+    res["after"] = emb.conn.execute(q).fetchone()[0]
+    with torch.no_grad():
+        res["again"] = emb(ids, offs).tolist()
+    # rows in the log, then look-ahead of them at their owners
+    big = ekd.ShardedEmbedding(cfg["model_dir"], "big", dim=64, optimizer="sgd", lr=1, init="normal(0,1)",
+                               pool_size="16M", ssd_size="64M", capacity=100000)
+    n = 60000
+    with torch.no_grad():
+        for a in range(0, n, 10000):
+            big(torch.arange(a + rank * n, a + rank * n + 10000))
+    res["queued"] = big.lookahead(np.arange(0, 2 * n, 3))
+    st = ekd.stats(big)
+    res["ssd_rows"] = [x["tiers"].get("ssd", {}).get("rows", 0) for x in st]
+    res["rows"] = [x["rows"] for x in st]
+    res["la_queued"] = [x["tiers"].get("ssd", {}).get("lookahead", {}).get("queued", 0) for x in st]
+    print("misc", json.dumps(res), flush=True)
     dist.destroy_process_group()
 
 

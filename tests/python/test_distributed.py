@@ -247,6 +247,28 @@ class TestLocalCache(Base):
             self.assertIn("local_cache serves a remote row for at most `staleness` steps", out)
 
 
+class TestMisc(Base):
+    def test_padding_step_lookahead(self):
+        res = self.ok(run(2, self.cfg(mode="misc")))
+        out = sorted((json.loads(next(line for line in o.splitlines() if line.startswith("misc "))[5:])
+                      for o in res), key=lambda x: x["rank"])
+        for r in out:
+            self.assertEqual(r["out"], [[0.0] * 4] * 3)   # zeros; the padding id adds nothing
+            # each rank's bags gave ids 1 and 2 a gradient of 1: summed, 2
+            self.assertEqual(r["again"], [[-2.0] * 4, [-2.0] * 4, [0.0] * 4])
+        # before step(): rows created (clock 0) at their owners; after: one
+        # update each; the padding id stored nowhere
+        before = ",".join(x for x in (r["before"] for r in out) if x)
+        after = ",".join(x for x in (r["after"] for r in out) if x)
+        self.assertEqual(sorted(before.split(",")), ["1:0", "2:0"])
+        self.assertEqual(sorted(after.split(",")), ["1:1", "2:1"])
+        # rows in both shards' logs, and look-ahead queued reads of them
+        self.assertEqual(sum(out[0]["rows"]), 120000)
+        self.assertTrue(all(x > 0 for x in out[0]["ssd_rows"]))
+        self.assertEqual(sum(r["queued"] for r in out), sum(out[0]["la_queued"]))
+        self.assertGreater(sum(r["queued"] for r in out), 0)
+
+
 class TestKill(Base):
     def test_kill_random_rank(self):
         """A clean 2-rank run dumps every checkpoint; then a job that is
