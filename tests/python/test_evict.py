@@ -95,7 +95,9 @@ class TestTransactions(TempDirTest):
         # after it: test_evict.c shows rows since the last checkpoint stay)
         self.assertEqual(count(c, "t") + ev["over_max_rows"], n)
         got = json.loads(c.execute("SELECT embkv_evict('t')").fetchone()[0])
-        self.assertEqual(count(c, "t"), 1000)
+        # max_rows, or the background pass's target (max_rows less 1/32)
+        # when that pass ran first
+        self.assertIn(count(c, "t"), (1000, 1000 - 1000 // 32))
         self.assertEqual(got["kept_pulled"], 0)
         c.close()
 
