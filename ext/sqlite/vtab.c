@@ -725,7 +725,7 @@ static char *dir_for(ekvtab *v, int create, char **err)
 }
 
 /* An existing directory that holds no store, nor anything else: empty, or
- * with what a creation killed before it finished leaves (the engine's LOCK,
+ * with what a creation killed before it finished leaves (the engine's LOCK and READERS,
  * store.pool.new, its dirty map, its log directory and the note of an
  * external one, the binding's app- files).  A CREATE into it makes the
  * store there as into a new directory, and owns it.  (The engine refuses
@@ -738,6 +738,7 @@ static int holds_no_store(const char *dir)
     struct dirent *e;
     while (empty && (e = readdir(d)))
         empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "LOCK") ||
+                !strcmp(e->d_name, "READERS") ||
                 !strcmp(e->d_name, "store.pool.new") || !strcmp(e->d_name, "store.dirty") ||
                 !strcmp(e->d_name, "log") || !strcmp(e->d_name, "ssd-path") || !strcmp(e->d_name, "ssd-path.tmp") ||
                 !strncmp(e->d_name, EMBKV_APP_FILE_PREFIX, strlen(EMBKV_APP_FILE_PREFIX));

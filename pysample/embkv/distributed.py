@@ -65,6 +65,7 @@ import os
 import shutil
 import sqlite3
 import time
+import uuid
 import zlib
 
 import numpy as np
@@ -294,6 +295,33 @@ class _Group:
         return out.numpy().reshape(-1, width)
 
 
+def _recorded_job(db):
+    """The job id a shard database records, or None."""
+    if not os.path.exists(db):
+        return None
+    c = sqlite3.connect(db)
+    try:
+        row = c.execute("SELECT value FROM embkv_distributed WHERE key = 'job'").fetchone()
+        return row[0] if row else None
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        c.close()
+
+
+def _claim(conn, db, job):
+    """A shard database belongs to one job: it records the job's id (the
+    manifest's), and one of another job is refused."""
+    conn.execute("CREATE TABLE IF NOT EXISTS embkv_distributed (key TEXT PRIMARY KEY, value)")
+    row = conn.execute("SELECT value FROM embkv_distributed WHERE key = 'job'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO embkv_distributed VALUES ('job', ?)", (job,))
+    elif row[0] != job:
+        raise EkdError("embkv.distributed: %s belongs to another job (id %s) than model_dir's (id %s, its manifest "
+                       "or rank 0's database): give this job another model_dir, or remove the stray database"
+                       % (db, row[0], job))
+
+
 def _gone(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -476,17 +504,21 @@ class _ShardedTable(torch.nn.Module):
                 if w[k] != every[0][k]:
                     raise EkdError("embkv.distributed: table %r: ranks disagree on %s: rank 0 has %r, rank %d %r"
                                    % (table, k, every[0][k], r, w[k]))
-        # The manifest: rank 0's, for every rank.
-        err, m = None, None
+        # The manifest: rank 0's, for every rank; and the job's id, which
+        # every shard database records (_claim).
+        err, m, job = None, None, None
         if rank == 0:
             try:
                 os.makedirs(self.model_dir, exist_ok=True)
                 m = _read_manifest(self.model_dir)
-            except (EkdError, OSError) as e:
+                job = m.get("job") if m is not None else None
+                job = job or _recorded_job(_shard_db(self.model_dir, 0)) or uuid.uuid4().hex
+            except (EkdError, OSError, sqlite3.Error) as e:
                 err = str(e)
-        m, err = self._g.bcast("reading the manifest", (m, err))
+        m, job, err = self._g.bcast("reading the manifest", (m, job, err))
         if err:
             raise EkdError(err)
+        self.job = job
         os.makedirs(self.model_dir, exist_ok=True)
         t = m["tables"].get(table) if m is not None else None
         if m is not None:
@@ -535,6 +567,7 @@ class _ShardedTable(torch.nn.Module):
         """This module's table in shard k's database (created, with the
         module's options, when absent); a new connection unless given."""
         c = conn or embkv.connect(_shard_db(self.model_dir, k), timeout=30)
+        _claim(c, _shard_db(self.model_dir, k), self.job)
         opts = dict(self._options)
         row = c.execute("SELECT sql FROM sqlite_schema WHERE type='table' AND name=? COLLATE NOCASE",
                         (self.table,)).fetchone()
@@ -792,6 +825,7 @@ def checkpoint(modules, step, extra=None):
                        % (step, bad[0][0], bad[0][1]))
     # 2. the manifest (rank 0), the commit point
     man = {"format": _FORMAT, "version": _VERSION, "step": step, "buckets": modules[0].buckets,
+           "job": modules[0].job,
            "tables": {m.table: dict(m._describe(), redo=[every[r][0][m.table] for r in range(g.world)])
                       for m in modules},
            "extra": os.path.basename(_extra_file(model_dir, step)) if extra is not None else None}

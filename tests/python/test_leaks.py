@@ -125,7 +125,7 @@ class TestEmptyDirectory(TempDirTest):
     def test_create_into_empty_directory_owns_it(self):
         # what a creation killed part-way leaves: its unfinished pool, its
         # dirty map, its (empty) log directory, the note of an external log
-        for leftovers in ((), ("LOCK", "store.pool.new"),
+        for leftovers in ((), ("LOCK", "store.pool.new"), ("LOCK", "READERS", "store.pool.new", "store.dirty"),
                           ("LOCK", "store.pool.new", "store.dirty", "log/", "ssd-path.tmp")):
             d = os.path.join(self.dir, "store")
             os.mkdir(d)
@@ -136,12 +136,38 @@ class TestEmptyDirectory(TempDirTest):
                 with open(os.path.join(d, f), "wb") as fh:
                     fh.write(b"x" * 100)
             c = connect(self.db)
-            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='store')")
+            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='store', optimizer='adagrad')")
             c.execute("INSERT INTO t VALUES (1, '[1,2]')")
+            self.assertEqual(c.execute("SELECT embkv_push('t', 1, '[1,1]')").fetchone()[0], 1)
             self.assertFalse(os.path.exists(os.path.join(d, "store.pool.new")))
             c.execute("DROP TABLE t")
             self.assertFalse(os.path.exists(d), "DROP left the directory (leftovers %r)" % (leftovers,))
             c.close()
+
+    def test_killed_create_with_path(self):
+        """A CREATE naming its store's path, killed at any moment (the
+        directory made, the reader table, the pool half made, published),
+        and the same CREATE again: it makes the table, with the optimizer's
+        state (a leftover once took for a store made the new one without
+        it, and refused it for good)."""
+        sql = ("CREATE VIRTUAL TABLE user USING embkv(dim=8, optimizer='adagrad', lr=0.05, init='zeros', path='user.embkv', "
+               "pool_size='64M')")
+        for i in range(16):
+            d = os.path.join(self.dir, "k%d" % i)
+            os.mkdir(d)
+            db = os.path.join(d, "r.db")
+            p = child(db, sql)
+            p.stdout.readline()
+            time.sleep(i * 0.004)
+            finish(p, kill=True)
+            c = connect(db)
+            try:
+                if not c.execute("SELECT 1 FROM sqlite_schema WHERE name = 'user'").fetchone():
+                    c.execute(sql)
+                self.assertEqual(c.execute("SELECT length(embkv_pull('user', 1))").fetchone()[0], 32)
+                self.assertEqual(c.execute("SELECT embkv_push('user', 1, ?)", (b"\0" * 32,)).fetchone()[0], 1)
+            finally:
+                c.close()
 
     def test_directory_with_other_files_is_refused_and_kept(self):
         d = os.path.join(self.dir, "store")
