@@ -66,6 +66,7 @@ import shutil
 import sqlite3
 import time
 import uuid
+import weakref
 import zlib
 
 import numpy as np
@@ -109,6 +110,22 @@ def bucket_of(ids, buckets=DEFAULT_BUCKETS):
     return (z % np.uint64(buckets)).astype(np.int64)
 
 
+# Options that size memory and tiers: they may change when a job restarts
+# (the store's own rules apply: ssd_size grows, never shrinks).
+_RUNTIME = {"cache_size", "migrate", "migrate_rate", "ssd_size", "pool_size", "capacity", "wait_ms"}
+
+
+def _norm(opts):
+    return {k: str(v) for k, v in opts.items()}
+
+
+def _diff(a, b):
+    """'lr: 0.05 against 0.5, ...' for the keys where a and b differ."""
+    keys = sorted(set(a) | set(b))
+    return ", ".join("%s: %s against %s" % (k, a.get(k, "(none)"), b.get(k, "(none)"))
+                     for k in keys if str(a.get(k, "(none)")) != str(b.get(k, "(none)")))
+
+
 def _default_map(buckets, world):
     return np.arange(buckets, dtype=np.int64) % world
 
@@ -148,8 +165,8 @@ def _read_manifest(model_dir):
             raw = f.read()
     except FileNotFoundError:
         return None
-    advice = ("restore model_dir from a backup, or remove %s to start the tables over from their shards' "
-              "first state" % path)
+    advice = ("restore model_dir from a backup; to start the job over, remove model_dir (the manifest alone is not "
+              "enough: the shards hold the checkpoint's rows)")
     try:
         outer = json.loads(raw)
         m = outer["manifest"]
@@ -269,14 +286,31 @@ class _Group:
             r, e = bad[0]
             raise EkdError("embkv.distributed: %s failed on rank %d: %s" % (what, r, e))
 
+    def counts(self, what, send_counts):
+        """The counts each rank sends this one, exchanged with the name of
+        the operation (a tag): every operation of the module begins so, in
+        one shape (two int64 a rank), so that ranks out of step (one skipped
+        a backward, say) fail naming both operations instead of gloo
+        mismatching two payloads."""
+        tag = zlib.crc32(what.encode()) & 0x7FFFFFFF
+        _tags[tag] = what
+        sc = torch.as_tensor(np.stack([np.asarray(send_counts, dtype=np.int64),
+                                       np.full(self.world, tag, np.int64)], 1).reshape(-1))
+        rc = torch.empty_like(sc)
+        self.call(what, dist.all_to_all_single, rc, sc)
+        got = rc.numpy().reshape(self.world, 2)
+        for r in range(self.world):
+            if got[r, 1] != tag:
+                raise EkdError("embkv.distributed: ranks out of step: rank %d is at %s, rank %d at %s (every rank "
+                               "must run the same forwards, backwards and checkpoints in the same order)"
+                               % (self.rank, what, r, _tags.get(int(got[r, 1]), "another operation")))
+        return got[:, 0].copy()
+
     def exchange(self, what, send, send_counts, width=1):
         """all_to_all_single of send (rows grouped by destination rank,
         send_counts of them for each, `width` values a row); returns
         (received rows, counts received from each rank)."""
-        sc = torch.as_tensor(np.asarray(send_counts, dtype=np.int64))
-        rc = torch.empty_like(sc)
-        self.call(what, dist.all_to_all_single, rc, sc)
-        recv_counts = rc.numpy().copy()
+        recv_counts = self.counts(what, send_counts)
         t = torch.from_numpy(np.ascontiguousarray(send).reshape(-1))
         out = torch.empty(int(recv_counts.sum()) * width, dtype=t.dtype)
         self.call(what, dist.all_to_all_single, out, t, [int(c) * width for c in recv_counts],
@@ -331,6 +365,11 @@ def _gone(pid):
         return True
     except (OSError, IndexError):
         return False
+
+
+# tag -> the operation it names (this process's; every rank names its
+# operations alike)
+_tags = {}
 
 
 # ---------------------------------------------------------------- the owner's step
@@ -405,6 +444,9 @@ class _Fwd:
 
 # The last manifest of each model_dir this process read or wrote.
 _latest = {}
+# The modules alive in this process: a checkpoint or restore of a
+# model_dir takes every table of it.
+_alive = weakref.WeakSet()
 
 # Forwards of the open step, in forward order (all tables): the end of the
 # step exchanges their gradients in this order on every rank.
@@ -428,6 +470,9 @@ def _end_step():
                 g = np.zeros((f.n, m.embedding_dim), np.float32)
             gf = np.concatenate([g, flag], axis=1)
             what = "the gradient exchange of table %r" % m.table
+            if not np.array_equal(m._g.counts(what, f.send_counts), f.recv_counts):
+                raise EkdError("embkv.distributed: %s: the ranks' forwards do not match their backwards (ranks out "
+                               "of step)" % what)
             got = m._g.exchange_back(what, gf[f.ask][f.order], f.send_counts, f.recv_counts, m.embedding_dim + 1)
             me = m._g.rank
             m.bytes_sent += 4 * (m.embedding_dim + 1) * int(f.send_counts.sum() - f.send_counts[me])
@@ -478,7 +523,11 @@ class _ShardedTable(torch.nn.Module):
         self._cache_steps = 0
         if self.local_cache:
             st = options.get("staleness")
-            if not isinstance(st, int) or st < 1:
+            try:
+                st = int(str(st), 10)
+            except ValueError:
+                st = None
+            if st is None or st < 1:
                 raise ValueError("embkv.distributed: table %r: local_cache serves a remote row for at most "
                                  "`staleness` steps: give staleness=N with N >= 1 (not %r)" % (table, st))
             self._cache_steps = st
@@ -494,14 +543,17 @@ class _ShardedTable(torch.nn.Module):
         want = {"table": table, "dim": None if dim is None else int(dim), "options": dict(sorted(options.items())),
                 "buckets": None if buckets is None else int(buckets), "update": update,
                 "kind": type(self).__name__, "padding_idx": padding_idx, "local_cache": self.local_cache,
-                "model_dir": self.model_dir}
+                "bag": getattr(self, "_bag_args", None), "model_dir": self.model_dir}
         # The ranks must agree on the table: each compares every rank's.
         every = self._g.gather("the construction of table %r" % table, want)
         for r, w in enumerate(every):
             for k in want:
                 if k == "model_dir":
                     continue  # (each host its own)
-                if w[k] != every[0][k]:
+                if k == "options" and _norm(w[k]) != _norm(every[0][k]):
+                    raise EkdError("embkv.distributed: table %r: ranks disagree on options: %s (rank 0 against rank "
+                                   "%d)" % (table, _diff(every[0][k], w[k]), r))
+                if k != "options" and w[k] != every[0][k]:
                     raise EkdError("embkv.distributed: table %r: ranks disagree on %s: rank 0 has %r, rank %d %r"
                                    % (table, k, every[0][k], r, w[k]))
         # The manifest: rank 0's, for every rank; and the job's id, which
@@ -523,13 +575,25 @@ class _ShardedTable(torch.nn.Module):
         t = m["tables"].get(table) if m is not None else None
         if m is not None:
             if t is not None:
-                for k, mine in (("dim", want["dim"]), ("options", want["options"] or None), ("kind", want["kind"])):
+                where = os.path.join(self.model_dir, MANIFEST)
+                for k, mine in (("dim", want["dim"]), ("kind", want["kind"])):
                     if mine is not None and t[k] != mine:
                         raise EkdError("embkv.distributed: table %r: %s is %r, but the checkpoint in %s has %r "
                                        "(another table, or another job's model_dir): give the same, or another "
-                                       "model_dir" % (table, k, mine, os.path.join(self.model_dir, MANIFEST), t[k]))
+                                       "model_dir" % (table, k, mine, where, t[k]))
+                # The table's own options: one given must be the
+                # checkpoint's, one left out is taken from it; the sizes
+                # of memory and tiers (_RUNTIME) may change at a restart.
+                mine = {k: v for k, v in options.items() if k not in _RUNTIME}
+                theirs = {k: v for k, v in t["options"].items() if k not in _RUNTIME}
+                bad = {k: v for k, v in mine.items() if str(v) != str(theirs.get(k, "(none)"))}
+                if bad:
+                    raise EkdError("embkv.distributed: table %r: options differ from the checkpoint in %s: %s "
+                                   "(another table, or another job's model_dir): give the checkpoint's, leave them "
+                                   "out to take them, or use another model_dir"
+                                   % (table, where, _diff({k: theirs.get(k, "(none)") for k in bad}, bad)))
                 dim = t["dim"]
-                options = dict(t["options"])
+                options = dict(theirs, **{k: v for k, v in options.items() if k in _RUNTIME})
             if buckets is not None and int(buckets) != m["buckets"]:
                 raise EkdError("embkv.distributed: table %r: buckets=%d, but the checkpoint in %s has %d buckets "
                                "(they cannot change)" % (table, buckets, os.path.join(self.model_dir, MANIFEST),
@@ -537,14 +601,17 @@ class _ShardedTable(torch.nn.Module):
             buckets = m["buckets"]
         if dim is None:
             raise ValueError("embkv.distributed: table %r does not exist: give dim (and options) to create it" % table)
-        self.buckets = int(buckets or DEFAULT_BUCKETS)
-        if not 1 <= self.buckets <= 1 << 20:
-            raise ValueError("embkv.distributed: buckets must be from 1 to 1048576, not %d" % self.buckets)
+        self.buckets = int(buckets if buckets is not None else DEFAULT_BUCKETS)
+        if not world <= self.buckets <= 1 << 20:
+            raise ValueError("embkv.distributed: table %r: buckets must be from the number of ranks (%d) to 1048576, "
+                             "not %d" % (table, world, self.buckets))
         self._options = dict(options)
         self._dim_req = int(dim)
         if t is not None and t["world_size"] != world:
             m = _reshard(self, m)
-        elif t is not None and "moved_from" in t:
+        elif t is not None and ("moved_from" in t or "moving_to" in t):
+            # a move that ended (its sources' copies to remove), or one cut
+            # before its manifest (the copies it made to remove)
             m = _cleanup(self, m)
         if m is not None:
             _latest[self.model_dir] = m
@@ -557,6 +624,7 @@ class _ShardedTable(torch.nn.Module):
             err = str(e)
         self._g.agree("opening the shards of table %r" % table, err)
         self.embedding_dim = embkv.dim(self.conn, table)
+        _alive.add(self)
         self._owner = _OwnerStep(self.embedding_dim)
         self._touched = []          # ids this shard served since the last checkpoint
         self.bytes_sent = 0         # ids, rows and gradients this rank sent to other ranks (payload bytes)
@@ -752,7 +820,7 @@ class ShardedEmbeddingBag(_ShardedTable):
                  **options):
         if mode not in ("sum", "mean"):
             raise ValueError("embkv.distributed.ShardedEmbeddingBag: mode must be 'sum' or 'mean', not %r" % (mode,))
-        self._mode = mode
+        self._bag_args = (mode, bool(include_last_offset))
         super().__init__(model_dir, table, dim=dim, padding_idx=padding_idx, **options)
         self.mode = mode
         self.include_last_offset = include_last_offset
@@ -776,6 +844,12 @@ def _check_modules(modules, what):
     names = [m.table.lower() for m in modules]
     if len(set(names)) != len(names):
         raise ValueError("embkv.distributed.%s: a table is given twice" % what)
+    left = sorted({m.table for m in list(_alive) if m.model_dir == modules[0].model_dir and m not in modules} -
+                  {m.table for m in modules})
+    if left:
+        raise ValueError("embkv.distributed.%s: table %s of %s is not among the modules: give every table of "
+                         "model_dir, so that the checkpoint holds them all at one step"
+                         % (what, ", ".join(map(repr, left)), modules[0].model_dir))
     if _pending:
         raise EkdError("embkv.distributed.%s: forwards of the open step have not been updated yet (their "
                        "backward, or step() with update='step', comes first)" % what)
@@ -888,6 +962,16 @@ def restore(modules):
     if err:
         raise EkdError(err)
     if man is None:
+        # Shards become durable only at checkpoints, after a manifest: rows
+        # in them without one mean the manifest was lost.
+        err = None
+        held = [m.table for m in modules
+                if json.loads(m.conn.execute("SELECT embkv_stats(?)", (m.table,)).fetchone()[0])["rows"]]
+        if held:
+            err = ("the shards of %s hold rows of a checkpoint, but %s is missing (removed or lost): restore "
+                   "model_dir from a backup, or remove model_dir to start the job over"
+                   % (", ".join(map(repr, held)), os.path.join(model_dir, MANIFEST)))
+        g.agree("restore", err)
         return None, None
     _latest[model_dir] = man
     for name, t in man["tables"].items():
@@ -909,6 +993,7 @@ def restore(modules):
                 if not os.path.exists(path):
                     raise EkdError("the checkpoint's redo file %s is missing: restore model_dir from a backup"
                                    % path)
+                _check_redo(m, path, g.rank, man["tables"][m.table])
                 m.conn.execute("SELECT embkv_import(?, ?)", (m.table, path)).fetchone()
             m._touched = []
             m._cache = {}
@@ -928,8 +1013,30 @@ def restore(modules):
         data, err = g.bcast("restore (the extra state)", (data, err))
         if err:
             raise EkdError("embkv.distributed.restore: %s" % err)
-        extra = torch.load(io.BytesIO(data))
+        try:
+            extra = torch.load(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001  (whatever the unpickler says)
+            raise EkdError("embkv.distributed.restore: the checkpoint's extra state %s is damaged (%s: %s): restore "
+                           "model_dir from a backup" % (os.path.join(model_dir, man["extra"]), type(e).__name__,
+                                                        e)) from None
     return man["step"], extra
+
+
+def _check_redo(mod, path, rank, t):
+    """A redo file holds rows of this rank's buckets only (a file of another
+    rank's, swapped by hand, would put rows in two shards)."""
+    c = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    try:
+        ids = np.array([r[0] for r in c.execute("SELECT id FROM embkv_rows")], np.int64)
+    except sqlite3.Error as e:
+        raise EkdError("the checkpoint's redo file %s cannot be read (%s): restore model_dir from a backup"
+                       % (path, e)) from None
+    finally:
+        c.close()
+    owners = np.asarray(t["bucket_map"], np.int64)[bucket_of(ids, len(t["bucket_map"]))]
+    if len(ids) and (owners != rank).any():
+        raise EkdError("the checkpoint's redo file %s holds rows of rank %d's buckets, not only of rank %d's: it is "
+                       "another shard's; restore model_dir from a backup" % (path, int(owners[owners != rank][0]), rank))
 
 
 def stats(module):
@@ -962,6 +1069,17 @@ def _reshard(mod, man):
     what = "resharding table %r from %d to %d ranks" % (mod.table, old_world, g.world)
     move = os.path.join(mod.model_dir, "move-%s-%d-%dto%d" % (mod.table, step, old_world, g.world))
     redo = t.get("redo") or []
+    # The move's mark first: a job started again with the old number of
+    # ranks removes what this move copied (_cleanup).
+    marked = json.loads(json.dumps(man))
+    marked["tables"][mod.table]["moving_to"] = max(g.world, t.get("moving_to", 0))
+    err = None
+    if g.rank == 0:
+        try:
+            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(marked))
+        except OSError as e:
+            err = str(e)
+    g.agree(what + " (its mark in the manifest)", err)
     err = None
     try:
         for k in range(old_world):
@@ -1014,9 +1132,10 @@ def _reshard(mod, man):
     except (EkdError, sqlite3.Error, OSError) as e:
         err = str(e)
     g.agree(what + " (copying in)", err)
-    new = json.loads(json.dumps(man))
-    new["tables"][mod.table].update({"world_size": g.world, "bucket_map": [int(x) for x in new_map], "redo": [],
-                                     "moved_from": old_world})
+    new = json.loads(json.dumps(marked))
+    nt = new["tables"][mod.table]
+    nt.update({"world_size": g.world, "bucket_map": [int(x) for x in new_map], "redo": [],
+               "moved_from": max(old_world, nt.pop("moving_to"))})
     err = None
     if g.rank == 0:
         try:
@@ -1024,15 +1143,15 @@ def _reshard(mod, man):
         except OSError as e:
             err = str(e)
     g.agree(what + " (the manifest)", err)
-    shutil.rmtree(move, ignore_errors=True)
     return _cleanup(mod, new)
 
 
 def _cleanup(mod, man):
-    """After a move: each shard keeps only its own rows of mod's table, and
-    shards past the job's ranks lose the table (collective; again at each
+    """After a move, or after one cut before its manifest: each shard keeps
+    only its own rows of mod's table (the manifest's bucket map), and shards
+    past the job's ranks lose the table (collective; again at each
     construction until done).  Returns the manifest, rewritten without the
-    mark."""
+    marks."""
     g = mod._g
     t = man["tables"][mod.table]
     B = man["buckets"]
@@ -1040,7 +1159,7 @@ def _cleanup(mod, man):
     what = "the cleanup after resharding table %r" % mod.table
     err = None
     try:
-        for k in range(max(t["moved_from"], g.world)):
+        for k in range(max(t.get("moved_from", 0), t.get("moving_to", 0), g.world)):
             if k % g.world != g.rank or not os.path.exists(_shard_db(mod.model_dir, k)):
                 continue
             c = embkv.connect(_shard_db(mod.model_dir, k), timeout=30)
@@ -1062,6 +1181,11 @@ def _cleanup(mod, man):
     g.agree(what, err)
     new = json.loads(json.dumps(man))
     new["tables"][mod.table].pop("moved_from", None)
+    new["tables"][mod.table].pop("moving_to", None)
+    if g.rank == 0:
+        for name in os.listdir(mod.model_dir):
+            if name.startswith("move-%s-" % mod.table):
+                shutil.rmtree(os.path.join(mod.model_dir, name), ignore_errors=True)
     err = None
     if g.rank == 0:
         try:

@@ -87,14 +87,27 @@ def main():
         return cache_case(ekd, rank, world)
     if cfg["mode"] == "misc":
         return misc_case(ekd, rank, world)
+    if "lr" in cfg:
+        opts["lr"] = cfg["lr"]
+    if "cache_size" in cfg:
+        opts["cache_size"] = cfg["cache_size"]
+    mode = "mean" if cfg["mode"] == "bad-mode" and rank == world - 1 else "sum"
+    if cfg["mode"] == "bad-buckets":
+        opts["buckets"] = 1
     try:
-        emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode="sum", **opts)
+        emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode=mode, **opts)
+        if cfg["mode"] == "skip-backward":
+            train_step(emb, 1, rank, world) if rank == 0 else emb(*batch(1, rank, world)[:2])
+            train_step(emb, 2, rank, world)
+        if cfg["mode"] == "subset":
+            item = ekd.ShardedEmbedding(cfg["model_dir"], "item", dim=4, optimizer="sgd", lr=0.1, init="zeros")
+            ekd.checkpoint([emb], 1)
         if cfg.get("second_table"):
             item = ekd.ShardedEmbedding(cfg["model_dir"], "item", dim=4, optimizer="sgd", lr=0.1, init="zeros")
         mods = [emb] + ([item] if cfg.get("second_table") else [])
         step, extra = ekd.restore(mods)
-    except ekd.EkdError as e:
-        print("EkdError:", e, flush=True)
+    except (ekd.EkdError, ValueError) as e:
+        print("%s:" % type(e).__name__, e, flush=True)
         sys.exit(3)
     if step is not None and extra != {"step": step, "note": "extra"}:
         print("bad extra", extra, flush=True)

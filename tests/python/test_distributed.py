@@ -322,7 +322,8 @@ class TestKill(Base):
                 break
         # a rank that hangs (SIGSTOP): the others fail after the process
         # group's timeout (10 s here), saying no rank here is gone
-        procs = start(world, cfg) if not SANITIZED else []
+        procs = start(world, dict(cfg, steps=10 ** 6, dump_restore=False, dump=None,
+                                  model_dir=os.path.join(self.dir, "hung"))) if not SANITIZED else []
         wait_up(procs, cfg["marks"])
         time.sleep(0.3)
         if procs and procs[1].poll() is None:
@@ -354,8 +355,23 @@ class TestReshard(Base):
         cfg = self.cfg(steps=4, every=2, dump_restore=True, second_table=True)
         self.ok(run(2, cfg))
         at4, _ = union(self.dumps(4, 2))
-        # 2 -> 3, killed during the move a few times, then done
+        # 2 -> 3 cut by a kill, then the job started again with 2 ranks:
+        # whatever the cut move copied is removed, each row in one shard
         rng = random.Random(3)
+        for delay in (0.3, 0.9):
+            procs = start(3, dict(cfg, steps=4))
+            wait_up(procs, cfg["marks"])
+            time.sleep(delay)
+            procs[2].send_signal(signal.SIGKILL)
+            finish(procs, timeout=60)
+            self.ok(run(2, dict(cfg, steps=4)))
+            got, dup = union(self.dumps(4, 2))
+            self.assertEqual(dup, [])
+            self.assertEqual(got, at4)
+            self.assertTrue(buckets_ok(cfg["model_dir"], "user", 2,
+                                       os.path.join(self.dir, "dump", "step-4.w2.rank-*")))
+            self.assertEqual([f for f in os.listdir(cfg["model_dir"]) if f.startswith("move-")], [])
+        # 2 -> 3, killed during the move a few times, then done
         for _ in range(3):
             procs = start(3, dict(cfg, steps=4))
             wait_up(procs, cfg["marks"])
@@ -394,7 +410,28 @@ class TestBadInput(Base):
 
     def test_disagree(self):
         self.failing(2, self.cfg(mode="bad-dim"), "table 'user': ranks disagree on dim: rank 0 has 8, rank 1 9")
-        self.failing(2, self.cfg(mode="bad-option"), "ranks disagree on options")
+        self.failing(2, self.cfg(mode="bad-option"),
+                     "table 'user': ranks disagree on options: lr: 0.05 against 0.5 (rank 0 against rank 1)")
+        self.failing(2, self.cfg(mode="bad-mode"), "table 'user': ranks disagree on bag: rank 0 has ('sum', False), "
+                                                   "rank 1 ('mean', False)")
+        self.failing(2, self.cfg(mode="bad-buckets"), "table 'user': buckets must be from the number of ranks (2) "
+                                                      "to 1048576, not 1")
+
+    def test_out_of_step(self):
+        """A rank that skips a backward: both fail naming the operations."""
+        res = run(2, self.cfg(mode="skip-backward"), timeout=120)
+        for rc, out in res:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("embkv.distributed: ranks out of step", out)
+        self.assertIn("rank 0 is at the gradient exchange of table 'user', rank 1 at the forward of table 'user'",
+                      res[0][1])
+
+    def test_every_table(self):
+        res = run(2, self.cfg(mode="subset"), timeout=120)
+        for rc, out in res:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("embkv.distributed.checkpoint: table 'item' of %s is not among the modules"
+                          % os.path.join(self.dir, "m"), out)
 
     def test_manifest(self):
         cfg = self.cfg(steps=3, every=3)
@@ -402,10 +439,10 @@ class TestBadInput(Base):
         path = os.path.join(cfg["model_dir"], "manifest.json")
         with open(path, "rb") as f:
             good = f.read()
-        # no manifest: a fresh start, (None, None)
+        # no manifest beside shards that hold rows: refused (a fresh
+        # model_dir restores (None, None): every first run here)
         os.rename(path, path + ".away")
-        outs = self.ok(run(2, dict(cfg, steps=0)))
-        self.assertIn("restored 0", outs[0])
+        self.failing(2, dict(cfg, steps=0), "the shards of 'user' hold rows of a checkpoint, but %s is missing" % path)
         os.rename(path + ".away", path)
         # damaged
         bad = good.replace(b'"step": 3', b'"step": 4')
@@ -424,8 +461,23 @@ class TestBadInput(Base):
         write(path, ekd._manifest_bytes(m))
         self.failing(2, cfg, "does not give each of its 4096 buckets to one of its 2 ranks")
         write(path, good)
-        # options against the checkpoint's
-        self.failing(2, dict(cfg, lr=0.5), "table 'user': options is")
+        # options against the checkpoint's, naming them; the same value
+        # as text is the same; sizes may change at a restart
+        self.failing(2, dict(cfg, lr=0.5), "table 'user': options differ from the checkpoint in %s: lr: 0.05 against "
+                                          "0.5" % path)
+        self.ok(run(2, dict(cfg, lr="0.05", cache_size="8M")))
+        # a redo file of another rank's (swapped by hand)
+        redo = os.path.join(cfg["model_dir"], "redo-3")
+        a, b = (os.path.join(redo, "user.rank-%05d.export" % r) for r in (0, 1))
+        os.rename(a, a + ".x")
+        os.rename(b, a)
+        os.rename(a + ".x", b)
+        self.failing(2, cfg, "holds rows of rank 1's buckets, not only of rank 0's: it is another shard's")
+        # a shard database of another job (the same options)
+        other_job = self.cfg(steps=3, every=3, model_dir=os.path.join(self.dir, "job2"))
+        self.ok(run(2, other_job))
+        os.replace(os.path.join(other_job["model_dir"], "rank-00001.db"), os.path.join(cfg["model_dir"], "rank-00001.db"))
+        self.failing(2, cfg, "rank-00001.db belongs to another job")
         # a table of that name not made by embkv.distributed
         other = self.cfg(model_dir=os.path.join(self.dir, "other"))
         os.makedirs(other["model_dir"])
