@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_ctr import run as single  # one process: train_ctr.py as bench_ctr.py runs it
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "pysample", "train_ctr.py")
 ENV = dict(os.environ, PYTHONSAFEPATH="1")
@@ -31,14 +33,6 @@ def last_json(text, what):
     if not lines:
         sys.exit("bench_dist: %s printed no result:\n%s" % (what, text[-3000:]))
     return json.loads(lines[-1])
-
-
-def single(db, *extra):
-    r = subprocess.run([sys.executable, SCRIPT, "--db", db, "--quiet", "--json", "--eval-every", "0"] + list(extra),
-                       capture_output=True, text=True, env=ENV)
-    if r.returncode:
-        sys.exit("bench_dist: train_ctr.py failed: %s" % r.stderr[-2000:])
-    return last_json(r.stdout, "train_ctr.py")
 
 
 def dist(db, ranks, logs, *extra):

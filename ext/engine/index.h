@@ -89,6 +89,22 @@ static inline void ix_relax(unsigned *spins)
     }
 }
 
+/* A bucket's seqlock: the even version a read starts from (waiting out a
+ * writer), and whether the version is still it after the read. */
+static inline uint32_t ix_read_begin(const bucket *bk, unsigned *spins)
+{
+    uint32_t v;
+    while ((v = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE)) & 1)
+        ix_relax(spins);
+    return v;
+}
+
+static inline bool ix_read_still(const bucket *bk, uint32_t v)
+{
+    seq_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v;
+}
+
 /* One consistent read of a bucket: the slot holding id (or -1) and the
  * overflow counter. */
 static inline int ix_read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint64_t *loc,
@@ -96,11 +112,7 @@ static inline int ix_read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint6
 {
     unsigned spins = 0;
     for (;;) {
-        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-        if (v1 & 1) {
-            ix_relax(&spins);
-            continue;
-        }
+        uint32_t v1 = ix_read_begin(bk, &spins);
         int found = -1;
         unsigned m = ix_fp_match(bk, fp);
         while (m) {
@@ -113,8 +125,7 @@ static inline int ix_read_bucket(const bucket *bk, int64_t id, uint8_t fp, uint6
             m &= m - 1;
         }
         *ovf = __atomic_load_n(&bk->overflow, __ATOMIC_RELAXED);
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+        if (ix_read_still(bk, v1))
             return found;
     }
 }
@@ -164,11 +175,7 @@ static inline unsigned ix_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *
 {
     unsigned spins = 0;
     for (;;) {
-        uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-        if (v1 & 1) {
-            ix_relax(&spins);
-            continue;
-        }
+        uint32_t v1 = ix_read_begin(bk, &spins);
         unsigned n = 0;
         uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
         for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
@@ -181,8 +188,7 @@ static inline unsigned ix_bucket_rows(const bucket *bk, int64_t *ids, uint64_t *
             locs[n] = loc;
             n++;
         }
-        seq_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1)
+        if (ix_read_still(bk, v1))
             return n;
     }
 }

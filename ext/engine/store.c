@@ -1412,17 +1412,12 @@ int embkv_close(embkv_store *s)
      * writer's open removes them, readers.c R3) */
     if (!readers_active(s))
         sync_purge_deferred(s);
-    /* Without the sync the store stays marked open: the next open recovers
-     * it to the last sync, as after a crash (P5). */
-    if (s->no_close_sync) {
-        pmemobj_close(s->pop);
-        close(s->lockfd);
-        free_store(s);
-        pthread_mutex_unlock(&registry_mu);
-        return EMBKV_OK;
-    }
-    int rc = embkv_sync(s);
-    if (rc == EMBKV_OK) {
+    /* Without the sync (EMBKV_OPEN_NO_CLOSE_SYNC) the store stays marked
+     * open: the next open recovers it to the last sync, as after a crash
+     * (P5). */
+    int rc = s->no_close_sync ? EMBKV_OK : embkv_sync(s);
+    bool clean = rc == EMBKV_OK && !s->no_close_sync;
+    if (clean) {
         uint64_t rows = atomic_load(&s->rows);
         s->root->closed_rows = rows;
         s->root->closed_rows_check = rows ^ ROWS_CHECK_KEY;
@@ -1431,7 +1426,7 @@ int embkv_close(embkv_store *s)
         pmemobj_persist(s->pop, &s->root->clean, sizeof s->root->clean);
     }
     pmemobj_close(s->pop);
-    if (rc == EMBKV_OK)
+    if (clean)
         seal_pool(s->path);
     close(s->lockfd);
     free_store(s);

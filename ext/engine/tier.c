@@ -465,28 +465,15 @@ static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
     index_desc *ix = atomic_load(&s->ix);
     uint64_t b = s->demote_cursor & ix->mask;
     for (uint64_t seen = 0; seen < ix->nbuckets && n + BUCKET_SLOTS <= cap; seen++, b = (b + 1) & ix->mask) {
-        bucket *bk = &ix->buckets[b];
-        for (;;) {
-            uint32_t v1 = __atomic_load_n(&bk->version, __ATOMIC_ACQUIRE);
-            if (v1 & 1)
+        int64_t ids[BUCKET_SLOTS];
+        uint64_t locs[BUCKET_SLOTS];
+        unsigned m = ix_bucket_rows(&ix->buckets[b], ids, locs, false);
+        for (unsigned i = 0; i < m; i++) {
+            if (locs[i] & LOC_SSD)
                 continue;
-            size_t m = n;
-            uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
-            for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
-                if (!(used & (1u << i)))
-                    continue;
-                uint64_t loc = __atomic_load_n(&bk->slots[i].loc, __ATOMIC_ACQUIRE);
-                if (loc & (LOC_SSD | LOC_TOMB))
-                    continue;
-                c[m].id = __atomic_load_n(&bk->slots[i].key, __ATOMIC_RELAXED);
-                c[m].loc = loc;
-                m++;
-            }
-            seq_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(&bk->version, __ATOMIC_RELAXED) == v1) {
-                n = m;
-                break;
-            }
+            c[n].id = ids[i];
+            c[n].loc = locs[i];
+            n++;
         }
     }
     s->demote_cursor = b;

@@ -322,6 +322,21 @@ static void sort_ids(int64_t *ids, int64_t *tmp, size_t n)
     if (from != ids) memcpy(ids, from, n * sizeof *ids);
 }
 
+/* e->ids sorted, each once; -1 when out of memory. */
+static int sort_unique(exporter *e)
+{
+    if (!e->nids) return 0;
+    int64_t *tmp = malloc(e->nids * sizeof *tmp);
+    if (!tmp) return -1;
+    sort_ids(e->ids, tmp, e->nids);
+    free(tmp);
+    size_t w = 0;
+    for (size_t i = 0; i < e->nids; i++)
+        if (w == 0 || e->ids[i] != e->ids[w - 1]) e->ids[w++] = e->ids[i];
+    e->nids = w;
+    return 0;
+}
+
 /* Every id the snapshot may hold, sorted, each once: the index's ids (a
  * pinned pass, as the table's full scan collects them) and those of rows
  * changed or deleted since the snapshot; rows created since are in the
@@ -358,17 +373,7 @@ static int collect_ids(exporter *e)
     int bad = nch && ids_add(e, ch, nch);
     free(ch);
     if (bad) return EMBKV_NOMEM;
-    if (e->nids) {
-        int64_t *tmp = malloc(e->nids * sizeof *tmp);
-        if (!tmp) return EMBKV_NOMEM;
-        sort_ids(e->ids, tmp, e->nids);
-        free(tmp);
-    }
-    size_t w = 0;
-    for (size_t i = 0; i < e->nids; i++)
-        if (w == 0 || e->ids[i] != e->ids[w - 1]) e->ids[w++] = e->ids[i];
-    e->nids = w;
-    return EMBKV_OK;
+    return sort_unique(e) ? EMBKV_NOMEM : EMBKV_OK;
 }
 
 /* Statements on the file; 0, or -1 with the failure recorded. */
@@ -739,20 +744,12 @@ static int given_ids(exporter *e, sqlite3_value *v)
         sqlite3_free(err);
         return -1;
     }
-    int64_t *tmp = malloc(n * sizeof *tmp);
-    int bad = !tmp || ids_add(e, ids, n);
+    int bad = ids_add(e, ids, n) || sort_unique(e);
     sqlite3_free(ids);
     if (bad) {
-        free(tmp);
         fail(e->ctx, "embkv_export", e->ref.name, SQLITE_NOMEM, "out of memory");
         return -1;
     }
-    sort_ids(e->ids, tmp, e->nids);
-    free(tmp);
-    size_t w = 0;
-    for (size_t i = 0; i < e->nids; i++)
-        if (w == 0 || e->ids[i] != e->ids[w - 1]) e->ids[w++] = e->ids[i];
-    e->nids = w;
     return 0;
 }
 

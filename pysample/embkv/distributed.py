@@ -156,6 +156,20 @@ def _manifest_bytes(m):
     return json.dumps({"manifest": m, "crc32": zlib.crc32(body.encode())}, sort_keys=True).encode()
 
 
+def _commit(g, model_dir, man, what):
+    """Rank 0 writes man as model_dir's manifest (collective: every rank
+    learns whether it did)."""
+    err = None
+    if g.rank == 0:
+        path = os.path.join(model_dir, MANIFEST)
+        try:
+            _write_atomic(path, _manifest_bytes(man))
+        except OSError as e:
+            err = "cannot write %s: %s" % (path, e)
+    g.agree(what, err)
+    _latest[model_dir] = man
+
+
 def _read_manifest(model_dir):
     """The manifest of model_dir (a dict), None when there is none; raises
     EkdError naming the file when it is damaged or not a manifest."""
@@ -409,11 +423,7 @@ class _OwnerStep:
         if len(new):
             self._insert(new, embkv.pull(conn, table, new, self.dim), True)
             pos = np.searchsorted(self.ids, u)
-        late = ~self.pulled[pos]
-        if late.any():
-            # (a gradient-only entry, now read: pull it, as rows_for does)
-            self.rows[pos[late]] = embkv.pull(conn, table, self.ids[pos[late]], self.dim)
-            self.pulled[pos[late]] = True
+        # (gradient-only entries come at the step's end, after its forwards)
         return self.rows[pos], pos
 
     def positions(self, u):
@@ -681,16 +691,7 @@ class _ShardedTable(torch.nn.Module):
         return order, counts
 
     def _gather(self, ids):
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError("embkv.distributed: ids must be a LongTensor or IntTensor, not %s" % ids.dtype)
-        flat = ids.reshape(-1).to(torch.int64)
-        if self.padding_idx is not None:
-            is_pad = flat == self.padding_idx
-            real = flat[~is_pad]
-        else:
-            is_pad, real = None, flat
-        uniq, inv = torch.unique(real, return_inverse=True)
-        u = uniq.numpy()
+        flat, is_pad, u, inv = ekt._distinct(ids, self.padding_idx, "embkv.distributed")
         training = torch.is_grad_enabled()
         me = self._g.rank
         owner = self.bucket_map[bucket_of(u, self.buckets)] if len(u) else np.empty(0, np.int64)
@@ -743,16 +744,7 @@ class _ShardedTable(torch.nn.Module):
             remote = owner[ask] != me
             for i, r in zip(ua[remote].tolist(), rows_a[remote]):
                 self._cache[i] = (r, self._steps)
-        w = torch.from_numpy(rows)
-        local = torch.empty_like(flat)
-        pad_local = None
-        if is_pad is not None:
-            pad_local = len(u)
-            w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
-            local[is_pad] = pad_local
-            local[~is_pad] = inv
-        else:
-            local = inv
+        w, local, pad_local = ekt._with_padding(torch.from_numpy(rows), flat, is_pad, inv, len(u))
         if not training:
             return w, local.reshape(ids.shape), pad_local
         hit_ids = u[~ask]
@@ -909,14 +901,7 @@ def checkpoint(modules, step, extra=None):
             if t not in man["tables"]:
                 raise EkdError("embkv.distributed.checkpoint: table %r of the last checkpoint is not among the "
                                "modules: checkpoint every table of model_dir together" % t)
-    err = None
-    if g.rank == 0:
-        try:
-            _write_atomic(os.path.join(model_dir, MANIFEST), _manifest_bytes(man))
-        except OSError as e:
-            err = "cannot write %s: %s" % (os.path.join(model_dir, MANIFEST), e)
-    g.agree("checkpoint %d (the manifest)" % step, err)
-    _latest[model_dir] = man
+    _commit(g, model_dir, man, "checkpoint %d (the manifest)" % step)
     # 3. the shards durable at the step; then the last checkpoint's files go
     err = None
     try:
@@ -1073,13 +1058,7 @@ def _reshard(mod, man):
     # ranks removes what this move copied (_cleanup).
     marked = json.loads(json.dumps(man))
     marked["tables"][mod.table]["moving_to"] = max(g.world, t.get("moving_to", 0))
-    err = None
-    if g.rank == 0:
-        try:
-            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(marked))
-        except OSError as e:
-            err = str(e)
-    g.agree(what + " (its mark in the manifest)", err)
+    _commit(g, mod.model_dir, marked, what + " (its mark in the manifest)")
     err = None
     try:
         for k in range(old_world):
@@ -1136,13 +1115,7 @@ def _reshard(mod, man):
     nt = new["tables"][mod.table]
     nt.update({"world_size": g.world, "bucket_map": [int(x) for x in new_map], "redo": [],
                "moved_from": max(old_world, nt.pop("moving_to"))})
-    err = None
-    if g.rank == 0:
-        try:
-            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(new))
-        except OSError as e:
-            err = str(e)
-    g.agree(what + " (the manifest)", err)
+    _commit(g, mod.model_dir, new, what + " (the manifest)")
     return _cleanup(mod, new)
 
 
@@ -1186,13 +1159,7 @@ def _cleanup(mod, man):
         for name in os.listdir(mod.model_dir):
             if name.startswith("move-%s-" % mod.table):
                 shutil.rmtree(os.path.join(mod.model_dir, name), ignore_errors=True)
-    err = None
-    if g.rank == 0:
-        try:
-            _write_atomic(os.path.join(mod.model_dir, MANIFEST), _manifest_bytes(new))
-        except OSError as e:
-            err = str(e)
-    g.agree(what + " (the manifest)", err)
+    _commit(g, mod.model_dir, new, what + " (the manifest)")
     return new
 
 

@@ -312,19 +312,8 @@ class _TableModule(torch.nn.Module):
         """Pull the distinct ids of ids (a LongTensor); returns the leaf
         weight tensor (one row per distinct id, plus a zero row for padding
         when there is padding) and ids mapped to its rows."""
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError("embkv.torch: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
-                            % ids.dtype)
+        flat, is_pad, u, inv = _distinct(ids, self.padding_idx, "embkv.torch")
         _flush_deferred(self.conn)
-        flat = ids.reshape(-1).to(torch.int64)
-        pad_local = None
-        if self.padding_idx is not None:
-            is_pad = flat == self.padding_idx
-            real = flat[~is_pad]
-        else:
-            is_pad, real = None, flat
-        uniq, inv = torch.unique(real, return_inverse=True)
-        u = uniq.numpy()
         # As torch's: eval mode changes nothing here, only torch.no_grad() does.
         training = torch.is_grad_enabled()
         if not training:
@@ -344,14 +333,7 @@ class _TableModule(torch.nn.Module):
         else:
             st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
             w = torch.from_numpy(st.rows_for(u))
-        local = torch.empty_like(flat)
-        if is_pad is not None:
-            pad_local = len(u)
-            w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
-            local[is_pad] = pad_local
-            local[~is_pad] = inv
-        else:
-            local = inv
+        w, local, pad_local = _with_padding(w, flat, is_pad, inv, len(u))
         if not training or len(u) == 0:
             return w, local.reshape(ids.shape), pad_local
         w.requires_grad_(True)
@@ -386,6 +368,31 @@ class _TableModule(torch.nn.Module):
         # once no batch tensor of the step is left, the permits go back.
         weakref.finalize(w, st.leaf_freed)
         return w, local.reshape(ids.shape), pad_local
+
+
+def _distinct(ids, padding_idx, who):
+    """A batch's ids (a LongTensor or IntTensor of any shape): (the ids
+    flat, which are padding_idx or None, the distinct others sorted as
+    numpy, the index of each other one among them)."""
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
+                        % (who, ids.dtype))
+    flat = ids.reshape(-1).to(torch.int64)
+    is_pad = flat == padding_idx if padding_idx is not None else None
+    uniq, inv = torch.unique(flat[~is_pad] if is_pad is not None else flat, return_inverse=True)
+    return flat, is_pad, uniq.numpy(), inv
+
+
+def _with_padding(w, flat, is_pad, inv, n):
+    """The rows w of the n distinct ids, with a zero row for padding after
+    them when there is padding; (rows, each id's row index, the padding
+    row's index or None)."""
+    if is_pad is None:
+        return w, inv, None
+    local = torch.empty_like(flat)
+    local[is_pad] = n
+    local[~is_pad] = inv
+    return torch.cat([w, torch.zeros(1, w.shape[1])]), local, n
 
 
 def _quote(name):

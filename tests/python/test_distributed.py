@@ -363,12 +363,15 @@ class TestReshard(Base):
         # 2 -> 3 cut by a kill, then the job started again with 2 ranks:
         # whatever the cut move copied is removed, each row in one shard
         rng = random.Random(3)
-        for delay in (0.3, 0.9):
+        cut = 0
+        for delay in (0.02, 0.06, 0.1, 0.15, 0.2, 0.3):
             procs = start(3, dict(cfg, steps=4))
             wait_up(procs, cfg["marks"])
             time.sleep(delay)
             procs[2].send_signal(signal.SIGKILL)
             finish(procs, timeout=60)
+            with open(os.path.join(cfg["model_dir"], ekd.MANIFEST)) as f:
+                cut += "moving_to" in json.load(f)["manifest"]["tables"]["user"]
             self.ok(run(2, dict(cfg, steps=4)))
             got, dup = union(self.dumps(4, 2))
             self.assertEqual(dup, [])
@@ -376,6 +379,7 @@ class TestReshard(Base):
             self.assertTrue(buckets_ok(cfg["model_dir"], "user", 2,
                                        os.path.join(self.dir, "dump", "step-4.w2.rank-*")))
             self.assertEqual([f for f in os.listdir(cfg["model_dir"]) if f.startswith("move-")], [])
+        self.assertGreater(cut, 0, "no kill landed inside a move")
         # 2 -> 3, killed during the move a few times, then done
         for _ in range(3):
             procs = start(3, dict(cfg, steps=4))

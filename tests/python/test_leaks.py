@@ -147,9 +147,9 @@ class TestEmptyDirectory(TempDirTest):
     def test_killed_create_with_path(self):
         """A CREATE naming its store's path, killed at any moment (the
         directory made, the reader table, the pool half made, published),
-        and the same CREATE again: it makes the table, with the optimizer's
-        state (a leftover once took for a store made the new one without
-        it, and refused it for good)."""
+        and the same CREATE again: it makes the table with the optimizer's
+        state (a directory left before the pool was published is a new
+        directory, not a store to attach to)."""
         sql = ("CREATE VIRTUAL TABLE user USING embkv(dim=8, optimizer='adagrad', lr=0.05, init='zeros', path='user.embkv', "
                "pool_size='64M')")
         for i in range(16):
