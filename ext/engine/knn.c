@@ -668,7 +668,9 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
     if (rc != EMBKV_OK)
         return rc;
     rc = knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
-    if (rc == EMBKV_OK && !rd_valid(s))
+    /* A slot revoked meanwhile (R2, R3) may have let the writer reuse
+     * records this pass read, failing their checks: run it again. */
+    if (rc != EMBKV_INVALID && !rd_valid(s))
         rc = rd_invalid(s);
     ro_leave(s);
     return rc;
