@@ -50,6 +50,10 @@ BENCH_SRC  := $(filter-out bench/bench_ltm.c,$(wildcard bench/bench_*.c))
 # Flags of one file: knn.c's distances may use fused multiply-adds
 # (its top comment says why that is fine there and nowhere else).
 FILE_CFLAGS_knn := -ffp-contract=fast
+# train.c's optimizer loops take square roots of sums that are never
+# negative: without errno to set, sqrt is one vector instruction and the
+# loops vectorize (train.c's OPTIMIZER_STEPS says what that buys).
+FILE_CFLAGS_train := -fno-math-errno
 
 # Variants: plain, ASan+UBSan, TSan.  Each has its own object directory.
 define variant

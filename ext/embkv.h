@@ -623,6 +623,12 @@ void embkv_session_close(embkv_session *ss);
  * missing id is created from the initializer, or is EMBKV_NOTFOUND naming it
  * when there is none (nothing taken, nothing created). */
 int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out);
+/* embkv_pull with flags.  EMBKV_PULL_ONCE: an id on which the session
+ * holds a permit already takes no other (and never waits): a step that
+ * reads a row in several pulls (an id among heads and tails, say) holds
+ * one permit on it, which its one push returns. */
+#define EMBKV_PULL_ONCE 0x1
+int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags);
 /* Push: gradients (n * dim floats) applied with the optimizer; duplicates'
  * gradients are summed first; every distinct row's clock advances by one.
  * lr <= 0 uses the configured rate.  Then returns the session's permits on

@@ -20,7 +20,8 @@
  *  5. staleness: BSP timeout after wait_ms naming the id, the pull after the
  *     push sees it, staleness=2 lets three pulls through, release, a failed
  *     pull keeps nothing, a closing session frees a blocked pull in another
- *     thread, unlimited never waits, permits are per session.
+ *     thread, unlimited never waits, permits are per session; a pull with
+ *     EMBKV_PULL_ONCE takes no second permit on an id the session holds.
  *  6. train stats counted exactly in a scripted scenario.
  * Loop counts scale with EMBKV_TEST_SCALE.
  */
@@ -1015,6 +1016,51 @@ static void test_bsp(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* EMBKV_PULL_ONCE: ids the session holds a permit on take no other and
+ * never wait; the others as a pull; a failure gives back only what the
+ * call took; one push returns the step's one permit per id. */
+static void test_pull_once(void)
+{
+    embkv_store *s = stale_store("once", 0, 150);
+    embkv_session *a, *b;
+    CHECK_RC(embkv_session_open(s, &a), EMBKV_OK);
+    CHECK_RC(embkv_session_open(s, &b), EMBKV_OK);
+    float out[4 * 8];
+    CHECK_RC(embkv_pull_ex(a, (int64_t[]){1, 2}, 2, out, 0x2), EMBKV_INVALID);
+    CHECK(errmsg_has("flags 0x2"));
+    CHECK_RC(embkv_pull(a, (int64_t[]){1, 2}, 2, out), EMBKV_OK);
+    /* without the flag, a's second pull of 1 waits for a itself */
+    CHECK_RC(embkv_pull(a, (int64_t[]){1}, 1, out), EMBKV_BUSY);
+    double t0 = now_ms();
+    CHECK_RC(embkv_pull_ex(a, (int64_t[]){2, 1, 3, 1, 3}, 5, out, EMBKV_PULL_ONCE), EMBKV_OK);
+    CHECK(now_ms() - t0 < 100);
+    CHECK(out[0] == 0 && out[4 * 2] == 0);
+    /* 3 was taken (b waits for it), 1 and 2 hold one permit each */
+    CHECK_RC(embkv_pull(b, (int64_t[]){3}, 1, out), EMBKV_BUSY);
+    /* b holds 4: a's pull of {1, 4, 5} fails on 4 and gives back 5 only,
+     * keeping its permit on 1 */
+    CHECK_RC(embkv_pull(b, (int64_t[]){4}, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull_ex(a, (int64_t[]){1, 4, 5}, 3, out, EMBKV_PULL_ONCE), EMBKV_BUSY);
+    CHECK(errmsg_has("id 4"));
+    CHECK_RC(embkv_pull(b, (int64_t[]){5}, 1, out), EMBKV_OK);
+    CHECK_RC(embkv_pull(b, (int64_t[]){1}, 1, out), EMBKV_BUSY);
+    /* one push of the step with its duplicates: one update per row, and
+     * every permit of a back */
+    const float g[4 * 4] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    size_t nupd = 0;
+    CHECK_RC(embkv_push(a, (int64_t[]){1, 3, 1, 2}, 4, g, 0, &nupd), EMBKV_OK);
+    CHECK(nupd == 3);
+    CHECK(clock_of(s, 1) == 1 && clock_of(s, 2) == 1 && clock_of(s, 3) == 1);
+    CHECK_RC(embkv_pull(b, (int64_t[]){1, 2, 3}, 3, out), EMBKV_OK);
+    CHECK(out[0] == -2 && out[4] == -1 && out[8] == -1);
+    size_t nrel = 9;
+    CHECK_RC(embkv_release(a, (int64_t[]){1, 2, 3}, 3, &nrel), EMBKV_OK);
+    CHECK(nrel == 0);
+    embkv_session_close(a);
+    embkv_session_close(b);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 static void test_ssp(void)
 {
     embkv_store *s = stale_store("ssp", 2, 150);
@@ -1425,6 +1471,27 @@ static void test_large_batches(void)
         bad += v[0] != (float)want[id] || v[1] != (float)want[id];
     }
     CHECK(bad == 0);
+    /* A push this large updates its rows on two threads (half each): a
+     * row of each half overflows; both stay as they were, the error names
+     * the first half's and counts both, and every other row is updated. */
+    enum { M = 20000 };
+    for (size_t i = 0; i < M; i++)
+        g[2 * i] = g[2 * i + 1] = 1e-3f;
+    g[2 * 100] = g[2 * 15000 + 1] = 1e30f;
+    size_t nupd = 0;
+    CHECK_RC(embkv_push(ss, ids, M, g, 1e10, &nupd), EMBKV_INVALID);
+    CHECK(errmsg_has("id 100:") && errmsg_has("2 row(s) left unchanged, 19998 other row(s)"));
+    CHECK(nupd == M - 2);
+    bad = 0;
+    for (int64_t id = 0; id < M; id++) {
+        float v[2];
+        embkv_rowinfo info;
+        CHECK_RC(embkv_get(s, id, v, NULL, &info), EMBKV_OK);
+        bool kept = id == 100 || id == 15000;
+        float w = kept ? (float)want[id] : (float)(want[id] - 1e10 * (double)1e-3f);
+        bad += v[0] != w || v[1] != w || info.clock != (kept ? 2u : 3u);
+    }
+    CHECK(bad == 0);
     free(ids);
     free(rev);
     free(out);
@@ -1457,6 +1524,7 @@ int main(void)
     test_large_batches();
     test_bsp();
     test_ssp();
+    test_pull_once();
     test_permits_per_id();
     test_permit_counts_exact();
     test_close_frees_blocked();

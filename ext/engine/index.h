@@ -353,5 +353,20 @@ uint64_t snap_as_of(const embkv_snapshot *snap);
 /* Whether the calling thread's group on s logs (a snapshot was open when
  * it began). */
 bool group_logging(embkv_store *s);
+/* A helper thread's part in another thread's group (train.c's push on two
+ * threads): group_token_of gives the calling thread's group on s (false:
+ * none); group_join makes the helper's writes that group's (its sequence,
+ * its logging) without taking the group lock, which the giver holds: the
+ * giver joins the helper, which has called group_leave, before it ends the
+ * group.  (Taking the lock again would wait behind a sync's queued
+ * quiesce, which waits for the giver: a deadlock.)  group_join is
+ * EMBKV_BUSY when the thread has no free group entry. */
+typedef struct group_token {
+    uint64_t seq;
+    bool logging;
+} group_token;
+bool group_token_of(embkv_store *s, group_token *out);
+int group_join(embkv_store *s, const group_token *t);
+void group_leave(embkv_store *s);
 
 #endif

@@ -190,6 +190,40 @@ bool group_logging(embkv_store *s)
     return g && g->logging;
 }
 
+bool group_token_of(embkv_store *s, group_token *out)
+{
+    struct tl_group *g = tl_find(s);
+    if (!g)
+        return false;
+    out->seq = g->seq;
+    out->logging = g->logging;
+    return true;
+}
+
+int group_join(embkv_store *s, const group_token *t)
+{
+    struct tl_group *g = NULL;
+    for (int i = 0; i < TL_GROUPS && !g; i++)
+        if (!tl_groups[i].depth)
+            g = &tl_groups[i];
+    if (!g || tl_find(s))
+        return embkv__err(EMBKV_BUSY, "store %s: no write group entry left in this thread", s->path);
+    g->s = s;
+    g->depth = 1;
+    g->seq = t->seq;
+    g->logging = t->logging;
+    return EMBKV_OK;
+}
+
+void group_leave(embkv_store *s)
+{
+    struct tl_group *g = tl_find(s);
+    if (g) {
+        g->depth = 0;
+        g->s = NULL;
+    }
+}
+
 void groups_quiesce(embkv_store *s)
 {
     pthread_rwlock_wrlock(&s->snap->groups);

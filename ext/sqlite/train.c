@@ -20,6 +20,8 @@ SQLITE_EXTENSION_INIT3
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Result error "fname: table T: message" with the engine's code mapped. */
@@ -55,11 +57,15 @@ static void engine_error(sqlite3_context *ctx, const char *fname, const embkv_ta
     train_error(ctx, fname, ref->name, rc, embkv_errmsg());
 }
 
-/* Gradients: a float32 BLOB or a JSON array of n*dim numbers. */
-static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
+/* Gradients: a float32 BLOB or a JSON array of n*dim numbers.  A BLOB
+ * aligned for floats (SQLite's copies of bound BLOBs are) is read where it
+ * is, *owned false: a step's gradients are megabytes, and the copy cost
+ * as much as summing them. */
+static const float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, bool *owned, char **err)
 {
     size_t want = n * dim;
     *err = NULL;
+    *owned = true;
     if (sqlite3_value_type(v) == SQLITE_BLOB) {
         size_t bytes = (size_t)sqlite3_value_bytes(v);
         if (bytes != want * 4) {
@@ -68,9 +74,14 @@ static float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, char **err)
                                    (unsigned long long)want * 4, (unsigned long long)bytes);
             return NULL;
         }
-        float *g = sqlite3_malloc64(bytes);
+        const void *b = sqlite3_value_blob(v);
+        if (((uintptr_t)b & (_Alignof(float) - 1)) == 0 && b) {
+            *owned = false;
+            return b;
+        }
+        float *g = sqlite3_malloc64(bytes ? bytes : 1);
         if (g)
-            memcpy(g, sqlite3_value_blob(v), bytes);
+            memcpy(g, b, bytes);
         return g;
     }
     if (sqlite3_value_type(v) == SQLITE_TEXT) {
@@ -178,10 +189,21 @@ static int pull_existing(sqlite3_context *ctx, const embkv_table_ref *ref, const
 
 static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
-    (void)argc;
     embkv_table_ref ref;
     if (train_target(ctx, "embkv_pull", argv[0], &ref) != SQLITE_OK)
         return;
+    /* embkv_pull(table, ids, 'once'): one permit per id for this
+     * connection (embkv_pull_ex's EMBKV_PULL_ONCE). */
+    unsigned flags = 0;
+    if (argc > 2 && sqlite3_value_type(argv[2]) != SQLITE_NULL) {
+        const char *m = sqlite3_value_type(argv[2]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[2]) : NULL;
+        if (!m || sqlite3_stricmp(m, "once") != 0) {
+            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID,
+                        "argument 3 must be 'once' (ids this connection holds a permit on take no other) or NULL");
+            return;
+        }
+        flags = EMBKV_PULL_ONCE;
+    }
     size_t n;
     int64_t *ids = ids_arg(ctx, "embkv_pull", ref.name, argv[1], &n);
     if (!ids)
@@ -210,7 +232,7 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     }
     const char *ro = ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema);
     if (!ro && embkv_readonly(ref.store)) ro = "the store is open read-only in this process, beside its writer";
-    int rc = ro ? pull_existing(ctx, &ref, ids, n, out, ro) : embkv_pull(ref.session, ids, n, out);
+    int rc = ro ? pull_existing(ctx, &ref, ids, n, out, ro) : embkv_pull_ex(ref.session, ids, n, out, flags);
     sqlite3_free(ids);
     if (rc != EMBKV_OK) {
         sqlite3_free(out);
@@ -251,7 +273,8 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     int64_t *ids = ids_arg(ctx, "embkv_push", ref.name, argv[1], &n);
     if (!ids)
         return;
-    float *grads = parse_grads(argv[2], n, embkv_dim(ref.store), &err);
+    bool owned;
+    const float *grads = parse_grads(argv[2], n, embkv_dim(ref.store), &owned, &err);
     if (!grads) {
         if (err)
             train_error(ctx, "embkv_push", ref.name, EMBKV_INVALID, err);
@@ -264,7 +287,8 @@ static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     size_t updated = 0;
     int rc = embkv_push(ref.session, ids, n, grads, lr, &updated);
     sqlite3_free(ids);
-    sqlite3_free(grads);
+    if (owned)
+        sqlite3_free((void *)grads);
     if (rc != EMBKV_OK)
         engine_error(ctx, "embkv_push", &ref, rc);
     else
@@ -319,6 +343,8 @@ int embkv_train_register(sqlite3 *db)
     /* Side effects on the store and on permits: never from schema objects. */
     const int flags = SQLITE_UTF8 | SQLITE_DIRECTONLY;
     int rc = sqlite3_create_function_v2(db, "embkv_pull", 2, flags, NULL, fn_pull, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_pull", 3, flags, NULL, fn_pull, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_create_function_v2(db, "embkv_push", 3, flags, NULL, fn_push, NULL, NULL, NULL);
     if (rc == SQLITE_OK)

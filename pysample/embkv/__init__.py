@@ -122,14 +122,18 @@ def dim(conn, table):
     return json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])["dim"]
 
 
-def pull(conn, table, ids, dim_=None):
+def pull(conn, table, ids, dim_=None, once=False):
     """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32,
     read-only (a view of the result).  Takes the staleness permits of the
-    table; push or release returns them."""
+    table; push or release returns them.  once=True: ids on which this
+    connection holds a permit already take no other (embkv_pull's 'once')."""
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return np.zeros((0, dim_ or dim(conn, table)), np.float32)
-    blob = conn.execute("SELECT embkv_pull(?, ?)", (table, buf)).fetchone()[0]
+    if once:
+        blob = conn.execute("SELECT embkv_pull(?, ?, 'once')", (table, buf)).fetchone()[0]
+    else:
+        blob = conn.execute("SELECT embkv_pull(?, ?)", (table, buf)).fetchone()[0]
     d = dim_ or len(blob) // (4 * len(a))
     return np.frombuffer(blob, dtype=np.float32).reshape(len(a), d)
 

@@ -388,6 +388,27 @@ _tags = {}
 
 # ---------------------------------------------------------------- the owner's step
 
+def _distinct(ids, padding_idx, who):
+    """A batch's ids (a LongTensor or IntTensor of any shape): (the ids
+    flat, which are padding_idx or None, the distinct others sorted as
+    numpy, the index of each other one among them)."""
+    flat, is_pad = ekt._flat_ids(ids, padding_idx, who)
+    uniq, inv = torch.unique(flat[~is_pad] if is_pad is not None else flat, return_inverse=True)
+    return flat, is_pad, uniq.numpy(), inv
+
+
+def _with_padding(w, flat, is_pad, inv, n):
+    """The rows w of the n distinct ids, with a zero row for padding after
+    them when there is padding; (rows, each id's row index, the padding
+    row's index or None)."""
+    if is_pad is None:
+        return w, inv, None
+    local = torch.empty_like(flat)
+    local[is_pad] = n
+    local[~is_pad] = inv
+    return torch.cat([w, torch.zeros(1, w.shape[1])]), local, n
+
+
 class _OwnerStep:
     """The rows this rank's shard served in the open step (each id pulled
     once: one permit), and the gradients the ranks sent for them, summed."""
@@ -691,7 +712,7 @@ class _ShardedTable(torch.nn.Module):
         return order, counts
 
     def _gather(self, ids):
-        flat, is_pad, u, inv = ekt._distinct(ids, self.padding_idx, "embkv.distributed")
+        flat, is_pad, u, inv = _distinct(ids, self.padding_idx, "embkv.distributed")
         training = torch.is_grad_enabled()
         me = self._g.rank
         owner = self.bucket_map[bucket_of(u, self.buckets)] if len(u) else np.empty(0, np.int64)
@@ -744,7 +765,7 @@ class _ShardedTable(torch.nn.Module):
             remote = owner[ask] != me
             for i, r in zip(ua[remote].tolist(), rows_a[remote]):
                 self._cache[i] = (r, self._steps)
-        w, local, pad_local = ekt._with_padding(torch.from_numpy(rows), flat, is_pad, inv, len(u))
+        w, local, pad_local = _with_padding(torch.from_numpy(rows), flat, is_pad, inv, len(u))
         if not training:
             return w, local.reshape(ids.shape), pad_local
         hit_ids = u[~ask]

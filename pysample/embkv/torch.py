@@ -7,22 +7,24 @@
     out = emb(ids, offsets)          # like torch.nn.EmbeddingBag
     loss.backward()                  # the gradients go to the table's optimizer
 
-The rows live in the table, not in the module: a forward pulls the distinct
-ids of the batch once (embkv_pull, which takes their staleness permits) into
-a small leaf tensor, and torch's own embedding / embedding_bag run on it, so
-outputs and gradients follow torch's rules exactly (modes, offsets,
-per_sample_weights, padding_idx).  When autograd has the gradient of that
-leaf (duplicates already summed), a hook adds it to the step's, which is
-pushed (embkv_push) at the update: the table's optimizer (sgd, adagrad or
-adam, set on the table) updates the rows in the store, as FBGEMM's fused
-backward does.  No torch optimizer touches them, and
-the module has no parameters.
+The rows live in the table, not in the module: a forward pulls one row per
+id of the batch (embkv_pull, which reads a repeated id once and takes one
+staleness permit per id) into a leaf tensor; Embedding's output is a copy of
+it, and torch's own embedding_bag runs on it, so outputs and gradients
+follow torch's rules exactly (modes, offsets, per_sample_weights,
+padding_idx).  When autograd has the gradient of that leaf (one row per
+occurrence), a hook hands it to the step, which pushes (embkv_push) at the
+update: the store sums each id's gradients and the table's optimizer (sgd,
+adagrad or adam, set on the table) updates the rows, as FBGEMM's fused
+backward does.  No torch optimizer touches them, the module has no
+parameters, and nothing is deduplicated or merged in Python (that cost a
+TransE step more than the store's own work).
 
 One step, one update: every forward of a table on a connection until its
-update belongs to one step (_Step), whichever module made it.  An id is
-pulled once per step (a second forward reuses the rows, so forwards sharing
-ids never wait for each other's permits), and the gradients of all of them
-are summed per id and pushed once, at the end of the backward pass
+update belongs to one step (_Step), whichever module made it.  A step's
+first pull of an id takes its permit and later pulls take none (embkv_pull's
+'once'), so forwards sharing ids never wait for each other's permits, and
+the gradients of all of them go to one push, at the end of the backward pass
 (update="backward", through autograd's end-of-pass callback) or at step()
 (update="step", torch's accumulate-then-step).
 
@@ -57,86 +59,51 @@ __all__ = ["Embedding", "EmbeddingBag"]
 
 
 class _Step:
-    """One update of one table on one connection: the rows its forwards
-    pulled since the last update (each id once, so each holds one permit),
-    and the gradients their backward passes gave, summed per id.  Every
-    module of the table on that connection shares it: a step that calls the
-    table several times (TransE: heads, tails, corrupted ones) applies one
-    update, as torch sums the gradients of a parameter and its optimizer
-    steps once.  It ends at the end of the backward pass that reached it
-    (update="backward"), or at the module's step() (update="step"): the
-    summed gradient is pushed (embkv_push, one optimizer step and one tick of
-    the clock per row), and the permits of rows that got none are returned.
+    """One update of one table on one connection: the ids its forwards
+    pulled since the last update, each forward's with its duplicates (a
+    step's first pull of an id takes its permit, later pulls of it take
+    none: embkv_pull's 'once'), and the gradients their backward passes
+    gave, one row per occurrence.  Every module of the table on that
+    connection shares it: a step that calls the table several times
+    (TransE: heads, tails, corrupted ones) applies one update, as torch sums
+    the gradients of a parameter and its optimizer steps once.  It ends at
+    the end of the backward pass that reached it (update="backward"), or at
+    the module's step() (update="step"): the gradients of all its forwards
+    go to one embkv_push, which sums them per id (in the store, in double)
+    and applies one optimizer step and one tick of the clock per row, and
+    the permits of ids that got no gradient are returned.  Nothing is
+    merged here: the store does it, once, in C.
     state: "open", "closed" (pushed) or "released"."""
 
-    __slots__ = ("conn", "table", "key", "dim", "mode", "ids", "rows", "grad", "has_grad", "state", "lock",
-                 "queued", "leaves", "__weakref__")
+    __slots__ = ("conn", "table", "key", "dim", "mode", "pulled", "grads", "state", "lock", "queued", "leaves",
+                 "__weakref__")
 
     def __init__(self, conn, table, key, dim, mode):
         self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
-        self.ids = np.empty(0, np.int64)           # sorted
-        self.rows = np.empty((0, dim), np.float32)
-        self.grad = None                           # allocated by the first gradient
-        self.has_grad = np.empty(0, bool)
+        self.pulled = []                           # per forward: its ids (int64, duplicates kept)
+        self.grads = {}                            # forward number -> its gradient rows
         self.state = "open"
         self.lock = threading.RLock()
         self.queued = False                        # its end is queued on the running backward pass
         self.leaves = 0                            # batch tensors alive that may still get a gradient
 
-    def _find(self, u):
-        """Positions of the sorted ids u in self.ids, and which are there."""
-        pos = np.searchsorted(self.ids, u)
-        there = pos < len(self.ids)
-        there[there] = self.ids[pos[there]] == u[there]
-        return pos, there
-
-    def rows_for(self, u):
-        """The rows of the sorted distinct ids u, pulling (with their
-        permits) those the step has not pulled yet."""
+    def pull(self, ids):
+        """Rows of ids (writable), and the forward's number in the step."""
         with self.lock:
-            if not len(self.ids):
-                # The step's first forward (with one forward a step, the
-                # only one): no merging.
-                self.rows = embkv.pull(self.conn, self.table, u, self.dim)
-                self.ids = u.copy()
-                self.has_grad = np.zeros(len(u), bool)
-                self.grad = None
-                return np.array(self.rows, copy=True)
-            pos, there = self._find(u)
-            new = u[~there]
-            if len(new):
-                r = embkv.pull(self.conn, self.table, new, self.dim)
-                ids = np.concatenate([self.ids, new])
-                order = np.argsort(ids, kind="stable")
-                self.ids = ids[order]
-                self.rows = np.concatenate([self.rows, r])[order]
-                if self.grad is not None:
-                    self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
-                self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
-                pos = np.searchsorted(self.ids, u)
-            return self.rows[pos].copy()
+            rows = embkv.pull(self.conn, self.table, ids, self.dim, once=bool(self.pulled))
+            self.pulled.append(ids)
+            return np.array(rows), len(self.pulled) - 1
 
-    def cached(self, u):
-        """(rows of the ids of u the step holds, mask of those ids): reads
-        without gradient see the step's rows, and take no permit for them."""
-        with self.lock:
-            pos, there = self._find(u)
-            return self.rows[pos[there]], there
+    def held(self):
+        """The distinct ids the step holds a permit on."""
+        return np.unique(np.concatenate(self.pulled)) if self.pulled else np.empty(0, np.int64)
 
-    def add(self, u, g):
+    def add(self, k, g):
         with self.lock:
-            if self.grad is None and len(u) == len(self.ids):
-                self.grad = np.array(g, dtype=np.float32, copy=True)  # u is self.ids: sorted, distinct
-                self.has_grad[:] = True
-                return
-            if self.grad is None:
-                self.grad = np.zeros((len(self.ids), self.dim), np.float32)
-            pos = np.searchsorted(self.ids, u)
-            self.grad[pos] += g
-            self.has_grad[pos] = True
+            self.grads[k] = g
 
     def end(self):
-        """The update: push the summed gradients, return the other permits.
+        """The update: push the gradients, return the other permits.
         Returns the rows updated (embkv_push's count: rows a table with
         admission does not hold yet are not among them)."""
         with self.lock:
@@ -144,20 +111,25 @@ class _Step:
                 return 0
             self.state = "closed"
             _forget_step(self)
-            got = self.has_grad
+            got = sorted(self.grads)
             updated = 0
+            ids = g = None
             try:
-                if got.all():
-                    updated = embkv.push(self.conn, self.table, self.ids, self.grad)
-                elif got.any():
-                    updated = embkv.push(self.conn, self.table, self.ids[got], self.grad[got])
+                if len(got) == 1:
+                    ids, g = self.pulled[got[0]], self.grads[got[0]]
+                elif got:
+                    ids = np.concatenate([self.pulled[k] for k in got])
+                    g = np.concatenate([self.grads[k] for k in got])
+                if ids is not None and len(ids):
+                    updated = embkv.push(self.conn, self.table, ids, g)
             except BaseException:
                 # The update failed (a NaN gradient, a transaction open on the
                 # connection): the permits go back all the same.
-                self._return(self.ids[got])
+                self._return(np.concatenate(self.pulled))
                 raise
-            finally:
-                self._return(self.ids[~got])
+            if len(got) < len(self.pulled):
+                rest = np.concatenate([p for k, p in enumerate(self.pulled) if k not in self.grads])
+                self._return(np.setdiff1d(rest, ids) if ids is not None else rest)
             return updated
 
     def release(self):
@@ -168,7 +140,8 @@ class _Step:
                 return
             self.state = "released"
             _forget_step(self)
-            self._return(self.ids)
+            if self.pulled:
+                self._return(np.concatenate(self.pulled))
 
     def _return(self, ids):
         if not len(ids):
@@ -187,7 +160,7 @@ class _Step:
     def leaf_freed(self):
         with self.lock:
             self.leaves -= 1
-            if self.leaves == 0 and self.state == "open" and not self.has_grad.any():
+            if self.leaves == 0 and self.state == "open" and not self.grads:
                 self.release()
 
 
@@ -309,39 +282,29 @@ class _TableModule(torch.nn.Module):
     # -- the batch's rows
 
     def _gather(self, ids):
-        """Pull the distinct ids of ids (a LongTensor); returns the leaf
-        weight tensor (one row per distinct id, plus a zero row for padding
-        when there is padding) and ids mapped to its rows."""
-        flat, is_pad, u, inv = _distinct(ids, self.padding_idx, "embkv.torch")
+        """Pull the ids of ids (a LongTensor), one row per occurrence (the
+        store reads a repeated id once); returns the leaf weight tensor
+        (those rows, plus a zero row for padding when there is padding),
+        each id's row in it, and the padding row's index or None."""
+        flat, is_pad = _flat_ids(ids, self.padding_idx, "embkv.torch")
+        real = (flat[~is_pad] if is_pad is not None else flat).numpy()
         _flush_deferred(self.conn)
+        n = len(real)
         # As torch's: eval mode changes nothing here, only torch.no_grad() does.
         training = torch.is_grad_enabled()
-        if not training:
-            rows = np.zeros((len(u), self.embedding_dim), np.float32)
-            st = _peek_step(self.conn, self._key)
-            there = np.zeros(len(u), bool)
-            if st is not None and len(u):
-                held, there = st.cached(u)
-                rows[there] = held
-            rest = u[~there]
-            if len(rest):
-                rows[~there] = embkv.pull(self.conn, self.table, rest, self.embedding_dim)
-                embkv.release(self.conn, self.table, rest)
-            w = torch.from_numpy(rows)
-        elif len(u) == 0:
-            w = torch.zeros((0, self.embedding_dim))
-        else:
-            st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
-            w = torch.from_numpy(st.rows_for(u))
-        w, local, pad_local = _with_padding(w, flat, is_pad, inv, len(u))
-        if not training or len(u) == 0:
-            return w, local.reshape(ids.shape), pad_local
-        w.requires_grad_(True)
-        n = len(u)
+        if not training or n == 0:
+            w = torch.from_numpy(self._read(real)) if n else torch.zeros((0, self.embedding_dim))
+            local, pad = _positions(flat, is_pad, n)
+            if pad is not None:
+                w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
+            return w, local.reshape(ids.shape), pad
+        st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
+        rows, k = st.pull(real)
+        w = torch.from_numpy(rows).requires_grad_(True)
         given = [False]  # this batch tensor's gradient went into an update
 
         def hook(grad):
-            g = grad[:n].contiguous().numpy()
+            g = grad.contiguous().numpy()
             with st.lock:
                 if given[0]:
                     raise RuntimeError("embkv.torch: a second backward through one forward of table %r "
@@ -353,9 +316,9 @@ class _TableModule(torch.nn.Module):
                 if st.state == "closed":
                     # Its step was updated by an earlier backward pass: this
                     # gradient is an update of its own.
-                    embkv.push(self.conn, self.table, u, g)
+                    embkv.push(self.conn, self.table, real, g)
                     return grad
-                st.add(u, g)
+                st.add(k, g)
                 if st.mode == "backward" and not st.queued:
                     st.queued = True
                     torch.autograd.Variable._execution_engine.queue_callback(st.end)
@@ -367,32 +330,46 @@ class _TableModule(torch.nn.Module):
         # Freed without a backward (inference under grad, an exception):
         # once no batch tensor of the step is left, the permits go back.
         weakref.finalize(w, st.leaf_freed)
-        return w, local.reshape(ids.shape), pad_local
+        local, pad = _positions(flat, is_pad, n)
+        if pad is not None:
+            # (the hook sees the gradient of the pulled rows alone)
+            w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
+        return w, local.reshape(ids.shape), pad
+
+    def _read(self, real):
+        """Rows of ids without gradient (torch.no_grad()): no permit is
+        kept.  Ids the open step holds are read taking no other permit;
+        the others are pulled and returned at once."""
+        st = _peek_step(self.conn, self._key)
+        if st is None:
+            rows = np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim))
+            embkv.release(self.conn, self.table, real)
+            return rows
+        with st.lock:
+            rows = np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim, once=True))
+            embkv.release(self.conn, self.table, np.setdiff1d(real, st.held()))
+            return rows
 
 
-def _distinct(ids, padding_idx, who):
+def _flat_ids(ids, padding_idx, who):
     """A batch's ids (a LongTensor or IntTensor of any shape): (the ids
-    flat, which are padding_idx or None, the distinct others sorted as
-    numpy, the index of each other one among them)."""
+    flat, int64, which are padding_idx or None)."""
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
                         % (who, ids.dtype))
     flat = ids.reshape(-1).to(torch.int64)
-    is_pad = flat == padding_idx if padding_idx is not None else None
-    uniq, inv = torch.unique(flat[~is_pad] if is_pad is not None else flat, return_inverse=True)
-    return flat, is_pad, uniq.numpy(), inv
+    return flat, (flat == padding_idx if padding_idx is not None else None)
 
 
-def _with_padding(w, flat, is_pad, inv, n):
-    """The rows w of the n distinct ids, with a zero row for padding after
-    them when there is padding; (rows, each id's row index, the padding
-    row's index or None)."""
+def _positions(flat, is_pad, n):
+    """Each id's row among the n pulled (the ids that are not padding, in
+    order), padding at row n; (positions, the padding row or None)."""
     if is_pad is None:
-        return w, inv, None
+        return torch.arange(n), None
     local = torch.empty_like(flat)
     local[is_pad] = n
-    local[~is_pad] = inv
-    return torch.cat([w, torch.zeros(1, w.shape[1])]), local, n
+    local[~is_pad] = torch.arange(n)
+    return local, n
 
 
 def _quote(name):
@@ -450,6 +427,11 @@ class Embedding(_TableModule):
 
     def forward(self, input):
         w, local, pad = self._gather(input)
+        if pad is None:
+            # One row per id in order: the rows themselves (a copy, so that
+            # the output is no view of the leaf, and in-place operations on
+            # it work as on torch's).
+            return w.clone().reshape(tuple(input.shape) + (self.embedding_dim,))
         return F.embedding(local, w, padding_idx=pad)
 
 

@@ -242,6 +242,35 @@ class TestOneUpdatePerStep(Base):
         clocks = dict(self.conn.execute("SELECT id, clock FROM u WHERE id IN (1, 2, 3, 4)").fetchall())
         self.assertEqual(clocks, {1: 1, 2: 1, 3: 0, 4: 0})
 
+    def test_shared_id_with_and_without_gradient(self):
+        """Two forwards share id 2; only the first gets a gradient: 2 is
+        updated once (the push returns its one permit), 3 goes back without
+        an update."""
+        self.table_like("v", np.zeros((NUM, DIM), np.float32), staleness=0, wait_ms=200)
+        emb = ekt.Embedding(self.conn, "v")
+        used, unused = emb(torch.tensor([1, 2, 2])), emb(torch.tensor([2, 3]))
+        used.sum().backward()
+        del unused
+        ids = np.array([1, 2, 3], np.int64)
+        embkv.pull(self.conn, "v", ids)  # no permit left out: no wait
+        self.assertEqual(embkv.release(self.conn, "v", ids), 3)
+        rows = dict(self.conn.execute("SELECT id, clock FROM v WHERE id IN (1, 2, 3)").fetchall())
+        self.assertEqual(rows, {1: 1, 2: 1, 3: 0})
+        v2 = np.frombuffer(self.conn.execute("SELECT vec FROM v WHERE id = 2").fetchone()[0], np.float32)
+        np.testing.assert_allclose(v2, np.full(DIM, -0.01 * 2, np.float32), rtol=1e-6)  # two occurrences, sgd
+
+    def test_in_place_on_the_output(self):
+        """An Embedding's output is its own tensor, as torch's: in-place
+        operations on it work and the gradient flows through them."""
+        self.table_like("ip", np.ones((NUM, DIM), np.float32))
+        emb = ekt.Embedding(self.conn, "ip")
+        x = emb(torch.tensor([[4, 5], [4, 6]]))
+        x.mul_(3.0)
+        x.sum().backward()
+        got = dict((i, np.frombuffer(v, np.float32)[0]) for i, v in
+                   self.conn.execute("SELECT id, vec FROM ip WHERE id IN (4, 5, 6)").fetchall())
+        np.testing.assert_allclose([got[4], got[5], got[6]], [1 - 0.01 * 6, 1 - 0.01 * 3, 1 - 0.01 * 3], rtol=1e-6)
+
     def test_no_grad_forward_inside_a_step(self):
         self.table_like("g", np.ones((NUM, DIM), np.float32), staleness=0, wait_ms=200)
         emb = ekt.Embedding(self.conn, "g")

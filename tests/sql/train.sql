@@ -230,6 +230,18 @@ CREATE VIRTUAL TABLE s0n USING embkv(dim=2, staleness=0, wait_ms=100);
 SELECT embkv_pull('s0n', 8);
 INSERT INTO s0n(id, vec) VALUES (8, '[8, 8]');
 SELECT 's0n', embkv_json(embkv_pull('s0n', 8));
+-- 'once' (argument 3): ids this connection holds a permit on take no
+-- other (a step reading a row twice holds one permit); the others wait as
+-- in any pull; one push of the step with its duplicates: one update a row
+CREATE VIRTUAL TABLE s0o USING embkv(dim=2, optimizer=sgd, lr=1, init=zeros, staleness=0, wait_ms=100);
+SELECT 's0o', length(embkv_pull('s0o', '[1, 2]')), length(embkv_pull('s0o', '[2, 1, 3, 3]', 'once')), length(embkv_pull('s0o', 1, 'ONCE'));
+SELECT embkv_pull('s0o', 3);
+SELECT 's0o-push', embkv_push('s0o', '[1, 2, 1, 3]', '[1, 1, 1, 1, 1, 1, 1, 1]');
+SELECT 's0o-after', embkv_json(embkv_pull('s0o', '[1, 2, 3]')), (SELECT group_concat(clock) FROM s0o);
+SELECT 's0o-release', embkv_release('s0o', '[1, 2, 3]');
+SELECT embkv_pull('s0o', 1, 'twice');
+SELECT embkv_pull('s0o', 1, 1);
+SELECT 's0o-null', length(embkv_pull('s0o', 1, NULL)), embkv_release('s0o', 1);
 -- staleness=2: three pulls of an id pass, the fourth waits and fails
 CREATE VIRTUAL TABLE s2 USING embkv(dim=2, init=zeros, staleness=2, wait_ms=100);
 SELECT 's2', length(embkv_pull('s2', 4)), length(embkv_pull('s2', 4)), length(embkv_pull('s2', 4));
