@@ -5,7 +5,7 @@
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
 #   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_readers.py, bench_knn.py,
-#   bench_ctr.py, bench_dist.py (below)
+#   bench_ctr.py, bench_kg.py, bench_dist.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
 # Everything printed is also written to build/bench-results.txt.  Pools live
@@ -222,6 +222,11 @@ fi
 # staleness (HET's table).
 if [[ -x $PY ]] && "$PY" -c 'import embkv, torch' 2>/dev/null; then
     run "bench_ctr.py (/dev/shm)" "$PY" bench/bench_ctr.py --out "$SHM_ROOT/ctr"
+    rm -rf "$SHM_ROOT/ctr"
+    # The TransE step of pysample/train_kg.py against torch (needs wordnet-base).
+    if [[ -d /usr/share/wordnet ]]; then
+        run "bench_kg.py (/dev/shm)" "$PY" bench/bench_kg.py "$SHM_ROOT/kg"
+    fi
     rm -rf "$SHM_ROOT/ctr"
     # The same model with its table sharded over 1, 2 and 4 ranks (torchrun).
     run "bench_dist.py (/dev/shm)" "$PY" bench/bench_dist.py --out "$SHM_ROOT/dist"
