@@ -60,6 +60,24 @@ int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t 
 int ro_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
 
 /* ------------------------------------------------------------- write.c */
+/* A batch split over two threads (parties 0 and 1, train.c's push): each
+ * half reserves its records, then passes the gate, which waits for the
+ * other half; unless both reserved theirs, neither changes a row, and the
+ * half whose reservation succeeded returns WRITE_CANCELLED (the other's
+ * error is the batch's).  A half that fails before its gate passes it as
+ * failed on its way out. */
+typedef struct write_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool arrived[2];
+    bool ok;
+} write_gate;
+#define WRITE_CANCELLED 0x4e43
+void write_gate_init(write_gate *g);
+void write_gate_destroy(write_gate *g);
+/* Party arrives (ok: its records reserved), waits for the other; whether
+ * both were ok.  A second arrival of a party only waits. */
+bool write_gate_pass(write_gate *g, int party, bool ok);
 /* embkv_update_batch for the engine's own update functions
  * (train.c's optimizers), which may be handed a cached row's slot itself
  * instead of a private copy, its readers held off while fn runs: fn must
@@ -70,7 +88,7 @@ int ro_scan(embkv_store *s, embkv_scan_fn fn, void *ctx);
  * slot is checked before use; a row counted dirty that needs a record when
  * reached, having been deleted and written again since, gets one then). */
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
-                          embkv_update_fn fn, void *ctx, size_t *nupdated);
+                          embkv_update_fn fn, void *ctx, write_gate *gate, int party, size_t *nupdated);
 /* The cache's write-backs.  Quiesces the groups (groups_quiesce) with
  * every dirty row written back; on failure the groups are resumed. */
 int writeback_quiesce(embkv_store *s);

@@ -935,6 +935,7 @@ typedef struct push_half {
     push_grads grad;  /* the caller's, from the half's first row */
     push_ctx c;
     group_token group;
+    write_gate gate;  /* (the caller's half passes it too) */
     size_t updated;
     int rc;
     char msg[512];
@@ -945,16 +946,20 @@ static void *push_half_run(void *arg)
     push_half *h = arg;
     h->rc = group_join(h->s, &h->group);
     if (h->rc == EMBKV_OK) {
-        h->rc = update_batch_in_place(h->s, h->ids, h->n, h->slot, h->dirty, apply_optimizer, &h->c, &h->updated);
+        h->rc = update_batch_in_place(h->s, h->ids, h->n, h->slot, h->dirty, apply_optimizer, &h->c, &h->gate, 1,
+                                      &h->updated);
         group_leave(h->s);
+    } else {
+        write_gate_pass(&h->gate, 1, false);
     }
-    if (h->rc != EMBKV_OK)
+    if (h->rc != EMBKV_OK && h->rc != WRITE_CANCELLED)
         snprintf(h->msg, sizeof h->msg, "%s", embkv_errmsg());
     return NULL;
 }
 
 /* The updates of a push's n distinct rows (inside its group): on two
- * threads from PUSH_SPLIT_ROWS rows on, where there are two CPUs. */
+ * threads from PUSH_SPLIT_ROWS rows on, where there are two CPUs, both
+ * halves or neither (write_gate) when a half cannot reserve its records. */
 static int push_rows(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
                      push_ctx *c, size_t *updated)
 {
@@ -971,23 +976,28 @@ static int push_rows(embkv_store *s, const int64_t *ids, size_t n, const int64_t
         h->grad.sum_of += k;
         h->c.grad = &h->grad;
         h->c.overflowed = 0;
+        write_gate_init(&h->gate);
         if (pthread_create(&th, NULL, push_half_run, h) == 0) {
-            int rc = update_batch_in_place(s, ids, k, in_slot, in_dirty, apply_optimizer, c, updated);
+            int rc = update_batch_in_place(s, ids, k, in_slot, in_dirty, apply_optimizer, c, &h->gate, 0, updated);
             pthread_join(th, NULL);
+            write_gate_destroy(&h->gate);
             *updated += h->updated;
             if (h->c.overflowed) {
                 if (!c->overflowed)
                     c->overflow_id = h->c.overflow_id;
                 c->overflowed += h->c.overflowed;
             }
-            if (rc == EMBKV_OK && h->rc != EMBKV_OK)
+            /* The batch's error: this half's own, else the helper's (a
+             * half cancelled at the gate has none of its own). */
+            if ((rc == EMBKV_OK || rc == WRITE_CANCELLED) && h->rc != EMBKV_OK && h->rc != WRITE_CANCELLED)
                 rc = embkv__err(h->rc, "%s", h->msg);
             free(h);
             return rc;
         }
+        write_gate_destroy(&h->gate);
         free(h);  /* no thread: all of it here */
     }
-    return update_batch_in_place(s, ids, n, in_slot, in_dirty, apply_optimizer, c, updated);
+    return update_batch_in_place(s, ids, n, in_slot, in_dirty, apply_optimizer, c, NULL, 0, updated);
 }
 
 /* Return one permit per distinct id (uniq holds no duplicates) the session

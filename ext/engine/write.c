@@ -813,11 +813,43 @@ int delete_if(embkv_store *s, int64_t id, const delete_cond *c, bool *changed)
     return delete_row(s, id, c, changed);
 }
 
-/* Hints a caller found for a write batch (update_batch_in_place). */
+/* Hints a caller found for a write batch (update_batch_in_place), and
+ * the gate of a batch split over two threads. */
 typedef struct batch_hints {
-    const int64_t *slot;   /* per row: its cache slot, or -1 */
+    const int64_t *slot;   /* per row: its cache slot, or -1 (NULL: none found) */
     const uint8_t *dirty;  /* per row: cached dirty */
+    write_gate *gate;      /* NULL: the batch is whole */
+    int party;
 } batch_hints;
+
+void write_gate_init(write_gate *g)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->arrived[0] = g->arrived[1] = false;
+    g->ok = true;
+}
+
+void write_gate_destroy(write_gate *g)
+{
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+}
+
+bool write_gate_pass(write_gate *g, int party, bool ok)
+{
+    pthread_mutex_lock(&g->mu);
+    if (!g->arrived[party]) {
+        g->arrived[party] = true;
+        g->ok = g->ok && ok;
+        pthread_cond_broadcast(&g->cv);
+    }
+    while (!g->arrived[1 - party])
+        pthread_cond_wait(&g->cv, &g->mu);
+    bool both = g->ok;
+    pthread_mutex_unlock(&g->mu);
+    return both;
+}
 
 static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
                                  unsigned flags, const batch_hints *given, size_t *nupdated);
@@ -833,10 +865,15 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
 }
 
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
-                          embkv_update_fn fn, void *ctx, size_t *nupdated)
+                          embkv_update_fn fn, void *ctx, write_gate *gate, int party, size_t *nupdated)
 {
-    batch_hints h = {.slot = in_slot, .dirty = in_dirty};
-    return update_batch(s, ids, n, fn, ctx, UPDATE_IN_PLACE, in_slot && in_dirty ? &h : NULL, nupdated);
+    batch_hints h = {.slot = in_slot && in_dirty ? in_slot : NULL, .dirty = in_slot && in_dirty ? in_dirty : NULL,
+                     .gate = gate, .party = party};
+    int rc = update_batch(s, ids, n, fn, ctx, UPDATE_IN_PLACE, &h, nupdated);
+    /* (one that failed before its gate lets the other half go) */
+    if (gate)
+        write_gate_pass(gate, party, false);
+    return rc;
 }
 
 static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_update_fn fn, void *ctx,
@@ -919,10 +956,10 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
      * not counted for: taken when the row is reached. */
     /* Per row: its slot, or -1; found here, or by the caller earlier in
      * this group (the existence check of a push). */
-    int64_t *own = c && !logging && !given ? malloc(n * sizeof *own) : NULL;
+    int64_t *own = c && !logging && !(given && given->slot) ? malloc(n * sizeof *own) : NULL;
     const int64_t *hint = own;
     size_t want = n;
-    if (c && !logging && given) {
+    if (c && !logging && given && given->slot) {
         hint = given->slot;
         want = 0;
         for (size_t j = 0; j < n; j++)
@@ -975,6 +1012,19 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         free(own);
         pre_read_free(&pre);
         return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
+    }
+    /* A batch split over two threads changes no row unless both halves
+     * have their records: a full pool fails the whole push, as it fails a
+     * push on one thread, before any row changes. */
+    if (given && given->gate && !write_gate_pass(given->gate, given->party, true)) {
+        slab_free(s, fresh, nfresh);
+        free(fresh);
+        free(rb);
+        free(row);
+        free(own);
+        free(w.rowbuf);
+        pre_read_free(&pre);
+        return WRITE_CANCELLED;
     }
 
     /* The whole batch lands in one epoch: a sync waits for it. */

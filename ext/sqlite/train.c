@@ -197,9 +197,16 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     unsigned flags = 0;
     if (argc > 2 && sqlite3_value_type(argv[2]) != SQLITE_NULL) {
         const char *m = sqlite3_value_type(argv[2]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[2]) : NULL;
-        if (!m || sqlite3_stricmp(m, "once") != 0) {
-            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID,
-                        "argument 3 must be 'once' (ids this connection holds a permit on take no other) or NULL");
+        if (!m || sqlite3_value_bytes(argv[2]) != 4 || sqlite3_stricmp(m, "once") != 0) {
+            char *e = sqlite3_mprintf("argument 3 must be 'once' (ids this connection holds a permit on take no "
+                                      "other) or NULL, not %s%s%s",
+                                      m ? "'" : "", m                                              ? m
+                                      : sqlite3_value_type(argv[2]) == SQLITE_INTEGER ? "an INTEGER"
+                                      : sqlite3_value_type(argv[2]) == SQLITE_FLOAT   ? "a REAL"
+                                                                                        : "a BLOB",
+                                      m ? "'" : "");
+            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, e ? e : "bad argument 3");
+            sqlite3_free(e);
             return;
         }
         flags = EMBKV_PULL_ONCE;

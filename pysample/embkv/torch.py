@@ -75,13 +75,14 @@ class _Step:
     merged here: the store does it, once, in C.
     state: "open", "closed" (pushed) or "released"."""
 
-    __slots__ = ("conn", "table", "key", "dim", "mode", "pulled", "grads", "state", "lock", "queued", "leaves",
-                 "__weakref__")
+    __slots__ = ("conn", "table", "key", "dim", "mode", "pulled", "grads", "extra", "state", "lock", "queued",
+                 "leaves", "__weakref__")
 
     def __init__(self, conn, table, key, dim, mode):
         self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
         self.pulled = []                           # per forward: its ids (int64, duplicates kept)
         self.grads = {}                            # forward number -> its gradient rows
+        self.extra = []                            # (ids, rows): late gradients of ids it holds (_late_push)
         self.state = "open"
         self.lock = threading.RLock()
         self.queued = False                        # its end is queued on the running backward pass
@@ -115,11 +116,11 @@ class _Step:
             updated = 0
             ids = g = None
             try:
-                if len(got) == 1:
+                if len(got) == 1 and not self.extra:
                     ids, g = self.pulled[got[0]], self.grads[got[0]]
-                elif got:
-                    ids = np.concatenate([self.pulled[k] for k in got])
-                    g = np.concatenate([self.grads[k] for k in got])
+                elif got or self.extra:
+                    ids = np.concatenate([self.pulled[k] for k in got] + [e[0] for e in self.extra])
+                    g = np.concatenate([self.grads[k] for k in got] + [e[1] for e in self.extra])
                 if ids is not None and len(ids):
                     updated = embkv.push(self.conn, self.table, ids, g)
             except BaseException:
@@ -157,11 +158,31 @@ class _Step:
         except sqlite3.Error:
             pass  # the connection is closed: its permits went with it
 
+    def failed(self):
+        """Whether the backward pass that queued this step's end is over
+        without running it: it raised (torch drops the callbacks of a pass
+        that fails)."""
+        return self.queued and self.state == "open" and not _backward_running()
+
     def leaf_freed(self):
         with self.lock:
             self.leaves -= 1
-            if self.leaves == 0 and self.state == "open" and not self.grads:
+            if self.leaves == 0 and self.state == "open" and (not self.grads or self.failed()):
                 self.release()
+
+
+def _nothing():
+    pass
+
+
+def _backward_running():
+    """Whether this thread is inside a backward pass (only then does
+    autograd take a callback; a no-op one here)."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(_nothing)
+        return True
+    except RuntimeError:
+        return False
 
 
 _steps = {}                    # (id(conn), table key) -> the open _Step
@@ -212,7 +233,6 @@ class _TableModule(torch.nn.Module):
         self.table = table
         self.update = update
         schema, name = _split_table(conn, table)
-        self._key = ((schema or "").lower(), name.lower())
         exists = conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
                               % _quote(schema or "main"), (name,)).fetchone()
         quoted = _quote(name) if schema is None else "%s.%s" % (_quote(schema), _quote(name))
@@ -238,6 +258,9 @@ class _TableModule(torch.nn.Module):
                 # train either, so the training options do not matter.
             else:
                 conn.execute("DROP TABLE temp.%s" % _quote(probe))
+        # Every module of one table shares its steps, however it was
+        # named: "t", "main.t" and "MAIN.T" are one key.
+        self._key = ((schema or _schema_of(conn, name)).lower(), name.lower())
         self.embedding_dim = embkv.dim(conn, table)
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
@@ -287,8 +310,12 @@ class _TableModule(torch.nn.Module):
         (those rows, plus a zero row for padding when there is padding),
         each id's row in it, and the padding row's index or None."""
         flat, is_pad = _flat_ids(ids, self.padding_idx, "embkv.torch")
-        real = (flat[~is_pad] if is_pad is not None else flat).numpy()
+        # (a copy: the caller may reuse its ids tensor before the backward)
+        real = np.array((flat[~is_pad] if is_pad is not None else flat).numpy(), copy=True)
         _flush_deferred(self.conn)
+        prev = _peek_step(self.conn, self._key)
+        if prev is not None and prev.failed():
+            prev.release()  # its backward raised: no update, its permits back
         n = len(real)
         # As torch's: eval mode changes nothing here, only torch.no_grad() does.
         training = torch.is_grad_enabled()
@@ -314,9 +341,7 @@ class _TableModule(torch.nn.Module):
                 if st.state == "released":
                     return grad  # release() came first: the update is dropped, as documented
                 if st.state == "closed":
-                    # Its step was updated by an earlier backward pass: this
-                    # gradient is an update of its own.
-                    embkv.push(self.conn, self.table, real, g)
+                    _late_push(self.conn, self.table, self._key, st, real, g)
                     return grad
                 st.add(k, g)
                 if st.mode == "backward" and not st.queued:
@@ -349,6 +374,23 @@ class _TableModule(torch.nn.Module):
             rows = np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim, once=True))
             embkv.release(self.conn, self.table, np.setdiff1d(real, st.held()))
             return rows
+
+
+def _late_push(conn, table, key, st, ids, g):
+    """A backward through a forward whose step was updated already: an
+    update of its own, except for ids the open step holds (its push would
+    return their permits, which are that step's): their gradients join the
+    open step's update."""
+    cur = _peek_step(conn, key)
+    if cur is not None and cur is not st:
+        with cur.lock:
+            if cur.state == "open" and cur.pulled:
+                held = np.isin(ids, cur.held())
+                if held.any():
+                    cur.extra.append((ids[held], g[held]))
+                    ids, g = ids[~held], g[~held]
+    if len(ids):
+        embkv.push(conn, table, ids, g)
 
 
 def _flat_ids(ids, padding_idx, who):
@@ -396,6 +438,20 @@ def _ident(text, i):
         out.append(text[j])
         j += 1
     return None, i
+
+
+def _schema_of(conn, name):
+    """The schema an unqualified table name means, as SQLite resolves it
+    (temp, main, then the attached ones in order); main if none has it."""
+    dbs = [r[1] for r in conn.execute("PRAGMA database_list")]
+    for db in ["temp"] + [d for d in dbs if d != "temp"]:
+        try:
+            if conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
+                            % _quote(db), (name,)).fetchone():
+                return db
+        except sqlite3.Error:
+            continue
+    return "main"
 
 
 def _split_table(conn, table):

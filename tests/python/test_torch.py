@@ -8,6 +8,7 @@ Adagrad, within float32 tolerance: every mode, duplicates, per_sample_weights,
 padding_idx, empty bags."""
 import gc
 import json
+import sqlite3
 import sys
 import threading
 import unittest
@@ -508,6 +509,85 @@ class TestPermits(Base):
         out = self.emb(self.ids, self.offsets)  # returns the deferred ones first
         out.sum().backward()
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 1)
+
+
+class TestMisuse(Base):
+    """What a training loop may do that a plain one would not expect:
+    a backward that raises, ids changed in place, one table under two
+    names, a backward long after its step."""
+
+    def setUp(self):
+        super().setUp()
+        self.other = embkv.connect(self.db)
+        self.emb = ekt.Embedding(self.conn, "t", dim=2, init="zeros", lr=1.0, staleness=0, wait_ms=200)
+
+    def tearDown(self):
+        self.other.close()
+        super().tearDown()
+
+    def free(self, ids):
+        """Another connection pulls ids at once (no permit left out)."""
+        a = np.array(ids, np.int64)
+        embkv.pull(self.other, "t", a)
+        embkv.release(self.other, "t", a)
+
+    def clock(self, i):
+        return self.conn.execute("SELECT clock FROM t WHERE id = ?", (i,)).fetchone()[0]
+
+    def test_a_backward_that_raises(self):
+        """The pass fails after the embedding's hook: no update, the permits
+        go back, and the table trains at the next step."""
+        class Boom(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                raise RuntimeError("boom")
+
+        w = torch.ones(1, requires_grad=True)
+        b = Boom.apply(w)  # made first: autograd runs it after the embedding's branch
+        x = self.emb(torch.tensor([1]))
+        with self.assertRaises(RuntimeError):
+            (b.sum() + x.sum()).backward()
+        del b, x
+        gc.collect()
+        for _ in range(3):
+            self.emb(torch.tensor([2])).sum().backward()
+        self.assertEqual(self.clock(2), 3)
+        self.assertEqual(self.clock(1), 0)
+        self.free([1, 2])
+
+    def test_ids_changed_in_place_before_backward(self):
+        buf = torch.tensor([1, 2])
+        out = self.emb(buf)
+        buf.copy_(torch.tensor([6, 7]))
+        out.sum().backward()
+        self.assertEqual(dict(self.conn.execute("SELECT id, clock FROM t").fetchall()), {1: 1, 2: 1})
+        self.free([1, 2, 6, 7])
+
+    def test_one_table_two_names(self):
+        other = ekt.Embedding(self.conn, "main.T")
+        i = torch.tensor([1])
+        (self.emb(i).sum() + other(i).sum()).backward()  # at staleness 0: no wait for itself
+        self.assertEqual(self.clock(1), 1)
+        vec = np.frombuffer(self.conn.execute("SELECT vec FROM t WHERE id = 1").fetchone()[0], np.float32)
+        np.testing.assert_array_equal(vec, [-2, -2])
+
+    def test_late_backward_leaves_the_open_steps_permits(self):
+        a, b = self.emb(torch.tensor([10, 12])), self.emb(torch.tensor([11]))
+        b.sum().backward()                 # step 1: 10 and 12 back without an update
+        y = self.emb(torch.tensor([10]))   # step 2 holds 10
+        a.sum().backward()                 # late: 12 its own update, 10 joins step 2's
+        self.assertEqual((self.clock(12), self.clock(10)), (1, 0))
+        with self.assertRaises(sqlite3.OperationalError):
+            embkv.pull(self.other, "t", np.array([10], np.int64))  # still step 2's
+        y.sum().backward()
+        self.assertEqual(self.clock(10), 1)
+        vec = np.frombuffer(self.conn.execute("SELECT vec FROM t WHERE id = 10").fetchone()[0], np.float32)
+        np.testing.assert_array_equal(vec, [-2, -2])
+        self.free([10, 11, 12])
 
 
 class TestErrors(Base):

@@ -574,6 +574,37 @@ class TestFullPool(Base):
         self.assertEqual(training_stats(conn, "big")["rows_created"], 150)
         conn.close()
 
+    def test_large_push_without_room_changes_nothing(self):
+        """A push of 20,000 rows (updated on two threads, half each) into a
+        pool with room for one half's new versions: it fails whole, every
+        clock stays 0, and doing as its message says (a checkpoint, again)
+        cannot leave half the rows updated twice."""
+        conn = connect(self.db)
+        n, d = 20000, 64
+        conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, lr=1, init='zeros', capacity=%d, pool_size='16M')"
+                     % (d, n))
+        ids = np.arange(n, dtype=np.int64)
+        for k in range(0, n, 1000):
+            pull(conn, "t", ids[k:k + 1000], d)
+            conn.execute("SELECT embkv_release('t', ?)", (ids[k:k + 1000].tobytes(),))
+            conn.execute("SELECT embkv_checkpoint('t')")
+        g = np.ones((n, d), np.float32)
+
+        def clocks():
+            return dict(conn.execute("SELECT clock, count(*) FROM t GROUP BY clock").fetchall())
+        for attempt in range(2):
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                conn.execute("SELECT embkv_push('t', ?, ?)", (ids.tobytes(), g.tobytes()))
+            self.assertIn("embkv_push: table t: store ", str(cm.exception))
+            self.assertIn("pool full", str(cm.exception))
+            self.assertEqual(clocks(), {0: n})
+            conn.execute("SELECT embkv_checkpoint('t')")
+        # half of it fits: updated whole
+        self.assertEqual(conn.execute("SELECT embkv_push('t', ?, ?)", (ids[:n // 4].tobytes(),
+                                                                       g[:n // 4].tobytes())).fetchone()[0], n // 4)
+        self.assertEqual(clocks(), {0: n - n // 4, 1: n // 4})
+        conn.close()
+
 
 class TestPermitsPerId(Base):
     def test_other_ids_never_wait(self):

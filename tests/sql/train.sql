@@ -241,6 +241,8 @@ SELECT 's0o-after', embkv_json(embkv_pull('s0o', '[1, 2, 3]')), (SELECT group_co
 SELECT 's0o-release', embkv_release('s0o', '[1, 2, 3]');
 SELECT embkv_pull('s0o', 1, 'twice');
 SELECT embkv_pull('s0o', 1, 1);
+SELECT embkv_pull('s0o', 1, x'6f6e6365');
+SELECT embkv_pull('s0o', 1, CAST(x'6f6e63650078' AS TEXT));
 SELECT 's0o-null', length(embkv_pull('s0o', 1, NULL)), embkv_release('s0o', 1);
 -- staleness=2: three pulls of an id pass, the fourth waits and fails
 CREATE VIRTUAL TABLE s2 USING embkv(dim=2, init=zeros, staleness=2, wait_ms=100);
