@@ -957,6 +957,18 @@ static void *push_half_run(void *arg)
     return NULL;
 }
 
+/* The CPUs online, asked once (sysconf reads /sys on every call). */
+static long online_cpus(void)
+{
+    static atomic_long n;
+    long v = atomic_load_explicit(&n, memory_order_relaxed);
+    if (!v) {
+        v = sysconf(_SC_NPROCESSORS_ONLN);
+        atomic_store_explicit(&n, v > 0 ? v : 1, memory_order_relaxed);
+    }
+    return v;
+}
+
 /* The updates of a push's n distinct rows (inside its group): on two
  * threads from PUSH_SPLIT_ROWS rows on, where there are two CPUs, both
  * halves or neither (write_gate) when a half cannot reserve its records. */
@@ -967,7 +979,7 @@ static int push_rows(embkv_store *s, const int64_t *ids, size_t n, const int64_t
     group_token g;
     push_half *h = NULL;
     pthread_t th;
-    if (n >= PUSH_SPLIT_ROWS && sysconf(_SC_NPROCESSORS_ONLN) > 1 && group_token_of(s, &g) &&
+    if (n >= PUSH_SPLIT_ROWS && online_cpus() > 1 && group_token_of(s, &g) &&
         (h = malloc(sizeof *h)) != NULL) {
         size_t k = n / 2;
         *h = (push_half){.s = s, .ids = ids + k, .n = n - k, .slot = in_slot ? in_slot + k : NULL,

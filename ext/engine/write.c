@@ -992,31 +992,14 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     size_t next_fresh = 0, updated = 0;
     uint64_t hits = 0;
     retire_buf *rb = malloc(sizeof *rb);
-    if (!rb) {
-        slab_free(s, fresh, nfresh);
-        free(fresh);
-        free(row);
-        free(own);
-        pre_read_free(&pre);
-        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
-    }
-    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
-    uint64_t hs[RING];
     char *scratch = NULL;
     write_req w = {.kind = W_UPDATE, .flags = flags, .fn = fn, .ctx = ctx, .scratch = &scratch};
-    if (s->dtype != EMBKV_F32 && !(w.rowbuf = malloc(4 * ((size_t)s->dim + s->state_floats)))) {
-        slab_free(s, fresh, nfresh);
-        free(fresh);
-        free(rb);
-        free(row);
-        free(own);
-        pre_read_free(&pre);
-        return embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory");
-    }
+    bool nomem = !rb || (s->dtype != EMBKV_F32 && !(w.rowbuf = malloc(4 * ((size_t)s->dim + s->state_floats))));
     /* A batch split over two threads changes no row unless both halves
      * have their records: a full pool fails the whole push, as it fails a
      * push on one thread, before any row changes. */
-    if (given && given->gate && !write_gate_pass(given->gate, given->party, true)) {
+    bool cancelled = !nomem && given && given->gate && !write_gate_pass(given->gate, given->party, true);
+    if (nomem || cancelled) {
         slab_free(s, fresh, nfresh);
         free(fresh);
         free(rb);
@@ -1024,8 +1007,10 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         free(own);
         free(w.rowbuf);
         pre_read_free(&pre);
-        return WRITE_CANCELLED;
+        return nomem ? embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory") : WRITE_CANCELLED;
     }
+    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    uint64_t hs[RING];
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     heat_buf hb;
