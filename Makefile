@@ -16,6 +16,25 @@ LDLIBS  := -lpmemobj -lpmem -luring -lcjson -lz -lm -pthread
 B := build
 .DEFAULT_GOAL := all
 
+# The CUDA part (docs/gpu.md): built when nvcc is found (on PATH or in
+# /usr/local/cuda/bin); `make CUDA=0` leaves it out.  Nothing of CUDA is
+# linked: the kernels are embedded as a fat binary and the driver is
+# loaded at first use (ext/engine/gpudrv.c).  After changing CUDA, `make
+# clean` first (objects do not record the flags they were built with).
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# Code for the A100 (sm_80), H100/H200 (sm_90), and PTX the driver compiles for newer GPUs.
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but no nvcc: install the CUDA toolkit, or build with CUDA=0)
+endif
+CFLAGS += -DEMBKV_WITH_CUDA -I$(B)/gen -I$(CUDA_HOME)/include
+GEN_HEADERS := $(B)/gen/gpu_fatbin.h
+endif
+
 # The release: EMBKV_VERSION_STRING of ext/embkv.h, the one place it is written.
 VERSION := $(shell sed -n 's/^.define EMBKV_VERSION_STRING "\([^"]*\)".*/\1/p' ext/embkv.h)
 # The shared library's ABI number (its soname is libembkv.so.$(SOVERSION)).
@@ -62,7 +81,7 @@ $(1)_ENGINE_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(ENGINE_SRC))
 $(1)_SQLEXT_OBJ := $$(patsubst ext/%.c,$(B)/$(1)/ext/%.o,$(SQLEXT_SRC))
 $(1)_TESTS := $$(patsubst tests/%.c,$(B)/$(1)/tests/%,$(TEST_SRC))
 
-$(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) | $(B)/$(1)/ext check-headers
+$(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) $(GEN_HEADERS) | $(B)/$(1)/ext check-headers
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$(notdir $$*)) -c $$< -o $$@
 $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
@@ -83,6 +102,16 @@ $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
 .PHONY: check-headers check-layers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train demo-kg clean
 all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
+
+# The kernels as a fat binary, then as a C array for gpudrv.c (od: no
+# tool beyond coreutils).  -Werror: the CUDA part compiles with no warnings.
+$(B)/gen/gpu_kernels.fatbin: ext/engine/gpu_kernels.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -fatbin -O3 -Werror all-warnings -Xptxas -Werror $(NVCC_ARCH) -o $@ $<
+$(B)/gen/gpu_fatbin.h: $(B)/gen/gpu_kernels.fatbin
+	{ echo '/* generated from ext/engine/gpu_kernels.cu by the Makefile */'; \
+	  echo 'static const unsigned char embkv_gpu_fatbin[] __attribute__((aligned(8))) = {'; \
+	  od -An -v -tx1 $< | sed -e 's/ \([0-9a-f][0-9a-f]\)/0x\1,/g'; echo '};'; } > $@.tmp && mv $@.tmp $@
 
 $(B)/libembkv.a: $(B)/plain/libembkv.a
 	cp $< $@

@@ -53,7 +53,8 @@ typedef enum embkv_rc {
     EMBKV_IO,        /* an operating-system call failed */
     EMBKV_CORRUPT,   /* an integrity check failed */
     EMBKV_BUSY,      /* the operation could not proceed now */
-    EMBKV_READONLY   /* the store is open read-only (EMBKV_OPEN_READONLY) */
+    EMBKV_READONLY,  /* the store is open read-only (EMBKV_OPEN_READONLY) */
+    EMBKV_NODEVICE   /* no usable GPU: built without CUDA, no driver, no device (message says which) */
 } embkv_rc;
 
 /* Tier a row lives in (embkv_rowinfo.tier). */
@@ -536,6 +537,16 @@ typedef struct embkv_stats {
     /* Background migration (migrate_rate): the rate, rounds done, row
      * moves made, moves that failed (a full pool, a damaged record). */
     uint64_t migrate_rate, migrate_rounds, migrate_moved, migrate_errors;
+    /* Device gathers and sums (embkv_get_batch_device, embkv_pull_device,
+     * embkv_push_device; zero before the first): gathers, rows the GPU
+     * read from the registered pool and rows the CPU staged, bytes
+     * gathered, time the calls took on the CPU; gradient sums and their
+     * rows; whether the pool's mapping is registered (1; -1: it failed,
+     * gpu_note says why; 0: not tried); leases not yet completed. */
+    uint64_t gpu_gathers, gpu_rows_direct, gpu_rows_staged, gpu_bytes, gpu_ns, gpu_sums, gpu_sum_rows;
+    int gpu_registered;
+    uint32_t gpu_inflight;
+    char gpu_note[240];
 } embkv_stats;
 int embkv_stats_get(embkv_store *s, embkv_stats *st);
 
@@ -642,6 +653,38 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
  * be NULL): permits that went back; ids the session holds no permit for
  * count nothing; each distinct id returns at most one. */
 int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased);
+
+/* ---- The GPU (docs/gpu.md).  Built when nvcc is found; everything else
+ * works without a GPU or a CUDA driver, and these then fail with
+ * EMBKV_NODEVICE saying why.  dev_out and dev_grads are device addresses
+ * (a CUDA tensor's data_ptr()), stream a CUstream / cudaStream_t (NULL:
+ * the default stream) of the context that owns them.  A gather returns
+ * once its copy is enqueued on stream: read dev_out in stream order.  The
+ * rows it reads are protected until the copy completes, whatever writes
+ * do meanwhile, and equal the CPU path's bytes. */
+/* Whether the CUDA part was compiled in (1) or not (0). */
+int embkv_gpu_compiled(void);
+/* EMBKV_OK when a GPU is usable now; else EMBKV_NODEVICE, and why (also
+ * in embkv_errmsg) in why[cap] (may be NULL). */
+int embkv_gpu_status(char *why, size_t cap);
+/* embkv_get_batch into device memory: n rows of dim float32 at dev_out; a
+ * missing id gives a row of zeros, counted in *nmissing (may be NULL). */
+int embkv_get_batch_device(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void *stream,
+                           size_t *nmissing);
+/* embkv_pull_ex into device memory (permits, waits, creation, admission
+ * as embkv_pull_ex). */
+int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags);
+/* embkv_push of n x dim float32 gradients in device memory: the rows of
+ * duplicate ids are summed on the GPU (in double, in the batch's order,
+ * as embkv_push sums them), copied to pinned memory, and applied as
+ * embkv_push applies them: the same result.  Waits for the stream's work
+ * up to the sum. */
+int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
+                      double lr, size_t *nupdated);
+/* Waits until every device gather of the store has completed; reports a
+ * row an earlier gather found damaged (EMBKV_CORRUPT naming the id), as
+ * the store's next device call would. */
+int embkv_gpu_sync(embkv_store *s);
 
 typedef struct embkv_train_stats {
     uint64_t pulls, pushes;      /* rows pulled / distinct rows pushed */

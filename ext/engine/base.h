@@ -15,11 +15,11 @@
  * piece belongs lower.
  *
  * LAYERS (bottom to top; headers first, then the files in calling order):
- *   base.h format.h handle.h | errmsg.c epoch.c util.c dtype.c
+ *   base.h format.h handle.h gpudrv.h | errmsg.c epoch.c util.c dtype.c gpudrv.c
  *   persist.h log.h | persist.c log.c readers.c
  *   index.h | pethash.c slab.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
- *   ops.h batch.h | permits.c admit.c readonly.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c train.c
+ *   ops.h batch.h | permits.c admit.c readonly.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c gather.c train.c
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
  * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,

@@ -191,6 +191,8 @@ struct embkv_store {
     /* look-ahead (lookahead.c): NULL until the first embkv_lookahead */
     struct lookahead *_Atomic la;
     pthread_mutex_t la_mu;
+    /* device gathers (gather.c): NULL until the first */
+    struct gpu_state *_Atomic gpu;
 
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm, st_hot_to_dram;

@@ -7,6 +7,7 @@
  * knn.c: nearest-neighbour search; hotset.c: the hottest rows and their
  * moves up; migrate.c: the migration thread; evict.c: expiry and
  * max_rows, the checkpoint marks;
+ * gather.c: reads into device memory and the device side of a push;
  * train.c: pull/push, optimizers, deferred initialization, sessions.
  */
 #ifndef EMBKV_OPS_H
@@ -123,6 +124,12 @@ int get_uncounted(embkv_store *s, int64_t id, float *vec);
 size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
                           uint8_t *in_dirty);
 
+/* The vectors of a batch's log-resident rows (positions at->v[i] of ids,
+ * locations locs->v[i]) in one log read, row j put at row out_row[j] of
+ * out (out_row NULL: at row j). */
+int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
+                  const size_t *out_row);
+
 /* ------------------------------------------------------------- scan.c */
 
 /* ------------------------------------------------------------- hotset.c */
@@ -133,6 +140,30 @@ int hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves *moves
 /* The hot-set migration thread (migrate.c); stopped before the tier's. */
 int migrate_start(embkv_store *s, uint64_t rate);
 void migrate_stop(embkv_store *s);
+
+/* ------------------------------------------------------------- gather.c */
+typedef struct gpu_state gpu_state;
+/* A batch read into device memory (embkv_get_batch_device): rows j with
+ * given[j] (given may be NULL) are given_rows' row j instead; a missing id
+ * is a row of zeros, counted in *nmissing, the first in *first_missing.
+ * fn names the caller in errors.  Returns once the launch is enqueued. */
+int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void *stream, const uint8_t *given,
+               const float *given_rows, size_t *nmissing, int64_t *first_missing, const char *fn);
+/* A push's gradients summed on the device (gpudrv.h: gpu_sum_args), waited
+ * for: once and sums point into pinned memory held until gpu_sums_release. */
+typedef struct gpu_sums {
+    float *once;
+    double *sums;
+    struct lease *lease;
+} gpu_sums;
+int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint32_t *occ, const uint32_t *start,
+                 const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out,
+                 const char *fn);
+void gpu_sums_release(embkv_store *s, gpu_sums *sums);
+void gpu_stats(embkv_store *s, embkv_stats *st);
+/* Every gather of the store completed, the pool unregistered: before the
+ * pool is unmapped. */
+void gpu_close(embkv_store *s);
 
 /* ------------------------------------------------------------- evict.c */
 /* Installs the eviction options of embkv_train_options (pt: the permits

@@ -200,12 +200,12 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
 
 /* The vectors of a batch's log-resident rows (positions at.v[i], locations
  * locs.v[i]), in one log read. */
-static int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
-                         const size_t *out_row)
+int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
+                  const size_t *out_row)
 {
     size_t k = at->n;
-    int64_t *kid = malloc(k * sizeof *kid);
-    rec_hdr **recs = malloc(k * sizeof *recs);
+    int64_t *kid = calloc(k ? k : 1, sizeof *kid);
+    rec_hdr **recs = malloc((k ? k : 1) * sizeof *recs);
     char *buf = NULL;
     int rc = EMBKV_OK;
     if (!kid || !recs) {

@@ -136,6 +136,7 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
     st->hotset_to_pm = atomic_load(&s->st_hot_to_pm);
     st->hotset_to_dram = atomic_load(&s->st_hot_to_dram);
     st->migrate_rate = s->mg_started ? s->mg_rate : 0;
+    gpu_stats(s, st);
     st->migrate_rounds = atomic_load(&s->st_mg_rounds);
     st->migrate_moved = atomic_load(&s->st_mg_moved);
     st->migrate_errors = atomic_load(&s->st_mg_errors);

@@ -415,6 +415,7 @@ static void free_store(embkv_store *s)
      * where embkv_close or a failed open stopped it already). */
     evict_stop(s);
     tier_worker_stop(s);
+    gpu_close(s);  /* (before the pool's mapping goes) */
     readers_detach(s);
     if (s->reader) {
         /* (the pool mapped by open_reader; its index descriptors) */
@@ -1415,6 +1416,7 @@ int embkv_close(embkv_store *s)
     /* Without the sync (EMBKV_OPEN_NO_CLOSE_SYNC) the store stays marked
      * open: the next open recovers it to the last sync, as after a crash
      * (P5). */
+    gpu_close(s);  /* the device's reads of the pool completed */
     int rc = s->no_close_sync ? EMBKV_OK : embkv_sync(s);
     bool clean = rc == EMBKV_OK && !s->no_close_sync;
     if (clean) {

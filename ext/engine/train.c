@@ -585,6 +585,135 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     return embkv_pull_ex(ss, ids, n, out, 0);
 }
 
+/* A pull's permits: one per distinct id of ids (with EMBKV_PULL_ONCE,
+ * none on those the session holds one on), waiting up to wait_ms.  On
+ * success *st holds the ids this call took one on (*taken of them; NULL
+ * without a bound), for a failure later to give back; on failure nothing
+ * is held. */
+static int take_permits(embkv_session *ss, struct train_state *t, const embkv_train_options *o,
+                        const int64_t *ids, size_t n, unsigned flags, int64_t **st_out, size_t *taken_out)
+{
+    embkv_store *s = ss->s;
+    int64_t *st = NULL;
+    size_t nst = 0, taken = 0;
+    *st_out = NULL;
+    *taken_out = 0;
+    /* With eviction on, every pull holds its rows until their push (a
+     * bound of its own that is never reached in practice). */
+    unsigned bound = o->staleness != EMBKV_STALENESS_UNLIMITED ? (unsigned)o->staleness + 1
+                     : evict_holds_pulls(s)                     ? STALENESS_LIMIT
+                                                                : 0;
+    if (!bound)
+        return EMBKV_OK;
+    st = sorted_distinct(ids, n, &nst);
+    if (!st)
+        return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += o->wait_ms / 1000;
+    deadline.tv_nsec += (long)(o->wait_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    bool waited_any = false;
+    /* st[0..taken) becomes the ids this call took a permit on (with
+     * EMBKV_PULL_ONCE, those the session held already are skipped):
+     * what a failure gives back. */
+    for (size_t i = 0; i < nst; i++) {
+        int64_t id = st[i];
+        if ((flags & EMBKV_PULL_ONCE) && held_has(ss, id))
+            continue;
+        bool waited = false;
+        int prc = permit_take(t->permits, id, bound, &deadline, &waited);
+        if (prc != EMBKV_OK) {
+            return_taken(ss, t, st, taken);
+            free(st);
+            if (prc == EMBKV_NOMEM)
+                return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for the permit of id %lld",
+                                  (long long)id);
+            atomic_fetch_add(&t->waits, 1);
+            atomic_fetch_add(&t->timeouts, 1);
+            return embkv__err(EMBKV_BUSY,
+                              "id %lld: staleness bound %lld reached: still %lld pulls without a push "
+                              "after %u ms",
+                              (long long)id, (long long)o->staleness, (long long)o->staleness + 1, o->wait_ms);
+        }
+        waited_any |= waited;
+        if (held_add(ss, id) != EMBKV_OK) {
+            permit_return(t->permits, id);
+            return_taken(ss, t, st, taken);
+            free(st);
+            return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+        }
+        st[taken++] = id;
+    }
+    if (waited_any)
+        atomic_fetch_add(&t->waits, 1);
+    *st_out = st;
+    *taken_out = taken;
+    return EMBKV_OK;
+}
+
+/* A pull's ids that had no row (found[i] false, missing of them): created
+ * from the initializer, or refused by admission.  With out (the CPU
+ * path), the created rows are read back into it and a refused id's row is
+ * its initial values; without (a device pull), a refused id's initial
+ * values go to given_rows with given[i] set, and the created rows are for
+ * the gather to read. */
+static int pull_missing(embkv_session *ss, struct train_state *t, const embkv_train_options *o, const int64_t *ids,
+                        size_t n, const uint8_t *found, size_t missing, float *out, uint8_t *given,
+                        float *given_rows)
+{
+    embkv_store *s = ss->s;
+    int rc = EMBKV_OK;
+    int64_t *miss = malloc(missing * sizeof *miss), *umiss = malloc(missing * sizeof *umiss);
+    size_t *slot_of = malloc(missing * sizeof *slot_of);
+    size_t k = 0, nu = 0;
+    if (!miss || !umiss || !slot_of) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (!found[i])
+                miss[k++] = ids[i];
+        uint8_t *refuse = NULL;  /* per distinct missing id: not admitted yet */
+        if (o->init == EMBKV_INIT_NONE)
+            rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)", (long long)miss[0]);
+        else if (ids_distinct(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
+            rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
+        else if (o->admit_count > 1 && atomic_load(&t->admit))
+            rc = admit_split(t, o, umiss, &nu, &refuse, slot_of, k);
+        if (rc == EMBKV_OK && nu)
+            rc = create_rows(s, t, o, umiss, nu);
+        /* Read the created rows back: another thread may have created
+         * (and even updated) some of them first.  An id not admitted
+         * reads as its initial values. */
+        for (size_t i = 0, m = 0; i < n && rc == EMBKV_OK; i++) {
+            if (found[i])
+                continue;
+            if (refuse && refuse[m++]) {
+                /* (as its row would keep them: rounded to the dtype) */
+                float *v = out ? out + i * s->dim : given_rows + i * s->dim;
+                init_values(o, ids[i], v, s->dim);
+                (void)embkv_dtype_round(s->dtype, s->dim, v, v);  /* (init fits the dtype: validate) */
+                if (!out)
+                    given[i] = 1;
+                continue;
+            }
+            if (!out)
+                continue;
+            rc = get_uncounted(s, ids[i], out + i * s->dim);
+            if (rc == EMBKV_NOTFOUND)
+                rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
+        }
+        free(refuse);
+    }
+    free(miss);
+    free(umiss);
+    free(slot_of);
+    return rc;
+}
+
 int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
 {
     if (!ss || (n && (!ids || !out)))
@@ -598,62 +727,10 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
     int64_t *st = NULL;
-    size_t nst = 0, taken = 0;
-    int rc = EMBKV_OK;
-
-    /* With eviction on, every pull holds its rows until their push (a
-     * bound of its own that is never reached in practice). */
-    unsigned bound = o.staleness != EMBKV_STALENESS_UNLIMITED ? (unsigned)o.staleness + 1
-                     : evict_holds_pulls(s)                    ? STALENESS_LIMIT
-                                                               : 0;
-    if (bound) {
-        st = sorted_distinct(ids, n, &nst);
-        if (!st)
-            return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += o.wait_ms / 1000;
-        deadline.tv_nsec += (long)(o.wait_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-        bool waited_any = false;
-        /* st[0..taken) becomes the ids this call took a permit on (with
-         * EMBKV_PULL_ONCE, those the session held already are skipped):
-         * what a failure gives back. */
-        for (size_t i = 0; i < nst; i++) {
-            int64_t id = st[i];
-            if ((flags & EMBKV_PULL_ONCE) && held_has(ss, id))
-                continue;
-            bool waited = false;
-            int prc = permit_take(t->permits, id, bound, &deadline, &waited);
-            if (prc != EMBKV_OK) {
-                return_taken(ss, t, st, taken);
-                free(st);
-                if (prc == EMBKV_NOMEM)
-                    return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory for the permit of id %lld",
-                                      (long long)id);
-                atomic_fetch_add(&t->waits, 1);
-                atomic_fetch_add(&t->timeouts, 1);
-                return embkv__err(EMBKV_BUSY,
-                                  "id %lld: staleness bound %lld reached: still %lld pulls without a push "
-                                  "after %u ms",
-                                  (long long)id, (long long)o.staleness, (long long)o.staleness + 1, o.wait_ms);
-            }
-            waited_any |= waited;
-            if (held_add(ss, id) != EMBKV_OK) {
-                permit_return(t->permits, id);
-                return_taken(ss, t, st, taken);
-                free(st);
-                return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-            }
-            st[taken++] = id;
-        }
-        if (waited_any)
-            atomic_fetch_add(&t->waits, 1);
-    }
-
+    size_t taken = 0;
+    int rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken);
+    if (rc != EMBKV_OK)
+        return rc;
     uint8_t *found = malloc(n);
     size_t missing = 0;
     cache_pull_begin(s->cache);
@@ -661,51 +738,65 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
         rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
     else
         rc = read_batch(ss, ids, n, out, found, &missing);
-    if (rc == EMBKV_OK && missing) {
-        int64_t *miss = malloc(missing * sizeof *miss), *umiss = malloc(missing * sizeof *umiss);
-        size_t *slot_of = malloc(missing * sizeof *slot_of);
-        size_t k = 0, nu = 0;
-        if (!miss || !umiss || !slot_of) {
-            rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-        } else {
-            for (size_t i = 0; i < n; i++)
-                if (!found[i])
-                    miss[k++] = ids[i];
-            uint8_t *refuse = NULL;  /* per distinct missing id: not admitted yet */
-            if (o.init == EMBKV_INIT_NONE)
-                rc = embkv__err(EMBKV_NOTFOUND, "id %lld not found (the table has no initializer)",
-                                (long long)miss[0]);
-            else if (ids_distinct(miss, k, umiss, slot_of, &nu) != EMBKV_OK)
-                rc = embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
-            else if (o.admit_count > 1 && atomic_load(&t->admit))
-                rc = admit_split(t, &o, umiss, &nu, &refuse, slot_of, k);
-            if (rc == EMBKV_OK && nu)
-                rc = create_rows(s, t, &o, umiss, nu);
-            /* Read the created rows back: another thread may have created
-             * (and even updated) some of them first.  An id not admitted
-             * reads as its initial values. */
-            for (size_t i = 0, m = 0; i < n && rc == EMBKV_OK; i++) {
-                if (found[i])
-                    continue;
-                if (refuse && refuse[m++]) {
-                    /* (as its row would keep them: rounded to the dtype) */
-                    float *v = out + i * s->dim;
-                    init_values(&o, ids[i], v, s->dim);
-                    (void)embkv_dtype_round(s->dtype, s->dim, v, v);  /* (init fits the dtype: validate) */
-                    continue;
-                }
-                rc = get_uncounted(s, ids[i], out + i * s->dim);
-                if (rc == EMBKV_NOTFOUND)
-                    rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)ids[i]);
-            }
-            free(refuse);
-        }
-        free(miss);
-        free(umiss);
-        free(slot_of);
-    }
+    if (rc == EMBKV_OK && missing)
+        rc = pull_missing(ss, t, &o, ids, n, found, missing, out, NULL, NULL);
     cache_pull_end(s->cache);
     free(found);
+    if (rc != EMBKV_OK)
+        return_taken(ss, t, st, taken);
+    else
+        atomic_fetch_add(&t->pulls, n);
+    free(st);
+    return rc;
+}
+
+/* The device pull: the permits, then the rows that are missing made (or
+ * refused), then one gather of them all (gather.c), which reads a
+ * repeated id once, as read_batch does. */
+int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
+{
+    if (!ss || (n && (!ids || !dev_out)))
+        return embkv__err(EMBKV_INVALID, "embkv_pull_device: NULL argument");
+    if (flags & ~(unsigned)EMBKV_PULL_ONCE)
+        return embkv__err(EMBKV_INVALID, "embkv_pull_device: unknown flags 0x%x", flags & ~(unsigned)EMBKV_PULL_ONCE);
+    RO_REFUSE(ss->s, "embkv_pull_device");
+    if (n == 0)
+        return EMBKV_OK;
+    embkv_store *s = ss->s;
+    /* (no permit is taken before the device is known to be usable) */
+    int rc = embkv_gpu_status(NULL, 0);
+    if (rc != EMBKV_OK)
+        return rc;
+    struct train_state *t = train_of(s);
+    embkv_train_options o = options_now(t);
+    int64_t *st = NULL;
+    size_t taken = 0;
+    if ((rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken)) != EMBKV_OK)
+        return rc;
+    uint8_t *found = malloc(n), *given = NULL;
+    float *given_rows = NULL;
+    size_t missing = 0;
+    cache_pull_begin(s->cache);
+    if (!found) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_pull_device: out of memory");
+    } else {
+        size_t absent = embkv_exists_batch(s, ids, n, found);
+        if (absent) {
+            given = calloc(n, 1);
+            given_rows = malloc(n * 4 * (size_t)s->dim);
+            rc = given && given_rows ? pull_missing(ss, t, &o, ids, n, found, absent, NULL, given, given_rows)
+                                     : embkv__err(EMBKV_NOMEM, "embkv_pull_device: out of memory");
+        }
+    }
+    int64_t gone = 0;
+    if (rc == EMBKV_OK)
+        rc = gpu_gather(s, ids, n, dev_out, stream, given, given_rows, &missing, &gone, "embkv_pull_device");
+    if (rc == EMBKV_OK && missing)
+        rc = embkv__err(EMBKV_BUSY, "id %lld was deleted while being pulled", (long long)gone);
+    cache_pull_end(s->cache);
+    free(found);
+    free(given);
+    free(given_rows);
     if (rc != EMBKV_OK)
         return_taken(ss, t, st, taken);
     else
@@ -1026,49 +1117,23 @@ static size_t release_ids(embkv_session *ss, struct train_state *t, const int64_
     return back;
 }
 
-int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
+/* A push's updates, its gradients per distinct id (uids, nu of them) in
+ * ugrad: the rows checked (and created), then updated in one write group,
+ * then the session's permits on them returned. */
+static int push_apply(embkv_session *ss, struct train_state *t, const embkv_train_options *opts,
+                      const int64_t *uids, size_t nu, push_grads *ugrad, double lr, size_t *nupdated)
 {
-    if (!ss)
-        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
-    RO_REFUSE(ss->s, "embkv_push");
-    if (nupdated)
-        *nupdated = 0;
-    if (!ss || (n && (!ids || !grads)))
-        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
-    if (n == 0)
-        return EMBKV_OK;
     embkv_store *s = ss->s;
-    struct train_state *t = train_of(s);
-    embkv_train_options o = options_now(t);
+    embkv_train_options o = *opts;
     uint32_t dim = s->dim;
-    if (!all_finite(grads, n * dim))
-        for (size_t i = 0; i < n * dim; i++)
-            if (!isfinite(grads[i]))
-                return embkv__err(EMBKV_INVALID, "id %lld: gradient element %zu is %s", (long long)ids[i / dim],
-                                  i % dim, isnan(grads[i]) ? "NaN" : "infinite");
-    if (lr != lr || isinf(lr))
-        return embkv__err(EMBKV_INVALID, "embkv_push: lr must be a finite number");
-    /* Gradients of duplicate ids are summed (in double) into one update. */
-    const int64_t *uids;
-    const size_t *slot_of;
-    size_t nu = 0;
-    push_grads ugrad;
-    memset(&ugrad, 0, sizeof ugrad);
-    if (distinct_of(ss, ids, n, &uids, &slot_of, &nu) != EMBKV_OK ||
-        !push_grads_make(&ugrad, grads, slot_of, n, nu, dim)) {
-        push_grads_free(&ugrad);
-        return embkv__err(EMBKV_NOMEM, "embkv_push: out of memory for %zu ids", n);
-    }
     /* The rows it creates and its updates are one write group: seen by
      * snapshots and kept by checkpoints entirely or not at all.  (A cache
      * short of clean rows is cleaned first, outside the group.) */
     int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
     if (rc == EMBKV_OK)
         rc = embkv_group_begin(s);
-    if (rc != EMBKV_OK) {
-        push_grads_free(&ugrad);
+    if (rc != EMBKV_OK)
         return rc;
-    }
     /* One step of the table, counted inside the group (P8: a sync's mark
      * counts every push whose writes it holds). */
     atomic_fetch_add(&s->steps, 1);
@@ -1106,8 +1171,8 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
                     continue;
                 }
                 kept[w] = uids[i];
-                ugrad.first[w] = ugrad.first[i];
-                ugrad.sum_of[w] = ugrad.sum_of[i];
+                ugrad->first[w] = ugrad->first[i];
+                ugrad->sum_of[w] = ugrad->sum_of[i];
                 if (hints) {
                     in_slot[w] = in_slot[i];
                     in_dirty[w] = in_dirty[i];
@@ -1127,7 +1192,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     free(miss);
     size_t updated = 0;
     if (rc == EMBKV_OK) {
-        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = &ugrad, .dim = dim, .limit = dtype_max((int)s->dtype),
+        push_ctx c = {.o = &o, .lr = lr > 0 ? lr : o.lr, .grad = ugrad, .dim = dim, .limit = dtype_max((int)s->dtype),
                       .state_floats = embkv_train_state_floats(&o, dim)};
         rc = nupd ? push_rows(s, upd, nupd, in_slot, in_dirty, &c, &updated) : EMBKV_OK;
         embkv_group_end(s);
@@ -1152,6 +1217,137 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
     free(kept);
     free(in_slot);
     free(in_dirty);
+    return rc;
+}
+
+int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
+{
+    if (!ss)
+        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+    RO_REFUSE(ss->s, "embkv_push");
+    if (nupdated)
+        *nupdated = 0;
+    if (!ss || (n && (!ids || !grads)))
+        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+    if (n == 0)
+        return EMBKV_OK;
+    embkv_store *s = ss->s;
+    struct train_state *t = train_of(s);
+    embkv_train_options o = options_now(t);
+    uint32_t dim = s->dim;
+    if (!all_finite(grads, n * dim))
+        for (size_t i = 0; i < n * dim; i++)
+            if (!isfinite(grads[i]))
+                return embkv__err(EMBKV_INVALID, "id %lld: gradient element %zu is %s", (long long)ids[i / dim],
+                                  i % dim, isnan(grads[i]) ? "NaN" : "infinite");
+    if (lr != lr || isinf(lr))
+        return embkv__err(EMBKV_INVALID, "embkv_push: lr must be a finite number");
+    /* Gradients of duplicate ids are summed (in double) into one update. */
+    const int64_t *uids;
+    const size_t *slot_of;
+    size_t nu = 0;
+    push_grads ugrad;
+    memset(&ugrad, 0, sizeof ugrad);
+    if (distinct_of(ss, ids, n, &uids, &slot_of, &nu) != EMBKV_OK ||
+        !push_grads_make(&ugrad, grads, slot_of, n, nu, dim)) {
+        push_grads_free(&ugrad);
+        return embkv__err(EMBKV_NOMEM, "embkv_push: out of memory for %zu ids", n);
+    }
+    int rc = push_apply(ss, t, &o, uids, nu, &ugrad, lr, nupdated);
+    push_grads_free(&ugrad);
+    if (ss->last_cap > MEMO_KEEP)
+        memo_drop(ss);
+    return rc;
+}
+
+/* The device push: the gradients summed per distinct id on the GPU as
+ * push_grads_make sums them on the CPU (a row that came once as float32,
+ * repeated ones in double from 0.0 in the batch's order), read from
+ * pinned memory, then applied by push_apply: the same updates. */
+int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
+                      double lr, size_t *nupdated)
+{
+    if (nupdated)
+        *nupdated = 0;
+    if (!ss || (n && (!ids || !dev_grads)))
+        return embkv__err(EMBKV_INVALID, "embkv_push_device: NULL argument");
+    RO_REFUSE(ss->s, "embkv_push_device");
+    if (n == 0)
+        return EMBKV_OK;
+    if (n > UINT32_MAX / 2)
+        return embkv__err(EMBKV_INVALID, "embkv_push_device: %zu ids: at most %u a call", n, UINT32_MAX / 2);
+    if (lr != lr || isinf(lr))
+        return embkv__err(EMBKV_INVALID, "embkv_push_device: lr must be a finite number");
+    embkv_store *s = ss->s;
+    struct train_state *t = train_of(s);
+    embkv_train_options o = options_now(t);
+    uint32_t dim = s->dim;
+    const int64_t *uids;
+    const size_t *slot_of;
+    size_t nu = 0;
+    if (distinct_of(ss, ids, n, &uids, &slot_of, &nu) != EMBKV_OK)
+        return embkv__err(EMBKV_NOMEM, "embkv_push_device: out of memory for %zu ids", n);
+    /* Per distinct id: its occurrences in order (occ from start[u]), and
+     * its row among the single rows or the sums. */
+    uint32_t *occ = malloc(n * sizeof *occ), *start = calloc(nu + 1, sizeof *start);
+    uint32_t *rowof = malloc(nu * sizeof *rowof), *fill = malloc(nu * sizeof *fill);
+    push_grads ugrad;
+    memset(&ugrad, 0, sizeof ugrad);
+    ugrad.first = malloc(nu * sizeof *ugrad.first);
+    ugrad.sum_of = malloc(nu * sizeof *ugrad.sum_of);
+    gpu_sums gs = {0};
+    int rc = EMBKV_OK;
+    if (!occ || !start || !rowof || !fill || !ugrad.first || !ugrad.sum_of) {
+        rc = embkv__err(EMBKV_NOMEM, "embkv_push_device: out of memory for %zu ids", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        start[slot_of[i] + 1]++;
+    uint32_t nonce = 0, nsums = 0;
+    for (size_t u = 0; u < nu; u++) {
+        uint32_t count = start[u + 1];
+        if (count == 1) {
+            ugrad.first[u] = nonce;
+            ugrad.sum_of[u] = UINT32_MAX;
+            rowof[u] = nonce++;
+        } else {
+            ugrad.first[u] = 0;
+            ugrad.sum_of[u] = nsums;
+            rowof[u] = nsums++;
+        }
+        start[u + 1] += start[u];
+        fill[u] = start[u];
+    }
+    for (size_t i = 0; i < n; i++)
+        occ[fill[slot_of[i]]++] = (uint32_t)i;
+    rc = gpu_grad_sum(s, stream, dev_grads, occ, start, rowof, (uint32_t)n, (uint32_t)nu, nonce, nsums, &gs,
+                      "embkv_push_device");
+    if (rc != EMBKV_OK)
+        goto out;
+    /* NaN or infinity in a gradient reaches its row's float or sum. */
+    for (size_t u = 0; u < nu && rc == EMBKV_OK; u++) {
+        for (uint32_t j = 0; j < dim; j++) {
+            double v = ugrad.sum_of[u] == UINT32_MAX ? (double)gs.once[(size_t)ugrad.first[u] * dim + j]
+                                                     : gs.sums[(size_t)ugrad.sum_of[u] * dim + j];
+            if (!isfinite(v)) {
+                rc = embkv__err(EMBKV_INVALID, "id %lld: gradient element %u is %s (on the device)",
+                                (long long)uids[u], j, isnan(v) ? "NaN" : "infinite");
+                break;
+            }
+        }
+    }
+    if (rc == EMBKV_OK) {
+        ugrad.grads = gs.once;
+        ugrad.sums = gs.sums;
+        rc = push_apply(ss, t, &o, uids, nu, &ugrad, lr, nupdated);
+        ugrad.sums = NULL;  /* (the lease's, not push_grads_free's) */
+    }
+out:
+    gpu_sums_release(s, &gs);
+    free(occ);
+    free(start);
+    free(rowof);
+    free(fill);
     push_grads_free(&ugrad);
     if (ss->last_cap > MEMO_KEEP)
         memo_drop(ss);

@@ -4,6 +4,9 @@
  *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
  *   embkv_release(table, ids)           -> number of permits returned
  *   embkv_lookahead(table, ids)         -> number of SSD rows whose reads were queued
+ *   embkv_get_device / embkv_pull_device / embkv_push_device, embkv_gpu():
+ *     the same into and from device memory (addresses and streams as
+ *     INTEGERs; docs/gpu.md)
  * ids: an int64 little-endian BLOB, a JSON array of integers, or one integer.
  * grads: a float32 BLOB of len(ids)*dim, or a JSON array of that many numbers.
  *
@@ -187,6 +190,30 @@ static int pull_existing(sqlite3_context *ctx, const embkv_table_ref *ref, const
     return rc;
 }
 
+/* A pull's argument 'once' (EMBKV_PULL_ONCE), or NULL (no flag). */
+static int once_arg(sqlite3_context *ctx, const char *fname, const char *table, sqlite3_value *v, unsigned *flags)
+{
+    *flags = 0;
+    if (sqlite3_value_type(v) == SQLITE_NULL)
+        return SQLITE_OK;
+    const char *m = sqlite3_value_type(v) == SQLITE_TEXT ? (const char *)sqlite3_value_text(v) : NULL;
+    if (!m || sqlite3_value_bytes(v) != 4 || sqlite3_stricmp(m, "once") != 0) {
+        char *e = sqlite3_mprintf("argument %d must be 'once' (ids this connection holds a permit on take no "
+                                  "other) or NULL, not %s%s%s",
+                                  strcmp(fname, "embkv_pull") == 0 ? 3 : 5, m ? "'" : "",
+                                  m                                        ? m
+                                  : sqlite3_value_type(v) == SQLITE_INTEGER ? "an INTEGER"
+                                  : sqlite3_value_type(v) == SQLITE_FLOAT   ? "a REAL"
+                                                                            : "a BLOB",
+                                  m ? "'" : "");
+        train_error(ctx, fname, table, EMBKV_INVALID, e ? e : "bad 'once' argument");
+        sqlite3_free(e);
+        return SQLITE_ERROR;
+    }
+    *flags = EMBKV_PULL_ONCE;
+    return SQLITE_OK;
+}
+
 static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     embkv_table_ref ref;
@@ -195,22 +222,8 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     /* embkv_pull(table, ids, 'once'): one permit per id for this
      * connection (embkv_pull_ex's EMBKV_PULL_ONCE). */
     unsigned flags = 0;
-    if (argc > 2 && sqlite3_value_type(argv[2]) != SQLITE_NULL) {
-        const char *m = sqlite3_value_type(argv[2]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[2]) : NULL;
-        if (!m || sqlite3_value_bytes(argv[2]) != 4 || sqlite3_stricmp(m, "once") != 0) {
-            char *e = sqlite3_mprintf("argument 3 must be 'once' (ids this connection holds a permit on take no "
-                                      "other) or NULL, not %s%s%s",
-                                      m ? "'" : "", m                                              ? m
-                                      : sqlite3_value_type(argv[2]) == SQLITE_INTEGER ? "an INTEGER"
-                                      : sqlite3_value_type(argv[2]) == SQLITE_FLOAT   ? "a REAL"
-                                                                                        : "a BLOB",
-                                      m ? "'" : "");
-            train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, e ? e : "bad argument 3");
-            sqlite3_free(e);
-            return;
-        }
-        flags = EMBKV_PULL_ONCE;
-    }
+    if (argc > 2 && once_arg(ctx, "embkv_pull", ref.name, argv[2], &flags) != SQLITE_OK)
+        return;
     size_t n;
     int64_t *ids = ids_arg(ctx, "embkv_pull", ref.name, argv[1], &n);
     if (!ids)
@@ -249,32 +262,49 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
 }
 
+/* Whether a push must be refused on this connection (reported). */
+static bool push_refused(sqlite3_context *ctx, const char *fname, const embkv_table_ref *ref)
+{
+    if (!ref->session && !ekerr_readonly(sqlite3_context_db_handle(ctx), ref->schema)) {
+        /* (query_only turned off since the table opened read-only) */
+        char *m = sqlite3_mprintf("this process opened the store %s read-only (a connection that may not write "
+                                  "opened the table first): train from a process that opens it to write",
+                                  embkv_path(ref->store));
+        train_error(ctx, fname, ref->name, EMBKV_READONLY, m ? m : "the store is open read-only");
+        sqlite3_free(m);
+        sqlite3_result_error_code(ctx, SQLITE_READONLY);
+        return true;
+    }
+    return ekerr_refuse_readonly(ctx, fname, ref->schema, ref->name, "it updates rows", ref->store) != 0;
+}
+
+/* The lr argument (NULL: the table's own). */
+static int lr_arg(sqlite3_context *ctx, const char *fname, const char *table, sqlite3_value *v, int pos, double *lr)
+{
+    *lr = 0;
+    if (sqlite3_value_type(v) == SQLITE_NULL)
+        return SQLITE_OK;
+    int t = sqlite3_value_type(v);
+    *lr = sqlite3_value_double(v);
+    if ((t != SQLITE_INTEGER && t != SQLITE_FLOAT) || !(*lr > 0) || !isfinite(*lr)) {
+        char *m = sqlite3_mprintf("lr (argument %d) must be a positive number", pos);
+        train_error(ctx, fname, table, EMBKV_INVALID, m ? m : "bad lr");
+        sqlite3_free(m);
+        return SQLITE_ERROR;
+    }
+    return SQLITE_OK;
+}
+
 static void fn_push(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     embkv_table_ref ref;
     if (train_target(ctx, "embkv_push", argv[0], &ref) != SQLITE_OK)
         return;
-    if (!ref.session && !ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema)) {
-        /* (query_only turned off since the table opened read-only) */
-        char *m = sqlite3_mprintf("this process opened the store %s read-only (a connection that may not write "
-                                  "opened the table first): train from a process that opens it to write",
-                                  embkv_path(ref.store));
-        train_error(ctx, "embkv_push", ref.name, EMBKV_READONLY, m ? m : "the store is open read-only");
-        sqlite3_free(m);
-        sqlite3_result_error_code(ctx, SQLITE_READONLY);
-        return;
-    }
-    if (ekerr_refuse_readonly(ctx, "embkv_push", ref.schema, ref.name, "it updates rows", ref.store))
+    if (push_refused(ctx, "embkv_push", &ref))
         return;
     double lr = 0;
-    if (argc > 3 && sqlite3_value_type(argv[3]) != SQLITE_NULL) {
-        int t = sqlite3_value_type(argv[3]);
-        lr = sqlite3_value_double(argv[3]);
-        if ((t != SQLITE_INTEGER && t != SQLITE_FLOAT) || !(lr > 0) || !isfinite(lr)) {
-            train_error(ctx, "embkv_push", ref.name, EMBKV_INVALID, "lr (argument 4) must be a positive number");
-            return;
-        }
-    }
+    if (argc > 3 && lr_arg(ctx, "embkv_push", ref.name, argv[3], 4, &lr) != SQLITE_OK)
+        return;
     size_t n;
     char *err = NULL;
     int64_t *ids = ids_arg(ctx, "embkv_push", ref.name, argv[1], &n);
@@ -343,6 +373,146 @@ static void fn_lookahead(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         sqlite3_result_int64(ctx, (sqlite3_int64)queued);
 }
 
+/* ------------------------------------------------------------ the GPU */
+
+/* A device address or a stream: an INTEGER (a CUDA tensor's data_ptr(),
+ * a stream's cuda_stream); the stream may be NULL or 0 (the default
+ * stream), an address may not. */
+static int devptr_arg(sqlite3_context *ctx, const char *fname, const char *table, sqlite3_value *v, int pos,
+                      bool stream, void **out)
+{
+    *out = NULL;
+    int t = sqlite3_value_type(v);
+    if (stream && t == SQLITE_NULL)
+        return SQLITE_OK;
+    sqlite3_int64 p = sqlite3_value_int64(v);
+    if (t != SQLITE_INTEGER || p < 0 || (!stream && p == 0)) {
+        char *m = sqlite3_mprintf("argument %d must be %s as an INTEGER (%s)", pos,
+                                  stream ? "a CUDA stream (0 or NULL: the default stream)"
+                                         : "a device address, not 0,",
+                                  stream ? "torch: torch.cuda.current_stream().cuda_stream"
+                                         : "torch: a contiguous CUDA tensor's data_ptr()");
+        train_error(ctx, fname, table, EMBKV_INVALID, m ? m : "bad device argument");
+        sqlite3_free(m);
+        return SQLITE_ERROR;
+    }
+    *out = (void *)(uintptr_t)p;
+    return SQLITE_OK;
+}
+
+/* embkv_get_device(table, ids, dev_out, stream) -> rows found: the rows
+ * (zeros for a missing id) written to dev_out, float32, len(ids) x dim,
+ * once the stream reaches the copy; no permits, no rows created. */
+static void fn_get_device(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    embkv_table_ref ref;
+    void *dev, *stream;
+    if (table_arg(ctx, "embkv_get_device", argv[0], &ref) != SQLITE_OK ||
+        devptr_arg(ctx, "embkv_get_device", ref.name, argv[2], 3, false, &dev) != SQLITE_OK ||
+        devptr_arg(ctx, "embkv_get_device", ref.name, argv[3], 4, true, &stream) != SQLITE_OK)
+        return;
+    size_t n, missing = 0;
+    int64_t *ids = ids_arg(ctx, "embkv_get_device", ref.name, argv[1], &n);
+    if (!ids)
+        return;
+    int rc = embkv_get_batch_device(ref.store, ids, n, dev, stream, &missing);
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK)
+        train_error(ctx, "embkv_get_device", ref.name, rc, embkv_errmsg());
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)(n - missing));
+}
+
+/* embkv_pull_device(table, ids, dev_out, stream [, 'once']) -> len(ids):
+ * embkv_pull into device memory. */
+static void fn_pull_device(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    embkv_table_ref ref;
+    void *dev, *stream;
+    unsigned flags = 0;
+    if (train_target(ctx, "embkv_pull_device", argv[0], &ref) != SQLITE_OK ||
+        devptr_arg(ctx, "embkv_pull_device", ref.name, argv[2], 3, false, &dev) != SQLITE_OK ||
+        devptr_arg(ctx, "embkv_pull_device", ref.name, argv[3], 4, true, &stream) != SQLITE_OK ||
+        (argc > 4 && once_arg(ctx, "embkv_pull_device", ref.name, argv[4], &flags) != SQLITE_OK))
+        return;
+    size_t n;
+    int64_t *ids = ids_arg(ctx, "embkv_pull_device", ref.name, argv[1], &n);
+    if (!ids)
+        return;
+    const char *ro = ekerr_readonly(sqlite3_context_db_handle(ctx), ref.schema);
+    if (!ro && embkv_readonly(ref.store)) ro = "the store is open read-only in this process, beside its writer";
+    int rc;
+    if (ro) {
+        /* (as embkv_pull there: existing rows, no permits) */
+        size_t missing = 0;
+        rc = embkv_get_batch_device(ref.store, ids, n, dev, stream, &missing);
+        if (rc == EMBKV_OK && missing) {
+            char *m = sqlite3_mprintf("%llu of the ids have no row, and this connection creates none: %s",
+                                      (unsigned long long)missing, ro);
+            train_error(ctx, "embkv_pull_device", ref.name, EMBKV_NOTFOUND, m ? m : "id not found");
+            sqlite3_free(m);
+            sqlite3_free(ids);
+            return;
+        }
+    } else {
+        rc = embkv_pull_device(ref.session, ids, n, dev, stream, flags);
+    }
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK)
+        engine_error(ctx, "embkv_pull_device", &ref, rc);
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)n);
+}
+
+/* embkv_push_device(table, ids, dev_grads, stream [, lr]) -> distinct
+ * rows updated: embkv_push of float32 gradients in device memory. */
+static void fn_push_device(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    embkv_table_ref ref;
+    void *dev, *stream;
+    double lr = 0;
+    if (train_target(ctx, "embkv_push_device", argv[0], &ref) != SQLITE_OK ||
+        push_refused(ctx, "embkv_push_device", &ref) ||
+        devptr_arg(ctx, "embkv_push_device", ref.name, argv[2], 3, false, &dev) != SQLITE_OK ||
+        devptr_arg(ctx, "embkv_push_device", ref.name, argv[3], 4, true, &stream) != SQLITE_OK ||
+        (argc > 4 && lr_arg(ctx, "embkv_push_device", ref.name, argv[4], 5, &lr) != SQLITE_OK))
+        return;
+    size_t n, updated = 0;
+    int64_t *ids = ids_arg(ctx, "embkv_push_device", ref.name, argv[1], &n);
+    if (!ids)
+        return;
+    int rc = embkv_push_device(ref.session, ids, n, dev, stream, lr, &updated);
+    sqlite3_free(ids);
+    if (rc != EMBKV_OK)
+        engine_error(ctx, "embkv_push_device", &ref, rc);
+    else
+        sqlite3_result_int64(ctx, (sqlite3_int64)updated);
+}
+
+/* embkv_gpu() -> {"compiled": whether the CUDA part is built in, "usable":
+ * whether a GPU can be used now, "reason": why not (absent when usable)}. */
+static void fn_gpu(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    (void)argv;
+    char why[512];
+    int rc = embkv_gpu_status(why, sizeof why);
+    cJSON *j = cJSON_CreateObject();
+    char *txt = NULL;
+    if (j && cJSON_AddBoolToObject(j, "compiled", embkv_gpu_compiled()) &&
+        cJSON_AddBoolToObject(j, "usable", rc == EMBKV_OK) &&
+        (rc == EMBKV_OK || cJSON_AddStringToObject(j, "reason", why)))
+        txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!txt) {
+        sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    sqlite3_result_text(ctx, txt, -1, SQLITE_TRANSIENT);
+    cJSON_free(txt);
+}
+
 /* ------------------------------------------------------------ registration */
 
 int embkv_train_register(sqlite3 *db)
@@ -360,5 +530,14 @@ int embkv_train_register(sqlite3 *db)
         rc = sqlite3_create_function_v2(db, "embkv_release", 2, flags, NULL, fn_release, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_create_function_v2(db, "embkv_lookahead", 2, flags, NULL, fn_lookahead, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_get_device", 4, flags, NULL, fn_get_device, NULL, NULL, NULL);
+    for (int k = 4; k <= 5 && rc == SQLITE_OK; k++)
+        rc = sqlite3_create_function_v2(db, "embkv_pull_device", k, flags, NULL, fn_pull_device, NULL, NULL, NULL);
+    for (int k = 4; k <= 5 && rc == SQLITE_OK; k++)
+        rc = sqlite3_create_function_v2(db, "embkv_push_device", k, flags, NULL, fn_push_device, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_gpu", 0, SQLITE_UTF8 | SQLITE_INNOCUOUS, NULL, fn_gpu, NULL,
+                                        NULL, NULL);
     return rc;
 }

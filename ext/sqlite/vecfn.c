@@ -687,20 +687,22 @@ static void fn_version(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 
 #define VEC_STR2(x) #x
 #define VEC_STR(x) VEC_STR2(x)
-#ifdef EMBKV_WITH_CUDA
-#define VEC_CUDA "true"
-#else
-#define VEC_CUDA "false"
-#endif
-
 /* What this build contains: liburing (the SSD tier) and libpmem's
  * pmem_is_pmem() (persistent-memory detection) are always linked in; CUDA
- * gathering only when built with nvcc (EMBKV_WITH_CUDA). */
-static const char build_json[] =
+ * gathering only when built with nvcc (the engine says: embkv_gpu_compiled). */
+static const char build_json_cuda[] =
     "{\"version\":\"" EMBKV_VERSION_STRING "\""
     ",\"format_version\":" VEC_STR(EMBKV_FORMAT_VERSION)
     ",\"liburing\":true"
-    ",\"cuda\":" VEC_CUDA
+    ",\"cuda\":true"
+    ",\"pm_detection\":true"
+    ",\"sqlite_headers\":\"" SQLITE_VERSION "\""
+    "}";
+static const char build_json_plain[] =
+    "{\"version\":\"" EMBKV_VERSION_STRING "\""
+    ",\"format_version\":" VEC_STR(EMBKV_FORMAT_VERSION)
+    ",\"liburing\":true"
+    ",\"cuda\":false"
     ",\"pm_detection\":true"
     ",\"sqlite_headers\":\"" SQLITE_VERSION "\""
     "}";
@@ -709,7 +711,7 @@ static void fn_build(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     (void)argc;
     (void)argv;
-    sqlite3_result_text(ctx, build_json, -1, SQLITE_STATIC);
+    sqlite3_result_text(ctx, embkv_gpu_compiled() ? build_json_cuda : build_json_plain, -1, SQLITE_STATIC);
 }
 
 /* ---- aggregates: embkv_sum, embkv_avg (also window functions) ---------- */
