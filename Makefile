@@ -100,6 +100,8 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 $(eval $(call variant,asan,$(ASAN_FLAGS)))
 $(eval $(call variant,tsan,-O1 -fsanitize=thread -DEMBKV_TSAN))
 
+
+.PHONY: gpu-bundle
 .PHONY: check-headers check-layers all install uninstall venv deps test test-c test-sql test-python test-crash crash-soak soak plain-tests asan-tests tsan-tests bench bench-ltm demo demo-train demo-kg clean
 all: $(B)/libembkv.a $(B)/libembkv.so $(B)/embkv.so
 
@@ -251,6 +253,21 @@ $(B)/bench/bench_ltm: bench/bench_ltm.c bench/bench_common.h $(B)/plain/libembkv
 
 bench-ltm: deps
 	@bash bench/ltm.sh
+
+# The GPU machine's kit (docs/gpu.md, tests/gpu/run.sh): the GPU test, the
+# extension, the engine library and the shared libraries they need that such
+# a machine lacks (Debian's; not glibc's, not the CUDA driver), in build/gpu.
+GPU_KIT := $(B)/gpu
+gpu-bundle: all
+	@test "$(CUDA)" = 1 || { echo "gpu-bundle: the CUDA part is not built (no nvcc, or CUDA=0)" >&2; exit 1; }
+	rm -rf $(GPU_KIT) && mkdir -p $(GPU_KIT)/lib
+	$(CC) $(CFLAGS) -Itests tests/gpu/test_gpu_real.c -o $(GPU_KIT)/test_gpu_real $(B)/plain/libembkv.a $(LDLIBS) \
+	    -L$(CUDA_HOME)/lib64/stubs -lcuda -Wl,-rpath,'$$ORIGIN/lib'
+	cp $(B)/embkv.so $(B)/libembkv.so $(GPU_KIT)/
+	ldd $(GPU_KIT)/test_gpu_real $(GPU_KIT)/embkv.so $(GPU_KIT)/libembkv.so | awk '$$2 == "=>" && $$3 ~ /^\// {print $$3}' | \
+	    sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda)\.so' | \
+	    while read -r f; do cp -L "$$f" $(GPU_KIT)/lib/; done
+	@du -sh $(GPU_KIT)
 
 demo: deps all
 	@bash sql/demo.sh

@@ -322,6 +322,21 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         ok = ok && cJSON_AddNumberToObject(mg, "moved", (double)st.migrate_moved);
         ok = ok && cJSON_AddNumberToObject(mg, "errors", (double)st.migrate_errors);
     }
+    if (ok && st.gpu_registered) {
+        /* Device gathers and sums (docs/gpu.md), from the first on. */
+        cJSON *gpu = cJSON_AddObjectToObject(o, "gpu");
+        ok = gpu != NULL;
+        ok = ok && cJSON_AddNumberToObject(gpu, "gathers", (double)st.gpu_gathers);
+        ok = ok && cJSON_AddNumberToObject(gpu, "rows_from_pool", (double)st.gpu_rows_direct);
+        ok = ok && cJSON_AddNumberToObject(gpu, "rows_staged", (double)st.gpu_rows_staged);
+        ok = ok && cJSON_AddNumberToObject(gpu, "bytes", (double)st.gpu_bytes);
+        ok = ok && cJSON_AddNumberToObject(gpu, "cpu_ms", (double)st.gpu_ns / 1e6);
+        ok = ok && cJSON_AddNumberToObject(gpu, "sums", (double)st.gpu_sums);
+        ok = ok && cJSON_AddNumberToObject(gpu, "sum_rows", (double)st.gpu_sum_rows);
+        ok = ok && cJSON_AddBoolToObject(gpu, "pool_registered", st.gpu_registered > 0);
+        ok = ok && (st.gpu_registered > 0 || cJSON_AddStringToObject(gpu, "staged_why", st.gpu_note));
+        ok = ok && cJSON_AddNumberToObject(gpu, "in_flight", (double)st.gpu_inflight);
+    }
     cJSON *heat = ok ? cJSON_AddObjectToObject(o, "heat") : NULL;
     ok = heat != NULL;
     ok = ok && cJSON_AddBoolToObject(heat, "counting", st.heat_counting != 0);

@@ -44,6 +44,14 @@ connection could not run.
 padding_idx: that id is never read nor stored; its output rows are zeros (as
 torch's, whose padding row starts at zero and gets no gradient) and bags skip
 it.
+
+device="cuda" (or .to("cuda"), .cuda()): forwards return CUDA tensors, the
+rows gathered straight into device memory on the current stream
+(embkv_pull_device: the GPU reads the pool's rows where they lie), and the
+backward's CUDA gradients are summed per id on the GPU and applied by the
+table's optimizer (embkv_push_device): the same values as on the CPU.  Ids
+may be on either device.  It needs a CUDA build of PyTorch and an embkv
+built with CUDA (SELECT embkv_gpu() says whether a GPU is usable).
 """
 import json
 import sqlite3
@@ -89,12 +97,16 @@ class _Step:
         self.queued = False                        # its end is queued on the running backward pass
         self.leaves = 0                            # batch tensors alive that may still get a gradient
 
-    def pull(self, ids):
-        """Rows of ids (writable), and the forward's number in the step."""
+    def pull(self, ids, device=None):
+        """Rows of ids (writable; a CUDA tensor when device is one), and
+        the forward's number in the step."""
         with self.lock:
-            rows = embkv.pull(self.conn, self.table, ids, self.dim, once=bool(self.pulled))
+            if device is not None and device.type == "cuda":
+                rows = _pull_cuda(self.conn, self.table, ids, self.dim, device, once=bool(self.pulled))
+            else:
+                rows = np.array(embkv.pull(self.conn, self.table, ids, self.dim, once=bool(self.pulled)))
             self.pulled.append(ids)
-            return np.array(rows), len(self.pulled) - 1
+            return rows, len(self.pulled) - 1
 
     def held(self):
         """The distinct ids the step holds a permit on."""
@@ -121,9 +133,13 @@ class _Step:
                     ids, g = self.pulled[got[0]], self.grads[got[0]]
                 elif got or self.extra:
                     ids = np.concatenate([self.pulled[k] for k in got] + [e[0] for e in self.extra])
-                    g = np.concatenate([self.grads[k] for k in got] + [e[1] for e in self.extra])
+                    gs = [self.grads[k] for k in got] + [e[1] for e in self.extra]
+                    cuda = [x.device for x in gs if isinstance(x, torch.Tensor)]
+                    # (modules of one table on both devices: summed on the GPU)
+                    g = (torch.cat([torch.as_tensor(x, device=cuda[0]) for x in gs]) if cuda
+                         else np.concatenate(gs))
                 if ids is not None and len(ids):
-                    updated = embkv.push(self.conn, self.table, ids, g)
+                    updated = _push_any(self.conn, self.table, ids, g)
             except BaseException:
                 # The update failed (a NaN gradient, a transaction open on the
                 # connection): the permits go back all the same.
@@ -176,6 +192,33 @@ def _nothing():
     pass
 
 
+def _cuda_stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _pull_cuda(conn, table, ids, dim, device, once=False):
+    """Rows of ids gathered into a new CUDA tensor on device (embkv_pull_device,
+    on the current stream)."""
+    out = torch.empty((len(ids), dim), dtype=torch.float32, device=device)
+    if len(ids):
+        a = np.ascontiguousarray(ids, dtype=np.int64)
+        conn.execute("SELECT embkv_pull_device(?, ?, ?, ?, ?)",
+                     (table, a.tobytes(), out.data_ptr(), _cuda_stream(device), "once" if once else None)).fetchone()
+    return out
+
+
+def _push_any(conn, table, ids, g):
+    """embkv.push of numpy gradients, or embkv_push_device of CUDA ones."""
+    if isinstance(g, torch.Tensor) and g.is_cuda:
+        g = g.detach().to(torch.float32).contiguous()
+        a = np.ascontiguousarray(ids, dtype=np.int64)
+        if g.dim() != 2 or g.shape[0] != len(a):
+            raise ValueError("embkv.torch: gradients of shape %s for %d ids" % (tuple(g.shape), len(a)))
+        return conn.execute("SELECT embkv_push_device(?, ?, ?, ?)",
+                            (table, a.tobytes(), g.data_ptr(), _cuda_stream(g.device))).fetchone()[0]
+    return embkv.push(conn, table, ids, g)
+
+
 def _backward_running():
     """Whether this thread is inside a backward pass (only then does
     autograd take a callback; a no-op one here)."""
@@ -225,7 +268,7 @@ def _flush_deferred(conn):
 
 
 class _TableModule(torch.nn.Module):
-    def __init__(self, conn, table, dim=None, padding_idx=None, update="backward", **options):
+    def __init__(self, conn, table, dim=None, padding_idx=None, update="backward", device=None, **options):
         super().__init__()
         if update not in ("backward", "step"):
             raise ValueError("embkv.torch: update must be 'backward' (one update per backward pass) or 'step' "
@@ -266,10 +309,45 @@ class _TableModule(torch.nn.Module):
         if dim is not None and int(dim) != self.embedding_dim:
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
         self.padding_idx = padding_idx
+        self.device = torch.device("cpu")
+        if device is not None:
+            self._set_device(torch.device(device))
+
+    def _set_device(self, device):
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("embkv.torch: device %r, but this PyTorch has no usable CUDA "
+                                   "(torch.cuda.is_available() is False): use a CUDA build of PyTorch on a machine "
+                                   "with a GPU, or device='cpu'" % str(device))
+            gpu = json.loads(self.conn.execute("SELECT embkv_gpu()").fetchone()[0])
+            if not gpu["usable"]:
+                raise RuntimeError("embkv.torch: device %r, but embkv cannot use the GPU: %s"
+                                   % (str(device), gpu.get("reason")))
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        elif device.type != "cpu":
+            raise ValueError("embkv.torch: device must be 'cpu' or 'cuda', not %r" % str(device))
+        self.device = device
+
+    def to(self, *args, **kwargs):
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None:
+            self._set_device(device)
+        return super().to(*args, **kwargs)
+
+    def cuda(self, device=None):
+        self._set_device(torch.device("cuda", device) if isinstance(device, int) else
+                         torch.device(device if device is not None else "cuda"))
+        return super().cuda(device)
+
+    def cpu(self):
+        self._set_device(torch.device("cpu"))
+        return super().cpu()
 
     def extra_repr(self):
-        return "table=%r, dim=%d%s" % (self.table, self.embedding_dim,
-                                       "" if self.padding_idx is None else ", padding_idx=%d" % self.padding_idx)
+        return "table=%r, dim=%d%s%s" % (self.table, self.embedding_dim,
+                                         "" if self.padding_idx is None else ", padding_idx=%d" % self.padding_idx,
+                                         "" if self.device.type == "cpu" else ", device=%r" % str(self.device))
 
     # -- permits
 
@@ -311,8 +389,11 @@ class _TableModule(torch.nn.Module):
         (those rows, plus a zero row for padding when there is padding),
         each id's row in it, and the padding row's index or None."""
         flat, is_pad = _flat_ids(ids, self.padding_idx, "embkv.torch")
+        flat = flat.cpu()
+        is_pad = is_pad.cpu() if is_pad is not None else None
         # (a copy: the caller may reuse its ids tensor before the backward)
         real = np.array((flat[~is_pad] if is_pad is not None else flat).numpy(), copy=True)
+        dev = self.device if self.device.type == "cuda" else None
         _flush_deferred(self.conn)
         prev = _peek_step(self.conn, self._key)
         if prev is not None and prev.failed():
@@ -321,18 +402,19 @@ class _TableModule(torch.nn.Module):
         # As torch's: eval mode changes nothing here, only torch.no_grad() does.
         training = torch.is_grad_enabled()
         if not training or n == 0:
-            w = torch.from_numpy(self._read(real)) if n else torch.zeros((0, self.embedding_dim))
+            w = self._read(real, dev) if n else torch.zeros((0, self.embedding_dim), device=self.device)
             local, pad = _positions(flat, is_pad, n)
             if pad is not None:
-                w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
-            return w, local.reshape(ids.shape), pad
+                w = torch.cat([w, torch.zeros(1, self.embedding_dim, device=self.device)])
+            return w, local.reshape(ids.shape).to(self.device), pad
         st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
-        rows, k = st.pull(real)
-        w = torch.from_numpy(rows).requires_grad_(True)
+        rows, k = st.pull(real, dev)
+        w = (rows if dev is not None else torch.from_numpy(rows)).requires_grad_(True)
         given = [False]  # this batch tensor's gradient went into an update
 
         def hook(grad):
-            g = grad.contiguous().numpy()
+            # (a CUDA gradient stays on its device: the push sums it there)
+            g = grad.detach().contiguous() if grad.is_cuda else grad.contiguous().numpy()
             with st.lock:
                 if given[0]:
                     raise RuntimeError("embkv.torch: a second backward through one forward of table %r "
@@ -359,20 +441,26 @@ class _TableModule(torch.nn.Module):
         local, pad = _positions(flat, is_pad, n)
         if pad is not None:
             # (the hook sees the gradient of the pulled rows alone)
-            w = torch.cat([w, torch.zeros(1, self.embedding_dim)])
-        return w, local.reshape(ids.shape), pad
+            w = torch.cat([w, torch.zeros(1, self.embedding_dim, device=self.device)])
+        return w, local.reshape(ids.shape).to(self.device), pad
 
-    def _read(self, real):
-        """Rows of ids without gradient (torch.no_grad()): no permit is
-        kept.  Ids the open step holds are read taking no other permit;
-        the others are pulled and returned at once."""
+    def _read(self, real, dev=None):
+        """Rows of ids without gradient (torch.no_grad()), a tensor on
+        dev or the CPU: no permit is kept.  Ids the open step holds are
+        read taking no other permit; the others are pulled and returned at
+        once."""
+        def pull(once):
+            if dev is not None:
+                return _pull_cuda(self.conn, self.table, real, self.embedding_dim, dev, once=once)
+            return torch.from_numpy(np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim,
+                                                        once=once)))
         st = _peek_step(self.conn, self._key)
         if st is None:
-            rows = np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim))
+            rows = pull(False)
             embkv.release(self.conn, self.table, real)
             return rows
         with st.lock:
-            rows = np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim, once=True))
+            rows = pull(True)
             embkv.release(self.conn, self.table, np.setdiff1d(real, st.held()))
             return rows
 
@@ -388,10 +476,11 @@ def _late_push(conn, table, key, st, ids, g):
             if cur.state == "open" and cur.pulled:
                 held = np.isin(ids, cur.held())
                 if held.any():
-                    cur.extra.append((ids[held], g[held]))
-                    ids, g = ids[~held], g[~held]
+                    mask = torch.from_numpy(held).to(g.device) if isinstance(g, torch.Tensor) else held
+                    cur.extra.append((ids[held], g[mask]))
+                    ids, g = ids[~held], g[~mask]
     if len(ids):
-        embkv.push(conn, table, ids, g)
+        _push_any(conn, table, ids, g)
 
 
 def _flat_ids(ids, padding_idx, who):

@@ -1,0 +1,121 @@
+"""The GPU functions from SQL and embkv.torch on a machine without a GPU.
+
+- embkv_gpu() says whether the CUDA part is built in (as embkv_build()
+  does) and, without a usable GPU, why.
+- embkv_get_device / embkv_pull_device / embkv_push_device fail with that
+  reason, naming the function and the table, and change nothing: no row
+  created, no permit kept (a second connection pulls at staleness 0 at
+  once), no gpu section in embkv_stats.
+- Bad arguments are named before any device is asked for: a device
+  address of 0 or not an INTEGER, a stream that is not one, 'once' and lr
+  as embkv_pull and embkv_push check them, a table that does not exist,
+  bad ids.
+- embkv.torch: device='cuda' on a PyTorch without CUDA is refused at
+  construction with the reason, and .cuda()/.to('cuda') likewise; the
+  module stays on the CPU and works there.
+
+The GPU's own tests (gathers equal to the CPU path, pushes from CUDA
+gradients, embkv.torch on CUDA against torch's modules) are
+tests/gpu/run.sh, on a machine with one.
+"""
+import json
+import sqlite3
+import unittest
+
+import numpy as np
+import torch
+
+import embkv.torch as ekt
+from embkv_test import TempDirTest as Base, connect
+
+
+class GpuWithoutDevice(Base):
+    def setUp(self):
+        super().setUp()
+        self.conn = connect(self.db)
+        self.conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, init='zeros', staleness=0, wait_ms=100, "
+                          "optimizer='sgd', lr=0.5)")
+        self.gpu = json.loads(self.conn.execute("SELECT embkv_gpu()").fetchone()[0])
+        if self.gpu["usable"]:
+            self.skipTest("a GPU is usable here: tests/gpu/run.sh tests it")
+
+    def tearDown(self):
+        self.conn.close()
+        super().tearDown()
+
+    def q(self, sql, *args):
+        return self.conn.execute(sql, args).fetchone()[0]
+
+    def test_status(self):
+        build = json.loads(self.q("SELECT embkv_build()"))
+        self.assertEqual(self.gpu["compiled"], build["cuda"])
+        self.assertFalse(self.gpu["usable"])
+        self.assertGreater(len(self.gpu["reason"]), 20)
+        if not self.gpu["compiled"]:
+            self.assertIn("no CUDA part", self.gpu["reason"])
+
+    def test_calls_fail_and_change_nothing(self):
+        ids = np.array([1, 2, 1], np.int64).tobytes()
+        for sql in ("SELECT embkv_get_device('t', ?, 4096, 0)",
+                    "SELECT embkv_pull_device('t', ?, 4096, 0)",
+                    "SELECT embkv_pull_device('t', ?, 4096, NULL, 'once')",
+                    "SELECT embkv_push_device('t', ?, 4096, 0)"):
+            fn = sql.split("(")[0].split()[-1]
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                self.q(sql, ids)
+            self.assertEqual(str(cm.exception), "%s: table t: no usable GPU: %s" % (fn, self.gpu["reason"]))
+        self.assertEqual(self.q("SELECT count(*) FROM t"), 0)
+        other = connect(self.db)
+        try:
+            # no permit was kept: staleness 0 lets another connection pull at once
+            blob = other.execute("SELECT embkv_pull('t', ?)", (ids,)).fetchone()[0]
+            self.assertEqual(len(blob), 3 * 4 * 4)
+        finally:
+            other.close()
+        self.assertNotIn("gpu", json.loads(self.q("SELECT embkv_stats('t')")))
+
+    def test_bad_arguments(self):
+        ids = "[1,2]"
+        cases = [
+            ("SELECT embkv_get_device('t', ?, 0, 0)", "argument 3 must be a device address, not 0,"),
+            ("SELECT embkv_get_device('t', ?, 'x', 0)", "argument 3 must be a device address, not 0,"),
+            ("SELECT embkv_get_device('t', ?, -5, 0)", "argument 3 must be a device address, not 0,"),
+            ("SELECT embkv_pull_device('t', ?, 4096, 'x')", "argument 4 must be a CUDA stream"),
+            ("SELECT embkv_pull_device('t', ?, 4096, 1.5)", "argument 4 must be a CUDA stream"),
+            ("SELECT embkv_pull_device('t', ?, 4096, 0, 'twice')", "argument 5 must be 'once'"),
+            ("SELECT embkv_push_device('t', ?, 4096, 0, -1)", "lr (argument 5) must be a positive number"),
+            ("SELECT embkv_push_device('t', ?, 4096, 0, 'fast')", "lr (argument 5) must be a positive number"),
+            ("SELECT embkv_pull_device('nope', ?, 4096, 0)", "no such"),
+            ("SELECT embkv_get_device('t', x'0102', 4096, 0)", "ids"),
+        ]
+        for sql, want in cases:
+            with self.assertRaises(sqlite3.OperationalError, msg=sql) as cm:
+                self.q(sql, *((ids,) if "?" in sql else ()))
+            self.assertIn(want, str(cm.exception), sql)
+            self.assertNotIn("no usable GPU", str(cm.exception), sql)
+        self.assertEqual(self.q("SELECT count(*) FROM t"), 0)
+
+    def test_torch_refuses_cuda(self):
+        if torch.cuda.is_available():
+            self.skipTest("this PyTorch has CUDA")
+        with self.assertRaises(RuntimeError) as cm:
+            ekt.Embedding(self.conn, "t", dim=4, device="cuda")
+        self.assertIn("this PyTorch has no usable CUDA (torch.cuda.is_available() is False)", str(cm.exception))
+        emb = ekt.Embedding(self.conn, "t", dim=4)
+        for move in (lambda: emb.cuda(), lambda: emb.to("cuda"), lambda: emb.to(torch.device("cuda", 0))):
+            with self.assertRaises(RuntimeError):
+                move()
+            self.assertEqual(emb.device, torch.device("cpu"))
+        with self.assertRaises(ValueError) as cm:
+            ekt.Embedding(self.conn, "t", dim=4, device="meta")
+        self.assertIn("device must be 'cpu' or 'cuda'", str(cm.exception))
+        emb = emb.to(torch.float32).cpu()  # (no device: allowed)
+        out = emb(torch.tensor([3, 3]))
+        self.assertEqual(out.device.type, "cpu")
+        out.sum().backward()
+        row = np.frombuffer(self.q("SELECT vec FROM t WHERE id = 3"), np.float32)
+        np.testing.assert_array_equal(row, np.full(4, -1.0, np.float32))  # 0 - 0.5 * (1 + 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
