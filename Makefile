@@ -258,12 +258,19 @@ bench-ltm: deps
 # extension, the engine library and the shared libraries they need that such
 # a machine lacks (Debian's; not glibc's, not the CUDA driver), in build/gpu.
 GPU_KIT := $(B)/gpu
+# (DT_RPATH, not RUNPATH: it also serves the libraries those libraries
+# load, and only them: no LD_LIBRARY_PATH puts Debian's ahead of the
+# machine's for the rest of a process, torch's included)
+GPU_KIT_RPATH := -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/lib'
 gpu-bundle: all
 	@test "$(CUDA)" = 1 || { echo "gpu-bundle: the CUDA part is not built (no nvcc, or CUDA=0)" >&2; exit 1; }
 	rm -rf $(GPU_KIT) && mkdir -p $(GPU_KIT)/lib
 	$(CC) $(CFLAGS) -Itests tests/gpu/test_gpu_real.c -o $(GPU_KIT)/test_gpu_real $(B)/plain/libembkv.a $(LDLIBS) \
-	    -L$(CUDA_HOME)/lib64/stubs -lcuda -Wl,-rpath,'$$ORIGIN/lib'
-	cp $(B)/embkv.so $(B)/libembkv.so $(GPU_KIT)/
+	    -L$(CUDA_HOME)/lib64/stubs -lcuda $(GPU_KIT_RPATH)
+	$(CC) -shared -Wl,-z,defs -Wl,-z,nodelete -Wl,--version-script=ext/sqlite/embkv.map -o $(GPU_KIT)/embkv.so \
+	    $(plain_SQLEXT_OBJ) $(B)/plain/libembkv.a $(LDLIBS) $(GPU_KIT_RPATH)
+	$(CC) -shared -Wl,-soname,libembkv.so.$(SOVERSION) -Wl,-z,defs -Wl,--version-script=ext/libembkv.map \
+	    -o $(GPU_KIT)/libembkv.so $(plain_ENGINE_OBJ) $(LDLIBS) $(GPU_KIT_RPATH)
 	ldd $(GPU_KIT)/test_gpu_real $(GPU_KIT)/embkv.so $(GPU_KIT)/libembkv.so | awk '$$2 == "=>" && $$3 ~ /^\// {print $$3}' | \
 	    sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda)\.so' | \
 	    while read -r f; do cp -L "$$f" $(GPU_KIT)/lib/; done

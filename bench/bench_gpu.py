@@ -100,6 +100,7 @@ def main():
     ap.add_argument("--batches", default="512,4096,65536")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--out")
+    ap.add_argument("--dir", help="where the stores go (default: /dev/shm, else the temporary directory)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu: this PyTorch has no CUDA")
@@ -112,7 +113,7 @@ def main():
     bw = link_bandwidth()
     print("device: %s; pinned host-to-device copy: %.1f GB/s" % (torch.cuda.get_device_name(), bw / 1e9))
     results = {"device": torch.cuda.get_device_name(), "link_bytes_per_s": bw, "runs": []}
-    tmp = tempfile.mkdtemp(prefix="embkv-bench-gpu-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    tmp = tempfile.mkdtemp(prefix="embkv-bench-gpu-", dir=a.dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         for dim in [int(x) for x in a.dims.split(",")]:
             W = rng.standard_normal((a.rows, dim), dtype=np.float32)

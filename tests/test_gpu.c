@@ -56,6 +56,8 @@ static bool fk_auto = true;         /* run each op at its launch */
 static bool fk_register_fails;
 static bool fk_force_bad;           /* the next gather run reports row 0 damaged */
 static bool fk_stream_fails;        /* the next event fails */
+static bool fk_record_fails;        /* the next event cannot be recorded */
+static bool fk_sync_fails;          /* nor the stream waited for */
 static size_t fk_registered, fk_unregistered, fk_allocs, fk_frees;
 
 static void run_gather(const gpu_gather_args *a)
@@ -127,7 +129,16 @@ static void fake_complete_all(void)
 }
 
 static int fk_open(char *why, size_t cap) { (void)why; (void)cap; return EMBKV_OK; }
-static int fk_enter(uint64_t p, char *why, size_t cap) { (void)p; (void)why; (void)cap; return EMBKV_OK; }
+/* An address below 64 KiB is no device memory (as a driver says of a
+ * host pointer). */
+static int fk_enter(uint64_t p, char *why, size_t cap)
+{
+    if (p < 65536) {
+        snprintf(why, cap, "address 0x%llx is not memory CUDA knows (the test's)", (unsigned long long)p);
+        return EMBKV_INVALID;
+    }
+    return EMBKV_OK;
+}
 static void fk_leave(void) {}
 static int fk_host_register(void *p, size_t n, uint64_t *dev, char *why, size_t cap)
 {
@@ -182,7 +193,12 @@ typedef struct fk_event {
 } fk_event;
 static int fk_event_record(void *stream, void **ev, char *why, size_t cap)
 {
-    (void)stream, (void)why, (void)cap;
+    (void)stream;
+    if (fk_record_fails) {
+        fk_record_fails = false;
+        snprintf(why, cap, "cuEventRecord: the test's failure");
+        return EMBKV_NODEVICE;
+    }
     fk_event *e = malloc(sizeof *e);
     if (!e)
         return EMBKV_NOMEM;
@@ -211,12 +227,20 @@ static int fk_event_wait(void *ev)
     return e->fails ? -1 : 0;
 }
 static void fk_event_free(void *ev) { free(ev); }
+static int fk_stream_wait(void *stream)
+{
+    (void)stream;
+    if (fk_sync_fails)
+        return -1;
+    fake_complete_all();
+    return 0;
+}
 
 static const gpu_backend fake = {
     .open = fk_open, .enter = fk_enter, .leave = fk_leave, .host_register = fk_host_register,
     .host_unregister = fk_host_unregister, .host_alloc = fk_host_alloc, .host_free = fk_host_free,
     .gather = fk_gather, .grad_sum = fk_grad_sum, .event_record = fk_event_record, .event_done = fk_event_done,
-    .event_wait = fk_event_wait, .event_free = fk_event_free,
+    .event_wait = fk_event_wait, .event_free = fk_event_free, .stream_wait = fk_stream_wait,
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -288,6 +312,7 @@ static void test_no_device(void)
     size_t upd;
     CHECK_RC(embkv_get_batch_device(s, ids, 3, buf, NULL, NULL), EMBKV_NODEVICE);
     CHECK(strstr(embkv_errmsg(), "no usable GPU: ") != NULL);
+    CHECK_RC(embkv_get_batch_device(s, ids, 0, NULL, NULL, NULL), EMBKV_OK);  /* none: as a pull of none */
     CHECK_RC(embkv_pull_device(ss, ids, 3, buf, NULL, 0), EMBKV_NODEVICE);
     CHECK(embkv_debug_permits(s, 1) == 0 && embkv_debug_permits(s, 2) == 0);
     CHECK(embkv_exists(s, 1) == 0);  /* nothing created */
@@ -377,6 +402,44 @@ static void test_tiers(int dtype, bool reg_fails)
     free(all);
     free(tier);
     free(found);
+    fk_register_fails = false;
+}
+
+/* An odd dim: staged rows (cached, unregistered) 16-byte aligned all the
+ * same, each read as itself. */
+static void test_odd_dim(void)
+{
+    gpu_backend_set(&fake);
+    const uint32_t dims[3] = {1, 5, 37};
+    for (int k = 0; k < 3; k++) {
+        for (int reg = 0; reg < 2; reg++) {
+            fk_register_fails = reg == 1;
+            char name[32];
+            snprintf(name, sizeof name, "odd-%u-%d", dims[k], reg);
+            embkv_options o = {.dim = dims[k], .expected_rows = 1000, .cache_size = 1u << 20};
+            embkv_store *s;
+            CHECK_RC(embkv_open(test_tmpdir(name), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+            float v[64];
+            int64_t ids[40];
+            for (int64_t id = 0; id < 40; id++) {
+                for (uint32_t j = 0; j < dims[k]; j++)
+                    v[j] = val(id, 3, (int)j);
+                CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+                ids[id] = id;
+            }
+            embkv_moves mv;
+            CHECK_RC(embkv_hotset_move(s, ids, 20, &mv), EMBKV_OK);  /* half of them cached */
+            size_t n = 40;
+            float *dev = malloc(n * dims[k] * 4), *cpu = malloc(n * dims[k] * 4);
+            CHECK_RC(embkv_get_batch_device(s, ids, n, dev, NULL, NULL), EMBKV_OK);
+            CHECK_RC(embkv_get_batch(s, ids, n, cpu, NULL, NULL), EMBKV_OK);
+            CHECK(memcmp(dev, cpu, n * dims[k] * 4) == 0);
+            CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);  /* no false damage */
+            free(dev);
+            free(cpu);
+            CHECK_RC(embkv_close(s), EMBKV_OK);
+        }
+    }
     fk_register_fails = false;
 }
 
@@ -470,6 +533,31 @@ static void test_failures(void)
     CHECK(strstr(embkv_errmsg(), "failed on the GPU") != NULL);
     CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);
     CHECK_RC(embkv_get_batch_device(s, ids, 2, NULL, NULL, NULL), EMBKV_INVALID);
+    CHECK_RC(embkv_get_batch_device(s, ids, 2, (void *)4096, NULL, NULL), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "address 0x1000 is not memory CUDA knows") == embkv_errmsg());
+    /* An event that cannot be recorded: the stream is waited for, the
+     * lease goes back, the call fails and the next one works. */
+    fk_record_fails = true;
+    CHECK_RC(embkv_get_batch_device(s, ids, 2, dev, NULL, NULL), EMBKV_NODEVICE);
+    CHECK(strstr(embkv_errmsg(), "cuEventRecord: the test's failure") != NULL);
+    for (int k = 0; k < 12; k++)
+        CHECK_RC(embkv_get_batch_device(s, ids, 2, dev, NULL, NULL), EMBKV_OK);
+    /* ... and a stream that cannot be waited for either: the store's device
+     * calls fail from then on (none hangs), until it is reopened. */
+    fk_record_fails = true;
+    fk_sync_fails = true;
+    CHECK_RC(embkv_get_batch_device(s, ids, 2, dev, NULL, NULL), EMBKV_NODEVICE);
+    CHECK(strstr(embkv_errmsg(), "could not be waited for either") != NULL);
+    for (int k = 0; k < 10; k++)
+        CHECK_RC(embkv_get_batch_device(s, ids, 2, dev, NULL, NULL), EMBKV_NODEVICE);
+    CHECK(strstr(embkv_errmsg(), "close and reopen the store") != NULL);
+    float cpu[2 * DIM];
+    CHECK_RC(embkv_get_batch(s, ids, 2, cpu, NULL, NULL), EMBKV_OK);  /* the CPU path is unaffected */
+    fk_sync_fails = false;
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    CHECK_RC(embkv_get_batch_device(s, ids, 2, dev, NULL, NULL), EMBKV_OK);
+    CHECK(memcmp(dev, cpu, sizeof cpu) == 0);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
@@ -576,6 +664,10 @@ static void test_push(void)
     CHECK_RC(embkv_pull_device(q1, ids, 2, d1, NULL, EMBKV_PULL_ONCE), EMBKV_OK);  /* held: no wait */
     CHECK(embkv_debug_permits(s, 5) == 1);
     CHECK_RC(embkv_pull_device(q1, ids, 2, d1, NULL, 0x8), EMBKV_INVALID);
+    /* A bad address is refused before a row is made or a permit taken. */
+    int64_t fresh[2] = {70, 71};
+    CHECK_RC(embkv_pull_device(q2, fresh, 2, (void *)4096, NULL, 0), EMBKV_INVALID);
+    CHECK(embkv_exists(s, 70) == 0 && embkv_debug_permits(s, 70) == 0);
     embkv_session_close(q1);
     embkv_session_close(q2);
     CHECK_RC(embkv_close(s), EMBKV_OK);
@@ -588,6 +680,7 @@ int main(void)
     test_tiers(EMBKV_F32, true);
     test_tiers(EMBKV_F16, false);
     test_tiers(EMBKV_I8, false);
+    test_odd_dim();
     test_protection();
     test_failures();
     test_push();

@@ -78,6 +78,8 @@ struct gpu_state {
     uint64_t pool_dev;
     /* A failure seen at a completion, reported by the next call. */
     bool damaged, failed;
+    /* A launch whose end cannot be known: its lease stays taken. */
+    bool broken;
     int64_t damaged_id;
     atomic_uint_fast64_t gathers, rows_direct, rows_staged, bytes, ns, sums, sum_rows;
 };
@@ -195,6 +197,12 @@ static int lease_take(embkv_store *s, gpu_state *g, size_t bytes, uint64_t e, bo
         }
         if (l)
             break;
+        if (g->broken) {
+            pthread_mutex_unlock(&g->mu);
+            *out = NULL;
+            return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device call's end could not be known: close "
+                              "and reopen the store to use the GPU again", fn, s->path);
+        }
         if (!oldest) {
             /* every lease filling on other threads: let one launch */
             pthread_mutex_unlock(&g->mu);
@@ -253,10 +261,26 @@ static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream, 
     void *ev;
     int rc = g->be->event_record(stream, &ev, why, sizeof why);
     if (rc != EMBKV_OK) {
-        /* The launch may run: the lease cannot go back before it is done,
-         * which nothing can tell now.  It stays taken (pinning its
-         * epoch), as the GPU's failure makes the device unusable anyway. */
-        return embkv__err(EMBKV_NODEVICE, "%s: store %s: %s", fn, s->path, why);
+        /* The launch may run: the lease goes back only once the stream
+         * says its work is done.  A stream that cannot say keeps it (its
+         * epoch pinned, G1) and the store's device calls fail from then
+         * on: nothing can tell when the GPU stops reading. */
+        bool done = g->be->stream_wait(stream) == 0;
+        pthread_mutex_lock(&g->mu);
+        if (done) {
+            if (l->gather && *l->bad != UINT32_MAX && !g->damaged) {
+                g->damaged = true;
+                g->damaged_id = l->ids[*l->bad];
+            }
+            atomic_store(&l->epoch, 0);
+            atomic_store(&l->state, LEASE_FREE);
+        } else {
+            g->broken = true;
+        }
+        pthread_mutex_unlock(&g->mu);
+        return embkv__err(EMBKV_NODEVICE, "%s: store %s: %s%s", fn, s->path, why,
+                          done ? "" : "; the stream could not be waited for either: this store's device calls fail "
+                                      "until it is closed");
     }
     pthread_mutex_lock(&g->mu);
     l->ev = ev;
@@ -271,17 +295,22 @@ static int earlier_failure(embkv_store *s, gpu_state *g, const char *fn)
 {
     pthread_mutex_lock(&g->mu);
     leases_poll(g);
-    bool damaged = g->damaged, failed = g->failed;
+    bool damaged = g->damaged, failed = g->failed, broken = g->broken;
     int64_t id = g->damaged_id;
     g->damaged = g->failed = false;
     pthread_mutex_unlock(&g->mu);
+    if (broken)
+        return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device call's end could not be known (its event "
+                          "and its stream both failed): close and reopen the store to use the GPU again", fn,
+                          s->path);
     if (failed)
         return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device gather or sum failed on the GPU (its "
                           "stream reported an error): the device buffers it wrote are not to be trusted", fn, s->path);
     if (damaged)
         return embkv__err(EMBKV_CORRUPT, "%s: store %s: id %lld: its record failed its check when an earlier call "
-                          "gathered it to the device (that row was written as zeros); run embkv_check", fn, s->path,
-                          (long long)id);
+                          "gathered it to the device (that row was written as zeros): the record is damaged; delete "
+                          "the row (it can be deleted) and write it again, or restore the store from a backup", fn,
+                          s->path, (long long)id);
     return EMBKV_OK;
 }
 
@@ -297,13 +326,22 @@ static int gpu_begin(embkv_store *s, uint64_t dev, gpu_state **gout, const char 
     if (rc != EMBKV_OK)
         return rc;
     if ((rc = be->enter(dev, why, sizeof why)) != EMBKV_OK)
-        return embkv__err(rc, "%s: %s", fn, why);
+        return embkv__err(rc, "%s", why);
     if ((rc = earlier_failure(s, g, fn)) != EMBKV_OK) {
         be->leave();
         return rc;
     }
     *gout = g;
     return EMBKV_OK;
+}
+
+int gpu_target_check(embkv_store *s, const void *dev, const char *fn)
+{
+    gpu_state *g;
+    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev, &g, fn);
+    if (rc == EMBKV_OK)
+        g->be->leave();
+    return rc;
 }
 
 /* The pool's mapping registered with the driver, tried once per store. */
@@ -351,6 +389,8 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
         return embkv__err(EMBKV_INVALID, "%s: NULL argument", fn);
     if (n > UINT32_MAX / 2)
         return embkv__err(EMBKV_INVALID, "%s: %zu ids: at most %u a call", fn, n, UINT32_MAX / 2);
+    if (n == 0)
+        return EMBKV_OK;  /* (nothing to read: no device asked, as for a pull or push of none) */
     gpu_state *g;
     int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev_out, &g, fn);
     if (rc != EMBKV_OK)
@@ -358,7 +398,9 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     uint64_t t0 = now_ns();
     register_pool(s, g);
     bool direct = g->registered == 1;
-    size_t dim = s->dim, vbytes = 4 * dim, m = 1;
+    /* Staged rows start 16-byte aligned (a descriptor's low bits are its
+     * kind and flags): sstride floats apart. */
+    size_t dim = s->dim, vbytes = 4 * dim, m = 1, sstride = (dim + 3) & ~(size_t)3;
     /* Each distinct id is resolved once, and its occurrences copy the same
      * source: every copy of an id shows one version, as read_batch's. */
     int64_t *uniq = malloc((n ? n : 1) * sizeof *uniq);
@@ -421,7 +463,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
      * (16-byte aligned). */
     size_t off_ids = 8 * n, off_bad = off_ids + 8 * n, off_rows = (off_bad + 4 + 15) & ~(size_t)15;
     lease *l = NULL;
-    rc = lease_take(s, g, off_rows + staged * vbytes, e0, true, &l, fn);
+    rc = lease_take(s, g, off_rows + staged * 4 * sstride, e0, true, &l, fn);
     if (rc != EMBKV_OK) {
         ebr_leave();
         goto out;
@@ -444,18 +486,22 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
         /* A reader process's rows, read by its own protocol. */
         size_t miss = 0;
         uint8_t *found = malloc(m ? m : 1);
-        rc = found ? embkv_get_batch(s, uniq, m, rows, found, &miss)
-                   : embkv__err(EMBKV_NOMEM, "%s: out of memory", fn);
-        for (size_t u = 0; rc == EMBKV_OK && u < m; u++)
-            udesc[u] = found[u] ? rows_dev + srow[u] * vbytes : 0;
+        float *tmp = malloc(m ? m * vbytes : 1);
+        rc = found && tmp ? embkv_get_batch(s, uniq, m, tmp, found, &miss)
+                          : embkv__err(EMBKV_NOMEM, "%s: out of memory", fn);
+        for (size_t u = 0; rc == EMBKV_OK && u < m; u++) {
+            memcpy(rows + srow[u] * sstride, tmp + u * dim, vbytes);
+            udesc[u] = found[u] ? rows_dev + srow[u] * 4 * sstride : 0;
+        }
         free(found);
+        free(tmp);
     }
     /* Pass 2: the descriptors, and the staged rows' bytes. */
     for (size_t u = 0; !s->reader && u < m && rc == EMBKV_OK; u++) {
         uint64_t loc = locs[u];
         int64_t id = uniq[u];
-        float *dst = srow[u] != SIZE_MAX ? rows + srow[u] * dim : NULL;
-        uint64_t dst_dev = srow[u] != SIZE_MAX ? rows_dev + srow[u] * vbytes : 0;
+        float *dst = srow[u] != SIZE_MAX ? rows + srow[u] * sstride : NULL;
+        uint64_t dst_dev = srow[u] != SIZE_MAX ? rows_dev + srow[u] * 4 * sstride : 0;
         udesc[u] = dst_dev;
         if (loc == LOC_GIVEN) {
             memcpy(dst, given_rows + first[u] * dim, vbytes);
@@ -496,7 +542,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     }
     /* (read_ssd_rows puts row u at srow[u]: the staged rows' numbers) */
     if (rc == EMBKV_OK && ssd_at.n)
-        rc = read_ssd_rows(s, uniq, &ssd_at, &ssd_locs, rows, srow);
+        rc = read_ssd_rows(s, uniq, &ssd_at, &ssd_locs, rows, srow, sstride);
     free(ssd_at.v);
     free(ssd_locs.v);
     if (rc == EMBKV_OK && damaged)
@@ -583,31 +629,33 @@ int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint
     gpu_sum_args a = {.grads = (uint64_t)(uintptr_t)dev_grads, .occ = l->dev, .start = l->dev + off_start,
                       .slot = l->dev + off_slot, .once = l->dev + off_once, .sums = l->dev + off_sums,
                       .nu = nu, .dim = (uint32_t)dim};
+    /* The lease stays FILLING, out of the polls' and hooks' sight (it
+     * pins no epoch: a sum reads no row), until gpu_sums_release: the
+     * push reads its rows after the wait. */
     rc = g->be->grad_sum(stream, &a, why, sizeof why);
-    if (rc == EMBKV_OK)
-        rc = lease_launched(s, g, l, stream, fn);
-    else
-        lease_drop(g, l);
-    if (rc == EMBKV_OK) {
-        /* The push reads the sums next: wait here. */
+    void *ev = NULL;
+    bool unknown = false;  /* launched, and its end cannot be known */
+    if (rc != EMBKV_OK) {
+        rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: %s", fn, s->path, why);
+    } else if ((rc = g->be->event_record(stream, &ev, why, sizeof why)) != EMBKV_OK) {
+        unknown = g->be->stream_wait(stream) != 0;
+        rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: %s%s", fn, s->path, why,
+                        unknown ? "; the stream could not be waited for either: this store's device calls fail "
+                                  "until it is closed" : "");
+    }
+    if (ev) {
+        if (g->be->event_wait(ev) != 0)
+            rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: the gradient sum failed on the GPU (its stream "
+                            "reported an error)", fn, s->path);
+        g->be->event_free(ev);
+    }
+    if (unknown) {
+        /* the kernel may still write the lease's buffer: kept */
         pthread_mutex_lock(&g->mu);
-        if (atomic_load(&l->state) == LEASE_INFLIGHT) {
-            int ok = g->be->event_wait(l->ev);
-            if (ok != 0) {
-                lease_finish(g, l, false);
-                g->failed = false;  /* (reported now, not at the next call) */
-                rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: the gradient sum failed on the GPU (its stream "
-                                "reported an error)", fn, s->path);
-            } else {
-                /* held (FILLING) until gpu_sums_release: its rows are read */
-                g->be->event_free(l->ev);
-                l->ev = NULL;
-                atomic_store(&l->state, LEASE_FILLING);
-            }
-        } else {
-            rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: the gradient sum's lease was taken back", fn, s->path);
-        }
+        g->broken = true;
         pthread_mutex_unlock(&g->mu);
+    } else if (rc != EMBKV_OK) {
+        lease_drop(g, l);
     }
     g->be->leave();
     if (rc != EMBKV_OK)

@@ -17,6 +17,7 @@
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpudrv.h"
@@ -53,7 +54,7 @@ bool gpu_compiled(void) { return true; }
     X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)                       \
     X(cuModuleGetFunction) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)              \
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuLaunchKernel) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)       \
-    X(cuEventSynchronize) X(cuEventDestroy)
+    X(cuEventSynchronize) X(cuEventDestroy) X(cuStreamSynchronize) X(cuCtxGetCurrent) X(cuDriverGetVersion)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 DRIVER_FUNCS(DECLARE)
@@ -145,12 +146,24 @@ static int context_of(uint64_t p, CUcontext *ctx, char *why, size_t cap)
                  "buffer's address (a CUDA tensor's data_ptr())", (unsigned long long)p, (int)r);
         return EMBKV_INVALID;
     }
-    CUdevice dev;
-    if ((r = p_cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS)
-        return fail(why, cap, "cuDeviceGet", r);
-    if ((r = p_cuDevicePrimaryCtxRetain(&c, dev)) != CUDA_SUCCESS)  /* (kept: one per device) */
-        return fail(why, cap, "cuDevicePrimaryCtxRetain", r);
-    *ctx = c;
+    /* Retained once per device, kept for the process. */
+    static CUcontext primary[64];
+    static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+    if (ordinal >= 64) {
+        snprintf(why, cap, "device %d: more than 64 devices", ordinal);
+        return EMBKV_NODEVICE;
+    }
+    pthread_mutex_lock(&primary_mu);
+    if (!primary[ordinal]) {
+        CUdevice dev;
+        if ((r = p_cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS ||
+            (r = p_cuDevicePrimaryCtxRetain(&primary[ordinal], dev)) != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&primary_mu);
+            return fail(why, cap, "cuDevicePrimaryCtxRetain", r);
+        }
+    }
+    *ctx = primary[ordinal];
+    pthread_mutex_unlock(&primary_mu);
     return EMBKV_OK;
 }
 
@@ -173,8 +186,15 @@ static int drv_enter(uint64_t p, char *why, size_t cap)
         rc = EMBKV_NODEVICE;
     } else if (!l) {
         struct loaded n = {.ctx = ctx};
-        if ((r = p_cuModuleLoadData(&n.mod, embkv_gpu_fatbin)) != CUDA_SUCCESS)
-            rc = fail(why, cap, "cuModuleLoadData (embkv's kernels: is the GPU newer than this build's nvcc?)", r);
+        if ((r = p_cuModuleLoadData(&n.mod, embkv_gpu_fatbin)) != CUDA_SUCCESS) {
+            int v = 0;
+            p_cuDriverGetVersion(&v);
+            char what[200];
+            snprintf(what, sizeof what, "cuModuleLoadData of embkv's kernels (built by CUDA %d.%d for sm_80 and sm_90, "
+                     "with PTX; this driver supports CUDA %d.%d: it must support the build's)", CUDA_VERSION / 1000,
+                     CUDA_VERSION % 1000 / 10, v / 1000, v % 1000 / 10);
+            rc = fail(why, cap, what, r);
+        }
         else if ((r = p_cuModuleGetFunction(&n.gather, n.mod, "embkv_gather")) != CUDA_SUCCESS ||
                  (r = p_cuModuleGetFunction(&n.sum, n.mod, "embkv_grad_sum")) != CUDA_SUCCESS)
             rc = fail(why, cap, "cuModuleGetFunction", r);
@@ -202,7 +222,13 @@ static void drv_leave(void)
 
 static int drv_host_register(void *p, size_t n, uint64_t *dev, char *why, size_t cap)
 {
-    CUresult r = p_cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    /* Read-only first: the GPU only reads the pool, and a kernel from 6.5
+     * on refuses to pin a writable shared mapping of a disk file's pages
+     * for long; not every GPU offers it. */
+    CUresult r = p_cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                               CU_MEMHOSTREGISTER_READ_ONLY);
+    if (r != CUDA_SUCCESS)
+        r = p_cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     if (r != CUDA_SUCCESS)
         return fail(why, cap, "cuMemHostRegister", r);
     CUdeviceptr d;
@@ -258,29 +284,63 @@ static int drv_grad_sum(void *stream, const gpu_sum_args *a, char *why, size_t c
     return r == CUDA_SUCCESS ? EMBKV_OK : fail(why, cap, "cuLaunchKernel (gradient sum)", r);
 }
 
+/* An event with the context it was made in: it is queried, waited for
+ * and destroyed from any thread (a reclaimer's), with that context made
+ * current around each call. */
+typedef struct drv_event {
+    CUevent e;
+    CUcontext ctx;
+} drv_event;
+
 static int drv_event_record(void *stream, void **ev, char *why, size_t cap)
 {
-    CUevent e;
-    CUresult r = p_cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
-    if (r != CUDA_SUCCESS)
+    drv_event *d = malloc(sizeof *d);
+    if (!d) {
+        snprintf(why, cap, "out of memory for an event");
+        return EMBKV_NOMEM;
+    }
+    CUresult r = p_cuCtxGetCurrent(&d->ctx);
+    if (r == CUDA_SUCCESS)
+        r = p_cuEventCreate(&d->e, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+        free(d);
         return fail(why, cap, "cuEventCreate", r);
-    if ((r = p_cuEventRecord(e, (CUstream)stream)) != CUDA_SUCCESS) {
-        p_cuEventDestroy(e);
+    }
+    if ((r = p_cuEventRecord(d->e, (CUstream)stream)) != CUDA_SUCCESS) {
+        p_cuEventDestroy(d->e);
+        free(d);
         return fail(why, cap, "cuEventRecord", r);
     }
-    *ev = e;
+    *ev = d;
     return EMBKV_OK;
+}
+
+static CUresult in_context(drv_event *d, int op)
+{
+    CUcontext dummy;
+    CUresult r = p_cuCtxPushCurrent(d->ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = op == 0 ? p_cuEventQuery(d->e) : op == 1 ? p_cuEventSynchronize(d->e) : p_cuEventDestroy(d->e);
+    p_cuCtxPopCurrent(&dummy);
+    return r;
 }
 
 static int drv_event_done(void *ev)
 {
-    CUresult r = p_cuEventQuery((CUevent)ev);
+    CUresult r = in_context(ev, 0);
     return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
 }
 
-static int drv_event_wait(void *ev) { return p_cuEventSynchronize((CUevent)ev) == CUDA_SUCCESS ? 0 : -1; }
+static int drv_event_wait(void *ev) { return in_context(ev, 1) == CUDA_SUCCESS ? 0 : -1; }
 
-static void drv_event_free(void *ev) { (void)p_cuEventDestroy((CUevent)ev); }
+static void drv_event_free(void *ev)
+{
+    (void)in_context(ev, 2);
+    free(ev);
+}
+
+static int drv_stream_wait(void *stream) { return p_cuStreamSynchronize((CUstream)stream) == CUDA_SUCCESS ? 0 : -1; }
 
 static const gpu_backend driver = {
     .open = drv_open,
@@ -296,6 +356,7 @@ static const gpu_backend driver = {
     .event_done = drv_event_done,
     .event_wait = drv_event_wait,
     .event_free = drv_event_free,
+    .stream_wait = drv_stream_wait,
 };
 
 const gpu_backend *gpu_backend_get(char *why, size_t cap)

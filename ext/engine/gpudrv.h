@@ -68,6 +68,9 @@ typedef struct gpu_backend {
     int (*event_done)(void *ev);  /* 1 done, 0 not yet, -1 failed */
     int (*event_wait)(void *ev);  /* 0 done, -1 failed */
     void (*event_free)(void *ev);
+    /* Everything enqueued on stream so far done (when an event could not
+     * be recorded): 0, or -1 failed. */
+    int (*stream_wait)(void *stream);
 } gpu_backend;
 
 /* The backend in use (the driver's, once it opened), or NULL with the

@@ -126,9 +126,9 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
 
 /* The vectors of a batch's log-resident rows (positions at->v[i] of ids,
  * locations locs->v[i]) in one log read, row j put at row out_row[j] of
- * out (out_row NULL: at row j). */
+ * out (out_row NULL: at row j), rows stride floats apart. */
 int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
-                  const size_t *out_row);
+                  const size_t *out_row, size_t stride);
 
 /* ------------------------------------------------------------- scan.c */
 
@@ -160,6 +160,10 @@ int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint
                  const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out,
                  const char *fn);
 void gpu_sums_release(embkv_store *s, gpu_sums *sums);
+/* Whether a GPU is usable and dev is an address of its memory (and no
+ * earlier failure is pending): what a device call checks first, before a
+ * pull creates rows. */
+int gpu_target_check(embkv_store *s, const void *dev, const char *fn);
 void gpu_stats(embkv_store *s, embkv_stats *st);
 /* Every gather of the store completed, the pool unregistered: before the
  * pool is unmapped. */

@@ -201,7 +201,7 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
 /* The vectors of a batch's log-resident rows (positions at.v[i], locations
  * locs.v[i]), in one log read. */
 int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const locvec *locs, float *out,
-                  const size_t *out_row)
+                  const size_t *out_row, size_t stride)
 {
     size_t k = at->n;
     int64_t *kid = calloc(k ? k : 1, sizeof *kid);
@@ -215,7 +215,7 @@ int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const lo
             kid[i] = ids[at->v[i]];
         rc = tier_read(s, kid, locs->v, k, &buf, recs, false);
         for (size_t i = 0; i < k && rc == EMBKV_OK; i++)
-            rec_vec_get(s, recs[i], out + (out_row ? out_row[at->v[i]] : at->v[i]) * s->dim);
+            rec_vec_get(s, recs[i], out + (out_row ? out_row[at->v[i]] : at->v[i]) * stride);
         if (rc == EMBKV_OK) {
             tier_note_read(s, kid, locs->v, recs, k);
             /* A pull's push comes next: it finds the rows in the stage. */
@@ -365,7 +365,7 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
     }
     heat_flush(s, &hb);
     if (ssd_at.n && rc == EMBKV_OK)
-        rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out, out_row);
+        rc = read_ssd_rows(s, ids, &ssd_at, &ssd_locs, out, out_row, s->dim);
     if (c) {
         cache_count(c, hits, n - hits);
         for (size_t k = 0; k < noffer && rc == EMBKV_OK && !damaged; k++)

@@ -763,8 +763,9 @@ int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev
     if (n == 0)
         return EMBKV_OK;
     embkv_store *s = ss->s;
-    /* (no permit is taken before the device is known to be usable) */
-    int rc = embkv_gpu_status(NULL, 0);
+    /* No permit is taken and no row made before the device and the
+     * address are known to be usable (a launch may still fail after). */
+    int rc = gpu_target_check(s, dev_out, "embkv_pull_device");
     if (rc != EMBKV_OK)
         return rc;
     struct train_state *t = train_of(s);

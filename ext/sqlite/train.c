@@ -387,9 +387,16 @@ static int devptr_arg(sqlite3_context *ctx, const char *fname, const char *table
         return SQLITE_OK;
     sqlite3_int64 p = sqlite3_value_int64(v);
     if (t != SQLITE_INTEGER || p < 0 || (!stream && p == 0)) {
-        char *m = sqlite3_mprintf("argument %d must be %s as an INTEGER (%s)", pos,
-                                  stream ? "a CUDA stream (0 or NULL: the default stream)"
-                                         : "a device address, not 0,",
+        char got[64];
+        if (t == SQLITE_INTEGER)
+            sqlite3_snprintf(sizeof got, got, "%lld", (long long)p);
+        else if (t == SQLITE_TEXT)
+            sqlite3_snprintf(sizeof got, got, "TEXT '%.40s'", (const char *)sqlite3_value_text(v));
+        else
+            sqlite3_snprintf(sizeof got, got, "%s", t == SQLITE_FLOAT ? "a REAL" : t == SQLITE_BLOB ? "a BLOB" : "NULL");
+        char *m = sqlite3_mprintf("argument %d must be %s as an INTEGER, not %s (%s)", pos,
+                                  stream ? "a CUDA stream (0 or NULL: the default stream)" : "a device address",
+                                  got,
                                   stream ? "torch: torch.cuda.current_stream().cuda_stream"
                                          : "torch: a contiguous CUDA tensor's data_ptr()");
         train_error(ctx, fname, table, EMBKV_INVALID, m ? m : "bad device argument");
@@ -408,8 +415,16 @@ static void fn_get_device(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     (void)argc;
     embkv_table_ref ref;
     void *dev, *stream;
-    if (table_arg(ctx, "embkv_get_device", argv[0], &ref) != SQLITE_OK ||
-        devptr_arg(ctx, "embkv_get_device", ref.name, argv[2], 3, false, &dev) != SQLITE_OK ||
+    if (table_arg(ctx, "embkv_get_device", argv[0], &ref) != SQLITE_OK)
+        return;
+    if (ref.pending_writes) {
+        /* (the store holds what is committed: the device would not see the
+         * transaction's rows, which SELECT shows) */
+        train_error(ctx, "embkv_get_device", ref.name, EMBKV_INVALID,
+                    "this connection has uncommitted writes to the table; COMMIT them first");
+        return;
+    }
+    if (devptr_arg(ctx, "embkv_get_device", ref.name, argv[2], 3, false, &dev) != SQLITE_OK ||
         devptr_arg(ctx, "embkv_get_device", ref.name, argv[3], 4, true, &stream) != SQLITE_OK)
         return;
     size_t n, missing = 0;
@@ -444,17 +459,28 @@ static void fn_pull_device(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     if (!ro && embkv_readonly(ref.store)) ro = "the store is open read-only in this process, beside its writer";
     int rc;
     if (ro) {
-        /* (as embkv_pull there: existing rows, no permits) */
-        size_t missing = 0;
-        rc = embkv_get_batch_device(ref.store, ids, n, dev, stream, &missing);
-        if (rc == EMBKV_OK && missing) {
-            char *m = sqlite3_mprintf("%llu of the ids have no row, and this connection creates none: %s",
-                                      (unsigned long long)missing, ro);
+        /* (as embkv_pull there: existing rows, no permits; a missing id is
+         * an error before anything is written to dev_out) */
+        uint8_t *found = sqlite3_malloc64(n ? n : 1);
+        if (!found) {
+            sqlite3_free(ids);
+            sqlite3_result_error_nomem(ctx);
+            return;
+        }
+        size_t absent = embkv_exists_batch(ref.store, ids, n, found), i = 0;
+        if (absent) {
+            while (found[i]) i++;
+            char *m = sqlite3_mprintf("id %lld has no row, and this connection creates none: %s (a pull on a "
+                                      "connection that may write creates it from the table's init)",
+                                      (long long)ids[i], ro);
             train_error(ctx, "embkv_pull_device", ref.name, EMBKV_NOTFOUND, m ? m : "id not found");
             sqlite3_free(m);
+            sqlite3_free(found);
             sqlite3_free(ids);
             return;
         }
+        sqlite3_free(found);
+        rc = embkv_get_batch_device(ref.store, ids, n, dev, stream, NULL);
     } else {
         rc = embkv_pull_device(ref.session, ids, n, dev, stream, flags);
     }

@@ -45,7 +45,9 @@ padding_idx: that id is never read nor stored; its output rows are zeros (as
 torch's, whose padding row starts at zero and gets no gradient) and bags skip
 it.
 
-device="cuda" (or .to("cuda"), .cuda()): forwards return CUDA tensors, the
+device="cuda" (or .to("cuda"), .cuda()), on a connection opened with
+check_same_thread=False (a CUDA backward runs on autograd's device thread):
+forwards return CUDA tensors, the
 rows gathered straight into device memory on the current stream
 (embkv_pull_device: the GPU reads the pool's rows where they lie), and the
 backward's CUDA gradients are summed per id on the GPU and applied by the
@@ -192,6 +194,41 @@ def _nothing():
     pass
 
 
+def _check_device(conn, device):
+    """device (a torch.device) as a module may use it, or an error saying why not."""
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError("embkv.torch: device must be 'cpu' or 'cuda', not %r" % str(device))
+    if not torch.cuda.is_available():
+        raise RuntimeError("embkv.torch: device %r, but this PyTorch has no usable CUDA "
+                           "(torch.cuda.is_available() is False): use a CUDA build of PyTorch on a machine "
+                           "with a GPU, or device='cpu'" % str(device))
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError("embkv.torch: device %r: this machine has %d GPU(s)" % (str(device), torch.cuda.device_count()))
+    gpu = json.loads(conn.execute("SELECT embkv_gpu()").fetchone()[0])
+    if not gpu["usable"]:
+        raise RuntimeError("embkv.torch: device %r, but embkv cannot use the GPU: %s" % (str(device), gpu.get("reason")))
+    # A CUDA backward runs its hooks and its end-of-pass callback on
+    # autograd's device thread (yours waits in backward() meanwhile): the
+    # push happens there, so the connection must allow it.
+    refused = []
+
+    def probe():
+        try:
+            conn.execute("SELECT 1").fetchone()
+        except sqlite3.ProgrammingError as e:
+            refused.append(e)
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    if refused:
+        raise RuntimeError("embkv.torch: device %r needs a connection that autograd's CUDA thread may use (the "
+                           "backward pass pushes from it while your thread waits in backward()): open it with "
+                           "embkv.connect(path, check_same_thread=False)" % str(device))
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def _cuda_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -276,6 +313,10 @@ class _TableModule(torch.nn.Module):
         self.conn = conn
         self.table = table
         self.update = update
+        # (the device is checked before a table is made for it)
+        want = torch.device(device) if device is not None else None
+        if want is not None:
+            _check_device(conn, want)
         schema, name = _split_table(conn, table)
         exists = conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
                               % _quote(schema or "main"), (name,)).fetchone()
@@ -310,30 +351,33 @@ class _TableModule(torch.nn.Module):
             raise ValueError("embkv.torch: table %r has dim %d, not %d" % (table, self.embedding_dim, dim))
         self.padding_idx = padding_idx
         self.device = torch.device("cpu")
-        if device is not None:
-            self._set_device(torch.device(device))
+        if want is not None:
+            self._set_device(want)
 
     def _set_device(self, device):
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("embkv.torch: device %r, but this PyTorch has no usable CUDA "
-                                   "(torch.cuda.is_available() is False): use a CUDA build of PyTorch on a machine "
-                                   "with a GPU, or device='cpu'" % str(device))
-            gpu = json.loads(self.conn.execute("SELECT embkv_gpu()").fetchone()[0])
-            if not gpu["usable"]:
-                raise RuntimeError("embkv.torch: device %r, but embkv cannot use the GPU: %s"
-                                   % (str(device), gpu.get("reason")))
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-        elif device.type != "cpu":
-            raise ValueError("embkv.torch: device must be 'cpu' or 'cuda', not %r" % str(device))
-        self.device = device
+        self.device = _check_device(self.conn, device)
 
     def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
+        if dtype is not None and dtype != torch.float32:
+            raise TypeError("embkv.torch: the table's rows are float32 (reduced precision is the table's dtype "
+                            "option), not %s" % dtype)
         if device is not None:
             self._set_device(device)
         return super().to(*args, **kwargs)
+
+    def to_empty(self, *, device, recurse=True):
+        self._set_device(torch.device(device))
+        return super().to_empty(device=device, recurse=recurse)
+
+    def half(self):
+        return self.to(torch.float16)
+
+    def double(self):
+        return self.to(torch.float64)
+
+    def bfloat16(self):
+        return self.to(torch.bfloat16)
 
     def cuda(self, device=None):
         self._set_device(torch.device("cuda", device) if isinstance(device, int) else
@@ -597,5 +641,9 @@ class EmbeddingBag(_TableModule):
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         w, local, pad = self._gather(input)
+        if self.device.type == "cuda":
+            # (like the ids, offsets and weights may come on either device)
+            offsets = offsets.to(self.device) if offsets is not None else None
+            per_sample_weights = per_sample_weights.to(self.device) if per_sample_weights is not None else None
         return F.embedding_bag(local, w, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset, padding_idx=pad)

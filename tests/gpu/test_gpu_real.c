@@ -55,7 +55,7 @@ static bool gather_equals_cpu(embkv_store *s, const int64_t *ids, size_t n, int 
     size_t bytes = n * (size_t)dim * 4;
     CUdeviceptr d;
     CK(cuMemAlloc(&d, bytes ? bytes : 4));
-    CK(cuMemsetD8(d, 0x5a, bytes ? bytes : 4));
+    CK(cuMemsetD8Async(d, 0x5a, bytes ? bytes : 4, stream));
     float *got = malloc(bytes + 4), *want = malloc(bytes + 4);
     size_t m1 = 0, m2 = 0;
     int rc = embkv_get_batch_device(s, ids, n, (void *)d, stream, &m1);
@@ -80,7 +80,7 @@ static bool gather_equals_cpu(embkv_store *s, const int64_t *ids, size_t n, int 
 static void test_tiers(const char *root, int dtype)
 {
     const int dim = 48;
-    char dir[600];
+    char dir[700];
     snprintf(dir, sizeof dir, "%s/tiers-%d", root, dtype);
     size_t n = 150000;
     embkv_options o = {.dim = dim, .dtype = (uint32_t)dtype, .expected_rows = n, .pool_size = 24u << 20,
@@ -171,7 +171,7 @@ static void *mover(void *arg)
 
 static void test_load(const char *root)
 {
-    char dir[600];
+    char dir[700];
     snprintf(dir, sizeof dir, "%s/load", root);
     embkv_options o = {.dim = LDIM, .expected_rows = LN, .pool_size = 24u << 20, .ssd_size = 1u << 30,
                        .cache_size = 4u << 20};
@@ -273,7 +273,7 @@ static embkv_store *train_store(const char *root, const char *name, int optimize
     t.seed = 3;
     enum { D = 64 };
     embkv_options o = {.dim = D, .expected_rows = 10000, .state_floats = embkv_train_state_floats(&t, D)};
-    char dir[600];
+    char dir[700];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
     embkv_store *s = NULL;
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
@@ -340,6 +340,7 @@ static void test_push(const char *root)
 int main(int argc, char **argv)
 {
     short_run = argc > 1 && strcmp(argv[1], "--short") == 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);  /* (a timeout's kill keeps what was printed) */
     char why[512];
     CHECK_RC(embkv_gpu_status(why, sizeof why), EMBKV_OK);
     if (check_failed) {

@@ -31,13 +31,14 @@ DEV = torch.device("cuda")
 
 class TorchCuda(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="embkv-gpu-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.dir = tempfile.mkdtemp(prefix="embkv-gpu-", dir=os.environ.get("EMBKV_GPU_DIR"))
 
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def conn(self, name):
-        return embkv.connect(os.path.join(self.dir, name + ".db"))
+        # (a CUDA backward pushes from autograd's device thread)
+        return embkv.connect(os.path.join(self.dir, name + ".db"), check_same_thread=False)
 
     @staticmethod
     def rows(conn, table):
@@ -90,7 +91,15 @@ class TorchCuda(unittest.TestCase):
                 (og * w.to(DEV)).sum().backward()
             rc, rg = self.rows(cc, "t"), self.rows(cg, "t")
             self.assertNotIn(0, rg)
-            self.assertTrue(self.same(rc, rg), mode)
+            if mode == "sum":
+                self.assertTrue(self.same(rc, rg), mode)
+            else:
+                # torch's mean backward scales by 1/n on the CPU and divides by n on
+                # CUDA: the gradients themselves may differ in the last bit
+                self.assertEqual(rc.keys(), rg.keys())
+                for i in rc:
+                    np.testing.assert_allclose(rg[i][0], rc[i][0], rtol=1e-5, atol=1e-6)
+                    self.assertEqual(rg[i][1], rc[i][1])
             for c in (cc, cg):
                 c.close()
             for f in os.listdir(self.dir):

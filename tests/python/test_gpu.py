@@ -77,10 +77,12 @@ class GpuWithoutDevice(Base):
     def test_bad_arguments(self):
         ids = "[1,2]"
         cases = [
-            ("SELECT embkv_get_device('t', ?, 0, 0)", "argument 3 must be a device address, not 0,"),
-            ("SELECT embkv_get_device('t', ?, 'x', 0)", "argument 3 must be a device address, not 0,"),
-            ("SELECT embkv_get_device('t', ?, -5, 0)", "argument 3 must be a device address, not 0,"),
-            ("SELECT embkv_pull_device('t', ?, 4096, 'x')", "argument 4 must be a CUDA stream"),
+            ("SELECT embkv_get_device('t', ?, 0, 0)", "argument 3 must be a device address as an INTEGER, not 0 "),
+            ("SELECT embkv_get_device('t', ?, 'x', 0)", "argument 3 must be a device address as an INTEGER, not TEXT 'x'"),
+            ("SELECT embkv_get_device('t', ?, -5, 0)", "argument 3 must be a device address as an INTEGER, not -5"),
+            ("SELECT embkv_get_device('t', ?, x'00', 0)", "argument 3 must be a device address as an INTEGER, not a BLOB"),
+            ("SELECT embkv_pull_device('t', ?, 4096, 'x')", "argument 4 must be a CUDA stream (0 or NULL: the default "
+                                                            "stream) as an INTEGER, not TEXT 'x'"),
             ("SELECT embkv_pull_device('t', ?, 4096, 1.5)", "argument 4 must be a CUDA stream"),
             ("SELECT embkv_pull_device('t', ?, 4096, 0, 'twice')", "argument 5 must be 'once'"),
             ("SELECT embkv_push_device('t', ?, 4096, 0, -1)", "lr (argument 5) must be a positive number"),
@@ -95,12 +97,42 @@ class GpuWithoutDevice(Base):
             self.assertNotIn("no usable GPU", str(cm.exception), sql)
         self.assertEqual(self.q("SELECT count(*) FROM t"), 0)
 
+    def test_transaction_and_read_only(self):
+        self.conn.execute("INSERT INTO t(id, vec) VALUES (1, '[1,2,3,4]')")
+        self.conn.execute("BEGIN")
+        self.conn.execute("INSERT INTO t(id, vec) VALUES (2, '[1,2,3,4]')")
+        for fn in ("embkv_get_device", "embkv_pull_device", "embkv_push_device"):
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                self.q("SELECT %s('t', '[1,2]', 4096, 0)" % fn)
+            self.assertEqual(str(cm.exception), "%s: table t: this connection has uncommitted writes to the table; "
+                             "COMMIT them first" % fn)
+        self.conn.execute("COMMIT")
+        self.conn.execute("PRAGMA query_only = 1")
+        # a read-only connection's pull reads existing rows only: a missing id
+        # is named before any device is asked for
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.q("SELECT embkv_pull_device('t', '[1,9]', 4096, 0)")
+        self.assertIn("embkv_pull_device: table t: id 9 has no row, and this connection creates none", str(cm.exception))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.q("SELECT embkv_pull_device('t', '[1,2]', 4096, 0)")
+        self.assertIn("no usable GPU", str(cm.exception))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.q("SELECT embkv_push_device('t', '[1,2]', 4096, 0)")
+        self.assertIn("embkv_push_device: table t:", str(cm.exception))
+        self.assertNotIn("no usable GPU", str(cm.exception))
+        self.conn.execute("PRAGMA query_only = 0")
+
     def test_torch_refuses_cuda(self):
         if torch.cuda.is_available():
             self.skipTest("this PyTorch has CUDA")
         with self.assertRaises(RuntimeError) as cm:
             ekt.Embedding(self.conn, "t", dim=4, device="cuda")
         self.assertIn("this PyTorch has no usable CUDA (torch.cuda.is_available() is False)", str(cm.exception))
+        # refused before a table is made for it
+        for dev in ("cuda", "meta", "cuda:1"):
+            with self.assertRaises((RuntimeError, ValueError)):
+                ekt.Embedding(self.conn, "fresh", dim=4, device=dev)
+        self.assertIsNone(self.conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'fresh'").fetchone())
         emb = ekt.Embedding(self.conn, "t", dim=4)
         for move in (lambda: emb.cuda(), lambda: emb.to("cuda"), lambda: emb.to(torch.device("cuda", 0))):
             with self.assertRaises(RuntimeError):
@@ -109,6 +141,11 @@ class GpuWithoutDevice(Base):
         with self.assertRaises(ValueError) as cm:
             ekt.Embedding(self.conn, "t", dim=4, device="meta")
         self.assertIn("device must be 'cpu' or 'cuda'", str(cm.exception))
+        for move in (lambda: emb.to(torch.float64), lambda: emb.half(), lambda: emb.double(),
+                     lambda: emb.to("cpu", torch.bfloat16)):
+            with self.assertRaises(TypeError) as cm:
+                move()
+            self.assertIn("the table's rows are float32", str(cm.exception))
         emb = emb.to(torch.float32).cpu()  # (no device: allowed)
         out = emb(torch.tensor([3, 3]))
         self.assertEqual(out.device.type, "cpu")
