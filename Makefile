@@ -227,9 +227,20 @@ test-sql test-python: deps
 	@$(MAKE) --no-print-directory all $(B)/asan/embkv.so $(if $(filter test-python,$@),venv)
 	@bash tests/run.sh $(patsubst test-%,%,$@)
 
-plain-tests: $(plain_TESTS) $(B)/pmemsim.so
+plain-tests: $(plain_TESTS) $(B)/pmemsim.so $(FAKECUDA)
 asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
+
+# With the CUDA part: a stand-in libcuda.so.1 (tests/gpu/fakecuda.c), so
+# that the driver path and the GPU test run here too (tests/run.sh).
+ifeq ($(CUDA),1)
+FAKECUDA := $(B)/fakecuda/libcuda.so.1 $(B)/fakecuda/test_gpu_real
+endif
+$(B)/fakecuda/libcuda.so.1: tests/gpu/fakecuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) -O2 -g -fPIC -shared -I$(CUDA_HOME)/include -Wl,-soname,libcuda.so.1 -o $@ $< -pthread -lm
+$(B)/fakecuda/test_gpu_real: tests/gpu/test_gpu_real.c tests/check.h $(B)/plain/libembkv.a $(B)/fakecuda/libcuda.so.1
+	$(CC) $(plain_CFLAGS) -Itests $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -L$(B)/fakecuda -l:libcuda.so.1
 
 # Simulated persistent memory for test_powercut (an LD_PRELOAD library).
 $(B)/pmemsim.so: tests/powercut/pmemsim.c tests/powercut/filesim.c tests/powercut/pmemsim.h

@@ -46,6 +46,12 @@ if want c; then
     for t in build/tsan/tests/test_concurrency*; do
         [[ -x $t ]] && run_one "tsan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
     done
+    # The GPU test through the driver path, against a stand-in driver (built
+    # with the CUDA part: tests/gpu/fakecuda.c); on a GPU, tests/gpu/run.sh.
+    if [[ -x build/fakecuda/test_gpu_real ]]; then
+        run_one "fakecuda/test_gpu_real" env LD_LIBRARY_PATH="$PWD/build/fakecuda" FAKECUDA_REPORT=1 \
+            build/fakecuda/test_gpu_real
+    fi
 fi
 if want sql && [[ -d tests/sql ]]; then
     for t in tests/sql/*.sql; do

@@ -14,12 +14,23 @@
   construction with the reason, and .cuda()/.to('cuda') likewise; the
   module stays on the CPU and works there.
 
+- Through the driver path, with the stand-in libcuda.so.1 of
+  tests/gpu/fakecuda.c (built with the CUDA part; device memory is host
+  memory there, so numpy arrays serve as device buffers): embkv_gpu() is
+  usable, embkv_pull_device and embkv_get_device write what embkv_pull
+  reads (odd dims, repeats, missing ids), embkv_push_device updates as
+  embkv_push does, embkv_stats has its gpu section.
+
 The GPU's own tests (gathers equal to the CPU path, pushes from CUDA
 gradients, embkv.torch on CUDA against torch's modules) are
 tests/gpu/run.sh, on a machine with one.
 """
 import json
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import unittest
 
 import numpy as np
@@ -152,6 +163,56 @@ class GpuWithoutDevice(Base):
         out.sum().backward()
         row = np.frombuffer(self.q("SELECT vec FROM t WHERE id = 3"), np.float32)
         np.testing.assert_array_equal(row, np.full(4, -1.0, np.float32))  # 0 - 0.5 * (1 + 1)
+
+
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "fakecuda")
+
+FAKE_SCRIPT = r"""
+import json, sys
+import numpy as np
+import embkv
+db = sys.argv[1]
+c = embkv.connect(db)
+gpu = json.loads(c.execute("SELECT embkv_gpu()").fetchone()[0])
+assert gpu == {"compiled": True, "usable": True}, gpu
+for dim in (5, 16):
+    for t in ("a%d" % dim, "b%d" % dim):
+        c.execute("CREATE VIRTUAL TABLE %s USING embkv(dim=%d, optimizer='adagrad', lr=0.1, init='normal(0,1)', "
+                  "seed=3)" % (t, dim))
+    rng = np.random.default_rng(dim)
+    for step in range(10):
+        ids = rng.integers(0, 60, 40).astype(np.int64)
+        cpu = embkv.pull(c, "a%d" % dim, ids)
+        dev = np.full((len(ids), dim), 7.0, np.float32)
+        n = c.execute("SELECT embkv_pull_device(?, ?, ?, 0)", ("b%d" % dim, ids.tobytes(), dev.ctypes.data)).fetchone()[0]
+        assert n == len(ids) and np.array_equal(cpu, dev), (dim, step)
+        g = rng.standard_normal((len(ids), dim)).astype(np.float32)
+        ua = embkv.push(c, "a%d" % dim, ids, g)
+        ub = c.execute("SELECT embkv_push_device(?, ?, ?, NULL)", ("b%d" % dim, ids.tobytes(), g.ctypes.data)).fetchone()[0]
+        assert ua == ub == len(np.unique(ids)), (ua, ub)
+    ra = c.execute("SELECT id, vec, clock FROM a%d ORDER BY id" % dim).fetchall()
+    rb = c.execute("SELECT id, vec, clock FROM b%d ORDER BY id" % dim).fetchall()
+    assert ra == rb, dim
+    ids = np.array([1, 2, 999, 2], np.int64)
+    out = np.full((4, dim), 7.0, np.float32)
+    found = c.execute("SELECT embkv_get_device(?, ?, ?, 0)", ("b%d" % dim, ids.tobytes(), out.ctypes.data)).fetchone()[0]
+    assert found == 3 and not out[2].any() and np.array_equal(out[1], out[3]), found
+    st = json.loads(c.execute("SELECT embkv_stats(?)", ("b%d" % dim,)).fetchone()[0])["gpu"]
+    assert st["gathers"] == 11 and st["sums"] == 10 and st["pool_registered"] is True, st
+print("ok")
+"""
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(FAKE, "libcuda.so.1")),
+                     "no stand-in driver (build/fakecuda: built with the CUDA part)")
+class GpuStandInDriver(Base):
+    def test_functions_through_the_driver_path(self):
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(FAKE), FAKECUDA_REPORT="1")
+        r = subprocess.run([sys.executable, "-c", FAKE_SCRIPT, self.db], env=env, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.strip(), "ok")
+        self.assertIn("0 bad calls", r.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,343 @@
+/*
+ * fakecuda.c - a stand-in libcuda.so.1 for machines without a GPU, so that
+ * the driver path of ext/engine/gpudrv.c (dlopen, the versioned symbols,
+ * contexts, registration, launches and their parameters, events) and the
+ * GPU tests themselves (tests/gpu/test_gpu_real.c, and the SQL functions
+ * from Python) run in `make test`.
+ *
+ * "Device memory" is host memory (cuMemAlloc is malloc, a registered or
+ * pinned host range is its own device address), and a launch runs the
+ * kernel on the CPU at once, from a model of ext/engine/gpu_kernels.cu: a
+ * descriptor per row, a record's header checked, rows decoded as
+ * dtype.c decodes them, gradients summed from 0.0 in the batch's order in
+ * double.  What it checks of its callers: the fat binary handed to
+ * cuModuleLoadData is one (its magic), launches cover every row with the
+ * block size the kernels assume, calls that need a context have one
+ * current, and every event and pinned block is freed (counted; reported
+ * at exit when FAKECUDA_REPORT is set).  It says nothing of timing or of
+ * real asynchrony: tests/test_gpu.c's fake device covers completions that
+ * come later.
+ */
+#include <cuda.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int the_context;                  /* the one context there is */
+static _Thread_local int depth;          /* contexts pushed on this thread */
+static _Thread_local int set_current;    /* cuCtxSetCurrent was called here */
+static atomic_long events, pinned, allocs, launches, bad_calls;
+
+static void complain(const char *what)
+{
+    atomic_fetch_add(&bad_calls, 1);
+    fprintf(stderr, "fakecuda: %s\n", what);
+}
+
+static int current(void) { return depth > 0 || set_current; }
+
+/* At exit: what is left, and a failing status if a call was wrong. */
+__attribute__((destructor)) static void report(void)
+{
+    if (getenv("FAKECUDA_REPORT"))
+        fprintf(stderr, "fakecuda: %ld launches; left: %ld events, %ld pinned blocks, %ld allocations; %ld bad calls\n",
+                atomic_load(&launches), atomic_load(&events), atomic_load(&pinned), atomic_load(&allocs),
+                atomic_load(&bad_calls));
+    if (atomic_load(&bad_calls))
+        _exit(86);
+}
+
+CUresult cuInit(unsigned flags) { return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return CUDA_SUCCESS; }
+CUresult cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice *d, int ordinal) { *d = ordinal; return ordinal == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+CUresult cuGetErrorString(CUresult r, const char **s)
+{
+    *s = r == CUDA_ERROR_INVALID_VALUE ? "invalid argument (fakecuda)" : "an error (fakecuda)";
+    return CUDA_SUCCESS;
+}
+
+/* Addresses below 64 KiB are nobody's: as a driver says of a pointer it
+ * does not know. */
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+    if (p < 65536)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (a == CU_POINTER_ATTRIBUTE_CONTEXT) {
+        *(CUcontext *)data = (CUcontext)&the_context;
+        return CUDA_SUCCESS;
+    }
+    if (a == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+        *(int *)data = 0;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+    *c = (CUcontext)&the_context;
+    return d == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+CUresult cuCtxSetCurrent(CUcontext c) { set_current = c != NULL; return CUDA_SUCCESS; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = current() ? (CUcontext)&the_context : NULL; return CUDA_SUCCESS; }
+CUresult cuCtxPushCurrent(CUcontext c)
+{
+    if (c != (CUcontext)&the_context)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    depth++;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxPopCurrent(CUcontext *c)
+{
+    if (depth == 0) {
+        complain("cuCtxPopCurrent without a push");
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    depth--;
+    if (c)
+        *c = (CUcontext)&the_context;
+    return CUDA_SUCCESS;
+}
+
+enum { GATHER = 1, SUM = 2 };
+CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    uint32_t magic;
+    memcpy(&magic, image, 4);
+    if (magic != 0xBA55ED50u) {  /* a fat binary's header */
+        complain("cuModuleLoadData: not a fat binary");
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    if (!current())
+        complain("cuModuleLoadData without a current context");
+    *m = (CUmodule)&the_context;
+    return CUDA_SUCCESS;
+}
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    (void)m;
+    if (strcmp(name, "embkv_gather") == 0)
+        *f = (CUfunction)(uintptr_t)GATHER;
+    else if (strcmp(name, "embkv_grad_sum") == 0)
+        *f = (CUfunction)(uintptr_t)SUM;
+    else
+        return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostRegister(void *p, size_t n, unsigned flags)
+{
+    (void)p, (void)n;
+    if (!(flags & CU_MEMHOSTREGISTER_DEVICEMAP))
+        complain("cuMemHostRegister without DEVICEMAP: the kernels could not reach it");
+    if (getenv("FAKECUDA_NO_REGISTER"))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
+CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned flags)
+{
+    if (!current())
+        complain("cuMemHostGetDevicePointer without a current context");
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
+{
+    (void)flags;
+    *p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+    if (!*p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_fetch_add(&pinned, 1);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFreeHost(void *p)
+{
+    free(p);
+    atomic_fetch_sub(&pinned, 1);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAlloc(CUdeviceptr *d, size_t n)
+{
+    void *p = aligned_alloc(256, (n + 255) & ~(size_t)255);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_fetch_add(&allocs, 1);
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemFree(CUdeviceptr d)
+{
+    free((void *)(uintptr_t)d);
+    atomic_fetch_sub(&allocs, 1);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+    (void)s;
+    memset((void *)(uintptr_t)d, v, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    (void)s;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; *s = (CUstream)&the_context; return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+
+/* ---- the kernels' model */
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    float f;
+    if (e == 0) {
+        f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    u = e == 0x1f ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void gather(const uint64_t *desc, const int64_t *ids, float *out, uint32_t *bad, uint32_t n, uint32_t dim)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        uint64_t d = desc[r];
+        float *o = out + (size_t)r * dim;
+        const char *src = (const char *)(uintptr_t)(d & ~7ull);
+        unsigned kind = d & 3;
+        int ok = src != NULL;
+        if (ok && (d & 4))
+            ok = *(const int64_t *)(src - 32) == ids[r];
+        if (ok && kind == 0) {
+            memcpy(o, src, 4 * (size_t)dim);
+            continue;
+        }
+        for (uint32_t j = 0; ok && j < dim && kind != 3; j++) {
+            uint16_t b;
+            memcpy(&b, src + 2 * (size_t)j, 2);
+            if (kind == 1) {
+                ok = (b & 0x7c00) != 0x7c00;
+                o[j] = half_to_float(b);
+            } else {
+                ok = (b & 0x7f80) != 0x7f80;
+                uint32_t u = (uint32_t)b << 16;
+                memcpy(&o[j], &u, 4);
+            }
+        }
+        if (ok && kind == 3) {
+            float scale, bias;
+            memcpy(&scale, src, 4);
+            memcpy(&bias, src + 4, 4);
+            if (!(scale >= 0) || !isfinite(scale) || !isfinite(bias)) {
+                ok = 0;
+            } else {
+                int fast = fabs((double)bias) + 256.0 * (double)scale < (double)FLT_MAX / 2;
+                const uint8_t *q = (const uint8_t *)src + 8;
+                for (uint32_t j = 0; j < dim; j++) {
+                    if (fast) {
+                        volatile float m = (float)q[j] * scale;  /* (rounded on its own) */
+                        o[j] = bias + m;
+                    } else {
+                        double x = (double)bias + (double)q[j] * (double)scale;
+                        o[j] = x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
+                    }
+                }
+            }
+        }
+        if (!ok) {
+            memset(o, 0, 4 * (size_t)dim);
+            if (src && r < *bad)
+                *bad = r;
+        }
+    }
+}
+
+static void grad_sum(const float *g, const uint32_t *occ, const uint32_t *start, const uint32_t *slot, float *once,
+                     double *sums, uint32_t nu, uint32_t dim)
+{
+    for (uint32_t u = 0; u < nu; u++)
+        for (uint32_t j = 0; j < dim; j++) {
+            uint32_t a = start[u], b = start[u + 1];
+            if (b - a == 1) {
+                once[(size_t)slot[u] * dim + j] = g[(size_t)occ[a] * dim + j];
+                continue;
+            }
+            double s = 0.0 + (double)g[(size_t)occ[a] * dim + j];
+            for (uint32_t k = a + 1; k < b; k++)
+                s += (double)g[(size_t)occ[k] * dim + j];
+            sums[(size_t)slot[u] * dim + j] = s;
+        }
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream s, void **p, void **extra)
+{
+    (void)s;
+    if (!current())
+        complain("cuLaunchKernel without a current context");
+    if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra != NULL || bx != 256) {
+        complain("cuLaunchKernel: not the 1-D launch of 256 threads the kernels assume");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    atomic_fetch_add(&launches, 1);
+    if (f == (CUfunction)(uintptr_t)GATHER) {
+        uint32_t n = *(uint32_t *)p[4], dim = *(uint32_t *)p[5];
+        if ((uint64_t)gx * bx / 32 < n)
+            complain("gather launch: fewer warps than rows");
+        gather(*(uint64_t **)p[0], *(int64_t **)p[1], *(float **)p[2], *(uint32_t **)p[3], n, dim);
+    } else if (f == (CUfunction)(uintptr_t)SUM) {
+        uint32_t nu = *(uint32_t *)p[6], dim = *(uint32_t *)p[7];
+        if ((uint64_t)gx * bx < (uint64_t)nu * dim)
+            complain("sum launch: fewer threads than elements");
+        grad_sum(*(float **)p[0], *(uint32_t **)p[1], *(uint32_t **)p[2], *(uint32_t **)p[3], *(float **)p[4],
+                 *(double **)p[5], nu, dim);
+    } else {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags)
+{
+    if (!current())
+        complain("cuEventCreate without a current context");
+    *e = (CUevent)malloc(8);
+    atomic_fetch_add(&events, 1);
+    (void)flags;
+    return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
+CUresult cuEventQuery(CUevent e)
+{
+    if (!current())
+        complain("cuEventQuery without a current context");
+    (void)e;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e)
+{
+    if (!current())
+        complain("cuEventSynchronize without a current context");
+    (void)e;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy(CUevent e)
+{
+    if (!current())
+        complain("cuEventDestroy without a current context");
+    free(e);
+    atomic_fetch_sub(&events, 1);
+    return CUDA_SUCCESS;
+}
