@@ -49,6 +49,10 @@
  *     switch, and times never go backwards from mark to mark.  So a row
  *     whose record epoch is at most e was last written no later than
  *     mark e says (evict.c: expiry).
+ * P9  A device gather (gather.c) is a reader of P6 until the GPU has read
+ *     its rows: its lease keeps the epoch the gather entered in, from
+ *     before its first index lookup until its completion event is seen,
+ *     so no record the launch reads is reused while the GPU may read it.
  */
 #ifndef EMBKV_FORMAT_H
 #define EMBKV_FORMAT_H

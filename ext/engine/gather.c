@@ -29,8 +29,7 @@
  * demotions, compactions and checkpoints do meanwhile, and a reclaimer
  * that must wait (ebr_synchronize) waits for the event.  The lease's
  * pinned buffer (descriptors, ids, staged rows) is reused only after its
- * event too.  G1: a lease holds its epoch from before the gather's
- * ebr_enter until its event is seen complete.
+ * event too (P9, format.h).
  *
  * Checks.  A pool row is checked by the kernel (its header must name the
  * id; an encoded row must decode), not by the CPU: reading the record
@@ -56,7 +55,7 @@ enum { LEASE_FREE, LEASE_FILLING, LEASE_INFLIGHT };
 
 typedef struct lease {
     _Atomic int state;
-    atomic_uint_fast64_t epoch;  /* G1: while FILLING or INFLIGHT (0: pins nothing) */
+    atomic_uint_fast64_t epoch;  /* P9: while FILLING or INFLIGHT (0: pins nothing) */
     uint64_t seq;                /* when it was launched: the oldest is waited for first */
     void *ev;
     char *host;                  /* pinned, mapped: descriptors, ids, the failure word, rows */
@@ -116,7 +115,7 @@ static void leases_poll(gpu_state *g)
 
 static void lease_wait(gpu_state *g, lease *l) { lease_finish(g, l, g->be->event_wait(l->ev) == 0); }
 
-/* The epoch hooks (epoch.c): the oldest epoch a lease holds (G1), and a
+/* The epoch hooks (epoch.c): the oldest epoch a lease holds (P9), and a
  * wait for those before target. */
 static uint64_t hook_oldest(ebr_foreign *f, uint64_t now)
 {
@@ -263,7 +262,7 @@ static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream, 
     if (rc != EMBKV_OK) {
         /* The launch may run: the lease goes back only once the stream
          * says its work is done.  A stream that cannot say keeps it (its
-         * epoch pinned, G1) and the store's device calls fail from then
+         * epoch pinned, P9) and the store's device calls fail from then
          * on: nothing can tell when the GPU stops reading. */
         bool done = g->be->stream_wait(stream) == 0;
         pthread_mutex_lock(&g->mu);
@@ -420,7 +419,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     for (size_t j = n; j-- > 0;)
         first[slot_of[j]] = j;
     cache *c = s->reader ? NULL : s->cache;
-    /* G1: the epoch before this thread's, kept by the lease after it. */
+    /* P9: the epoch before this thread's, kept by the lease after it. */
     uint64_t e0 = ebr_now();
     ebr_enter();
     /* Pass 1: where each row is, and how many are staged. */

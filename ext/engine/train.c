@@ -714,22 +714,41 @@ static int pull_missing(embkv_session *ss, struct train_state *t, const embkv_tr
     return rc;
 }
 
-int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
+/* A pull's arguments (fn: the function, in errors). */
+static int pull_check(embkv_session *ss, const int64_t *ids, size_t n, const void *out, unsigned flags,
+                      const char *fn)
 {
     if (!ss || (n && (!ids || !out)))
-        return embkv__err(EMBKV_INVALID, "embkv_pull: NULL argument");
+        return embkv__err(EMBKV_INVALID, "%s: NULL argument", fn);
     if (flags & ~(unsigned)EMBKV_PULL_ONCE)
-        return embkv__err(EMBKV_INVALID, "embkv_pull_ex: unknown flags 0x%x", flags & ~(unsigned)EMBKV_PULL_ONCE);
-    RO_REFUSE(ss->s, "embkv_pull");
-    if (n == 0)
-        return EMBKV_OK;
+        return embkv__err(EMBKV_INVALID, "%s: unknown flags 0x%x", fn, flags & ~(unsigned)EMBKV_PULL_ONCE);
+    RO_REFUSE(ss->s, fn);
+    return EMBKV_OK;
+}
+
+/* A pull's end: the permits it took back when it failed, its rows
+ * counted when not. */
+static int pull_end(embkv_session *ss, struct train_state *t, int64_t *st, size_t taken, size_t n, int rc)
+{
+    if (rc != EMBKV_OK)
+        return_taken(ss, t, st, taken);
+    else
+        atomic_fetch_add(&t->pulls, n);
+    free(st);
+    return rc;
+}
+
+int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
+{
+    int rc = pull_check(ss, ids, n, out, flags, "embkv_pull");
+    if (rc != EMBKV_OK || n == 0)
+        return rc;
     embkv_store *s = ss->s;
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
     int64_t *st = NULL;
     size_t taken = 0;
-    int rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken);
-    if (rc != EMBKV_OK)
+    if ((rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken)) != EMBKV_OK)
         return rc;
     uint8_t *found = malloc(n);
     size_t missing = 0;
@@ -742,12 +761,7 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
         rc = pull_missing(ss, t, &o, ids, n, found, missing, out, NULL, NULL);
     cache_pull_end(s->cache);
     free(found);
-    if (rc != EMBKV_OK)
-        return_taken(ss, t, st, taken);
-    else
-        atomic_fetch_add(&t->pulls, n);
-    free(st);
-    return rc;
+    return pull_end(ss, t, st, taken, n, rc);
 }
 
 /* The device pull: the permits, then the rows that are missing made (or
@@ -755,18 +769,13 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
  * repeated id once, as read_batch does. */
 int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
 {
-    if (!ss || (n && (!ids || !dev_out)))
-        return embkv__err(EMBKV_INVALID, "embkv_pull_device: NULL argument");
-    if (flags & ~(unsigned)EMBKV_PULL_ONCE)
-        return embkv__err(EMBKV_INVALID, "embkv_pull_device: unknown flags 0x%x", flags & ~(unsigned)EMBKV_PULL_ONCE);
-    RO_REFUSE(ss->s, "embkv_pull_device");
-    if (n == 0)
-        return EMBKV_OK;
+    int rc = pull_check(ss, ids, n, dev_out, flags, "embkv_pull_device");
+    if (rc != EMBKV_OK || n == 0)
+        return rc;
     embkv_store *s = ss->s;
     /* No permit is taken and no row made before the device and the
      * address are known to be usable (a launch may still fail after). */
-    int rc = gpu_target_check(s, dev_out, "embkv_pull_device");
-    if (rc != EMBKV_OK)
+    if ((rc = gpu_target_check(s, dev_out, "embkv_pull_device")) != EMBKV_OK)
         return rc;
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
@@ -798,12 +807,7 @@ int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev
     free(found);
     free(given);
     free(given_rows);
-    if (rc != EMBKV_OK)
-        return_taken(ss, t, st, taken);
-    else
-        atomic_fetch_add(&t->pulls, n);
-    free(st);
-    return rc;
+    return pull_end(ss, t, st, taken, n, rc);
 }
 
 /* ------------------------------------------------------------ push */
