@@ -43,7 +43,7 @@ if want c; then
     for t in build/asan/tests/test_*; do
         run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
     done
-    for t in build/tsan/tests/test_concurrency*; do
+    for t in build/tsan/tests/test_concurrency* build/tsan/tests/test_gpu; do
         [[ -x $t ]] && run_one "tsan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
     done
     # The GPU test through the driver path, against a stand-in driver (built

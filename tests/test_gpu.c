@@ -21,6 +21,9 @@
  *     oldest.
  *  D. A row the kernel finds damaged is reported by the next call, naming
  *     the id (EMBKV_CORRUPT); a stream's failure likewise.
+ *  C2. Two threads gather while two rewrite rows and one checkpoints,
+ *     the device completing at moments of its own: every row whole (also
+ *     under TSan).
  *  E. Pushes from device gradients equal embkv_push bit for bit (adagrad
  *     and adam, repeated ids); a NaN changes nothing; pull_device takes
  *     permits (staleness 0: a second pull of an id times out), creates
@@ -510,6 +513,117 @@ static void test_protection(void)
 
 /* ------------------------------------------------------------ D */
 
+/* Gathers from two threads while two writers rewrite rows and a third
+ * thread checkpoints (reclaiming what the writers retired), with the
+ * device completing its work at moments of its own (a completer thread):
+ * every gathered row is one whole version (element 0 its generation, the
+ * rest a function of id and generation). */
+enum { CN = 3000 };
+static embkv_store *cs;
+static atomic_int cstop;
+static atomic_long cwrong, crows;
+
+static void crow(int64_t id, int gen, float *v)
+{
+    v[0] = (float)gen;
+    for (int j = 1; j < DIM; j++)
+        v[j] = val(id, gen, j);
+}
+
+static void *c_writer(void *arg)
+{
+    uint64_t r = (uint64_t)(uintptr_t)arg * 7919 + 1;
+    float v[DIM];
+    for (int gen = 2; !atomic_load(&cstop); gen++)
+        for (int k = 0; k < 200 && !atomic_load(&cstop); k++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            int64_t id = (int64_t)((r >> 33) % CN);
+            crow(id, gen, v);
+            (void)embkv_put(cs, id, v, NULL, 0);
+        }
+    return NULL;
+}
+
+static void *c_syncer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&cstop)) {
+        (void)embkv_sync(cs);
+        usleep(2000);
+    }
+    return NULL;
+}
+
+static void *c_completer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&cstop)) {
+        fake_complete_all();
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void *c_gatherer(void *arg)
+{
+    uint64_t r = (uint64_t)(uintptr_t)arg * 104729 + 3;
+    enum { B = 256 };
+    int64_t ids[B];
+    float *out = malloc(B * DIM * 4);
+    for (int round = 0; round < 150; round++) {
+        for (int i = 0; i < B; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int64_t)((r >> 33) % CN);
+        }
+        if (embkv_get_batch_device(cs, ids, B, out, NULL, NULL) != EMBKV_OK) {
+            atomic_fetch_add(&cwrong, 1);
+            continue;
+        }
+        (void)embkv_gpu_sync(cs);  /* its copy done (the completer's, or this wait's) */
+        for (int i = 0; i < B; i++) {
+            float want[DIM];
+            crow(ids[i], (int)out[i * DIM], want);
+            if (out[i * DIM] < 1 || memcmp(out + i * DIM, want, sizeof want) != 0)
+                atomic_fetch_add(&cwrong, 1);
+        }
+        atomic_fetch_add(&crows, B);
+    }
+    free(out);
+    return NULL;
+}
+
+static void test_concurrent(void)
+{
+    gpu_backend_set(&fake);
+    embkv_options o = {.dim = DIM, .expected_rows = CN, .cache_size = 1u << 20};
+    CHECK_RC(embkv_open(test_tmpdir("concurrent"), &o, EMBKV_OPEN_CREATE, &cs), EMBKV_OK);
+    float v[DIM];
+    for (int64_t id = 0; id < CN; id++) {
+        crow(id, 1, v);
+        CHECK_RC(embkv_put(cs, id, v, NULL, 0), EMBKV_OK);
+    }
+    fk_auto = false;
+    pthread_t w[2], sy, co, g[2];
+    pthread_create(&co, NULL, c_completer, NULL);
+    pthread_create(&sy, NULL, c_syncer, NULL);
+    for (int k = 0; k < 2; k++)
+        pthread_create(&w[k], NULL, c_writer, (void *)(uintptr_t)k);
+    for (int k = 0; k < 2; k++)
+        pthread_create(&g[k], NULL, c_gatherer, (void *)(uintptr_t)k);
+    for (int k = 0; k < 2; k++)
+        pthread_join(g[k], NULL);
+    atomic_store(&cstop, 1);
+    for (int k = 0; k < 2; k++)
+        pthread_join(w[k], NULL);
+    pthread_join(sy, NULL);
+    pthread_join(co, NULL);
+    fk_auto = true;
+    CHECK(atomic_load(&cwrong) == 0);
+    CHECK(atomic_load(&crows) == 2 * 150 * 256);
+    CHECK_RC(embkv_check(cs), EMBKV_OK);
+    CHECK_RC(embkv_close(cs), EMBKV_OK);
+}
+
 static void test_failures(void)
 {
     gpu_backend_set(&fake);
@@ -682,6 +796,7 @@ int main(void)
     test_tiers(EMBKV_I8, false);
     test_odd_dim();
     test_protection();
+    test_concurrent();
     test_failures();
     test_push();
     gpu_backend_set(NULL);
