@@ -24,6 +24,9 @@
  *  C2. Two threads gather while two rewrite rows and one checkpoints,
  *     the device completing at moments of its own: every row whole (also
  *     under TSan).
+ *  C3. Twelve device pushes of new rows at once (more than the store's
+ *     leases; the index grows under them) beside a device reader: none
+ *     waits for another for good.
  *  E. Pushes from device gradients equal embkv_push bit for bit (adagrad
  *     and adam, repeated ids); a NaN changes nothing; pull_device takes
  *     permits (staleness 0: a second pull of an id times out), creates
@@ -624,6 +627,75 @@ static void test_concurrent(void)
     CHECK_RC(embkv_close(cs), EMBKV_OK);
 }
 
+/* More device pushes at once than a store has leases, their rows new (the
+ * index grows under them: a resize waits for every reader's epoch), beside
+ * a device reader: all finish (a gather waits for a lease outside its
+ * epoch, never inside it). */
+static embkv_store *ps;
+static atomic_long pushed;
+
+static void *p_pusher(void *arg)
+{
+    embkv_session *q;
+    if (embkv_session_open(ps, &q) != EMBKV_OK)
+        return NULL;
+    uint64_t r = (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull + 5;
+    int64_t ids[200];
+    float g[200 * DIM];
+    for (int i = 0; i < 200 * DIM; i++)
+        g[i] = 0.25f;
+    for (int k = 0; k < 25; k++) {
+        for (int i = 0; i < 200; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int64_t)(r >> 20);
+        }
+        if (embkv_push_device(q, ids, 200, g, NULL, 0, NULL) == EMBKV_OK)
+            atomic_fetch_add(&pushed, 1);
+    }
+    embkv_session_close(q);
+    return NULL;
+}
+
+static void *p_reader(void *arg)
+{
+    (void)arg;
+    int64_t ids[200];
+    float out[200 * DIM];
+    for (int i = 0; i < 200; i++)
+        ids[i] = i;
+    while (atomic_load(&pushed) < 12 * 25)
+        if (embkv_get_batch_device(ps, ids, 200, out, NULL, NULL) != EMBKV_OK)
+            break;
+    return NULL;
+}
+
+static void test_many_pushes(void)
+{
+    gpu_backend_set(&fake);
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.init = EMBKV_INIT_ZEROS;
+    embkv_options o = {.dim = DIM, .expected_rows = 1000, .pool_size = 64u << 20};
+    CHECK_RC(embkv_open(test_tmpdir("pushes"), &o, EMBKV_OPEN_CREATE, &ps), EMBKV_OK);
+    CHECK_RC(embkv_train_configure(ps, &t), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(ps, &st), EMBKV_OK);
+    uint64_t buckets = st.buckets;
+    alarm(120);  /* (a deadlock fails the test instead of hanging it) */
+    pthread_t th[13];
+    for (int k = 0; k < 12; k++)
+        pthread_create(&th[k], NULL, p_pusher, (void *)(uintptr_t)(k + 1));
+    pthread_create(&th[12], NULL, p_reader, NULL);
+    for (int k = 0; k < 13; k++)
+        pthread_join(th[k], NULL);
+    alarm(0);
+    CHECK(atomic_load(&pushed) == 12 * 25);
+    CHECK_RC(embkv_stats_get(ps, &st), EMBKV_OK);
+    CHECK(st.buckets > buckets && st.rows == 12 * 25 * 200);  /* the index grew under them */
+    CHECK(st.gpu_sums == 12 * 25 && st.gpu_inflight == 0);
+    CHECK_RC(embkv_close(ps), EMBKV_OK);
+}
+
 static void test_failures(void)
 {
     gpu_backend_set(&fake);
@@ -797,6 +869,7 @@ int main(void)
     test_odd_dim();
     test_protection();
     test_concurrent();
+    test_many_pushes();
     test_failures();
     test_push();
     gpu_backend_set(NULL);

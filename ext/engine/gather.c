@@ -69,6 +69,7 @@ typedef struct lease {
 struct gpu_state {
     const gpu_backend *be;
     pthread_mutex_t mu;
+    pthread_cond_t freed;        /* a lease went back FREE (under mu) */
     lease leases[LEASES];
     uint64_t seq;
     ebr_foreign hook;
@@ -98,6 +99,7 @@ static void lease_finish(gpu_state *g, lease *l, bool ok)
     l->ev = NULL;
     atomic_store(&l->epoch, 0);
     atomic_store(&l->state, LEASE_FREE);
+    pthread_cond_signal(&g->freed);
 }
 
 /* Under g->mu: every in-flight lease whose event has completed. */
@@ -162,10 +164,12 @@ static int gpu_state_of(embkv_store *s, const gpu_backend *be, gpu_state **out)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the GPU state", s->path);
     g->be = be;
     pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->freed, NULL);
     g->hook.oldest = hook_oldest;
     g->hook.wait = hook_wait;
     gpu_state *expect = NULL;
     if (!atomic_compare_exchange_strong(&s->gpu, &expect, g)) {
+        pthread_cond_destroy(&g->freed);
         pthread_mutex_destroy(&g->mu);
         free(g);
         *out = expect;
@@ -176,10 +180,38 @@ static int gpu_state_of(embkv_store *s, const gpu_backend *be, gpu_state **out)
     return EMBKV_OK;
 }
 
+/* Its buffer, at least bytes (grown by halves past what is asked:
+ * batches vary).  Under g->mu; no call into the store. */
+static int lease_grow(embkv_store *s, gpu_state *g, lease *l, size_t bytes)
+{
+    if (l->cap >= bytes)
+        return EMBKV_OK;
+    size_t want = bytes + bytes / 2;
+    if (want < (1u << 20))
+        want = 1u << 20;
+    char why[512];
+    void *p;
+    uint64_t dev;
+    if (l->host)
+        g->be->host_free(l->host);
+    l->host = NULL;
+    l->cap = 0;
+    int rc = g->be->host_alloc(want, &p, &dev, why, sizeof why);
+    if (rc != EMBKV_OK)
+        return embkv__err(rc == EMBKV_NOMEM ? EMBKV_NOMEM : EMBKV_NODEVICE,
+                          "store %s: no pinned memory for a batch of %zu bytes: %s", s->path, want, why);
+    l->host = p;
+    l->dev = dev;
+    l->cap = want;
+    return EMBKV_OK;
+}
+
 /* A free lease with a buffer of at least bytes, FILLING, pinning epoch e
- * (0: none).  Waits for the oldest in flight when all are taken. */
-static int lease_take(embkv_store *s, gpu_state *g, size_t bytes, uint64_t e, bool gather, lease **out,
-                      const char *fn)
+ * (0: none).  Waits for the oldest in flight when all are taken, or for
+ * one to be given back.  Never called inside an epoch or a write group:
+ * the leases it waits for may be held by pushes (gpu_grad_sum) whose
+ * updates wait for every epoch to pass (a resize, a demotion). */
+static int lease_take(embkv_store *s, gpu_state *g, size_t bytes, uint64_t e, bool gather, lease **out)
 {
     pthread_mutex_lock(&g->mu);
     lease *l = NULL;
@@ -199,45 +231,22 @@ static int lease_take(embkv_store *s, gpu_state *g, size_t bytes, uint64_t e, bo
         if (g->broken) {
             pthread_mutex_unlock(&g->mu);
             *out = NULL;
-            return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device call's end could not be known: close "
-                              "and reopen the store to use the GPU again", fn, s->path);
+            return embkv__err(EMBKV_NODEVICE, "store %s: an earlier device call's end could not be known: close and "
+                              "reopen the store to use the GPU again", s->path);
         }
-        if (!oldest) {
-            /* every lease filling on other threads: let one launch */
-            pthread_mutex_unlock(&g->mu);
-            sched_yield();
-            pthread_mutex_lock(&g->mu);
-            continue;
-        }
-        lease_wait(g, oldest);
+        if (oldest)
+            lease_wait(g, oldest);
+        else
+            pthread_cond_wait(&g->freed, &g->mu);  /* every lease filling on other threads */
     }
     atomic_store(&l->epoch, e);
     atomic_store(&l->state, LEASE_FILLING);
     l->gather = gather;
-    int rc = EMBKV_OK;
-    if (l->cap < bytes) {
-        /* grown by halves past what is asked: batches vary */
-        size_t want = bytes + bytes / 2;
-        if (want < (1u << 20))
-            want = 1u << 20;
-        char why[512];
-        void *p;
-        uint64_t dev;
-        if (l->host)
-            g->be->host_free(l->host);
-        l->host = NULL;
-        l->cap = 0;
-        rc = g->be->host_alloc(want, &p, &dev, why, sizeof why);
-        if (rc == EMBKV_OK) {
-            l->host = p;
-            l->dev = dev;
-            l->cap = want;
-        } else {
-            atomic_store(&l->epoch, 0);
-            atomic_store(&l->state, LEASE_FREE);
-            rc = embkv__err(rc == EMBKV_NOMEM ? EMBKV_NOMEM : EMBKV_NODEVICE,
-                            "%s: store %s: no pinned memory for a batch of %zu bytes: %s", fn, s->path, want, why);
-        }
+    int rc = lease_grow(s, g, l, bytes);
+    if (rc != EMBKV_OK) {
+        atomic_store(&l->epoch, 0);
+        atomic_store(&l->state, LEASE_FREE);
+        pthread_cond_signal(&g->freed);
     }
     pthread_mutex_unlock(&g->mu);
     *out = rc == EMBKV_OK ? l : NULL;
@@ -250,6 +259,7 @@ static void lease_drop(gpu_state *g, lease *l)
     pthread_mutex_lock(&g->mu);
     atomic_store(&l->epoch, 0);
     atomic_store(&l->state, LEASE_FREE);
+    pthread_cond_signal(&g->freed);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -273,11 +283,13 @@ static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream, 
             }
             atomic_store(&l->epoch, 0);
             atomic_store(&l->state, LEASE_FREE);
+            pthread_cond_signal(&g->freed);
         } else {
             g->broken = true;
+            pthread_cond_broadcast(&g->freed);  /* (waiters see it) */
         }
         pthread_mutex_unlock(&g->mu);
-        return embkv__err(EMBKV_NODEVICE, "%s: store %s: %s%s", fn, s->path, why,
+        return embkv__err(EMBKV_NODEVICE, "store %s: %s%s", s->path, why,
                           done ? "" : "; the stream could not be waited for either: this store's device calls fail "
                                       "until it is closed");
     }
@@ -299,17 +311,15 @@ static int earlier_failure(embkv_store *s, gpu_state *g, const char *fn)
     g->damaged = g->failed = false;
     pthread_mutex_unlock(&g->mu);
     if (broken)
-        return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device call's end could not be known (its event "
-                          "and its stream both failed): close and reopen the store to use the GPU again", fn,
-                          s->path);
+        return embkv__err(EMBKV_NODEVICE, "store %s: an earlier device call's end could not be known (its event "
+                          "and its stream both failed): close and reopen the store to use the GPU again", s->path);
     if (failed)
-        return embkv__err(EMBKV_NODEVICE, "%s: store %s: an earlier device gather or sum failed on the GPU (its "
-                          "stream reported an error): the device buffers it wrote are not to be trusted", fn, s->path);
+        return embkv__err(EMBKV_NODEVICE, "store %s: an earlier device gather or sum failed on the GPU (its "
+                          "stream reported an error): the device buffers it wrote are not to be trusted", s->path);
     if (damaged)
-        return embkv__err(EMBKV_CORRUPT, "%s: store %s: id %lld: its record failed its check when an earlier call "
+        return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its record failed its check when an earlier call "
                           "gathered it to the device (that row was written as zeros): the record is damaged; delete "
-                          "the row (it can be deleted) and write it again, or restore the store from a backup", fn,
-                          s->path, (long long)id);
+                          "the row (it can be deleted) and write it again, or restore the store from a backup", s->path, (long long)id);
     return EMBKV_OK;
 }
 
@@ -419,8 +429,16 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     for (size_t j = n; j-- > 0;)
         first[slot_of[j]] = j;
     cache *c = s->reader ? NULL : s->cache;
-    /* P9: the epoch before this thread's, kept by the lease after it. */
+    /* The lease, taken outside the epoch (lease_take may wait for pushes
+     * whose updates wait for every epoch to pass), sized for what is staged
+     * when every row is; grown below when more are.  Its buffer:
+     * descriptors, ids, the failure word, then the staged rows (16-byte
+     * aligned).  P9: it pins the epoch before this thread's. */
+    size_t off_ids = 8 * n, off_bad = off_ids + 8 * n, off_rows = (off_bad + 4 + 15) & ~(size_t)15;
+    lease *l = NULL;
     uint64_t e0 = ebr_now();
+    if ((rc = lease_take(s, g, off_rows + (direct ? 0 : m * 4 * sstride), e0, true, &l)) != EMBKV_OK)
+        goto out;
     ebr_enter();
     /* Pass 1: where each row is, and how many are staged. */
     size_t staged = 0, missing = 0, hits = 0;
@@ -458,14 +476,15 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
         if (c)
             cache_count(c, hits, m - hits);
     }
-    /* The lease: descriptors, ids, the failure word, then the staged rows
-     * (16-byte aligned). */
-    size_t off_ids = 8 * n, off_bad = off_ids + 8 * n, off_rows = (off_bad + 4 + 15) & ~(size_t)15;
-    lease *l = NULL;
-    rc = lease_take(s, g, off_rows + staged * 4 * sstride, e0, true, &l, fn);
-    if (rc != EMBKV_OK) {
-        ebr_leave();
-        goto out;
+    if (l->cap < off_rows + staged * 4 * sstride) {
+        pthread_mutex_lock(&g->mu);
+        rc = lease_grow(s, g, l, off_rows + staged * 4 * sstride);
+        pthread_mutex_unlock(&g->mu);
+        if (rc != EMBKV_OK) {
+            lease_drop(g, l);
+            ebr_leave();
+            goto out;
+        }
     }
     uint64_t *desc = (uint64_t *)l->host;
     int64_t *lids = (int64_t *)(l->host + off_ids);
@@ -488,9 +507,11 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
         float *tmp = malloc(m ? m * vbytes : 1);
         rc = found && tmp ? embkv_get_batch(s, uniq, m, tmp, found, &miss)
                           : embkv__err(EMBKV_NOMEM, "%s: out of memory", fn);
+        staged = 0;  /* (counted: the rows found) */
         for (size_t u = 0; rc == EMBKV_OK && u < m; u++) {
             memcpy(rows + srow[u] * sstride, tmp + u * dim, vbytes);
             udesc[u] = found[u] ? rows_dev + srow[u] * 4 * sstride : 0;
+            staged += found[u] != 0;
         }
         free(found);
         free(tmp);
@@ -558,7 +579,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
         rc = g->be->gather(stream, &a, why, sizeof why);
         if (rc != EMBKV_OK) {
             lease_drop(g, l);
-            rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: %s", fn, s->path, why);
+            rc = embkv__err(EMBKV_NODEVICE, "store %s: %s", s->path, why);
         } else {
             rc = lease_launched(s, g, l, stream, fn);
         }
@@ -616,7 +637,7 @@ int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint
     size_t off_sums = (off_once + 4 * (size_t)nonce * dim + 15) & ~(size_t)15;
     size_t bytes = off_sums + 8 * (size_t)nsums * dim;
     lease *l;
-    rc = lease_take(s, g, bytes, 0, false, &l, fn);
+    rc = lease_take(s, g, bytes, 0, false, &l);
     if (rc != EMBKV_OK) {
         g->be->leave();
         return rc;
@@ -635,23 +656,24 @@ int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint
     void *ev = NULL;
     bool unknown = false;  /* launched, and its end cannot be known */
     if (rc != EMBKV_OK) {
-        rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: %s", fn, s->path, why);
+        rc = embkv__err(EMBKV_NODEVICE, "store %s: %s", s->path, why);
     } else if ((rc = g->be->event_record(stream, &ev, why, sizeof why)) != EMBKV_OK) {
         unknown = g->be->stream_wait(stream) != 0;
-        rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: %s%s", fn, s->path, why,
+        rc = embkv__err(EMBKV_NODEVICE, "store %s: %s%s", s->path, why,
                         unknown ? "; the stream could not be waited for either: this store's device calls fail "
                                   "until it is closed" : "");
     }
     if (ev) {
         if (g->be->event_wait(ev) != 0)
-            rc = embkv__err(EMBKV_NODEVICE, "%s: store %s: the gradient sum failed on the GPU (its stream "
-                            "reported an error)", fn, s->path);
+            rc = embkv__err(EMBKV_NODEVICE, "store %s: the gradient sum failed on the GPU (its stream "
+                            "reported an error)", s->path);
         g->be->event_free(ev);
     }
     if (unknown) {
         /* the kernel may still write the lease's buffer: kept */
         pthread_mutex_lock(&g->mu);
         g->broken = true;
+        pthread_cond_broadcast(&g->freed);
         pthread_mutex_unlock(&g->mu);
     } else if (rc != EMBKV_OK) {
         lease_drop(g, l);
@@ -760,6 +782,7 @@ void gpu_close(embkv_store *s)
         if (in)
             g->be->leave();
     }
+    pthread_cond_destroy(&g->freed);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
