@@ -33,6 +33,10 @@ $(error CUDA=1 but no nvcc: install the CUDA toolkit, or build with CUDA=0)
 endif
 CFLAGS += -DEMBKV_WITH_CUDA -I$(B)/gen -I$(CUDA_HOME)/include
 GEN_HEADERS := $(B)/gen/gpu_fatbin.h
+# A stand-in libcuda.so.1 (tests/gpu/fakecuda.c) and the GPU test linked
+# for it, built with the plain tests: the driver path runs here too
+# (tests/run.sh).
+FAKECUDA := $(B)/fakecuda/libcuda.so.1 $(B)/fakecuda/test_gpu_real
 endif
 
 # The release: EMBKV_VERSION_STRING of ext/embkv.h, the one place it is written.
@@ -231,11 +235,7 @@ plain-tests: $(plain_TESTS) $(B)/pmemsim.so $(FAKECUDA)
 asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
 
-# With the CUDA part: a stand-in libcuda.so.1 (tests/gpu/fakecuda.c), so
-# that the driver path and the GPU test run here too (tests/run.sh).
-ifeq ($(CUDA),1)
-FAKECUDA := $(B)/fakecuda/libcuda.so.1 $(B)/fakecuda/test_gpu_real
-endif
+# The stand-in driver and the GPU test built against it (FAKECUDA, above).
 $(B)/fakecuda/libcuda.so.1: tests/gpu/fakecuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(WARN) -O2 -g -fPIC -shared -I$(CUDA_HOME)/include -Wl,-soname,libcuda.so.1 -o $@ $< -pthread -lm
