@@ -264,7 +264,7 @@ static void lease_drop(gpu_state *g, lease *l)
 }
 
 /* Its work enqueued: an event after it, and the lease in flight. */
-static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream, const char *fn)
+static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream)
 {
     char why[512];
     void *ev;
@@ -302,7 +302,7 @@ static int lease_launched(embkv_store *s, gpu_state *g, lease *l, void *stream, 
 }
 
 /* A failure an earlier gather's completion left, reported once. */
-static int earlier_failure(embkv_store *s, gpu_state *g, const char *fn)
+static int earlier_failure(embkv_store *s, gpu_state *g)
 {
     pthread_mutex_lock(&g->mu);
     leases_poll(g);
@@ -324,7 +324,7 @@ static int earlier_failure(embkv_store *s, gpu_state *g, const char *fn)
 }
 
 /* The backend, the store's state, and the context of dev made current. */
-static int gpu_begin(embkv_store *s, uint64_t dev, gpu_state **gout, const char *fn)
+static int gpu_begin(embkv_store *s, uint64_t dev, gpu_state **gout)
 {
     char why[512];
     const gpu_backend *be = gpu_backend_get(why, sizeof why);
@@ -336,7 +336,7 @@ static int gpu_begin(embkv_store *s, uint64_t dev, gpu_state **gout, const char 
         return rc;
     if ((rc = be->enter(dev, why, sizeof why)) != EMBKV_OK)
         return embkv__err(rc, "%s", why);
-    if ((rc = earlier_failure(s, g, fn)) != EMBKV_OK) {
+    if ((rc = earlier_failure(s, g)) != EMBKV_OK) {
         be->leave();
         return rc;
     }
@@ -344,10 +344,10 @@ static int gpu_begin(embkv_store *s, uint64_t dev, gpu_state **gout, const char 
     return EMBKV_OK;
 }
 
-int gpu_target_check(embkv_store *s, const void *dev, const char *fn)
+int gpu_target_check(embkv_store *s, const void *dev)
 {
     gpu_state *g;
-    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev, &g, fn);
+    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev, &g);
     if (rc == EMBKV_OK)
         g->be->leave();
     return rc;
@@ -401,7 +401,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     if (n == 0)
         return EMBKV_OK;  /* (nothing to read: no device asked, as for a pull or push of none) */
     gpu_state *g;
-    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev_out, &g, fn);
+    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev_out, &g);
     if (rc != EMBKV_OK)
         return rc;
     uint64_t t0 = now_ns();
@@ -581,7 +581,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
             lease_drop(g, l);
             rc = embkv__err(EMBKV_NODEVICE, "store %s: %s", s->path, why);
         } else {
-            rc = lease_launched(s, g, l, stream, fn);
+            rc = lease_launched(s, g, l, stream);
         }
     } else {
         lease_drop(g, l);
@@ -621,12 +621,11 @@ int embkv_get_batch_device(embkv_store *s, const int64_t *ids, size_t n, void *d
 /* ------------------------------------------------------------ sums */
 
 int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint32_t *occ, const uint32_t *start,
-                 const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out,
-                 const char *fn)
+                 const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out)
 {
     memset(out, 0, sizeof *out);
     gpu_state *g;
-    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev_grads, &g, fn);
+    int rc = gpu_begin(s, (uint64_t)(uintptr_t)dev_grads, &g);
     if (rc != EMBKV_OK)
         return rc;
     uint64_t t0 = now_ns();
@@ -712,7 +711,7 @@ int embkv_gpu_sync(embkv_store *s)
         if (atomic_load(&g->leases[i].state) == LEASE_INFLIGHT)
             lease_wait(g, &g->leases[i]);
     pthread_mutex_unlock(&g->mu);
-    return earlier_failure(s, g, "embkv_gpu_sync");
+    return earlier_failure(s, g);
 }
 
 int embkv_gpu_status(char *why, size_t cap)

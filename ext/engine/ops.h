@@ -157,13 +157,12 @@ typedef struct gpu_sums {
     struct lease *lease;
 } gpu_sums;
 int gpu_grad_sum(embkv_store *s, void *stream, const void *dev_grads, const uint32_t *occ, const uint32_t *start,
-                 const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out,
-                 const char *fn);
+                 const uint32_t *rowof, uint32_t n, uint32_t nu, uint32_t nonce, uint32_t nsums, gpu_sums *out);
 void gpu_sums_release(embkv_store *s, gpu_sums *sums);
 /* Whether a GPU is usable and dev is an address of its memory (and no
  * earlier failure is pending): what a device call checks first, before a
  * pull creates rows. */
-int gpu_target_check(embkv_store *s, const void *dev, const char *fn);
+int gpu_target_check(embkv_store *s, const void *dev);
 void gpu_stats(embkv_store *s, embkv_stats *st);
 /* Every gather of the store completed, the pool unregistered: before the
  * pool is unmapped. */

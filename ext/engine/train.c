@@ -775,7 +775,7 @@ int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev
     embkv_store *s = ss->s;
     /* No permit is taken and no row made before the device and the
      * address are known to be usable (a launch may still fail after). */
-    if ((rc = gpu_target_check(s, dev_out, "embkv_pull_device")) != EMBKV_OK)
+    if ((rc = gpu_target_check(s, dev_out)) != EMBKV_OK)
         return rc;
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
@@ -1325,8 +1325,7 @@ int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const voi
     }
     for (size_t i = 0; i < n; i++)
         occ[fill[slot_of[i]]++] = (uint32_t)i;
-    rc = gpu_grad_sum(s, stream, dev_grads, occ, start, rowof, (uint32_t)n, (uint32_t)nu, nonce, nsums, &gs,
-                      "embkv_push_device");
+    rc = gpu_grad_sum(s, stream, dev_grads, occ, start, rowof, (uint32_t)n, (uint32_t)nu, nonce, nsums, &gs);
     if (rc != EMBKV_OK)
         goto out;
     /* NaN or infinity in a gradient reaches its row's float or sum. */
