@@ -25,7 +25,16 @@
  * whose hash is 1 mod 16, inserts M new rows, and writes g into row -1.
  * Each round prints its seed (EMBKV_TEST_SEED repeats a run).
  *
- * A second series runs a store with an SSD tier: a pool too small for its
+ * A second series kills the child inside an insert, right after a slot's
+ * used bit is set (debug.c's crash point), in a table whose deletions
+ * leave slots with a former key in them, and checks every state the cut
+ * may leave there: 16 of them drawn with even odds for each line that
+ * differs and each entry pending (all of them where there are 2^5 or
+ * fewer), where the timed series writes a line back once in eight.  A torn
+ * insert is one line of one bucket in, the next out, at one moment, which
+ * the timed series reaches once in many runs.
+ *
+ * A third series runs a store with an SSD tier: a pool too small for its
  * rows, so demotion, compaction and the deletion of emptied segments run
  * beside the rounds.  The library then also journals what changes the log's
  * files (tests/powercut/filesim.c), and the cut drops, block by block, what
@@ -47,6 +56,7 @@
 #include <time.h>
 
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 #include "powercut/pmemsim.h"
 #include "powercut/filecut.h"
@@ -60,11 +70,17 @@ typedef struct {
     int64_t n0, m;
     uint64_t upd, del;
     bool ssd;
+    bool torn;  /* killed inside an insert's index write; every state a cut leaves then is checked */
 } series;
 
 static const series POOL_ONLY = {.n0 = 2000, .m = 60, .upd = 4, .del = 16};
 /* 16 MiB pool, dim 8: about a third of the rows stay in the pool. */
 static const series WITH_SSD = {.n0 = 120000, .m = 1000, .upd = 16, .del = 256, .ssd = true};
+/* Pool only, more deletions: inserts reuse slots a former key left. */
+static const series TORN = {.n0 = 2000, .m = 60, .upd = 4, .del = 8, .torn = true};
+#define TORN_ENV "EMBKV_POWERCUT_TORN"
+/* What is being checked, for the messages of check_store. */
+static char cut_what[96];
 static series S;
 #define N0 S.n0
 #define M S.m
@@ -137,7 +153,12 @@ static int child_main(const char *dir, const char *mark)
     /* The versions as of checkpoint g, kept up to date round by round. */
     model m;
     model_at(&m, g);
-    for (;;) {
+    /* The torn series dies in the third round of each child, at the k-th
+     * index write of its inserts (debug.c's crash point, taken right
+     * after a slot's used bit is set). */
+    const char *te = getenv(TORN_ENV);
+    long torn = te ? atol(te) : 0;
+    for (int lived = 0;; lived++) {
         g++;
         int64_t live = N0 + (int64_t)(g - 1) * M;
         uint8_t *present = realloc(m.present, (size_t)(live + M));
@@ -160,6 +181,7 @@ static int child_main(const char *dir, const char *mark)
                 m.present[id] = 0;
             }
         }
+        if (torn > 0 && lived == 2) embkv_debug_kill_after_index_writes((uint64_t)torn);
         for (int64_t id = live; id < live + M; id++) {
             make_vec(id, 0, v);
             m.present[id] = 1;
@@ -203,41 +225,120 @@ static void baseline(const char *dir, const char *pool)
     if (fd >= 0) close(fd);
 }
 
-/* What a power cut now leaves, put in place of the pool. */
-static void power_cut(const char *dir, const char *pool, rng_t *r, size_t *let_through, size_t *evicted)
+/* What a power cut may leave: the drained image, the lines that differ
+ * from it (never flushed, or flushed and not drained), and the flushed,
+ * not drained entries in their order. */
+typedef struct {
+    unsigned char *img, *live, *pend;
+    size_t ilen, plen;
+    size_t *lines, nlines;  /* offsets of the lines that differ */
+    size_t *ents, nents;    /* offsets in the pending data of its entries */
+} cut_choices;
+
+static void cut_free(cut_choices *c)
+{
+    free(c->img);
+    free(c->live);
+    free(c->pend);
+    free(c->lines);
+    free(c->ents);
+    memset(c, 0, sizeof *c);
+}
+
+static bool cut_load(const char *dir, const char *pool, cut_choices *c)
 {
     char dpath[PATH_MAX], ppath[PATH_MAX];
     sim_paths(dir, dpath, ppath);
-    size_t ilen = 0, llen = 0, plen = 0;
-    unsigned char *img = fc_read_file(dpath, &ilen), *live = fc_read_file(pool, &llen),
-                  *pend = fc_read_file(ppath, &plen);
-    CHECK(img && live && pend && ilen == llen && plen >= sizeof(pmemsim_pending));
-    *let_through = *evicted = 0;
-    if (!img || !live || !pend || ilen != llen || plen < sizeof(pmemsim_pending)) goto out;
-    /* lines never flushed that differ: a cache eviction may have written them */
-    for (size_t off = 0; off + 64 <= ilen; off += 64)
-        if (memcmp(img + off, live + off, 64) && rnd_below(r, 8) == 0) {
-            memcpy(img + off, live + off, 64);
-            (*evicted)++;
+    memset(c, 0, sizeof *c);
+    size_t llen = 0;
+    c->img = fc_read_file(dpath, &c->ilen);
+    c->live = fc_read_file(pool, &llen);
+    c->pend = fc_read_file(ppath, &c->plen);
+    bool ok = c->img && c->live && c->pend && c->ilen == llen && c->plen >= sizeof(pmemsim_pending);
+    CHECK(ok);
+    if (!ok) {
+        cut_free(c);
+        return false;
+    }
+    size_t cap = 64;
+    c->lines = malloc(cap * sizeof *c->lines);
+    for (size_t off = 0; c->lines && off + 64 <= c->ilen; off += 64) {
+        if (!memcmp(c->img + off, c->live + off, 64)) continue;
+        if (c->nlines == cap) {
+            size_t *l = realloc(c->lines, (cap *= 2) * sizeof *l);
+            if (!l) break;
+            c->lines = l;
         }
-    /* flushed, not drained: each through or not, in order */
-    pmemsim_pending *p = (pmemsim_pending *)pend;
+        c->lines[c->nlines++] = off;
+    }
+    pmemsim_pending *p = (pmemsim_pending *)c->pend;
     uint64_t at = 0, used = p->used;
-    while (at + sizeof(pmemsim_entry) <= used && sizeof *p + at + sizeof(pmemsim_entry) <= plen) {
+    cap = 64;
+    c->ents = malloc(cap * sizeof *c->ents);
+    while (c->ents && at + sizeof(pmemsim_entry) <= used && sizeof *p + at + sizeof(pmemsim_entry) <= c->plen) {
         pmemsim_entry h;
         memcpy(&h, p->data + at, sizeof h);
-        if (sizeof *p + at + sizeof h + h.len > plen || h.off + h.len > ilen) break;
-        if (rnd_below(r, 2)) {
-            memcpy(img + h.off, p->data + at + sizeof h, h.len);
-            (*let_through)++;
+        if (sizeof *p + at + sizeof h + h.len > c->plen || h.off + h.len > c->ilen) break;
+        if (c->nents == cap) {
+            size_t *e = realloc(c->ents, (cap *= 2) * sizeof *e);
+            if (!e) break;
+            c->ents = e;
         }
+        c->ents[c->nents++] = at;
         at += sizeof h + h.len;
     }
-    CHECK(fc_write_file(pool, img, ilen));
-out:
-    free(img);
-    free(live);
-    free(pend);
+    CHECK(c->lines && c->ents);
+    return c->lines && c->ents;
+}
+
+/* Puts in place of the pool the drained image with differing line k
+ * written back (a cache eviction) where pick[k], then pending entry j let
+ * through where pick[nlines + j], in order.  img: c->img on entry, and on
+ * return again (what was laid over it is taken back). */
+static void cut_write(const char *pool, const cut_choices *c, unsigned char *img, const uint8_t *pick,
+                      size_t *through, size_t *evicted)
+{
+    *through = *evicted = 0;
+    for (size_t k = 0; k < c->nlines; k++)
+        if (pick[k]) {
+            memcpy(img + c->lines[k], c->live + c->lines[k], 64);
+            (*evicted)++;
+        }
+    pmemsim_pending *p = (pmemsim_pending *)c->pend;
+    for (size_t j = 0; j < c->nents; j++)
+        if (pick[c->nlines + j]) {
+            pmemsim_entry h;
+            memcpy(&h, p->data + c->ents[j], sizeof h);
+            memcpy(img + h.off, p->data + c->ents[j] + sizeof h, h.len);
+            (*through)++;
+        }
+    CHECK(fc_write_file(pool, img, c->ilen));
+    for (size_t k = 0; k < c->nlines; k++)
+        memcpy(img + c->lines[k], c->img + c->lines[k], 64);
+    for (size_t j = 0; j < c->nents; j++) {
+        pmemsim_entry h;
+        memcpy(&h, p->data + c->ents[j], sizeof h);
+        memcpy(img + h.off, c->img + h.off, h.len);
+    }
+}
+
+/* What a power cut now leaves, put in place of the pool: each unflushed
+ * line that differs written back one time in eight, each pending entry let
+ * through one time in two. */
+static void power_cut(const char *dir, const char *pool, rng_t *r, size_t *let_through, size_t *evicted)
+{
+    cut_choices c;
+    *let_through = *evicted = 0;
+    if (!cut_load(dir, pool, &c)) return;
+    uint8_t *pick = malloc(c.nlines + c.nents + 1);
+    CHECK(pick != NULL);
+    if (pick) {
+        for (size_t k = 0; k < c.nlines; k++) pick[k] = rnd_below(r, 8) == 0;
+        for (size_t j = 0; j < c.nents; j++) pick[c.nlines + j] = (uint8_t)rnd_below(r, 2);
+        cut_write(pool, &c, c.img, pick, let_through, evicted);
+    }
+    free(pick);
+    cut_free(&c);
 }
 
 static uint64_t read_mark(const char *path)
@@ -257,7 +358,8 @@ static void check_store(const char *dir, uint64_t done, int round, uint64_t *dam
     int rc = embkv_open(dir, &o, 0, &s);
     CHECK_RC(rc, EMBKV_OK);
     if (!s) {
-        fprintf(stderr, "  round %d: the store does not open after the power cut: %s\n", round, embkv_errmsg());
+        fprintf(stderr, "  round %d%s: the store does not open after the power cut: %s\n", round, cut_what,
+                embkv_errmsg());
         exit(1);  /* later rounds would only repeat it */
     }
     CHECK_RC(embkv_check(s), EMBKV_OK);
@@ -304,10 +406,62 @@ static void check_store(const char *dir, uint64_t done, int round, uint64_t *dam
     CHECK(st.rows_pm + st.rows_ssd == rows + (g > 0));
     *damaged = st.ssd_damaged_segments;
     if (bad)
-        fprintf(stderr, "  round %d: %lld rows differ from checkpoint %llu (the first: id %lld)\n", round,
-                (long long)bad, (unsigned long long)g, (long long)first_bad);
+        fprintf(stderr, "  round %d%s: %lld rows differ from checkpoint %llu (the first: id %lld)\n", round,
+                cut_what, (long long)bad, (unsigned long long)g, (long long)first_bad);
     model_free(&m);
     CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* Every state a cut now may leave, where they are few (up to 2^5), else 16
+ * drawn at random, each line and entry in or out with even odds (a torn
+ * insert, its used bit's line in and its slot's out, is one draw in four);
+ * each must open to the checkpoint.  *states: how many were checked. */
+#define CUT_ALL_MAX 5
+#define CUT_DRAWN 16
+static void cut_all(const char *dir, const char *pool, uint64_t marked, int round, rng_t *r, size_t *states,
+                    size_t *choices)
+{
+    cut_choices c;
+    *states = *choices = 0;
+    if (!cut_load(dir, pool, &c)) return;
+    /* The store's other files as the kill left them: each state's open
+     * rewrites them (recovery clears the dirty map), so each gets them back. */
+    static const char *const others[] = {"store.dirty", "READERS"};
+    enum { NOTHERS = sizeof others / sizeof others[0] };
+    unsigned char *saved[NOTHERS] = {0};
+    size_t saved_len[NOTHERS] = {0};
+    char opath[NOTHERS][PATH_MAX];
+    for (int k = 0; k < NOTHERS; k++) {
+        snprintf(opath[k], PATH_MAX, "%s/%s", dir, others[k]);
+        saved[k] = fc_read_file(opath[k], &saved_len[k]);
+        CHECK(saved[k] != NULL);
+    }
+    size_t n = c.nlines + c.nents;
+    uint64_t count = n <= CUT_ALL_MAX ? 1ull << n : CUT_DRAWN;
+    uint8_t *pick = malloc(n + 1);
+    unsigned char *img = malloc(c.ilen);
+    CHECK(pick && img);
+    if (img) memcpy(img, c.img, c.ilen);
+    for (uint64_t m = 0; pick && img && m < count; m++) {
+        for (size_t k = 0; k < n; k++)
+            pick[k] = n <= CUT_ALL_MAX ? (uint8_t)((m >> k) & 1) : (uint8_t)rnd_below(r, 2);
+        size_t through, evicted;
+        for (int k = 0; k < NOTHERS; k++)
+            if (saved[k]) CHECK(fc_write_file(opath[k], saved[k], saved_len[k]));
+        cut_write(pool, &c, img, pick, &through, &evicted);
+        snprintf(cut_what, sizeof cut_what, " (state %llu of %llu: %zu lines written back, %zu entries through)",
+                 (unsigned long long)m, (unsigned long long)count, evicted, through);
+        uint64_t damaged = 0;
+        check_store(dir, marked, round, &damaged);
+        CHECK(damaged == 0);
+    }
+    cut_what[0] = 0;
+    *states = pick ? count : 0;
+    *choices = n;
+    for (int k = 0; k < NOTHERS; k++) free(saved[k]);
+    free(img);
+    free(pick);
+    cut_free(&c);
 }
 
 /* Cuts the power under a child that works in rounds, `rounds` times. */
@@ -343,7 +497,7 @@ static void run_series(const series *cfg, const char *name, const char *self, co
         }
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
-    char env_pre[PATH_MAX + 64], env_files[800], env_journal[800], env_kill[64];
+    char env_pre[PATH_MAX + 64], env_files[800], env_journal[800], env_kill[64], env_torn[64];
     snprintf(env_pre, sizeof env_pre, "LD_PRELOAD=%s", shim);
     snprintf(env_files, sizeof env_files, "%s=%s", PMEMSIM_FILES_ENV, logdir);
     snprintf(env_journal, sizeof env_journal, "%s=%s", PMEMSIM_JOURNAL_ENV, journal);
@@ -359,13 +513,16 @@ static void run_series(const series *cfg, const char *name, const char *self, co
          * (most often between an append and its sync). */
         long at_write = S.ssd && round % 2 ? 1 + (long)rnd_below(r, 16) : 0;
         snprintf(env_kill, sizeof env_kill, "%s=%ld", PMEMSIM_KILL_AT_WRITE_ENV, at_write);
-        if (at_write) delay = 20000000;  /* a backstop: the library kills it */
+        long torn = S.torn ? 1 + (long)rnd_below(r, (uint64_t)M) : 0;
+        snprintf(env_torn, sizeof env_torn, "%s=%ld", TORN_ENV, torn);
+        if (at_write || torn) delay = 20000000;  /* a backstop: the library kills it */
         fflush(NULL);
         pid_t pid = fork();
         if (pid == 0) {
-            char *cargv[] = {(char *)self, S.ssd ? "child-ssd" : "child", dir, mark, NULL};
+            char *cargv[] = {(char *)self, S.ssd ? "child-ssd" : S.torn ? "child-torn" : "child", dir, mark, NULL};
             char *cenv[] = {env_pre, env_files, env_journal, env_kill, NULL};
-            if (!S.ssd) cenv[1] = NULL;
+            if (S.torn) cenv[1] = env_torn, cenv[2] = NULL;
+            else if (!S.ssd) cenv[1] = NULL;
             execve(self, cargv, cenv);
             _exit(99);
         }
@@ -391,6 +548,21 @@ static void run_series(const series *cfg, const char *name, const char *self, co
             continue;
         }
         uint64_t marked = read_mark(mark);
+        if (S.torn) {
+            size_t states = 0, choices = 0;
+            cut_all(dir, pool, marked, round, r, &states, &choices);
+            embkv_store *s = NULL;
+            embkv_options o = store_options();
+            float v[DIM];
+            if (embkv_open(dir, &o, 0, &s) == EMBKV_OK) {
+                done = embkv_get(s, -1, v, NULL, NULL) == EMBKV_OK ? (uint64_t)v[0] : 0;
+                embkv_close(s);
+            }
+            printf("  %s round %d: killed at index write %ld of its inserts, checkpoint %llu; %zu states of "
+                   "%zu lines and entries %s open to it\n", name, round, torn, (unsigned long long)marked, states,
+                   choices, choices <= CUT_ALL_MAX ? "(every one)" : "(drawn)");
+            continue;
+        }
         size_t through = 0, evicted = 0;
         power_cut(dir, pool, r, &through, &evicted);
         if (S.ssd) CHECK(filecut_cut(&fc, logdir, journal, r));
@@ -427,9 +599,10 @@ static void run_series(const series *cfg, const char *name, const char *self, co
         printf("\n");
         fc.blocks_kept = fc.blocks_lost = fc.creates_lost = fc.unlinks_undone = fc.writes = fc.syncs = 0;
     }
-    printf("%s: %zu pending entries let through, %zu unflushed lines written back in all; "
-           "%zu of %zu timed rounds reopened past the last\n",
-           name, total_through, total_evicted, progressed, timed);
+    if (!S.torn)
+        printf("%s: %zu pending entries let through, %zu unflushed lines written back in all; "
+               "%zu of %zu timed rounds reopened past the last\n",
+               name, total_through, total_evicted, progressed, timed);
     /* With a log, every timed cut came after a checkpoint of its round. */
     if (S.ssd) CHECK(progressed == timed);
 }
@@ -438,6 +611,10 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "child")) {
         S = POOL_ONLY;
+        return child_main(argv[2], argv[3]);
+    }
+    if (argc == 4 && !strcmp(argv[1], "child-torn")) {
+        S = TORN;
         return child_main(argv[2], argv[3]);
     }
     if (argc == 4 && !strcmp(argv[1], "child-ssd")) {
@@ -468,11 +645,14 @@ int main(int argc, char **argv)
     int rounds = (int)(30 * scale), ssd_rounds = (int)(10 * scale);
     if (rounds < 5) rounds = 5;
     if (ssd_rounds < 5) ssd_rounds = 5;
-    const char *only = getenv("EMBKV_POWERCUT_ONLY"); /* "pool" or "ssd" */
-    printf("test_powercut: seed=%llu rounds=%d+%d\n", (unsigned long long)seed, rounds, ssd_rounds);
+    int torn_rounds = ssd_rounds;
+    const char *only = getenv("EMBKV_POWERCUT_ONLY"); /* "pool", "torn" or "ssd" */
+    printf("test_powercut: seed=%llu rounds=%d+%d+%d\n", (unsigned long long)seed, rounds, torn_rounds, ssd_rounds);
     rng_t r = {seed};
     if (!only || !strcmp(only, "pool"))
         run_series(&POOL_ONLY, "pc", self, shim, &r, rounds, 2000, 60000);
+    if (!only || !strcmp(only, "torn"))
+        run_series(&TORN, "pc-torn", self, shim, &r, torn_rounds, 0, 1);
     if (!only || !strcmp(only, "ssd"))
         run_series(&WITH_SSD, "pc-ssd", self, shim, &r, ssd_rounds, 0, 1000000);
     return test_summary("test_powercut");

@@ -53,6 +53,10 @@
  *     its rows: its lease keeps the epoch the gather entered in, from
  *     before its first index lookup until its completion event is seen,
  *     so no record the launch reads is reused while the GPU may read it.
+ * P10 An index slot's key, location and fingerprint are durable before the
+ *     used bit that makes them an entry (pethash.c: place): a power cut
+ *     in an insert leaves the slot unused, never an entry whose key is a
+ *     former occupant's and whose fingerprint is the new one's.
  */
 #ifndef EMBKV_FORMAT_H
 #define EMBKV_FORMAT_H

@@ -78,6 +78,14 @@ static void place(const index_desc *ix, bucket *bk, unsigned i, int64_t id, uint
     uint64_t word = __atomic_load_n(w, __ATOMIC_RELAXED);
     word = (word & ~(0xffull << shift)) | ((uint64_t)fp << shift);
     __atomic_store_n(w, word, __ATOMIC_RELAXED);
+    if (ix->owner) {
+        /* The slot and its fingerprint are durable before the used bit
+         * that makes them an entry (P10): they lie on other cache lines,
+         * which persistent memory may write back in any order. */
+        persist_range(ix->owner, &bk->slots[i], sizeof bk->slots[i]);
+        persist_range(ix->owner, w, sizeof *w);
+        persist_barrier(ix->owner);
+    }
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used | (1u << i)), __ATOMIC_RELEASE);
     if (ix->owner)
