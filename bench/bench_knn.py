@@ -26,6 +26,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_py  # noqa: E402
 
 
+def median_each(fn, items):
+    """The median time of fn over each item, one call at a time."""
+    ts = []
+    for it in items:
+        t = time.perf_counter()
+        fn(it)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
 def timed(fn, reps):
     ts = []
     out = None
@@ -135,13 +145,13 @@ def main():
     print("answers checked against numpy: %d differ" % bad)
 
     rows = []
-    t1, _ = timed(lambda: [ek_one(qs[i]) for i in range(a.queries)], 1)
-    rows.append(("embkv_knn, one query", t1 / a.queries))
+    t1 = median_each(ek_one, qs[:a.queries])
+    rows.append(("embkv_knn, one query", t1))
     if vec is not None:
-        tv, _ = timed(lambda: [vec_one(qs[i]) for i in range(a.queries)], 1)
-        rows.append(("sqlite-vec vec0, one query", tv / a.queries))
-    tn, _ = timed(lambda: [np_knn(qs[i]) for i in range(a.queries)], 1)
-    rows.append(("numpy, one query", tn / a.queries))
+        tv = median_each(vec_one, qs[:a.queries])
+        rows.append(("sqlite-vec vec0, one query", tv))
+    tn = median_each(np_knn, qs[:a.queries])
+    rows.append(("numpy, one query", tn))
     tb, _ = timed(lambda: ek_batch(B), 3)
     rows.append(("embkv_knn, batch of %d (per query)" % a.batch, tb / a.batch))
     if vec is not None:
@@ -155,7 +165,7 @@ def main():
     for name, sec in rows:
         print("%-42s %12.2f %14s" % (name, sec * 1e3, ("%.1fx" % (base / sec)) if base else "-"))
     gb = a.rows * a.dim * 4 / 1e9
-    print("\none query reads %.2f GB of vectors: %.1f GB/s at embkv_knn's speed" % (gb, gb / (t1 / a.queries)))
+    print("\none query reads %.2f GB of vectors: %.1f GB/s at embkv_knn's speed" % (gb, gb / t1))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,10 @@ struct embkv_store {
     locvec free_locs;
     PMEMoid *chunks;           /* the pool's chunk table */
     char *_Atomic chunk_base[MAX_CHUNKS];
+    /* A bit a record place of each chunk: its record passed its check
+     * since it was written in this process (slab.c: slab_checked); NULL
+     * where memory was short (nothing remembered). */
+    _Atomic uint64_t *_Atomic checked[MAX_CHUNKS];
     uint32_t nchunks;
     uint32_t chunk_limit;      /* with an SSD tier: chunks past this stay unallocated for the index (0: none) */
     bool pool_exhausted;       /* a chunk was refused: the record space is all there is */

@@ -279,6 +279,25 @@ int slab_rebuild(embkv_store *s);
 /* Where each record chunk's records begin (what rec_at needs): the part of
  * slab_rebuild that recovery, which reads records, needs before it. */
 void slab_map_chunks(embkv_store *s);
+/* The checked map.  A scan that reads every record (embkv_knn) checks
+ * each (id and checksum) once, not at every pass: a record does not
+ * change while its place is in use (P1: filled, then named), so what a
+ * check finds (a torn write, a file damaged while closed) is there the
+ * first time.  Placing a record (slab_alloc) forgets its place's check;
+ * a reopen forgets all.  Chunk c, place i: */
+static inline bool slab_checked(embkv_store *s, uint32_t c, uint32_t i)
+{
+    _Atomic uint64_t *m = atomic_load_explicit(&s->checked[c], memory_order_acquire);
+    return m && (atomic_load_explicit(&m[i >> 6], memory_order_relaxed) >> (i & 63)) & 1;
+}
+static inline void slab_set_checked(embkv_store *s, uint32_t c, uint32_t i)
+{
+    _Atomic uint64_t *m = atomic_load_explicit(&s->checked[c], memory_order_acquire);
+    if (m)
+        atomic_fetch_or_explicit(&m[i >> 6], 1ull << (i & 63), memory_order_relaxed);
+}
+/* The checked map's memory (store.c's free_store). */
+void slab_free_checked(embkv_store *s);
 static inline rec_hdr *rec_at(embkv_store *s, uint64_t loc)
 {
     char *base = atomic_load_explicit(&s->chunk_base[loc_chunk(loc)], memory_order_acquire);

@@ -8,6 +8,12 @@
  *   - rows are read where they live, in place: a pool record inside an
  *     epoch (no copy), the log's rows in one batched read per range of
  *     buckets, rows the DRAM cache holds newer (dirty) from the cache;
+ *   - the pool's rows in the order of the record space, not the index's:
+ *     a first pass over the index marks where each row's record is, a
+ *     second streams through the record chunks front to back scoring the
+ *     marked places.  Hash order is a random read costing a page walk a
+ *     record; in place order one query over 1M rows of dim 64 runs about
+ *     four times as fast (48 ms to 11 ms on this project's 2-core machine);
  *   - every query of a batch is answered in the same pass, a block of rows
  *     at a time while the block sits in the L1/L2 cache, so a batch of 100
  *     queries costs about the arithmetic, not 100 passes over memory;
@@ -21,9 +27,12 @@
  *     of a distance may differ between a CPU with FMA and one without.
  * The scan pin (pethash.c) holds resizes and bucket moves off for the pass,
  * so no row is met twice or missed; a row written while the pass runs is
- * read in one of its versions.  Every pool record is checked (id and
- * checksum) before it is used: a damaged record fails the search naming
- * its id, as any read does.
+ * read in one of its versions (the caller's epoch, held from before the
+ * marks to the end of the stream, keeps every marked record in place).
+ * Every pool record is checked (id and checksum) before it is used, once
+ * per place (slab.c's checked map: a record does not change while it
+ * lives, so a second check finds what the first did): a damaged record
+ * fails the search naming its id, as any read does.
  *
  * Ranking: smaller distance first, equal distances by smaller id, so a
  * search is deterministic whatever the threads did.  Rows whose distance
@@ -329,6 +338,19 @@ typedef struct knn_job {
     const idset *skip;         /* rows scored elsewhere, or left out */
     _Atomic uint64_t next;     /* next range of buckets to claim */
     uint64_t nbuckets;
+    /* The pool's rows in pool order (not in a reader process): the pass
+     * over the index marks each row's record in its worker's `live` map
+     * (one bit a place in the record space, chunks 0..nchunks-1; a map a
+     * worker, so marking takes no atomic operation), and a second pass
+     * streams through the record space scoring the places marked in any
+     * map.  Not streaming: the pool's rows are scored in index order,
+     * where the index names them. */
+    bool stream;
+    struct knn_worker *ws;
+    unsigned nworkers;
+    uint32_t nchunks;
+    _Atomic uint64_t next_rec; /* next range of records to claim */
+    bool streaming;            /* the second pass */
     atomic_int failed;         /* first error (EMBKV_*), 0 none: the others stop */
 } knn_job;
 
@@ -342,6 +364,7 @@ typedef struct knn_worker {
     int64_t ids[BLOCK_ROWS];
     size_t nr;
     float *dec;                /* a store of another dtype: the block's rows decoded */
+    uint64_t *live;            /* the places this worker marked (knn_job.stream) */
     int rc;
     char msg[512];
 } knn_worker;
@@ -506,6 +529,9 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
         if (locs[i] & LOC_SSD) {
             ssd_ids[nssd] = ids[i];
             ssd_locs[nssd++] = locs[i];
+        } else if (j->stream && loc_chunk(locs[i]) < j->nchunks && loc_index(locs[i]) < s->recs_per_chunk) {
+            uint64_t g = (uint64_t)loc_chunk(locs[i]) * s->recs_per_chunk + loc_index(locs[i]);
+            w->live[g >> 6] |= 1ull << (g & 63);
         } else {
             ids[npm] = ids[i];
             locs[npm++] = locs[i];
@@ -549,10 +575,98 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     }
 }
 
+/* The id whose index entry names pool place loc (a damaged record's own
+ * id field cannot be trusted): a walk over the index, for an error only. */
+static int64_t id_at_loc(index_desc *ix, uint64_t loc)
+{
+    int64_t ids[BUCKET_SLOTS];
+    uint64_t locs[BUCKET_SLOTS];
+    for (uint64_t b = 0; b < ix->nbuckets; b++) {
+        unsigned n = ix_bucket_rows(&ix->buckets[b], ids, locs, false);
+        for (unsigned i = 0; i < n; i++)
+            if (locs[i] == loc)
+                return ids[i];
+    }
+    return -1;
+}
+
+/* Places ahead whose lines are fetched to L1 (the prefetchers bring the
+ * stream to L2; about 4% faster than without at dim 64). */
+#define STREAM_AHEAD 8
+/* Records [i0, i1) of chunk c, in place order: the marked ones scored.  A
+ * read front to back, which the CPU's prefetchers follow page after page,
+ * where the index's (hash) order is a random read that costs a page walk
+ * a record.  Inside the caller's epoch (knn_run), held since before the
+ * marks were made: no marked record is reused before the pass ends. */
+static void stream_range(knn_worker *w, uint32_t c, uint32_t i0, uint32_t i1)
+{
+    knn_job *j = w->job;
+    embkv_store *s = j->s;
+    const char *base = atomic_load_explicit(&s->chunk_base[c], memory_order_acquire);
+    uint64_t g0 = (uint64_t)c * s->recs_per_chunk;
+    /* (The maps' addresses copied out: the workers' structs beside them
+     * change with every row a worker adds.) */
+    const uint64_t *maps[MAX_THREADS];
+    unsigned nmaps = j->nworkers;
+    for (unsigned t = 0; t < nmaps; t++)
+        maps[t] = j->ws[t].live;
+    size_t lines = (s->rec_size + 63) / 64;
+    uint32_t i = i0;
+    while (i < i1 && w->rc == EMBKV_OK) {
+        uint64_t g = g0 + i, word = 0;
+        for (unsigned t = 0; t < nmaps; t++)
+            word |= maps[t][g >> 6];
+        word >>= g & 63;
+        uint32_t next = i + (64 - (uint32_t)(g & 63));  /* the first place of the next word */
+        if (next > i1)
+            next = i1;
+        while (word && w->rc == EMBKV_OK) {
+            uint32_t at = i + (uint32_t)__builtin_ctzll(word);
+            if (at >= next)
+                break;
+            word &= word - 1;
+            rec_hdr *r = (rec_hdr *)(base + (size_t)at * s->rec_size);
+            if (at + STREAM_AHEAD < i1) {
+                const char *p = (const char *)r + STREAM_AHEAD * (size_t)s->rec_size;
+                for (size_t l = 0; l < lines; l++)
+                    __builtin_prefetch(p + 64 * l, 0, 3);
+            }
+            int64_t id = r->id;
+            if (!slab_checked(s, c, at)) {
+                if (!rec_ok(s, r, id)) {
+                    worker_fail(w, rec_damaged(s, id_at_loc(atomic_load(&s->ix), loc_make(c, at))));
+                    break;
+                }
+                slab_set_checked(s, c, at);
+            }
+            block_add_rec(w, id, r);
+        }
+        i = next;
+    }
+    block_flush(w);
+}
+
+/* Records a thread claims at once in the streaming pass (about a megabyte
+ * of dim-64 rows). */
+#define RANGE_RECORDS 4096
+
 static void *worker_main(void *p)
 {
     knn_worker *w = p;
     knn_job *j = w->job;
+    if (j->streaming) {
+        embkv_store *s = j->s;
+        uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
+        while (w->rc == EMBKV_OK && !atomic_load_explicit(&j->failed, memory_order_relaxed)) {
+            uint64_t k = atomic_fetch_add(&j->next_rec, 1);
+            if (k >= per_chunk * j->nchunks)
+                break;
+            uint32_t c = (uint32_t)(k / per_chunk), i0 = (uint32_t)(k % per_chunk) * RANGE_RECORDS;
+            uint32_t i1 = i0 + RANGE_RECORDS < s->recs_per_chunk ? i0 + RANGE_RECORDS : s->recs_per_chunk;
+            stream_range(w, c, i0, i1);
+        }
+        goto done;
+    }
     while (w->rc == EMBKV_OK && !atomic_load_explicit(&j->failed, memory_order_relaxed)) {
         uint64_t b0 = atomic_fetch_add(&j->next, RANGE_BUCKETS);
         if (b0 >= j->nbuckets)
@@ -562,6 +676,7 @@ static void *worker_main(void *p)
         pass_range(w, atomic_load(&j->s->ix), b0, b1);
         ebr_leave();
     }
+done:
     if (w->rc != EMBKV_OK) {
         int zero = 0;
         atomic_compare_exchange_strong(&j->failed, &zero, w->rc);
@@ -581,6 +696,7 @@ static void worker_free(knn_worker *w, size_t nq)
     free(w->tops);
     free(w->score);
     free(w->dec);
+    free(w->live);
 }
 
 static int worker_init(knn_worker *w, knn_job *j)
@@ -656,6 +772,23 @@ static void topk_sort(double *d, int64_t *id, size_t n)
 
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
                    int64_t *out_ids, double *out_dist, size_t *found);
+
+/* worker_main on `want` workers: ws[0] on the calling thread, the others
+ * on threads of their own (fewer if one cannot start: the others take its
+ * share). */
+static void run_workers(knn_worker *ws, unsigned want)
+{
+    pthread_t th[MAX_THREADS];
+    unsigned started = 0;
+    for (unsigned t = 1; t < want; t++) {
+        if (pthread_create(&th[t], NULL, worker_main, &ws[t]) != 0)
+            break;
+        started = t;
+    }
+    worker_main(&ws[0]);
+    for (unsigned t = 1; t <= started; t++)
+        pthread_join(th[t], NULL);
+}
 
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
@@ -775,21 +908,39 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     }
 
     embkv_scan_pin(s);
+    /* Held through both passes: a record marked in the first is not reused
+     * before the second has read it (P6). */
     ebr_enter();
     job.nbuckets = atomic_load(&s->ix)->nbuckets;
-    ebr_leave();
-    pthread_t th[MAX_THREADS];
-    unsigned started = 0;
-    uint64_t ranges = (job.nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
-    unsigned want = ranges < nt ? (unsigned)ranges : nt;
-    for (unsigned t = 1; t < want; t++) {
-        if (pthread_create(&th[t], NULL, worker_main, &ws[t]) != 0)
-            break;  /* fewer threads: the others take its share */
-        started = t;
+    if (!s->reader) {
+        uint32_t c = 0;
+        while (c < MAX_CHUNKS && atomic_load_explicit(&s->chunk_base[c], memory_order_acquire))
+            c++;
+        uint64_t places = (uint64_t)c * s->recs_per_chunk;
+        job.nchunks = c;
+        job.stream = places > 0;
+        job.ws = ws;
+        job.nworkers = nt;
+        /* A row whose record lies in a chunk added after this count is
+         * scored where the index names it (pass_range). */
+        for (unsigned t = 0; t < nt && job.stream; t++)
+            if (!(ws[t].live = calloc((places + 63) / 64, sizeof *ws[t].live))) {
+                ebr_leave();
+                embkv_scan_unpin(s);
+                rc = embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory for the map of %llu record places",
+                                (unsigned long long)places);
+                goto out;
+            }
     }
-    worker_main(&ws[0]);
-    for (unsigned t = 1; t <= started; t++)
-        pthread_join(th[t], NULL);
+    uint64_t ranges = (job.nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
+    run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
+    if (job.stream && !atomic_load(&job.failed)) {
+        job.streaming = true;
+        uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
+        ranges = per_chunk * job.nchunks;
+        run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
+    }
+    ebr_leave();
     embkv_scan_unpin(s);
 
 merge:

@@ -96,6 +96,36 @@ static void push_chunk_free(embkv_store *s, uint32_t c)
         s->free_locs.v[s->free_locs.n++] = loc_make(c, i);
 }
 
+/* Chunk c's checked map, all unchecked (left NULL without memory: its
+ * records are then checked at every pass). */
+static void map_checked(embkv_store *s, uint32_t c)
+{
+    if (!atomic_load_explicit(&s->checked[c], memory_order_relaxed))
+        atomic_store_explicit(&s->checked[c], calloc((s->recs_per_chunk + 63) / 64, sizeof(uint64_t)),
+                              memory_order_release);
+}
+
+void slab_free_checked(embkv_store *s)
+{
+    for (uint32_t c = 0; c < MAX_CHUNKS; c++) {
+        free((void *)atomic_load_explicit(&s->checked[c], memory_order_relaxed));
+        atomic_store_explicit(&s->checked[c], NULL, memory_order_relaxed);
+    }
+}
+
+/* The places just taken will hold new records: their checks are forgotten
+ * (before the record is filled, so before any index entry names it: a
+ * scan that finds the entry finds the bit cleared). */
+static void forget_checked(embkv_store *s, const uint64_t *locs, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        _Atomic uint64_t *m = atomic_load_explicit(&s->checked[loc_chunk(locs[k])], memory_order_relaxed);
+        uint32_t i = loc_index(locs[k]);
+        if (m)
+            atomic_fetch_and_explicit(&m[i >> 6], ~(1ull << (i & 63)), memory_order_relaxed);
+    }
+}
+
 /* With slab_mu held: add one chunk to the pool. */
 static int add_chunk(embkv_store *s)
 {
@@ -130,6 +160,7 @@ static int add_chunk(embkv_store *s)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for the free list", s->path);
     atomic_store_explicit(&s->chunk_base[c], chunk_records(s->pop, s->chunks[c]),
                           memory_order_release);
+    map_checked(s, c);
     s->nchunks = c + 1;
     push_chunk_free(s, c);
     return EMBKV_OK;
@@ -184,6 +215,7 @@ static int alloc_keeping(embkv_store *s, uint64_t *locs, size_t n, size_t keep)
             locs[i] = locs[n - 1 - i];
             locs[n - 1 - i] = t;
         }
+        forget_checked(s, locs, n);
     }
     pthread_mutex_unlock(&s->slab_mu);
     return rc;
@@ -264,6 +296,7 @@ void slab_map_chunks(embkv_store *s)
     s->nchunks = 0;
     while (s->nchunks < MAX_CHUNKS && !OID_IS_NULL(s->chunks[s->nchunks])) {
         atomic_store(&s->chunk_base[s->nchunks], chunk_records(s->pop, s->chunks[s->nchunks]));
+        map_checked(s, s->nchunks);
         s->nchunks++;
     }
 }

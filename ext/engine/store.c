@@ -425,6 +425,7 @@ static void free_store(embkv_store *s)
     }
     free(atomic_load(&s->ix));
     free(s->free_locs.v);
+    slab_free_checked(s);
     for (int i = 0; i < 2; i++) {
         free(s->pending[i].v);
         free(s->pendingu[i].v);
