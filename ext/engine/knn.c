@@ -174,12 +174,20 @@ static void dots_block(const float *queries, size_t nq, uint32_t dim, const floa
 KNN_CLONES
 static float l2sq(const float *a, const float *b, uint32_t dim)
 {
-    v8f acc = { 0 };
+    /* Two accumulators: half the chain of dependent adds a row waits on
+     * (a screen: any order of the sum is within its tolerance). */
+    v8f acc = { 0 }, acc2 = { 0 };
     uint32_t j = 0;
+    for (; j + 16 <= dim; j += 16) {
+        v8f x = load8(a + j) - load8(b + j), y = load8(a + j + 8) - load8(b + j + 8);
+        acc += x * x;
+        acc2 += y * y;
+    }
     for (; j + 8 <= dim; j += 8) {
         v8f x = load8(a + j) - load8(b + j);
         acc += x * x;
     }
+    acc += acc2;
     float s = hsum8(&acc);
     for (; j < dim; j++)
         s += (a[j] - b[j]) * (a[j] - b[j]);
