@@ -349,7 +349,7 @@ static unsigned process_threads(void)
 }
 #endif
 
-static int probe_pool(const char *pool, const char *dir)
+static int probe_pool(const char *pool, const char *dir, int lockfd)
 {
 #ifdef __SANITIZE_ADDRESS__
     /* AddressSanitizer's allocator has no fork handlers (GCC 12's): a
@@ -363,12 +363,20 @@ static int probe_pool(const char *pool, const char *dir)
     const char *env = getenv("EMBKV_PROBE_TIMEOUT");
     unsigned timeout = env && atoi(env) > 0 ? (unsigned)atoi(env) : PROBE_TIMEOUT_S;
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return EMBKV_OK;
     if (pid == 0) {
+        /* Not a holder of the store's lock: the flock is shared with the
+         * parent's descriptor, and a probe outliving a killed parent for
+         * a moment kept the next opener out ("open in another process"). */
+        if (lockfd >= 0)
+            close(lockfd);
         /* Dies with its parent, and by itself if libpmemobj loops. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(3);  /* the parent died before the line above */
         sigset_t all;
         sigfillset(&all);
         sigprocmask(SIG_UNBLOCK, &all, NULL);
@@ -585,7 +593,7 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
     if (exists) {
         int rc = check_pool_header(pool, s->path);
         if (rc == EMBKV_OK && !take_seal(s->path))
-            rc = probe_pool(pool, s->path);
+            rc = probe_pool(pool, s->path, s->lockfd);
         if (rc != EMBKV_OK)
             return rc;
         s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
