@@ -13,6 +13,9 @@
  *     map): a record written into a place checked before (its place
  *     reused) is checked again, so damage to it is EMBKV_CORRUPT naming
  *     its id;
+ *     An index entry naming another row's record (or a record two entries
+ *     name) is EMBKV_CORRUPT naming its id too, not a row missed or met
+ *     twice;
  *  C. random single-byte flips in the pool's embkv objects (root, index,
  *     records), each opened in a forked child under alarm(): no signal, no
  *     hang; with a record or root flip, every read either fails cleanly or
@@ -340,6 +343,25 @@ static void test_knn_checked_place(void)
     f[2] -= 1.0f;
     CHECK_RC(embkv_knn(s, q, 1, 3, NULL, kid, kd, &kf), EMBKV_OK);
     CHECK(slab_checked(s, loc_chunk(loc), loc_index(loc)));
+    /* Row 7's entry pointed at row 6's record (both records checked): the
+     * pass that streams the records would find 6 once and 7 never. */
+    found_slot f7;
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    bool have = ix_find(ix, 7, embkv__hash(7), &f7);
+    ebr_leave();
+    CHECK(have);
+    if (have) {
+        uint64_t *sl = &ix->buckets[f7.bucket].slots[f7.slot].loc, was = *sl;
+        *sl = place_of(s, 6);
+        CHECK_RC(embkv_knn(s, q, 1, 3, NULL, kid, kd, &kf), EMBKV_CORRUPT);
+        CHECK(strstr(embkv_errmsg(), "id 7:") != NULL);
+        *sl = was;
+        int64_t all[10];
+        double alld[10];
+        CHECK_RC(embkv_knn(s, q, 1, 10, NULL, all, alld, &kf), EMBKV_OK);
+        CHECK(kf == 10);
+    }
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 

@@ -160,6 +160,31 @@ static void test_errors(embkv_store *s)
     CHECK_RC(embkv_knn(s, q, 1, 1, &nolist, ids, dist, found), EMBKV_INVALID);
 }
 
+/* Squared distances below FLT_MIN are rounded to a fixed spacing, not
+ * relative to their size: the screen of one or two L2 queries must not
+ * drop the nearer of two such rows (it did: row 2, scored first, won). */
+static void test_subnormal(void)
+{
+    embkv_options o = {.dim = 1, .expected_rows = 16};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(test_tmpdir("subnormal"), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    float far = 0x1.79ca28p-67f, near = 0x1.79ca26p-67f, q[3] = {0, 0, 0};
+    CHECK_RC(embkv_put(s, 2, &far, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_put(s, 1, &near, NULL, 0), EMBKV_OK);
+    for (size_t nq = 1; nq <= 3; nq++) {
+        int64_t ids[3];
+        double dist[3];
+        size_t found[3];
+        CHECK_RC(embkv_knn(s, q, nq, 1, NULL, ids, dist, found), EMBKV_OK);
+        for (size_t i = 0; i < nq; i++) {
+            CHECK(found[i] == 1 && ids[i] == 1);
+            CHECK(dist[i] == sqrt((double)near * (double)near));
+        }
+    }
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     embkv_store *s = make_store("main", ROWS);
@@ -169,5 +194,6 @@ int main(void)
         test_errors(s);
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
+    test_subnormal();
     return test_summary("test_knn");
 }

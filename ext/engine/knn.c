@@ -32,7 +32,12 @@
  * Every pool record is checked (id and checksum) before it is used, once
  * per place (slab.c's checked map: a record does not change while it
  * lives, so a second check finds what the first did): a damaged record
- * fails the search naming its id, as any read does.
+ * fails the search naming its id, as any read does.  The stream trusts a
+ * record's own id only after a check: each pass keeps a tally of the
+ * (id, place) pairs it met, and when they differ (an index entry naming
+ * another row's record, two entries naming one) or a record fails its
+ * check, the search runs again in index order, which names the row at
+ * fault from its index entry.
  *
  * Ranking: smaller distance first, equal distances by smaller id, so a
  * search is deterministic whatever the threads did.  Rows whose distance
@@ -359,6 +364,11 @@ typedef struct knn_job {
     uint32_t nchunks;
     _Atomic uint64_t next_rec; /* next range of records to claim */
     bool streaming;            /* the second pass */
+    /* The second pass found a record failing its check, or records other
+     * than the ones the first pass marked (the tallies differ: an index
+     * entry naming another row's record, or two entries one record): the
+     * search runs again in index order, which names the row at fault. */
+    atomic_int suspect;
     atomic_int failed;         /* first error (EMBKV_*), 0 none: the others stop */
 } knn_job;
 
@@ -373,6 +383,7 @@ typedef struct knn_worker {
     size_t nr;
     float *dec;                /* a store of another dtype: the block's rows decoded */
     uint64_t *live;            /* the places this worker marked (knn_job.stream) */
+    uint64_t marked, seen;     /* tallies of (id, place): marked in the first pass, read in the second */
     int rc;
     char msg[512];
 } knn_worker;
@@ -432,6 +443,7 @@ static void block_flush(knn_worker *w)
      * norms would overflow or underflow float products scored in double
      * (pair_d). */
     float tol = (float)(dim + 8) * FLT_EPSILON;
+    double abs_tol = 2.0 * (dim + 1) * (double)FLT_TRUE_MIN;
     bool direct = j->metric == EMBKV_KNN_L2 && j->nq <= DIRECT_L2_QUERIES;
     if (!direct) {
         for (size_t r = 0; r < w->nr; r++) {
@@ -453,7 +465,10 @@ static void block_flush(knn_worker *w)
         if (direct) {
             for (size_t r = 0; r < w->nr; r++) {
                 float approx = l2sq(qv, w->rows[r], dim);
-                if (isfinite(approx) && (double)(approx - tol * approx) > worst)
+                /* Relative error, and below FLT_MIN an absolute one: a
+                 * square or sum rounded to a subnormal is off by up to
+                 * half its spacing, FLT_TRUE_MIN / 2, whatever its size. */
+                if (isfinite(approx) && (double)(approx - tol * approx) - abs_tol > worst)
                     continue;
                 double d = l2sq_d(qv, w->rows[r], dim);
                 if (!(d <= worst))
@@ -503,6 +518,12 @@ static void block_add_rec(knn_worker *w, int64_t id, rec_hdr *r)
     block_add(w, id, v);
 }
 
+/* A term of the tallies (knn_job.suspect) for id's record at place g. */
+static inline uint64_t place_tally(int64_t id, uint64_t g)
+{
+    return embkv__hash(id ^ (int64_t)(g * 0x9E3779B97F4A7C15ull));
+}
+
 static void worker_fail(knn_worker *w, int rc)
 {
     if (w->rc == EMBKV_OK) {
@@ -540,6 +561,7 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
         } else if (j->stream && loc_chunk(locs[i]) < j->nchunks && loc_index(locs[i]) < s->recs_per_chunk) {
             uint64_t g = (uint64_t)loc_chunk(locs[i]) * s->recs_per_chunk + loc_index(locs[i]);
             w->live[g >> 6] |= 1ull << (g & 63);
+            w->marked += place_tally(ids[i], g);
         } else {
             ids[npm] = ids[i];
             locs[npm++] = locs[i];
@@ -583,20 +605,6 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     }
 }
 
-/* The id whose index entry names pool place loc (a damaged record's own
- * id field cannot be trusted): a walk over the index, for an error only. */
-static int64_t id_at_loc(index_desc *ix, uint64_t loc)
-{
-    int64_t ids[BUCKET_SLOTS];
-    uint64_t locs[BUCKET_SLOTS];
-    for (uint64_t b = 0; b < ix->nbuckets; b++) {
-        unsigned n = ix_bucket_rows(&ix->buckets[b], ids, locs, false);
-        for (unsigned i = 0; i < n; i++)
-            if (locs[i] == loc)
-                return ids[i];
-    }
-    return -1;
-}
 
 /* Places ahead whose lines are fetched to L1 (the prefetchers bring the
  * stream to L2; about 4% faster than without at dim 64). */
@@ -620,7 +628,7 @@ static void stream_range(knn_worker *w, uint32_t c, uint32_t i0, uint32_t i1)
         maps[t] = j->ws[t].live;
     size_t lines = (s->rec_size + 63) / 64;
     uint32_t i = i0;
-    while (i < i1 && w->rc == EMBKV_OK) {
+    while (i < i1 && w->rc == EMBKV_OK && !atomic_load_explicit(&j->suspect, memory_order_relaxed)) {
         uint64_t g = g0 + i, word = 0;
         for (unsigned t = 0; t < nmaps; t++)
             word |= maps[t][g >> 6];
@@ -642,11 +650,12 @@ static void stream_range(knn_worker *w, uint32_t c, uint32_t i0, uint32_t i1)
             int64_t id = r->id;
             if (!slab_checked(s, c, at)) {
                 if (!rec_ok(s, r, id)) {
-                    worker_fail(w, rec_damaged(s, id_at_loc(atomic_load(&s->ix), loc_make(c, at))));
+                    atomic_store(&j->suspect, 1);
                     break;
                 }
                 slab_set_checked(s, c, at);
             }
+            w->seen += place_tally(id, g0 + at);
             block_add_rec(w, id, r);
         }
         i = next;
@@ -779,7 +788,7 @@ static void topk_sort(double *d, int64_t *id, size_t n)
 }
 
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
-                   int64_t *out_ids, double *out_dist, size_t *found);
+                   int64_t *out_ids, double *out_dist, size_t *found, bool index_order);
 
 /* worker_main on `want` workers: ws[0] on the calling thread, the others
  * on threads of their own (fewer if one cannot start: the others take its
@@ -802,13 +811,13 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
               int64_t *out_ids, double *out_dist, size_t *found)
 {
     if (!s || !s->reader)
-        return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+        return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found, false);
     /* A reader process: the calling thread's slot covers the workers'
      * reads too (they end before it leaves). */
     int rc = ro_enter(s);
     if (rc != EMBKV_OK)
         return rc;
-    rc = knn_run(s, queries, nq, k, opt, out_ids, out_dist, found);
+    rc = knn_run(s, queries, nq, k, opt, out_ids, out_dist, found, false);
     /* A slot revoked meanwhile (R2, R3) may have let the writer reuse
      * records this pass read, failing their checks: run it again. */
     if (rc != EMBKV_INVALID && !rd_valid(s))
@@ -818,7 +827,7 @@ int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const e
 }
 
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
-                   int64_t *out_ids, double *out_dist, size_t *found)
+                   int64_t *out_ids, double *out_dist, size_t *found, bool index_order)
 {
     if (!s || !queries || !out_ids || !out_dist || !found)
         return embkv__err(EMBKV_INVALID, "embkv_knn: NULL argument");
@@ -869,6 +878,8 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     knn_job job = { .s = s, .queries = queries, .qnorm = qnorm, .qwild = qwild, .nq = nq, .k = k, .metric = o.metric };
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
+    atomic_init(&job.suspect, 0);
+    bool rerun = false;
     /* Rows the cache holds newer than their home: read from it, and left
      * out of the pass over the index (the set sized for both from the
      * start). */
@@ -920,7 +931,7 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
      * before the second has read it (P6). */
     ebr_enter();
     job.nbuckets = atomic_load(&s->ix)->nbuckets;
-    if (!s->reader) {
+    if (!s->reader && !index_order) {
         uint32_t c = 0;
         while (c < MAX_CHUNKS && atomic_load_explicit(&s->chunk_base[c], memory_order_acquire))
             c++;
@@ -947,9 +958,17 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
         uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
         ranges = per_chunk * job.nchunks;
         run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
+        uint64_t marked = 0, seen = 0;
+        for (unsigned t = 0; t < nt; t++) {
+            marked += ws[t].marked;
+            seen += ws[t].seen;
+        }
+        rerun = !atomic_load(&job.failed) && (atomic_load(&job.suspect) || marked != seen);
     }
     ebr_leave();
     embkv_scan_unpin(s);
+    if (rerun)
+        goto out;
 
 merge:
     for (unsigned t = 0; t < nt && rc == EMBKV_OK; t++)
@@ -982,5 +1001,7 @@ out:
     free(dirty);
     free(qnorm);
     free(qwild);
+    if (rerun && rc == EMBKV_OK)
+        return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found, true);
     return rc;
 }
