@@ -13,7 +13,7 @@
  *     second streams through the record chunks front to back scoring the
  *     marked places.  Hash order is a random read costing a page walk a
  *     record; in place order one query over 1M rows of dim 64 runs about
- *     four times as fast (48 ms to 11 ms on this project's 2-core machine);
+ *     four times as fast on a 2-core virtual machine;
  *   - every query of a batch is answered in the same pass, a block of rows
  *     at a time while the block sits in the L1/L2 cache, so a batch of 100
  *     queries costs about the arithmetic, not 100 passes over memory;
