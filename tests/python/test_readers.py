@@ -89,9 +89,14 @@ def judge(plan, rows, before, want=None):
         if v[0] != r[1] or v[1] != r[0]: return bad("%%s: row %%d holds %%s at clock %%d" %% (plan, r[0], v[:2], r[1]))
     if want is not None and len(rows) != want: bad("%%s: %%d rows, want %%d" %% (plan, len(rows), want))
     stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
+tried = dict.fromkeys(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup", "heat"], 0)
 end = time.time() + seconds
 while time.time() < end and not os.path.exists(ck + ".readers-stop"):
-    plan = rnd.choice(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup", "heat"])
+    # (each turn a plan least tried so far: every plan gets its turns however
+    # few statements a loaded machine allows)
+    least = min(tried.values())
+    plan = rnd.choice([p for p in sorted(tried) if tried[p] == least])
+    tried[plan] += 1
     before = ck_now()
     try:
         if plan == "scan":
