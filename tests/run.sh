@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs every embkv test: the C tests built plain, under ASan+UBSan and (the
-# threaded ones) under TSan; the SQL tests through the sqlite3 shell against
-# expected output; the Python tests (with the embkv package installed into
-# build/venv: tests/python_run.sh); the docs check; the install test.  Ends
+# Runs every embkv test: the C tests built plain (at EMBKV_TEST_SCALE, 0.5
+# unless set), under ASan+UBSan and (the threaded ones) under TSan (at
+# 0.25); the SQL tests through the sqlite3 shell against expected output;
+# the Python tests (with the embkv package installed into build/venv:
+# tests/python_run.sh); the docs check; the install test.  Ends
 # with "N passed, N failed".  An argument picks one group: c, sql, python or
 # crash (each also run against the sanitizer builds), docs or install; none
 # runs them all.  The crash group is the SIGKILL harness (tests/crash/: 100
@@ -39,7 +40,11 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 
 if want c; then
-    for t in build/plain/tests/test_*; do run_one "plain/$(basename "$t")" "$t"; done
+    # (plain at half size, unless EMBKV_TEST_SCALE says otherwise: the
+    # full size, 1, runs in twice the time and is for a change's last check)
+    for t in build/plain/tests/test_*; do
+        run_one "plain/$(basename "$t")" env EMBKV_TEST_SCALE="${EMBKV_TEST_SCALE:-0.5}" "$t"
+    done
     for t in build/asan/tests/test_*; do
         run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
     done

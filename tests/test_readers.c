@@ -549,7 +549,10 @@ int main(void)
     atomic_store(&sh->synced, 3);
     atomic_store(&sh->batch, 3);
     pid_t wp = spawn(writer_forever, dir, 4);
-    sleep_ms(200);
+    /* (the writer's open done: its first batch written; a table moved away
+     * before it opened would be made anew by it, and the one moved back
+     * would not be the writer's) */
+    CHECK(waits_past(&sh->batch, 3));
     /* The reader table removed and made again while the writer runs: a
      * new reader is refused (the writer would not honour it). */
     {
@@ -608,8 +611,11 @@ int main(void)
      * writer goes on, the read fails and says to run it again. */
     atomic_store(&sh->stop, 0);
     atomic_store(&sh->hold_ms, 300);
+    long b0 = atomic_load(&sh->batch);
     wp = spawn(writer_forever, dir, -1);
-    sleep_ms(300);
+    /* (its open done first: an open after the snapshot would revoke it for
+     * another reason, R3) */
+    CHECK(waits_past(&sh->batch, b0));
     CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_OK);
     embkv_snapshot *snap = NULL;
     CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
