@@ -54,5 +54,9 @@ void embkv_debug_evict_pause(embkv_store *s, int paused);
  * reclamation before its read is revoked (0: the default, 10 s); taken by
  * stores opened to write from then on. */
 void embkv_debug_reader_hold(uint64_t ms);
+/* fn (NULL: none) is called with each segment file name an SSD log's open
+ * lists, before it opens the file (dirfd: the log directory's): a test
+ * changes the directory between the two, as a writer may. */
+void embkv_debug_log_listed(void (*fn)(int dirfd, const char *name));
 
 #endif

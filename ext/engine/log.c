@@ -45,6 +45,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "embkv_debug.h"
 #include "log.h"
 
 #define SEG_MAGIC "embkv-log-seg\0\0"  /* 16 bytes */
@@ -189,6 +190,10 @@ static void seg_damage(segment *g, const char *fmt, const char *detail)
     snprintf(g->why, sizeof g->why, fmt, detail);
 }
 
+static void (*log_listed)(int dirfd, const char *name);  /* embkv_debug_log_listed */
+
+void embkv_debug_log_listed(void (*fn)(int dirfd, const char *name)) { log_listed = fn; }
+
 /* Opens an existing segment.  Damage is recorded in the segment, not
  * returned: only its own records become unreadable. */
 static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
@@ -201,6 +206,12 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
     if (g->fd < 0 && errno == EINVAL && l->readonly && l->open_flags) {
         l->open_flags = 0;  /* (a reader finds out per file: it cannot probe) */
         g->fd = openat(l->dirfd, name, O_RDONLY | O_CLOEXEC);
+    }
+    if (g->fd < 0 && errno == ENOENT && l->readonly) {
+        /* Deleted by the writer since the listing (an emptied segment):
+         * a read that names it finds it missing (ro_refresh). */
+        free(g);
+        return EMBKV_OK;
     }
     if (g->fd < 0) {
         int e = errno;
@@ -416,8 +427,11 @@ int log_open(const log_options *o, embkv_log **out)
         if (!parse_segment_name(de->d_name, &id))
             rc = embkv__err(EMBKV_NOTSTORE, "%s: %s holds %s, which is not a log segment", what, o->dir,
                             de->d_name);
-        else
+        else {
+            if (log_listed)
+                log_listed(l->dirfd, de->d_name);
             rc = seg_open_existing(l, id, de->d_name);
+        }
     }
     closedir(d);
     /* A directory opened O_DIRECT-less above may still hold files that
@@ -958,7 +972,10 @@ static void ro_refresh(embkv_log *l, const uint64_t *locs, size_t n)
         last = id;
         segment *g = seg_get(l, id);
         struct stat st;
-        if (g && fstat(g->fd, &st) == 0 && st.st_nlink > 0)
+        /* (one without its whole header may be one the writer was making
+         * when this process opened it: seg_create writes the header after
+         * the name exists) */
+        if (g && !g->unborn && fstat(g->fd, &st) == 0 && st.st_nlink > 0)
             continue;
         char name[32];
         log_segment_name(locs[i], name, sizeof name);
