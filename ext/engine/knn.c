@@ -605,7 +605,6 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     }
 }
 
-
 /* Places ahead whose lines are fetched to L1 (the prefetchers bring the
  * stream to L2; about 4% faster than without at dim 64). */
 #define STREAM_AHEAD 8
