@@ -58,5 +58,8 @@ void embkv_debug_reader_hold(uint64_t ms);
  * lists, before it opens the file (dirfd: the log directory's): a test
  * changes the directory between the two, as a writer may. */
 void embkv_debug_log_listed(void (*fn)(int dirfd, const char *name));
+/* The searches of embkv_knn on s that used the map of the live records
+ * kept from the search before (knn.c), skipping the pass over the index. */
+uint64_t embkv_debug_knn_reused(embkv_store *s);
 
 #endif

@@ -5,12 +5,24 @@
  * and reinserts some, while two threads search (each with 2 threads of its
  * own): every row found is at the distance of one of its versions, found
  * once, in order, and every search finds k rows.
+ *
+ * E. The same with writers in bursts, so that searches between bursts use
+ *    the map of the live records kept by the search before (P11) and
+ *    bursts begin while they stream: ten rows near the query and the rest
+ *    far in every version; the near ones rewritten with versions going up,
+ *    the far ones deleted and inserted again (their records reused).
+ *    Every search finds exactly the ten near rows, each at a version no
+ *    older than the last one written before it began, and not newer than
+ *    the last one begun before it ended.
  */
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 #include "knn_rows.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <time.h>
 
 static double scale = 1.0;
 
@@ -98,10 +110,131 @@ static void test_writers_beside(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* ------------------------------------------------------------ E */
+
+#define E_ROWS 3000
+#define E_NEAR 10
+static float e_q[DIM];
+/* Near row x's versions: the last one a put of which began, and the last
+ * one whose put returned (a search must find x at a version between the
+ * second as it starts and the first as it ends). */
+static atomic_int e_started[E_NEAR], e_done[E_NEAR];
+
+/* Row id's vector at version ver: a near row along its own direction from
+ * e_q, a little further each version (within about 5), the far ones at
+ * least 70 away. */
+static void e_vec(int64_t id, int ver, float *v)
+{
+    for (int j = 0; j < DIM; j++)
+        v[j] = id < E_NEAR ? e_q[j] + val(id, j, 0) / 8 * (1.0f + (float)ver * 1e-4f) : val(id, j, ver & 1) + 20;
+}
+
+static void *e_writer(void *p)
+{
+    d_arg *a = p;
+    rng_t r = {300 + (uint64_t)a->t};
+    float v[DIM];
+    struct timespec pause = {0, 8000000};
+    while (!atomic_load(&d_stop)) {
+        for (int i = 0; i < 100; i++) {
+            int64_t id = (int64_t)rnd_below(&r, E_ROWS);
+            if (id < E_NEAR) {
+                /* each writer its own near rows, versions going up */
+                id = (id & ~1) | a->t;
+                int ver = atomic_load(&e_started[id]) + 1;
+                atomic_store(&e_started[id], ver);
+                e_vec(id, ver, v);
+                TCHECK_RC(embkv_put(a->s, id, v, NULL, 0), EMBKV_OK);
+                atomic_store(&e_done[id], ver);
+                continue;
+            }
+            e_vec(id, (int)rnd_below(&r, 2), v);
+            if (a->t == 1) {
+                int rc = embkv_delete(a->s, id);
+                TCHECK(rc == EMBKV_OK || rc == EMBKV_NOTFOUND);
+            }
+            TCHECK_RC(embkv_put(a->s, id, v, NULL, 0), EMBKV_OK);
+        }
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+static void *e_searcher(void *p)
+{
+    d_arg *a = p;
+    int64_t ids[E_NEAR];
+    double dist[E_NEAR];
+    size_t found;
+    int iters = (int)(600 * scale) + 40;
+    for (int it = 0; it < iters; it++) {
+        int lo[E_NEAR], hi[E_NEAR];
+        for (int x = 0; x < E_NEAR; x++) lo[x] = atomic_load(&e_done[x]);
+        embkv_knn_options o = {.threads = 2};
+        TCHECK_RC(embkv_knn(a->s, e_q, 1, E_NEAR, &o, ids, dist, &found), EMBKV_OK);
+        for (int x = 0; x < E_NEAR; x++) hi[x] = atomic_load(&e_started[x]);
+        TCHECK(found == E_NEAR);
+        unsigned seen = 0;
+        for (size_t i = 0; i < found; i++) {
+            TCHECK(ids[i] >= 0 && ids[i] < E_NEAR);
+            if (ids[i] < 0 || ids[i] >= E_NEAR) continue;
+            TCHECK(!(seen & (1u << ids[i])));
+            seen |= 1u << ids[i];
+            bool one = false;
+            for (int ver = lo[ids[i]]; ver <= hi[ids[i]] && !one; ver++) {
+                float w[DIM];
+                e_vec(ids[i], ver, w);
+                one = dist[i] == ref_dist(e_q, w, EMBKV_KNN_L2);
+            }
+            TCHECK(one);
+            if (i) TCHECK(dist[i] >= dist[i - 1]);
+        }
+        a->searches++;
+    }
+    return NULL;
+}
+
+static void test_bursts(void)
+{
+    embkv_options o = {.dim = DIM, .expected_rows = E_ROWS};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(test_tmpdir("bursts"), &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    for (int j = 0; j < DIM; j++) e_q[j] = val(7000000, j, 0);
+    float v[DIM];
+    for (int64_t id = 0; id < E_ROWS; id++) {
+        e_vec(id, 0, v);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    for (int x = 0; x < E_NEAR; x++) {
+        atomic_store(&e_started[x], 0);
+        atomic_store(&e_done[x], 0);
+    }
+    uint64_t u = embkv_debug_knn_reused(s);
+    d_arg args[4];
+    pthread_t th[4];
+    atomic_store(&d_stop, 0);
+    for (int t = 0; t < 4; t++) {
+        args[t] = (d_arg){s, t, 0};
+        CHECK(pthread_create(&th[t], NULL, t < 2 ? e_writer : e_searcher, &args[t]) == 0);
+    }
+    CHECK(pthread_join(th[2], NULL) == 0);
+    CHECK(pthread_join(th[3], NULL) == 0);
+    atomic_store(&d_stop, 1);
+    for (int t = 0; t < 2; t++) CHECK(pthread_join(th[t], NULL) == 0);
+    fold_thread_checks();
+    uint64_t reused = embkv_debug_knn_reused(s) - u;
+    printf("  E: %ld searches beside 2 writers in bursts, %llu of them from a kept map\n",
+           args[2].searches + args[3].searches, (unsigned long long)reused);
+    CHECK(reused > 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
     if (e && *e && atof(e) > 0) scale = atof(e);
     test_writers_beside();
+    test_bursts();
     return test_summary("test_concurrency_knn");
 }

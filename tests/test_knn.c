@@ -8,9 +8,15 @@
  *  B. only, skip and extra rows; a table with fewer rows than k (found,
  *     the rest id -1); rows deleted are not found.
  *  C. Bad arguments: each EMBKV_INVALID with the message naming it.
+ *  D. The map of the live records a search keeps for the next (P11): a
+ *     search after no change uses it and answers the same; after an
+ *     update, an insert, a delete, a resize it does not, and sees the
+ *     change; none is kept while rows lie in the SSD log or newer in the
+ *     DRAM cache, and the answers stay exact there.
  * Searches beside writers: test_concurrency_knn.c.
  */
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 #include "knn_rows.h"
 
@@ -185,6 +191,176 @@ static void test_subnormal(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* ------------------------------------------------------------ D */
+
+#define KROWS 3000
+typedef struct model {
+    float (*v)[DIM];
+    bool *live;
+    int64_t cap;
+} model;
+
+static bool model_init(model *m, int64_t cap)
+{
+    m->v = calloc((size_t)cap, sizeof *m->v);
+    m->live = calloc((size_t)cap, sizeof *m->live);
+    m->cap = cap;
+    CHECK(m->v && m->live);
+    return m->v && m->live;
+}
+
+static void model_free(model *m)
+{
+    free(m->v);
+    free(m->live);
+}
+
+static void model_put(embkv_store *s, model *m, int64_t id, const float *v)
+{
+    CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    memcpy(m->v[id], v, sizeof m->v[id]);
+    m->live[id] = true;
+}
+
+/* One L2 search of q: the k nearest of the model's rows exactly (ids in
+ * order, distances equal: both sum the same float products in double). */
+static void search_model(embkv_store *s, const model *m, const float *q, const char *what)
+{
+    enum { K = 8 };
+    ranked *all = malloc((size_t)m->cap * sizeof *all);
+    if (!all) return;
+    size_t n = 0;
+    for (int64_t id = 0; id < m->cap; id++)
+        if (m->live[id])
+            all[n++] = (ranked){ref_dist(q, m->v[id], EMBKV_KNN_L2), id};
+    qsort(all, n, sizeof *all, cmp_ranked);
+    int64_t ids[K];
+    double dist[K];
+    size_t found = 0;
+    CHECK_RC(embkv_knn(s, q, 1, K, NULL, ids, dist, &found), EMBKV_OK);
+    bool same = found == K;
+    for (size_t i = 0; same && i < K; i++)
+        same = ids[i] == all[i].id && fabs(dist[i] - all[i].d) <= 1e-12 * fmax(1.0, all[i].d);
+    if (!same)
+        printf("  D: after %s: the answer is not the rows' (first id %lld, want %lld)\n", what, (long long)ids[0],
+               (long long)all[0].id);
+    CHECK(same);
+    free(all);
+}
+
+/* After a change: the next search sees it without the kept map (it was
+ * dropped), the one after uses the map that search kept. */
+static void after_change(embkv_store *s, const model *m, const float *q, const char *what)
+{
+    uint64_t u = embkv_debug_knn_reused(s);
+    search_model(s, m, q, what);
+    CHECK(embkv_debug_knn_reused(s) == u);
+    search_model(s, m, q, what);
+    CHECK(embkv_debug_knn_reused(s) == u + 1);
+}
+
+static void test_kept_map(void)
+{
+    model m;
+    embkv_store *s = make_store("kept", KROWS);
+    if (!s || !model_init(&m, KROWS + 4)) return;
+    for (int64_t id = 0; id < KROWS; id++) {
+        for (int j = 0; j < DIM; j++) m.v[id][j] = val(id, j, 0);
+        m.live[id] = true;
+    }
+    float q[DIM], v[DIM];
+    for (int j = 0; j < DIM; j++) q[j] = val(2000000, j, 0);
+    after_change(s, &m, q, "filling the table");
+    /* the same answer again from the map, bit for bit */
+    int64_t a[2][8];
+    double d[2][8];
+    size_t f[2];
+    for (int i = 0; i < 2; i++) CHECK_RC(embkv_knn(s, q, 1, 8, NULL, a[i], d[i], &f[i]), EMBKV_OK);
+    CHECK(f[0] == 8 && f[1] == 8 && !memcmp(a[0], a[1], sizeof a[0]) && !memcmp(d[0], d[1], sizeof d[0]));
+    /* an update making row 5 the nearest, then moving it away again */
+    memcpy(v, q, sizeof v);
+    v[0] += 0.5f;
+    model_put(s, &m, 5, v);
+    after_change(s, &m, q, "an update");
+    for (int j = 0; j < DIM; j++) v[j] = val(5, j, 1);
+    model_put(s, &m, 5, v);
+    after_change(s, &m, q, "a second update");
+    /* an insert nearer still, then its delete */
+    memcpy(v, q, sizeof v);
+    v[1] -= 0.25f;
+    model_put(s, &m, KROWS + 1, v);
+    after_change(s, &m, q, "an insert");
+    CHECK_RC(embkv_delete(s, KROWS + 1), EMBKV_OK);
+    m.live[KROWS + 1] = false;
+    after_change(s, &m, q, "a delete");
+    /* the nearest row deleted, its tombstone purged by checkpoints */
+    int64_t near[1];
+    double nd[1];
+    size_t nf = 0;
+    CHECK_RC(embkv_knn(s, q, 1, 1, NULL, near, nd, &nf), EMBKV_OK);
+    if (nf == 1) {
+        CHECK_RC(embkv_delete(s, near[0]), EMBKV_OK);
+        m.live[near[0]] = false;
+    }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    after_change(s, &m, q, "a delete and two checkpoints");
+    /* a resize: every row in a new index */
+    CHECK_RC(embkv_grow_index_for(s, 200000), EMBKV_OK);
+    after_change(s, &m, q, "a resize");
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    model_free(&m);
+
+    /* Rows newer in the DRAM cache than in the pool, then rows in the SSD
+     * log: exact answers, and no map kept. */
+    embkv_options oc = {.dim = DIM, .expected_rows = KROWS, .cache_size = 1u << 20};
+    embkv_options ol = {.dim = DIM, .expected_rows = 8 * KROWS, .pool_size = 16u << 20, .ssd_size = 64u << 20,
+                        .state_floats = 250};
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t rows = pass ? 8 * KROWS : KROWS;
+        s = NULL;
+        CHECK_RC(embkv_open(test_tmpdir(pass ? "kept_log" : "kept_cache"), pass ? &ol : &oc, EMBKV_OPEN_CREATE, &s),
+                 EMBKV_OK);
+        if (!s || !model_init(&m, rows)) return;
+        for (int64_t id = 0; id < rows; id++) {
+            for (int j = 0; j < DIM; j++) v[j] = val(id, j, 0);
+            model_put(s, &m, id, v);
+        }
+        if (!pass) {
+            /* Rows pulled and pushed twice: cached, and newer there. */
+            embkv_train_options t;
+            embkv_train_defaults(&t);
+            CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+            embkv_session *ss = NULL;
+            CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+            int64_t ids[64];
+            static float g[64 * DIM], out[64 * DIM];
+            for (int i = 0; i < 64; i++) ids[i] = 3 * i;
+            for (int i = 0; i < 64 * DIM; i++) g[i] = (float)(i % 7) - 3;
+            for (int k = 0; ss && k < 2; k++) {
+                CHECK_RC(embkv_pull(ss, ids, 64, out), EMBKV_OK);
+                CHECK_RC(embkv_push(ss, ids, 64, g, 0.5, NULL), EMBKV_OK);
+            }
+            if (ss) embkv_session_close(ss);
+            for (int i = 0; i < 64; i++) CHECK_RC(embkv_get(s, ids[i], m.v[ids[i]], NULL, NULL), EMBKV_OK);
+        }
+        embkv_stats st;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        CHECK(pass ? st.rows_ssd > 0 : st.cache_dirty > 0);
+        uint64_t u = embkv_debug_knn_reused(s);
+        const char *where = pass ? "rows in the SSD log" : "rows newer in the cache";
+        search_model(s, &m, q, where);
+        search_model(s, &m, q, where);
+        memcpy(v, q, sizeof v);
+        v[2] += 0.125f;
+        model_put(s, &m, 7, v);
+        search_model(s, &m, q, where);
+        CHECK(embkv_debug_knn_reused(s) == u);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        model_free(&m);
+    }
+}
+
 int main(void)
 {
     embkv_store *s = make_store("main", ROWS);
@@ -195,5 +371,6 @@ int main(void)
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
     test_subnormal();
+    test_kept_map();
     return test_summary("test_knn");
 }

@@ -173,7 +173,7 @@ static int step_locked(embkv_store *s, uint64_t max_bytes, uint64_t *scanned)
                 else
                     log_release(s->log, nl[i]);  /* written meanwhile */
             }
-            pthread_rwlock_unlock(&s->writers);
+            writers_unlock(s);
         }
         pthread_mutex_unlock(&s->demote_mu);
         if (rc == EMBKV_OK) {

@@ -29,6 +29,9 @@ static atomic_uint_fast64_t global_epoch = 1;
 static atomic_uint high_water;  /* slots ever handed out: scans stop there */
 
 static pthread_mutex_t foreign_mu = PTHREAD_MUTEX_INITIALIZER;
+#ifdef EMBKV_TSAN
+atomic_int embkv__fence_dummy;  /* (base.h: full_fence) */
+#endif
 static ebr_foreign *foreign;
 
 static _Thread_local ebr_slot *my_slot;

@@ -57,6 +57,14 @@
  *     used bit that makes them an entry (pethash.c: place): a power cut
  *     in an insert leaves the slot unused, never an entry whose key is a
  *     former occupant's and whose fingerprint is the new one's.
+ * P11 Every change to the index is made holding s->writers, and the
+ *     section's end (writers_unlock), like every retirement of records
+ *     (slab_retire, before the records get their epoch), clears
+ *     s->knn_clean after a full fence: a kNN map of the live records,
+ *     made by a pass that set knn_clean to its id before reading the
+ *     index, describes the pool (and its records stay in place for a
+ *     search that saw that id after entering its epoch) while knn_clean
+ *     still holds that id (knn.c).
  */
 #ifndef EMBKV_FORMAT_H
 #define EMBKV_FORMAT_H

@@ -197,11 +197,38 @@ struct embkv_store {
     pthread_mutex_t la_mu;
     /* device gathers (gather.c): NULL until the first */
     struct gpu_state *_Atomic gpu;
+    /* embkv_knn's map of the pool's live records, kept from one search to
+     * the next (knn.c), under knn_mu; valid while knn_clean still holds the
+     * id of the pass that made it (P11: writers clear it). */
+    struct knn_map *knn_map;
+    pthread_mutex_t knn_mu;
+    atomic_uint_fast64_t knn_clean, knn_passes;
+    atomic_uint_fast64_t st_knn_reused;  /* searches that used a kept map (embkv_debug_knn_reused) */
 
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm, st_hot_to_dram;
     atomic_uint_fast64_t st_resizes, st_syncs;
     double last_sync_ms;
 };
+
+/* P11: after changing the index or retiring records, a writer clears
+ * knn_clean (a kept kNN map no longer describes the pool).  The fence
+ * orders the changes before the load: either the load sees a pass's id
+ * (and clears it) or that pass, which set it before reading the index,
+ * sees the changes. */
+static inline void knn_note_change(struct embkv_store *s)
+{
+    full_fence();
+    if (atomic_load_explicit(&s->knn_clean, memory_order_relaxed))
+        atomic_store_explicit(&s->knn_clean, 0, memory_order_relaxed);
+}
+
+/* The end of a section holding s->writers (shared or exclusive): every
+ * change to the index is made inside one (P11). */
+static inline void writers_unlock(struct embkv_store *s)
+{
+    pthread_rwlock_unlock(&s->writers);
+    knn_note_change(s);
+}
 
 #endif

@@ -40,7 +40,7 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
         m += (size_t)r;
     }
     pthread_mutex_unlock(&s->move_mu);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     atomic_fetch_add(&s->st_hot_moves, m);
     if (moved)
         *moved = m;

@@ -14,6 +14,11 @@
  *     marked places.  Hash order is a random read costing a page walk a
  *     record; in place order one query over 1M rows of dim 64 runs about
  *     four times as fast on a 2-core virtual machine;
+ *   - the map of marked places outlives the search (knn_map): the next
+ *     search, if no writer changed the index or retired a record since
+ *     (P11), streams at once, without the first pass (a quarter of a
+ *     query's time at 1M rows of dim 64).  A table that is only read, as
+ *     one serving queries is, pays the pass once;
  *   - every query of a batch is answered in the same pass, a block of rows
  *     at a time while the block sits in the L1/L2 cache, so a batch of 100
  *     queries costs about the arithmetic, not 100 passes over memory;
@@ -54,6 +59,7 @@
 #include "ops.h"
 
 #define RANGE_BUCKETS 256  /* buckets a thread claims at once */
+#define BUCKET_AHEAD 4
 #define BLOCK_ROWS 64      /* rows scored against every query together */
 #define MAX_THREADS 8
 /* L2 batches of up to this many queries sum each distance directly; larger
@@ -362,6 +368,7 @@ typedef struct knn_job {
     struct knn_worker *ws;
     unsigned nworkers;
     uint32_t nchunks;
+    const uint64_t *live;      /* the second pass's map: the workers' merged, or one kept (knn_map) */
     _Atomic uint64_t next_rec; /* next range of records to claim */
     bool streaming;            /* the second pass */
     /* The second pass found a record failing its check, or records other
@@ -370,6 +377,7 @@ typedef struct knn_job {
      * search runs again in index order, which names the row at fault. */
     atomic_int suspect;
     atomic_int failed;         /* first error (EMBKV_*), 0 none: the others stop */
+    uint64_t generation;       /* of the index the first pass read */
 } knn_job;
 
 typedef struct knn_worker {
@@ -384,6 +392,7 @@ typedef struct knn_worker {
     float *dec;                /* a store of another dtype: the block's rows decoded */
     uint64_t *live;            /* the places this worker marked (knn_job.stream) */
     uint64_t marked, seen;     /* tallies of (id, place): marked in the first pass, read in the second */
+    bool unmarked;             /* it met rows the map does not hold (in the SSD log, in a newer chunk) */
     int rc;
     char msg[512];
 } knn_worker;
@@ -550,23 +559,34 @@ static void pass_range(knn_worker *w, index_desc *ix, uint64_t b0, uint64_t b1)
     int64_t ids[RANGE_BUCKETS * BUCKET_SLOTS], ssd_ids[RANGE_BUCKETS * BUCKET_SLOTS];
     uint64_t locs[RANGE_BUCKETS * BUCKET_SLOTS], ssd_locs[RANGE_BUCKETS * BUCKET_SLOTS];
     size_t n = 0, npm = 0, nssd = 0;
-    for (uint64_t b = b0; b < b1; b++)
+    for (uint64_t b = b0; b < b1; b++) {
+        if (b + BUCKET_AHEAD < b1)
+            for (size_t l = 0; l < BUCKET_BYTES; l += 64)
+                __builtin_prefetch((const char *)&ix->buckets[b + BUCKET_AHEAD] + l, 0, 3);
         n += ix_bucket_rows(&ix->buckets[b], ids + n, locs + n, false);
+    }
+    /* (In locals: the compiler cannot tell the map's words from the
+     * worker's fields, and would load and store these every row.) */
+    uint64_t *live = w->live, marked = 0, per_chunk = s->recs_per_chunk;
+    uint32_t nchunks = j->stream ? j->nchunks : 0;
     for (size_t i = 0; i < n; i++) {
         if (idset_has(j->skip, ids[i]))
             continue;
         if (locs[i] & LOC_SSD) {
             ssd_ids[nssd] = ids[i];
             ssd_locs[nssd++] = locs[i];
-        } else if (j->stream && loc_chunk(locs[i]) < j->nchunks && loc_index(locs[i]) < s->recs_per_chunk) {
-            uint64_t g = (uint64_t)loc_chunk(locs[i]) * s->recs_per_chunk + loc_index(locs[i]);
-            w->live[g >> 6] |= 1ull << (g & 63);
-            w->marked += place_tally(ids[i], g);
+        } else if (loc_chunk(locs[i]) < nchunks && loc_index(locs[i]) < per_chunk) {
+            uint64_t g = (uint64_t)loc_chunk(locs[i]) * per_chunk + loc_index(locs[i]);
+            live[g >> 6] |= 1ull << (g & 63);
+            marked += place_tally(ids[i], g);
         } else {
             ids[npm] = ids[i];
             locs[npm++] = locs[i];
         }
     }
+    w->marked += marked;
+    if (npm || nssd)
+        w->unmarked = true;
     size_t lines = (s->rec_size + 63) / 64;
     /* A reader process maps the record chunks the writer added as their
      * rows turn up (pethash.c). */
@@ -619,19 +639,12 @@ static void stream_range(knn_worker *w, uint32_t c, uint32_t i0, uint32_t i1)
     embkv_store *s = j->s;
     const char *base = atomic_load_explicit(&s->chunk_base[c], memory_order_acquire);
     uint64_t g0 = (uint64_t)c * s->recs_per_chunk;
-    /* (The maps' addresses copied out: the workers' structs beside them
-     * change with every row a worker adds.) */
-    const uint64_t *maps[MAX_THREADS];
-    unsigned nmaps = j->nworkers;
-    for (unsigned t = 0; t < nmaps; t++)
-        maps[t] = j->ws[t].live;
+    const uint64_t *live = j->live;
+    uint64_t seen = 0;
     size_t lines = (s->rec_size + 63) / 64;
     uint32_t i = i0;
     while (i < i1 && w->rc == EMBKV_OK && !atomic_load_explicit(&j->suspect, memory_order_relaxed)) {
-        uint64_t g = g0 + i, word = 0;
-        for (unsigned t = 0; t < nmaps; t++)
-            word |= maps[t][g >> 6];
-        word >>= g & 63;
+        uint64_t g = g0 + i, word = live[g >> 6] >> (g & 63);
         uint32_t next = i + (64 - (uint32_t)(g & 63));  /* the first place of the next word */
         if (next > i1)
             next = i1;
@@ -654,11 +667,12 @@ static void stream_range(knn_worker *w, uint32_t c, uint32_t i0, uint32_t i1)
                 }
                 slab_set_checked(s, c, at);
             }
-            w->seen += place_tally(id, g0 + at);
+            seen += place_tally(id, g0 + at);
             block_add_rec(w, id, r);
         }
         i = next;
     }
+    w->seen += seen;
     block_flush(w);
 }
 
@@ -788,6 +802,87 @@ static void topk_sort(double *d, int64_t *id, size_t n)
 
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
                    int64_t *out_ids, double *out_dist, size_t *found, bool index_order);
+
+/* ------------------------------------------------------- the kept map */
+
+/* The record chunks the pool has now. */
+static uint32_t chunks_now(embkv_store *s)
+{
+    uint32_t c = 0;
+    while (c < MAX_CHUNKS && atomic_load_explicit(&s->chunk_base[c], memory_order_acquire))
+        c++;
+    return c;
+}
+
+/* The map of the pool's live records that a search of every row made
+ * (one bit a record place, as knn_worker.live), kept in s->knn_map for
+ * the next search: one that finds it valid skips the pass over the index
+ * (about a quarter of a query's time at 1M rows of dim 64) and streams
+ * the records at once.  Valid while s->knn_clean still holds its pass's
+ * id: every writer clears it after changing the index or retiring records
+ * (P11), so no row was added, moved, demoted or deleted since, and its
+ * records are still the rows' (the stream's tallies check that too). */
+typedef struct knn_map {
+    uint64_t *live;
+    uint64_t id;               /* the pass that made it (knn_clean) */
+    uint64_t generation;       /* of the index it was made from */
+    uint32_t nchunks;
+    uint64_t marked;           /* its tally of (id, place) */
+} knn_map;
+
+static void map_free(knn_map *m)
+{
+    if (m) {
+        free(m->live);
+        free(m);
+    }
+}
+
+void knn_map_free(embkv_store *s)
+{
+    map_free(s->knn_map);
+    s->knn_map = NULL;
+}
+
+/* The kept map if it is still valid, taken out of s (another search meanwhile
+ * makes its own), with the caller inside an epoch entered before the map
+ * was found valid (P11: no record it names is reused before ebr_leave);
+ * NULL, outside one, when there is none to use. */
+static knn_map *map_take(embkv_store *s)
+{
+    ebr_enter();
+    full_fence();
+    pthread_mutex_lock(&s->knn_mu);
+    knn_map *m = s->knn_map;
+    s->knn_map = NULL;
+    pthread_mutex_unlock(&s->knn_mu);
+    if (m && m->id == atomic_load(&s->knn_clean) && m->generation == atomic_load(&s->ix)->generation &&
+        m->nchunks == chunks_now(s))
+        return m;
+    ebr_leave();
+    map_free(m);
+    return NULL;
+}
+
+/* Keeps m for the next search, unless a newer pass's map is kept. */
+static void map_put(embkv_store *s, knn_map *m)
+{
+    pthread_mutex_lock(&s->knn_mu);
+    if (s->knn_map && s->knn_map->id > m->id) {
+        pthread_mutex_unlock(&s->knn_mu);
+        map_free(m);
+        return;
+    }
+    knn_map *old = s->knn_map;
+    s->knn_map = m;
+    pthread_mutex_unlock(&s->knn_mu);
+    map_free(old);
+}
+
+uint64_t embkv_debug_knn_reused(embkv_store *s)
+{
+    return atomic_load(&s->st_knn_reused);
+}
 
 /* worker_main on `want` workers: ws[0] on the calling thread, the others
  * on threads of their own (fewer if one cannot start: the others take its
@@ -925,15 +1020,35 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
             idset_add(&skip, dirty[i]);
     }
 
+    /* A search of every row (no ids left to others) may use the map of the
+     * last one, or keep its own for the next (knn_map). */
+    bool keepable = !s->reader && !index_order && skip.n == 0, unmarked = false;
+    uint64_t pass_id = 0, marked = 0;
+    knn_map *kept = keepable ? map_take(s) : NULL;  /* (in an epoch when taken) */
+    if (kept) {
+        atomic_fetch_add_explicit(&s->st_knn_reused, 1, memory_order_relaxed);
+        job.stream = true;
+        job.nchunks = kept->nchunks;
+        job.live = kept->live;
+        marked = kept->marked;
+        goto stream;
+    }
+    if (keepable) {
+        /* Set before the index is read (P11): a writer that changes it
+         * from here on clears it, one that changed it before is seen. */
+        pass_id = atomic_fetch_add(&s->knn_passes, 1) + 1;
+        atomic_store(&s->knn_clean, pass_id);
+        full_fence();
+    }
     embkv_scan_pin(s);
     /* Held through both passes: a record marked in the first is not reused
      * before the second has read it (P6). */
     ebr_enter();
-    job.nbuckets = atomic_load(&s->ix)->nbuckets;
+    index_desc *ix = atomic_load(&s->ix);
+    job.nbuckets = ix->nbuckets;
+    job.generation = ix->generation;
     if (!s->reader && !index_order) {
-        uint32_t c = 0;
-        while (c < MAX_CHUNKS && atomic_load_explicit(&s->chunk_base[c], memory_order_acquire))
-            c++;
+        uint32_t c = chunks_now(s);
         uint64_t places = (uint64_t)c * s->recs_per_chunk;
         job.nchunks = c;
         job.stream = places > 0;
@@ -952,20 +1067,48 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     }
     uint64_t ranges = (job.nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
     run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
+    if (job.stream) {
+        /* One map for the second pass: the workers' merged into the first's. */
+        uint64_t words = ((uint64_t)job.nchunks * s->recs_per_chunk + 63) / 64;
+        for (unsigned t = 0; t < nt; t++) {
+            marked += ws[t].marked;
+            unmarked |= ws[t].unmarked;
+            for (uint64_t x = 0; t > 0 && x < words; x++)
+                ws[0].live[x] |= ws[t].live[x];
+        }
+        job.live = ws[0].live;
+    }
+stream:
     if (job.stream && !atomic_load(&job.failed)) {
         job.streaming = true;
         uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
-        ranges = per_chunk * job.nchunks;
-        run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
-        uint64_t marked = 0, seen = 0;
-        for (unsigned t = 0; t < nt; t++) {
-            marked += ws[t].marked;
+        uint64_t nranges = per_chunk * job.nchunks;
+        run_workers(ws, nranges < nt ? (unsigned)nranges : nt);
+        uint64_t seen = 0;
+        for (unsigned t = 0; t < nt; t++)
             seen += ws[t].seen;
-        }
         rerun = !atomic_load(&job.failed) && (atomic_load(&job.suspect) || marked != seen);
     }
     ebr_leave();
-    embkv_scan_unpin(s);
+    if (kept) {
+        if (rerun || atomic_load(&job.failed))
+            map_free(kept);
+        else
+            map_put(s, kept);
+    } else {
+        embkv_scan_unpin(s);
+        /* A map of every row, checked by its stream: kept for the next
+         * search (P11 says when it stops being valid). */
+        if (keepable && job.stream && !unmarked && !rerun && !atomic_load(&job.failed)) {
+            knn_map *m = malloc(sizeof *m);
+            if (m) {
+                *m = (knn_map){ .live = ws[0].live, .id = pass_id, .generation = job.generation,
+                                .nchunks = job.nchunks, .marked = marked };
+                ws[0].live = NULL;
+                map_put(s, m);
+            }
+        }
+    }
     if (rerun)
         goto out;
 

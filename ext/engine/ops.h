@@ -132,6 +132,10 @@ int read_ssd_rows(embkv_store *s, const int64_t *ids, const locvec *at, const lo
 
 /* ------------------------------------------------------------- scan.c */
 
+/* ------------------------------------------------------------- knn.c */
+/* Frees the record map kept between searches (at close). */
+void knn_map_free(embkv_store *s);
+
 /* ------------------------------------------------------------- hotset.c */
 /* embkv_hotset_move's work; raise tells the sketch the rows are as hot as
  * can be first (an application's move: it says they are), which a

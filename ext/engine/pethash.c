@@ -569,7 +569,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     index_desc *old = atomic_load(&s->ix);
     uint64_t nb = old->nbuckets;
     if (atomic_load(&s->scan_pins) > 0) {
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         if (scan_pins_here > 0) {
             /* This thread is itself scanning (a scan callback inserting):
              * keep inserting into the current array while it has room and
@@ -590,18 +590,18 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     while ((uint64_t)(s->max_load * (double)(nb * BUCKET_SLOTS)) < need_entries) {
         nb <<= 1;
         if (nb > s->pool_size / BUCKET_BYTES) {  /* bounded whatever need_entries says */
-            pthread_rwlock_unlock(&s->writers);
+            writers_unlock(s);
             return embkv__err(EMBKV_FULL, "store %s: an index for %llu entries does not fit the pool", s->path,
                               (unsigned long long)need_entries);
         }
     }
     if (nb == old->nbuckets) {
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         return EMBKV_OK;  /* another thread grew it meanwhile */
     }
     store_root *r = s->root;
     if (pmemobj_zalloc(s->pop, &r->index_next, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0) {
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         return embkv__err(EMBKV_FULL, "store %s: pool full: no room to grow the index to %llu buckets; "
                           "copy the rows into a store with a larger pool_size (a pool does not grow)", s->path,
                           (unsigned long long)nb);
@@ -609,7 +609,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     index_desc *nix = ix_desc_new(s, r->index_next, nb, old->generation + 1);
     if (!nix) {
         pmemobj_free(&r->index_next);
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory", s->path);
     }
     /* Writers are out; readers keep using the old array, which does not
@@ -645,7 +645,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     if (rc != EMBKV_OK) {
         free(nix);
         pmemobj_free(&r->index_next);
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         return rc;
     }
     nix->owner = s;
@@ -655,7 +655,7 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
     pmemobj_free(&r->index_old);
     free(old);
     atomic_fetch_add(&s->st_resizes, 1);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     return EMBKV_OK;
 }
 

@@ -402,6 +402,10 @@ void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned)
 {
     if (n == 0)
         return;
+    /* Before the records get their epoch (P11): a search using a kept map
+     * that names them entered its epoch before this, or sees the map
+     * invalid. */
+    knn_note_change(s);
     /* On persistent memory the index entries that stopped naming these
      * records were flushed, not yet drained: drained before the records
      * can be reused, or a power cut could bring back an entry naming a

@@ -464,6 +464,8 @@ static void free_store(embkv_store *s)
     pthread_mutex_destroy(&s->mg_mu);
     pthread_cond_destroy(&s->mg_cond);
     pthread_mutex_destroy(&s->la_mu);
+    knn_map_free(s);
+    pthread_mutex_destroy(&s->knn_mu);
     free(s->path);
     free(s);
 }
@@ -481,6 +483,7 @@ static embkv_store *alloc_store(void)
     pthread_rwlockattr_destroy(&attr);
     pthread_mutex_init(&s->slab_mu, NULL);
     pthread_mutex_init(&s->retire_mu, NULL);
+    pthread_mutex_init(&s->knn_mu, NULL);
     pthread_mutex_init(&s->sync_mu, NULL);
     pthread_mutex_init(&s->move_mu, NULL);
     pthread_mutex_init(&s->demote_mu, NULL);

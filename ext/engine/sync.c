@@ -37,7 +37,7 @@ static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
             slab_retire(s, &t[i].loc, 1, true);
         }
         keylock_release(s, h);
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
     }
 }
 

@@ -533,7 +533,7 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
             log_release(s->log, q[i]);  /* replaced meanwhile: the copy is garbage */
         }
     }
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     /* Admission compares rows read from the log with what was evicted. */
     atomic_store(&s->evicted_heat, hottest);
     /* Readers that found the pool records may still copy them. */
@@ -787,7 +787,7 @@ static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, 
                 slab_free(s, &p[i], 1);  /* written meanwhile */
             }
         }
-        pthread_rwlock_unlock(&s->writers);
+        writers_unlock(s);
         /* Readers that found the log locations may still read them. */
         ebr_synchronize();
         for (size_t i = 0; i < m; i++)

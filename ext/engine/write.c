@@ -396,7 +396,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
     }
     ebr_leave();
     retire_flush(s, rb);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     free(row);
     free(rb);
     return rc;
@@ -656,7 +656,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     ebr_leave();
     keylock_release(s, h);
     retire_flush(s, &rb);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     embkv_group_end(s);
     free(row);
     if (!consumed)
@@ -768,7 +768,7 @@ out:
     ebr_leave();
     keylock_release(s, h);
     retire_flush(s, &rb);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     free(ssd);
     return rc;
 }
@@ -1121,7 +1121,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     ebr_leave();
     heat_flush(s, &hb);
     retire_flush(s, rb);
-    pthread_rwlock_unlock(&s->writers);
+    writers_unlock(s);
     if (c)
         cache_count(c, hits, n - hits);
     free(row);
