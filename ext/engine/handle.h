@@ -219,8 +219,13 @@ struct embkv_store {
 static inline void knn_note_change(struct embkv_store *s)
 {
     full_fence();
-    if (atomic_load_explicit(&s->knn_clean, memory_order_relaxed))
+    if (atomic_load_explicit(&s->knn_clean, memory_order_relaxed)) {
         atomic_store_explicit(&s->knn_clean, 0, memory_order_relaxed);
+        /* Seen before what follows: slab_retire reads the epoch its
+         * records wait for next, and a search that still saw the id must
+         * have entered its epoch before that read. */
+        full_fence();
+    }
 }
 
 /* The end of a section holding s->writers (shared or exclusive): every

@@ -864,11 +864,14 @@ static knn_map *map_take(embkv_store *s)
     return NULL;
 }
 
-/* Keeps m for the next search, unless a newer pass's map is kept. */
+/* Keeps m for the next search, unless the map kept is one that may still
+ * be valid and m cannot (searches at once: the id in knn_clean is the
+ * last one set, not always the highest). */
 static void map_put(embkv_store *s, knn_map *m)
 {
     pthread_mutex_lock(&s->knn_mu);
-    if (s->knn_map && s->knn_map->id > m->id) {
+    uint64_t clean = atomic_load(&s->knn_clean);
+    if (s->knn_map && m->id != clean && (s->knn_map->id == clean || s->knn_map->id > m->id)) {
         pthread_mutex_unlock(&s->knn_mu);
         map_free(m);
         return;
@@ -1033,14 +1036,15 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
         marked = kept->marked;
         goto stream;
     }
+    embkv_scan_pin(s);
     if (keepable) {
         /* Set before the index is read (P11): a writer that changes it
-         * from here on clears it, one that changed it before is seen. */
+         * from here on clears it, one that changed it before is seen.
+         * (After the pin: a resize the pin waits for would clear it.) */
         pass_id = atomic_fetch_add(&s->knn_passes, 1) + 1;
         atomic_store(&s->knn_clean, pass_id);
         full_fence();
     }
-    embkv_scan_pin(s);
     /* Held through both passes: a record marked in the first is not reused
      * before the second has read it (P6). */
     ebr_enter();
