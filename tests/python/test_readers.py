@@ -98,9 +98,16 @@ def enough():
     return stats["statements"] >= 45 and all(stats["plans"].get(p, 0) for p in tried)
 while time.time() < end and not (os.path.exists(ck + ".readers-stop") and enough()):
     # (each turn a plan least tried so far: every plan gets its turns however
-    # few statements a loaded machine allows)
-    least = min(tried.values())
-    plan = rnd.choice([p for p in sorted(tried) if tried[p] == least])
+    # few statements a loaded machine allows; once 45 statements have
+    # worked, the plans that have not yet, so that a long one a loaded
+    # machine keeps telling to run again, a backup beside a trainer that
+    # must reuse records, gets the rest of the time)
+    missing = [p for p in sorted(tried) if not stats["plans"].get(p)]
+    if stats["statements"] >= 45 and missing:
+        plan = rnd.choice(missing)
+    else:
+        least = min(tried.values())
+        plan = rnd.choice([p for p in sorted(tried) if tried[p] == least])
     tried[plan] += 1
     before = ck_now()
     try:
