@@ -30,6 +30,7 @@ two files, the symbol or header, and their layers, then exit 1.
 """
 import os
 import re
+import functools
 import subprocess
 import sys
 
@@ -62,15 +63,26 @@ def read_layers(path, reverse=False):
 
 
 def nm(obj):
-    out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
-    defined, undefined = set(), set()
+    return nm_dir(os.path.dirname(obj))[os.path.basename(obj)]
+
+
+@functools.lru_cache(maxsize=None)  # (the self-test reads each object again)
+def nm_dir(d):
+    """{object name: (defined, undefined)} of every .o in d, from one run of nm."""
+    objs = sorted(f for f in os.listdir(d) if f.endswith(".o"))
+    if not objs:
+        return {}
+    out = subprocess.run(["nm", "-A"] + objs, cwd=d, capture_output=True, text=True,
+                         check=True).stdout
+    syms = {o: (set(), set()) for o in objs}
     for ln in out.splitlines():
-        p = ln.split()
+        obj, _, rest = ln.partition(":")
+        p = rest.split()
         if len(p) == 3 and p[1] in "TDBRVWCG":
-            defined.add(p[2])
+            syms[obj][0].add(p[2])
         elif len(p) == 2 and p[0] == "U":
-            undefined.add(p[1])
-    return defined, undefined
+            syms[obj][1].add(p[1])
+    return {o: (frozenset(d_), frozenset(u)) for o, (d_, u) in syms.items()}
 
 
 def includes(text):
@@ -128,16 +140,14 @@ def check_wing(name, src, bottom, objdirs, faults, reverse=False):
 def objects(objdir, name, src, files):
     """The symbols each object of a wing defines (name -> file) and needs."""
     defs, needs = {}, {}
-    if not os.path.isdir(os.path.join(objdir, name)):
-        return defs, needs  # a variant that builds only the other wing (TSan: the engine)
     for f in files:
         if not f.endswith(".c"):
             continue
         obj = os.path.join(objdir, name, f[:-2] + ".o")
-        if not os.path.exists(obj):
-            sys.exit("check_layers: %s is missing: build the objects first (make all)" % obj)
+        if not os.path.exists(obj) or not os.path.isdir(os.path.dirname(obj)):
+            sys.exit("check_layers: %s is missing: build the objects first (make check-layers does)" % obj)
         d, u = nm(obj)
-        needs[f] = u
+        needs[f] = set(u)
         for sym in d:
             defs[sym] = f
     return defs, needs
@@ -192,7 +202,7 @@ def self_test(objdirs):
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: tests/check_layers.py OBJDIR... (the objects' ext/ directory of each build variant, "
-                 "e.g. build/plain/ext build/tsan/ext)")
+                 "e.g. build/layers/plain/ext build/layers/tsan/ext, which make check-layers builds)")
     objdirs = sys.argv[1:]
     self_test(objdirs)
     faults = []
