@@ -217,7 +217,7 @@ define layer_variant
 layers_$(1)_OBJ := $$(patsubst ext/%.c,$(B)/layers/$(1)/ext/%.o,$(ENGINE_SRC) $(SQLEXT_SRC))
 $(B)/layers/$(1)/ext/%.o: ext/%.c $(HEADERS) $(GEN_HEADERS) | check-headers
 	@mkdir -p $$(dir $$@)
-	@$$(CC) $$($(1)_CFLAGS) -O0 -g0 -w -c $$< -o $$@
+	@$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$(notdir $$*)) -O0 -g0 -w -c $$< -o $$@
 endef
 $(foreach v,plain asan tsan,$(eval $(call layer_variant,$(v))))
 layers-objects: $(layers_plain_OBJ) $(layers_asan_OBJ) $(layers_tsan_OBJ)

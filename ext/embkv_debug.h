@@ -61,5 +61,9 @@ void embkv_debug_log_listed(void (*fn)(int dirfd, const char *name));
 /* The searches of embkv_knn on s that used the map of the live records
  * kept from the search before (knn.c), skipping the pass over the index. */
 uint64_t embkv_debug_knn_reused(embkv_store *s);
+/* Of those, the searches whose stream found the kept map wrong (a record
+ * failing its check, or the tallies differing) and ran again in index
+ * order: 0 unless P11 is broken or the pool was damaged meanwhile. */
+uint64_t embkv_debug_knn_kept_reruns(embkv_store *s);
 
 #endif

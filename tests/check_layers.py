@@ -144,7 +144,7 @@ def objects(objdir, name, src, files):
         if not f.endswith(".c"):
             continue
         obj = os.path.join(objdir, name, f[:-2] + ".o")
-        if not os.path.exists(obj) or not os.path.isdir(os.path.dirname(obj)):
+        if not os.path.exists(obj):
             sys.exit("check_layers: %s is missing: build the objects first (make check-layers does)" % obj)
         d, u = nm(obj)
         needs[f] = set(u)

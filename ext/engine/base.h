@@ -23,7 +23,7 @@
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c
  *
  * Layer 0 (this line's headers): base.h, errors, epochs, util; format.h,
- * the on-media layout and the invariants P1-P8; handle.h, the store
+ * the on-media layout and the invariants P1-P11; handle.h, the store
  * handle.  1: persistence and the SSD log's files.  2: the index, the
  * record space, snapshots.  3: the tiers.  4: the operations on rows.
  * 5: the store's moments and life.

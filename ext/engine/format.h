@@ -59,8 +59,11 @@
  *     former occupant's and whose fingerprint is the new one's.
  * P11 Every change to the index is made holding s->writers, and the
  *     section's end (writers_unlock), like every retirement of records
- *     (slab_retire, before the records get their epoch), clears
- *     s->knn_clean after a full fence: a kNN map of the live records,
+ *     (slab_retire, before the records get their epoch; a demotion, which
+ *     frees its records itself after ebr_synchronize, clears it with its
+ *     section's end before that wait), clears s->knn_clean after a full
+ *     fence (a section that changes no index entry may end with a plain
+ *     unlock, and says so): a kNN map of the live records,
  *     made by a pass that set knn_clean to its id before reading the
  *     index, describes the pool (and its records stay in place for a
  *     search that saw that id after entering its epoch) while knn_clean

@@ -202,8 +202,15 @@ struct embkv_store {
      * id of the pass that made it (P11: writers clear it). */
     struct knn_map *knn_map;
     pthread_mutex_t knn_mu;
-    atomic_uint_fast64_t knn_clean, knn_passes;
+    /* (A cache line of its own, padded rather than aligned since the
+     * handle comes from calloc: every writer section reads it, and the
+     * counters below are written by every search.) */
+    char knn_pad0[64];
+    atomic_uint_fast64_t knn_clean;
+    char knn_pad1[64];
+    atomic_uint_fast64_t knn_passes;
     atomic_uint_fast64_t st_knn_reused;  /* searches that used a kept map (embkv_debug_knn_reused) */
+    atomic_uint_fast64_t st_knn_kept_reruns;  /* of them, ones whose stream found the map wrong (embkv_debug_knn_kept_reruns) */
 
     /* statistics */
     atomic_uint_fast64_t st_gets, st_puts, st_deletes, st_batch_gets, st_hot_moves, st_hot_to_pm, st_hot_to_dram;
@@ -219,7 +226,9 @@ struct embkv_store {
 static inline void knn_note_change(struct embkv_store *s)
 {
     full_fence();
-    if (atomic_load_explicit(&s->knn_clean, memory_order_relaxed)) {
+    /* (seq_cst: a writer that reads another's clear is ordered after it,
+     * on hardware that is not multi-copy atomic too) */
+    if (atomic_load_explicit(&s->knn_clean, memory_order_seq_cst)) {
         atomic_store_explicit(&s->knn_clean, 0, memory_order_relaxed);
         /* Seen before what follows: slab_retire reads the epoch its
          * records wait for next, and a search that still saw the id must

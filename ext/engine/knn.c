@@ -14,11 +14,13 @@
  *     marked places.  Hash order is a random read costing a page walk a
  *     record; in place order one query over 1M rows of dim 64 runs about
  *     four times as fast on a 2-core virtual machine;
- *   - the map of marked places outlives the search (knn_map): the next
- *     search, if no writer changed the index or retired a record since
- *     (P11), streams at once, without the first pass (a quarter of a
- *     query's time at 1M rows of dim 64).  A table that is only read, as
- *     one serving queries is, pays the pass once;
+ *   - the map of marked places outlives the search (knn_map): the
+ *     searches after it, if no writer changed the index or retired a
+ *     record since (P11), stream at once, without the first pass (a
+ *     quarter of a query's time at 1M rows of dim 64), sharing the one
+ *     map when they run at once.  A table that is only read, as one
+ *     serving queries is, pays the pass once (in the writer's process: a
+ *     reader process, with no writer's lock to watch, passes every time);
  *   - every query of a batch is answered in the same pass, a block of rows
  *     at a time while the block sits in the L1/L2 cache, so a batch of 100
  *     queries costs about the arithmetic, not 100 passes over memory;
@@ -59,6 +61,9 @@
 #include "ops.h"
 
 #define RANGE_BUCKETS 256  /* buckets a thread claims at once */
+/* Buckets ahead of the pass whose lines are fetched (a bucket is a few
+ * lines; 4 ahead covers a memory latency at the pass's pace, about 3%
+ * faster than the hardware prefetchers alone at 1M rows). */
 #define BUCKET_AHEAD 4
 #define BLOCK_ROWS 64      /* rows scored against every query together */
 #define MAX_THREADS 8
@@ -360,13 +365,11 @@ typedef struct knn_job {
     /* The pool's rows in pool order (not in a reader process): the pass
      * over the index marks each row's record in its worker's `live` map
      * (one bit a place in the record space, chunks 0..nchunks-1; a map a
-     * worker, so marking takes no atomic operation), and a second pass
-     * streams through the record space scoring the places marked in any
-     * map.  Not streaming: the pool's rows are scored in index order,
-     * where the index names them. */
+     * worker, so marking takes no atomic operation), the maps are merged,
+     * and a second pass streams through the record space scoring the
+     * places marked.  Not streaming: the pool's rows are scored in index
+     * order, where the index names them. */
     bool stream;
-    struct knn_worker *ws;
-    unsigned nworkers;
     uint32_t nchunks;
     const uint64_t *live;      /* the second pass's map: the workers' merged, or one kept (knn_map) */
     _Atomic uint64_t next_rec; /* next range of records to claim */
@@ -823,11 +826,12 @@ static uint32_t chunks_now(embkv_store *s)
  * (P11), so no row was added, moved, demoted or deleted since, and its
  * records are still the rows' (the stream's tallies check that too). */
 typedef struct knn_map {
-    uint64_t *live;
+    uint64_t *live;            /* read only once made: searches at once share it */
     uint64_t id;               /* the pass that made it (knn_clean) */
     uint64_t generation;       /* of the index it was made from */
     uint32_t nchunks;
     uint64_t marked;           /* its tally of (id, place) */
+    unsigned refs;             /* s->knn_map's, and each search's using it; under knn_mu */
 } knn_map;
 
 static void map_free(knn_map *m)
@@ -844,47 +848,77 @@ void knn_map_free(embkv_store *s)
     s->knn_map = NULL;
 }
 
-/* The kept map if it is still valid, taken out of s (another search meanwhile
- * makes its own), with the caller inside an epoch entered before the map
- * was found valid (P11: no record it names is reused before ebr_leave);
- * NULL, outside one, when there is none to use. */
+/* Drops a search's reference to m, and s's too when `drop` (the stream
+ * found the map wrong), freeing it with the last. */
+static void map_release(embkv_store *s, knn_map *m, bool drop)
+{
+    pthread_mutex_lock(&s->knn_mu);
+    unsigned left = --m->refs;
+    if (drop && s->knn_map == m) {
+        s->knn_map = NULL;
+        left = --m->refs;
+    }
+    pthread_mutex_unlock(&s->knn_mu);
+    if (left == 0)
+        map_free(m);
+}
+
+/* A reference to the kept map if it is still valid (searches at once
+ * share it), with the caller inside an epoch entered before the map was
+ * found valid (P11: no record it names is reused before ebr_leave); NULL,
+ * outside one, when there is none to use (an invalid one is let go). */
 static knn_map *map_take(embkv_store *s)
 {
     ebr_enter();
     full_fence();
     pthread_mutex_lock(&s->knn_mu);
     knn_map *m = s->knn_map;
-    s->knn_map = NULL;
-    pthread_mutex_unlock(&s->knn_mu);
     if (m && m->id == atomic_load(&s->knn_clean) && m->generation == atomic_load(&s->ix)->generation &&
-        m->nchunks == chunks_now(s))
+        m->nchunks == chunks_now(s)) {
+        m->refs++;
+        pthread_mutex_unlock(&s->knn_mu);
         return m;
+    }
+    unsigned left = 1;
+    if (m) {
+        s->knn_map = NULL;
+        left = --m->refs;
+    }
+    pthread_mutex_unlock(&s->knn_mu);
+    if (left == 0)
+        map_free(m);
     ebr_leave();
-    map_free(m);
     return NULL;
 }
 
-/* Keeps m for the next search, unless the map kept is one that may still
- * be valid and m cannot (searches at once: the id in knn_clean is the
- * last one set, not always the highest). */
+/* Keeps a pass's new map m for the searches after it, in place of the one
+ * kept, if m may still be valid: a map whose id has left knn_clean never
+ * is again (searches at once: the last id set wins, not the highest). */
 static void map_put(embkv_store *s, knn_map *m)
 {
+    m->refs = 1;
     pthread_mutex_lock(&s->knn_mu);
-    uint64_t clean = atomic_load(&s->knn_clean);
-    if (s->knn_map && m->id != clean && (s->knn_map->id == clean || s->knn_map->id > m->id)) {
-        pthread_mutex_unlock(&s->knn_mu);
-        map_free(m);
-        return;
+    knn_map *old = NULL;
+    if (m->id == atomic_load(&s->knn_clean)) {
+        old = s->knn_map;
+        s->knn_map = m;
+        m = NULL;
+        if (old && --old->refs > 0)
+            old = NULL;  /* a search still streams it: the last to let go frees it */
     }
-    knn_map *old = s->knn_map;
-    s->knn_map = m;
     pthread_mutex_unlock(&s->knn_mu);
+    map_free(m);
     map_free(old);
 }
 
 uint64_t embkv_debug_knn_reused(embkv_store *s)
 {
     return atomic_load(&s->st_knn_reused);
+}
+
+uint64_t embkv_debug_knn_kept_reruns(embkv_store *s)
+{
+    return atomic_load(&s->st_knn_kept_reruns);
 }
 
 /* worker_main on `want` workers: ws[0] on the calling thread, the others
@@ -902,6 +936,95 @@ static void run_workers(knn_worker *ws, unsigned want)
     worker_main(&ws[0]);
     for (unsigned t = 1; t <= started; t++)
         pthread_join(th[t], NULL);
+}
+
+/* The second pass over job->live (job->nchunks chunks), whose places hold
+ * records whose (id, place) tally is `marked`: true when the search must
+ * run again in index order (a record failing its check, or the tallies
+ * differing).  Inside the caller's epoch, entered before the map was made
+ * or found valid. */
+static bool stream_pass(knn_job *job, knn_worker *ws, unsigned nt, uint64_t marked)
+{
+    if (!job->stream || atomic_load(&job->failed))
+        return false;
+    embkv_store *s = job->s;
+    job->streaming = true;
+    uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
+    uint64_t nranges = per_chunk * job->nchunks;
+    run_workers(ws, nranges < nt ? (unsigned)nranges : nt);
+    uint64_t seen = 0;
+    for (unsigned t = 0; t < nt; t++)
+        seen += ws[t].seen;
+    return !atomic_load(&job->failed) && (atomic_load(&job->suspect) || marked != seen);
+}
+
+/* The first pass over the index, then (streaming) the second over the
+ * record space; a search of every row (`keepable`) keeps its map for the
+ * ones after it.  *rerun as stream_pass says. */
+static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, bool index_order, bool *rerun)
+{
+    embkv_store *s = job->s;
+    uint64_t pass_id = 0, marked = 0;
+    bool unmarked = false;
+    embkv_scan_pin(s);
+    if (keepable) {
+        /* Set before the index is read (P11): a writer that changes it
+         * from here on clears it, one that changed it before is seen.
+         * (After the pin: a resize the pin waits for would clear it.) */
+        pass_id = atomic_fetch_add(&s->knn_passes, 1) + 1;
+        atomic_store(&s->knn_clean, pass_id);
+        full_fence();
+    }
+    /* Held through both passes: a record marked in the first is not reused
+     * before the second has read it (P6). */
+    ebr_enter();
+    index_desc *ix = atomic_load(&s->ix);
+    job->nbuckets = ix->nbuckets;
+    job->generation = ix->generation;
+    if (!s->reader && !index_order) {
+        uint32_t c = chunks_now(s);
+        uint64_t places = (uint64_t)c * s->recs_per_chunk;
+        job->nchunks = c;
+        job->stream = places > 0;
+        /* A row whose record lies in a chunk added after this count is
+         * scored where the index names it (pass_range). */
+        for (unsigned t = 0; t < nt && job->stream; t++)
+            if (!(ws[t].live = calloc((places + 63) / 64, sizeof *ws[t].live))) {
+                ebr_leave();
+                embkv_scan_unpin(s);
+                return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory for the map of %llu record places",
+                                  (unsigned long long)places);
+            }
+    }
+    uint64_t ranges = (job->nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
+    run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
+    if (job->stream) {
+        /* One map for the second pass: the workers' merged into the first's. */
+        uint64_t words = ((uint64_t)job->nchunks * s->recs_per_chunk + 63) / 64;
+        for (unsigned t = 0; t < nt; t++) {
+            marked += ws[t].marked;
+            unmarked |= ws[t].unmarked;
+        }
+        for (unsigned t = 1; t < nt; t++)
+            for (uint64_t x = 0; x < words; x++)
+                ws[0].live[x] |= ws[t].live[x];
+        job->live = ws[0].live;
+    }
+    *rerun = stream_pass(job, ws, nt, marked);
+    ebr_leave();
+    embkv_scan_unpin(s);
+    /* A map of every row, checked by its stream: kept for the searches
+     * after it (P11 says when it stops being valid). */
+    if (keepable && job->stream && !unmarked && !*rerun && !atomic_load(&job->failed)) {
+        knn_map *m = malloc(sizeof *m);
+        if (m) {
+            *m = (knn_map){ .live = ws[0].live, .id = pass_id, .generation = job->generation,
+                            .nchunks = job->nchunks, .marked = marked };
+            ws[0].live = NULL;
+            map_put(s, m);
+        }
+    }
+    return EMBKV_OK;
 }
 
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
@@ -1024,94 +1147,21 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     }
 
     /* A search of every row (no ids left to others) may use the map of the
-     * last one, or keep its own for the next (knn_map). */
-    bool keepable = !s->reader && !index_order && skip.n == 0, unmarked = false;
-    uint64_t pass_id = 0, marked = 0;
+     * searches before, or keep its own for the ones after (knn_map). */
+    bool keepable = !s->reader && !index_order && skip.n == 0;
     knn_map *kept = keepable ? map_take(s) : NULL;  /* (in an epoch when taken) */
     if (kept) {
         atomic_fetch_add_explicit(&s->st_knn_reused, 1, memory_order_relaxed);
         job.stream = true;
         job.nchunks = kept->nchunks;
         job.live = kept->live;
-        marked = kept->marked;
-        goto stream;
-    }
-    embkv_scan_pin(s);
-    if (keepable) {
-        /* Set before the index is read (P11): a writer that changes it
-         * from here on clears it, one that changed it before is seen.
-         * (After the pin: a resize the pin waits for would clear it.) */
-        pass_id = atomic_fetch_add(&s->knn_passes, 1) + 1;
-        atomic_store(&s->knn_clean, pass_id);
-        full_fence();
-    }
-    /* Held through both passes: a record marked in the first is not reused
-     * before the second has read it (P6). */
-    ebr_enter();
-    index_desc *ix = atomic_load(&s->ix);
-    job.nbuckets = ix->nbuckets;
-    job.generation = ix->generation;
-    if (!s->reader && !index_order) {
-        uint32_t c = chunks_now(s);
-        uint64_t places = (uint64_t)c * s->recs_per_chunk;
-        job.nchunks = c;
-        job.stream = places > 0;
-        job.ws = ws;
-        job.nworkers = nt;
-        /* A row whose record lies in a chunk added after this count is
-         * scored where the index names it (pass_range). */
-        for (unsigned t = 0; t < nt && job.stream; t++)
-            if (!(ws[t].live = calloc((places + 63) / 64, sizeof *ws[t].live))) {
-                ebr_leave();
-                embkv_scan_unpin(s);
-                rc = embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory for the map of %llu record places",
-                                (unsigned long long)places);
-                goto out;
-            }
-    }
-    uint64_t ranges = (job.nbuckets + RANGE_BUCKETS - 1) / RANGE_BUCKETS;
-    run_workers(ws, ranges < nt ? (unsigned)ranges : nt);
-    if (job.stream) {
-        /* One map for the second pass: the workers' merged into the first's. */
-        uint64_t words = ((uint64_t)job.nchunks * s->recs_per_chunk + 63) / 64;
-        for (unsigned t = 0; t < nt; t++) {
-            marked += ws[t].marked;
-            unmarked |= ws[t].unmarked;
-            for (uint64_t x = 0; t > 0 && x < words; x++)
-                ws[0].live[x] |= ws[t].live[x];
-        }
-        job.live = ws[0].live;
-    }
-stream:
-    if (job.stream && !atomic_load(&job.failed)) {
-        job.streaming = true;
-        uint64_t per_chunk = (s->recs_per_chunk + RANGE_RECORDS - 1) / RANGE_RECORDS;
-        uint64_t nranges = per_chunk * job.nchunks;
-        run_workers(ws, nranges < nt ? (unsigned)nranges : nt);
-        uint64_t seen = 0;
-        for (unsigned t = 0; t < nt; t++)
-            seen += ws[t].seen;
-        rerun = !atomic_load(&job.failed) && (atomic_load(&job.suspect) || marked != seen);
-    }
-    ebr_leave();
-    if (kept) {
-        if (rerun || atomic_load(&job.failed))
-            map_free(kept);
-        else
-            map_put(s, kept);
-    } else {
-        embkv_scan_unpin(s);
-        /* A map of every row, checked by its stream: kept for the next
-         * search (P11 says when it stops being valid). */
-        if (keepable && job.stream && !unmarked && !rerun && !atomic_load(&job.failed)) {
-            knn_map *m = malloc(sizeof *m);
-            if (m) {
-                *m = (knn_map){ .live = ws[0].live, .id = pass_id, .generation = job.generation,
-                                .nchunks = job.nchunks, .marked = marked };
-                ws[0].live = NULL;
-                map_put(s, m);
-            }
-        }
+        rerun = stream_pass(&job, ws, nt, kept->marked);
+        ebr_leave();
+        if (rerun)
+            atomic_fetch_add_explicit(&s->st_knn_kept_reruns, 1, memory_order_relaxed);
+        map_release(s, kept, rerun || atomic_load(&job.failed));
+    } else if ((rc = index_pass(&job, ws, nt, keepable, index_order, &rerun)) != EMBKV_OK) {
+        goto out;
     }
     if (rerun)
         goto out;

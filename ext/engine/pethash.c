@@ -496,7 +496,7 @@ void embkv_scan_pin(embkv_store *s)
     scan_pins_here++;
     /* A resize that started before the pin finishes before we go on. */
     pthread_rwlock_rdlock(&s->writers);
-    pthread_rwlock_unlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);  /* (nothing changed: P11) */
 }
 
 void embkv_scan_unpin(embkv_store *s)

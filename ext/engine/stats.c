@@ -99,7 +99,7 @@ int embkv_check(embkv_store *s)
 out:
     free(want);
     free(seen);
-    pthread_rwlock_unlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);  /* (read only: P11) */
     return rc;
 }
 
@@ -203,7 +203,7 @@ int embkv_probe_stats(embkv_store *s, double *mean, uint32_t *max)
         }
     }
     ebr_leave();
-    pthread_rwlock_unlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);  /* (read only: P11) */
     *mean = n ? (double)sum / (double)n : 0.0;
     *max = mx;
     return EMBKV_OK;

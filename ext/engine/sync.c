@@ -141,7 +141,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     s->tombs[e & 1] = NULL;
     s->ntombs[e & 1] = s->tombs_cap[e & 1] = 0;
     pthread_mutex_unlock(&s->retire_mu);
-    pthread_rwlock_unlock(&s->writers);
+    pthread_rwlock_unlock(&s->writers);  /* (no index entry changed: P11) */
     groups_resume(s);
 
     /* The log first: the pool's pages about to be flushed point into it. */

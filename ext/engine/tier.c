@@ -533,6 +533,9 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
             log_release(s->log, q[i]);  /* replaced meanwhile: the copy is garbage */
         }
     }
+    /* (Before the wait below: this frees the pool records with slab_free,
+     * not slab_retire, so the clear of writers_unlock is what tells a kept
+     * kNN map they go, P11.) */
     writers_unlock(s);
     /* Admission compares rows read from the log with what was evicted. */
     atomic_store(&s->evicted_heat, hottest);

@@ -91,19 +91,20 @@ def judge(plan, rows, before, want=None):
     stats["plans"][plan] = stats["plans"].get(plan, 0) + 1
 tried = dict.fromkeys(["scan", "count", "in", "point", "pull", "knn", "stats", "export", "backup", "heat"], 0)
 end = time.time() + seconds
-# (told to stop, it still reads until it has made 45 statements and each
-# plan has worked once: a slow machine's readers, often told to run a
-# statement again, must still show every plan working)
+# (told to stop, it still reads until it has made MIN_STATEMENTS statements
+# and each plan has worked once: a slow machine's readers, often told to
+# run a statement again, must still show every plan working)
+MIN_STATEMENTS = 45
 def enough():
-    return stats["statements"] >= 45 and all(stats["plans"].get(p, 0) for p in tried)
+    return stats["statements"] >= MIN_STATEMENTS and all(stats["plans"].get(p, 0) for p in tried)
 while time.time() < end and not (os.path.exists(ck + ".readers-stop") and enough()):
     # (each turn a plan least tried so far: every plan gets its turns however
-    # few statements a loaded machine allows; once 45 statements have
+    # few statements a loaded machine allows; once MIN_STATEMENTS have
     # worked, the plans that have not yet, so that a long one a loaded
     # machine keeps telling to run again, a backup beside a trainer that
     # must reuse records, gets the rest of the time)
     missing = [p for p in sorted(tried) if not stats["plans"].get(p)]
-    if stats["statements"] >= 45 and missing:
+    if stats["statements"] >= MIN_STATEMENTS and missing:
         plan = rnd.choice(missing)
     else:
         least = min(tried.values())
