@@ -72,11 +72,11 @@ BENCH_SRC  := $(filter-out bench/bench_ltm.c,$(wildcard bench/bench_*.c))
 
 # Flags of one file: knn.c's distances may use fused multiply-adds
 # (its top comment says why that is fine there and nowhere else).
-FILE_CFLAGS_knn := -ffp-contract=fast
+FILE_CFLAGS_engine/knn := -ffp-contract=fast
 # train.c's optimizer loops take square roots of sums that are never
 # negative: without errno to set, sqrt is one vector instruction and the
 # loops vectorize (train.c's OPTIMIZER_STEPS says what that buys).
-FILE_CFLAGS_train := -fno-math-errno
+FILE_CFLAGS_engine/train := -fno-math-errno
 
 # Variants: plain, ASan+UBSan, TSan.  Each has its own object directory.
 define variant
@@ -87,7 +87,7 @@ $(1)_TESTS := $$(patsubst tests/%.c,$(B)/$(1)/tests/%,$(TEST_SRC))
 
 $(B)/$(1)/ext/%.o: ext/%.c $(HEADERS) $(GEN_HEADERS) | $(B)/$(1)/ext check-headers
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$(notdir $$*)) -c $$< -o $$@
+	$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$*) -c $$< -o $$@
 $(B)/$(1)/libembkv.a: $$($(1)_ENGINE_OBJ)
 	rm -f $$@ && ar rcs $$@ $$^
 $(B)/$(1)/tests/%: tests/%.c tests/check.h tests/tier_rows.h tests/knn_rows.h $(B)/$(1)/libembkv.a | $(B)/$(1)/tests
@@ -217,7 +217,7 @@ define layer_variant
 layers_$(1)_OBJ := $$(patsubst ext/%.c,$(B)/layers/$(1)/ext/%.o,$(ENGINE_SRC) $(SQLEXT_SRC))
 $(B)/layers/$(1)/ext/%.o: ext/%.c $(HEADERS) $(GEN_HEADERS) | check-headers
 	@mkdir -p $$(dir $$@)
-	@$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$(notdir $$*)) -O0 -g0 -w -c $$< -o $$@
+	@$$(CC) $$($(1)_CFLAGS) $$(FILE_CFLAGS_$$*) -O0 -g0 -w -c $$< -o $$@
 endef
 $(foreach v,plain asan tsan,$(eval $(call layer_variant,$(v))))
 layers-objects: $(layers_plain_OBJ) $(layers_asan_OBJ) $(layers_tsan_OBJ)

@@ -69,7 +69,10 @@ def nm(obj):
 @functools.lru_cache(maxsize=None)  # (the self-test reads each object again)
 def nm_dir(d):
     """{object name: (defined, undefined)} of every .o in d, from one run of nm."""
-    objs = sorted(f for f in os.listdir(d) if f.endswith(".o"))
+    # (the objects of the wing's sources only: one left from a removed file
+    # is not read)
+    src = os.path.join(ROOT, "ext", os.path.basename(d))
+    objs = sorted(f for f in os.listdir(d) if f.endswith(".o") and os.path.exists(os.path.join(src, f[:-2] + ".c")))
     if not objs:
         return {}
     out = subprocess.run(["nm", "-A"] + objs, cwd=d, capture_output=True, text=True,

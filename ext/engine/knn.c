@@ -842,6 +842,8 @@ static void map_free(knn_map *m)
     }
 }
 
+/* At the close: no search is in flight (the last embkv_close follows
+ * every other call on the handle), so the store's is the one reference. */
 void knn_map_free(embkv_store *s)
 {
     map_free(s->knn_map);
