@@ -7,7 +7,9 @@
  * and foreign directories, a path that is a file, garbage and foreign pool
  * files, dim / state_floats mismatch on reopen, insert-only and update-only
  * puts, NaN and infinity in a put, deletes and gets of missing ids, a pool too small for its rows, and a
- * second process opening a store that is open (EMBKV_LOCKED, both ways).
+ * second process opening a store that is open (EMBKV_LOCKED, both ways),
+ * the pool file's flock held by a process that is not a writer (waited
+ * for a moment, then EMBKV_BUSY naming the file).
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -29,6 +31,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -879,6 +882,81 @@ static void test_locked(void)
     free((void *)dir);
 }
 
+/* A process (not an embkv writer: LOCK is free) holding the pool file's
+ * flock for ms milliseconds (0: until killed), as a probe child of an
+ * opener killed a moment ago does while it dies; its pid, once it holds it. */
+static pid_t hold_pool_flock(const char *dir, int ms)
+{
+    char pool[700];
+    snprintf(pool, sizeof pool, "%s/store.pool", dir);
+    int pfd[2];
+    if (pipe(pfd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        int fd = open(pool, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) _exit(1);
+        if (write(pfd[1], "x", 1) != 1) _exit(1);
+        if (ms) {
+            struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+            nanosleep(&t, NULL);
+        } else {
+            for (;;) pause();
+        }
+        _exit(0);
+    }
+    close(pfd[1]);
+    char c;
+    bool held = pid > 0 && read(pfd[0], &c, 1) == 1;
+    close(pfd[0]);
+    return held ? pid : -1;
+}
+
+static void test_pool_flock(void)
+{
+    const char *dir = strdup(test_tmpdir("poolflock"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    float v[DIM], w[DIM];
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    make_vec(7, 1, v, DIM);
+    CHECK_RC(embkv_put(s, 7, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    /* held for 300 ms: the open waits it out */
+    pid_t h = hold_pool_flock(dir, 300);
+    CHECK(h > 0);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK_RC(embkv_get(s, 7, w, NULL, NULL), EMBKV_OK);
+        CHECK(memcmp(v, w, sizeof v) == 0);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    int st;
+    if (h > 0) CHECK(waitpid(h, &st, 0) == h && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* held on: refused after the wait, naming the file and what to do;
+     * the store opens once the holder is gone */
+    h = hold_pool_flock(dir, 0);
+    CHECK(h > 0);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_BUSY);
+    CHECK_MSG("store.pool is locked by another process that is not an embkv writer");
+    CHECK_MSG("stop the program that has the file open");
+    if (h > 0) {
+        kill(h, SIGKILL);
+        CHECK(waitpid(h, &st, 0) == h);
+    }
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK_RC(embkv_get(s, 7, w, NULL, NULL), EMBKV_OK);
+        CHECK(memcmp(v, w, sizeof v) == 0);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free((void *)dir);
+}
+
 /* embkv_destroy removes a closed store, and only that. */
 static void test_destroy(void)
 {
@@ -923,6 +1001,7 @@ int main(int argc, char **argv)
     test_full_advice();
     test_full_synced_deletes();
     test_locked();
+    test_pool_flock();
     test_destroy();
     return test_summary("test_errors");
 }

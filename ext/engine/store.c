@@ -589,6 +589,10 @@ static void advise_pool(embkv_store *s)
         s->pool_advice_random = false; /* only advice: the pool works either way */
 }
 
+/* (a dying process lets go within milliseconds; one that holds on is
+ * reported after this) */
+#define POOL_FLOCK_WAIT_MS 3000
+
 static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
 {
     char pool[PATH_MAX];
@@ -599,7 +603,23 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
             rc = probe_pool(pool, s->path, s->lockfd);
         if (rc != EMBKV_OK)
             return rc;
-        s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
+        /* We hold LOCK, so the only other holder of the pool file's flock
+         * (libpmemobj's) should be the probe child of an opener killed a
+         * moment ago, still dying (its PR_SET_PDEATHSIG is delivered, its
+         * exit not finished: seen under load, a writer restarted at once
+         * after a SIGKILL): waited for, up to POOL_FLOCK_WAIT_MS. */
+        for (unsigned waited = 0;; waited += 10) {
+            s->pop = pmemobj_open(pool, EMBKV_LAYOUT);
+            if (s->pop || (errno != EAGAIN && errno != EWOULDBLOCK) || waited >= POOL_FLOCK_WAIT_MS)
+                break;
+            nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+        }
+        if (!s->pop && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return embkv__err(EMBKV_BUSY,
+                              "store %s: %s is locked by another process that is not an embkv writer (%s): "
+                              "stop the program that has the file open (pmempool, a copy of the store opened "
+                              "with libpmemobj) and open again",
+                              s->path, POOL_FILE, pmemobj_errormsg());
         /* Its signature and layout are embkv's (check_pool_header): a pool
          * libpmemobj then refuses is damaged, not someone else's file (a
          * path option at fault, as the SQLite binding reported it). */
