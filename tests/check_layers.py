@@ -150,7 +150,7 @@ def objects(objdir, name, src, files):
         if not os.path.exists(obj):
             sys.exit("check_layers: %s is missing: build the objects first (make check-layers does)" % obj)
         d, u = nm(obj)
-        needs[f] = set(u)
+        needs[f] = u
         for sym in d:
             defs[sym] = f
     return defs, needs

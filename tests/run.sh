@@ -17,9 +17,9 @@
 # All groups run in two lanes at once (EMBKV_TEST_LANES=2, the default): the
 # C tests beside the others ("rest": SQL, Python, crash, docs, install),
 # each lane's tests one after another; their output is printed lane by
-# lane and the counts added.  On two CPUs that takes about 29 minutes where
-# one lane (EMBKV_TEST_LANES=1) takes 37: each lane's tests use less than
-# the whole machine most of the time.
+# lane and the counts added (EMBKV_TEST_LANES=1: one lane).  Each lane's
+# tests leave much of the machine idle: on two CPUs the lanes take about
+# 28 minutes, the C lane ending last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 group=${1:-all}

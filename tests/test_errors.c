@@ -54,6 +54,20 @@ static embkv_options opts(uint32_t dim, uint32_t sf)
     return o;
 }
 
+/* A new store in dir holding rows first..first+n-1 at version 1, open. */
+static embkv_store *create_with_rows(const char *dir, int64_t first, int64_t n)
+{
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    float v[DIM];
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    for (int64_t id = first; s && id < first + n; id++) {
+        make_vec(id, 1, v, DIM);
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    return s;
+}
+
 /* The last message names `word`. */
 #define CHECK_MSG(word) do { \
     const char *m_ = embkv_errmsg(); \
@@ -358,14 +372,9 @@ static void test_bad_pools(void)
 {
     const char *good = strdup(test_tmpdir("goodpool"));
     embkv_options o = opts(DIM, 0);
-    embkv_store *s = NULL;
     float v[DIM], w[DIM];
-    CHECK_RC(embkv_open(good, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    embkv_store *s = create_with_rows(good, 0, 100);
     if (!s) return;
-    for (int64_t id = 0; id < 100; id++) {
-        make_vec(id, 1, v, DIM);
-        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
-    }
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
     char pool[700];
@@ -836,14 +845,9 @@ static void test_locked(void)
 {
     const char *dir = strdup(test_tmpdir("locked"));
     embkv_options o = opts(DIM, 0);
-    embkv_store *s = NULL;
     float v[DIM], w[DIM];
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    embkv_store *s = create_with_rows(dir, 1, 50);
     if (!s) return;
-    for (int64_t id = 1; id <= 50; id++) {
-        make_vec(id, 1, v, DIM);
-        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
-    }
     CHECK_RC(embkv_sync(s), EMBKV_OK);
     make_vec(1, 2, v, DIM);
     CHECK_RC(embkv_put(s, 1, v, NULL, 0), EMBKV_OK);  /* not yet synced */
@@ -912,27 +916,33 @@ static pid_t hold_pool_flock(const char *dir, int ms)
     return held ? pid : -1;
 }
 
-static void test_pool_flock(void)
+/* dir's store opens as a writer, row 7 at version 1 in it. */
+static void opens_with_row7(const char *dir)
 {
-    const char *dir = strdup(test_tmpdir("poolflock"));
     embkv_options o = opts(DIM, 0);
     embkv_store *s = NULL;
     float v[DIM], w[DIM];
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
-    if (!s) return;
     make_vec(7, 1, v, DIM);
-    CHECK_RC(embkv_put(s, 7, v, NULL, 0), EMBKV_OK);
-    CHECK_RC(embkv_close(s), EMBKV_OK);
-    /* held for 300 ms: the open waits it out */
-    pid_t h = hold_pool_flock(dir, 300);
-    CHECK(h > 0);
-    s = NULL;
     CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
     if (s) {
         CHECK_RC(embkv_get(s, 7, w, NULL, NULL), EMBKV_OK);
         CHECK(memcmp(v, w, sizeof v) == 0);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
+}
+
+static void test_pool_flock(void)
+{
+    const char *dir = strdup(test_tmpdir("poolflock"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = create_with_rows(dir, 7, 1);
+    if (!s) return;
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    /* held for 300 ms: the open waits it out */
+    pid_t h = hold_pool_flock(dir, 300);
+    CHECK(h > 0);
+    opens_with_row7(dir);
     int st;
     if (h > 0) CHECK(waitpid(h, &st, 0) == h && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     /* held on: refused after the wait, naming the file and what to do;
@@ -947,13 +957,7 @@ static void test_pool_flock(void)
         kill(h, SIGKILL);
         CHECK(waitpid(h, &st, 0) == h);
     }
-    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
-    if (s) {
-        CHECK_RC(embkv_get(s, 7, w, NULL, NULL), EMBKV_OK);
-        CHECK(memcmp(v, w, sizeof v) == 0);
-        CHECK_RC(embkv_check(s), EMBKV_OK);
-        CHECK_RC(embkv_close(s), EMBKV_OK);
-    }
+    opens_with_row7(dir);
     free((void *)dir);
 }
 

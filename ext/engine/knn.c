@@ -850,19 +850,32 @@ void knn_map_free(embkv_store *s)
     s->knn_map = NULL;
 }
 
+/* Under knn_mu: drops a reference to m; m when it was the last (to free
+ * after the unlock), else NULL. */
+static knn_map *map_unref(knn_map *m)
+{
+    return m && --m->refs == 0 ? m : NULL;
+}
+
+/* Under knn_mu: s lets its map go; the map to free after the unlock, or
+ * NULL (none, or a search still streams it). */
+static knn_map *map_unkeep(embkv_store *s)
+{
+    knn_map *m = s->knn_map;
+    s->knn_map = NULL;
+    return map_unref(m);
+}
+
 /* Drops a search's reference to m, and s's too when `drop` (the stream
  * found the map wrong), freeing it with the last. */
 static void map_release(embkv_store *s, knn_map *m, bool drop)
 {
     pthread_mutex_lock(&s->knn_mu);
-    unsigned left = --m->refs;
-    if (drop && s->knn_map == m) {
-        s->knn_map = NULL;
-        left = --m->refs;
-    }
+    if (drop && s->knn_map == m)
+        (void)map_unkeep(s);  /* (never the last: this search holds m) */
+    knn_map *dead = map_unref(m);
     pthread_mutex_unlock(&s->knn_mu);
-    if (left == 0)
-        map_free(m);
+    map_free(dead);
 }
 
 /* A reference to the kept map if it is still valid (searches at once
@@ -881,14 +894,9 @@ static knn_map *map_take(embkv_store *s)
         pthread_mutex_unlock(&s->knn_mu);
         return m;
     }
-    unsigned left = 1;
-    if (m) {
-        s->knn_map = NULL;
-        left = --m->refs;
-    }
+    knn_map *dead = map_unkeep(s);
     pthread_mutex_unlock(&s->knn_mu);
-    if (left == 0)
-        map_free(m);
+    map_free(dead);
     ebr_leave();
     return NULL;
 }
@@ -900,17 +908,13 @@ static void map_put(embkv_store *s, knn_map *m)
 {
     m->refs = 1;
     pthread_mutex_lock(&s->knn_mu);
-    knn_map *old = NULL;
+    knn_map *dead = m;
     if (m->id == atomic_load(&s->knn_clean)) {
-        old = s->knn_map;
+        dead = map_unkeep(s);
         s->knn_map = m;
-        m = NULL;
-        if (old && --old->refs > 0)
-            old = NULL;  /* a search still streams it: the last to let go frees it */
     }
     pthread_mutex_unlock(&s->knn_mu);
-    map_free(m);
-    map_free(old);
+    map_free(dead);
 }
 
 uint64_t embkv_debug_knn_reused(embkv_store *s)
