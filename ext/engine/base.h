@@ -52,7 +52,7 @@
 
 /* A full fence: the stores before it are seen by other threads before the
  * loads after it are made (the store-load order a Dekker handshake needs:
- * handle.h, knn_note_change).  Under ThreadSanitizer a sequentially
+ * index.h, knn_note_change).  Under ThreadSanitizer a sequentially
  * consistent read-modify-write of a dummy instead, which it accepts and
  * which orders the same on x86-64. */
 #ifdef EMBKV_TSAN

@@ -218,31 +218,4 @@ struct embkv_store {
     double last_sync_ms;
 };
 
-/* P11: after changing the index or retiring records, a writer clears
- * knn_clean (a kept kNN map no longer describes the pool).  The fence
- * orders the changes before the load: either the load sees a pass's id
- * (and clears it) or that pass, which set it before reading the index,
- * sees the changes. */
-static inline void knn_note_change(struct embkv_store *s)
-{
-    full_fence();
-    /* (seq_cst: a writer that reads another's clear is ordered after it,
-     * on hardware that is not multi-copy atomic too) */
-    if (atomic_load_explicit(&s->knn_clean, memory_order_seq_cst)) {
-        atomic_store_explicit(&s->knn_clean, 0, memory_order_relaxed);
-        /* Seen before what follows: slab_retire reads the epoch its
-         * records wait for next, and a search that still saw the id must
-         * have entered its epoch before that read. */
-        full_fence();
-    }
-}
-
-/* The end of a section holding s->writers (shared or exclusive): every
- * change to the index is made inside one (P11). */
-static inline void writers_unlock(struct embkv_store *s)
-{
-    pthread_rwlock_unlock(&s->writers);
-    knn_note_change(s);
-}
-
 #endif
