@@ -1,10 +1,12 @@
 /*
  * test_concurrency_knn.c - embkv_knn beside writers (run under TSan too).
  *
- * Two threads rewrite rows between two known versions and a third deletes
- * and reinserts some, while two threads search (each with 2 threads of its
- * own): every row found is at the distance of one of its versions, found
- * once, in order, and every search finds k rows.
+ * D. Two threads rewrite rows between two known versions and a third
+ *    deletes and reinserts some, while two threads search (each with 2
+ *    threads of its own): every row found is at the distance of one of its
+ *    versions, found once, in order, and every search finds k rows.  The
+ *    searches use the kept map, which follows the writes (the kNN change
+ *    log), and no stream finds it wrong.
  *
  * E. The same with writers in bursts, so that searches between bursts use
  *    the map of the live records kept by the search before (P11) and
@@ -125,7 +127,12 @@ static void test_writers_beside(void)
 {
     embkv_store *s = make_store("beside", D_ROWS);
     if (!s) return;
-    printf("  D: %ld searches beside 3 writers\n", run_roles(s, 3, d_writer, 2, d_searcher));
+    uint64_t u = embkv_debug_knn_reused(s);
+    long searches = run_roles(s, 3, d_writer, 2, d_searcher);
+    printf("  D: %ld searches beside 3 writers, %llu of them from a kept map\n", searches,
+           (unsigned long long)(embkv_debug_knn_reused(s) - u));
+    /* (the map follows the writes told to its change log: P11) */
+    CHECK(embkv_debug_knn_kept_reruns(s) == 0);
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 

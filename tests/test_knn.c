@@ -10,9 +10,12 @@
  *  C. Bad arguments: each EMBKV_INVALID with the message naming it.
  *  D. The map of the live records a search keeps for the next (P11): a
  *     search after no change uses it and answers the same; after an
- *     update, an insert, a delete, a resize it does not, and sees the
- *     change; none is kept while rows lie in the SSD log or newer in the
- *     DRAM cache, and the answers stay exact there.
+ *     update, an insert, a delete, a checkpoint retiring replaced records
+ *     and purging tombstones, it follows the changes told to the kNN
+ *     change log and sees them; after more changes than that log holds or
+ *     a resize it is dropped, and the next search sees the change; none is
+ *     kept while rows lie in the SSD log or newer in the DRAM cache, and
+ *     the answers stay exact there.
  * Searches beside writers: test_concurrency_knn.c.
  */
 #include "embkv.h"
@@ -263,6 +266,22 @@ static void after_change(embkv_store *s, const model *m, const float *q, const c
     CHECK(embkv_debug_knn_reused(s) == u + 1);
 }
 
+/* After changes the kept map follows (told to the kNN change log: a row
+ * written, a row inserted): the next search uses it, caught up, and sees
+ * the change; so does the one after. */
+static void after_told(embkv_store *s, const model *m, const float *q, const char *what)
+{
+    uint64_t u = embkv_debug_knn_reused(s), r = embkv_debug_knn_kept_reruns(s);
+    search_model(s, m, q, what);
+    search_model(s, m, q, what);
+    if (embkv_debug_knn_reused(s) != u + 2 || embkv_debug_knn_kept_reruns(s) != r)
+        printf("  D: after %s: %llu of 2 searches used the map, %llu found it wrong\n", what,
+               (unsigned long long)(embkv_debug_knn_reused(s) - u),
+               (unsigned long long)(embkv_debug_knn_kept_reruns(s) - r));
+    CHECK(embkv_debug_knn_reused(s) == u + 2);
+    CHECK(embkv_debug_knn_kept_reruns(s) == r);
+}
+
 static void test_kept_map(void)
 {
     model m;
@@ -295,18 +314,37 @@ static void test_kept_map(void)
     memcpy(v, q, sizeof v);
     v[0] += 0.5f;
     model_put(s, &m, 5, v);
-    after_change(s, &m, q, "an update");
+    after_told(s, &m, q, "an update");
     for (int j = 0; j < DIM; j++) v[j] = val(5, j, 1);
     model_put(s, &m, 5, v);
-    after_change(s, &m, q, "a second update");
+    after_told(s, &m, q, "a second update");
+    /* the checkpoint retiring row 5's durable version (its removal was
+     * told): the map stays */
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    after_told(s, &m, q, "a checkpoint retiring an updated row's old record");
+    /* more changes between two searches than the log holds (1024 + a
+     * thirty-second of the rows): the map is dropped */
+    for (int k = 0; k < 1024 + KROWS / 32 + 1; k++) {
+        int64_t id = 7 + k % 100;
+        for (int j = 0; j < DIM; j++) v[j] = val(id, j, 2 + k / 100);
+        model_put(s, &m, id, v);
+    }
+    after_change(s, &m, q, "more updates than the change log holds");
+    /* just as many, the map kept all along: it follows them */
+    for (int k = 0; k < 1024 + KROWS / 32; k++) {
+        int64_t id = 7 + k % 100;
+        for (int j = 0; j < DIM; j++) v[j] = val(id, j, 20 + k / 100);
+        model_put(s, &m, id, v);
+    }
+    after_told(s, &m, q, "as many updates as the change log holds");
     /* an insert nearer still, then its delete */
     memcpy(v, q, sizeof v);
     v[1] -= 0.25f;
     model_put(s, &m, KROWS + 1, v);
-    after_change(s, &m, q, "an insert");
+    after_told(s, &m, q, "an insert");
     CHECK_RC(embkv_delete(s, KROWS + 1), EMBKV_OK);
     m.live[KROWS + 1] = false;
-    after_change(s, &m, q, "a delete");
+    after_told(s, &m, q, "a delete");
     /* the nearest row, durable, deleted: its record and tombstone stay
      * until the checkpoint after, which retires and purges them */
     CHECK_RC(embkv_sync(s), EMBKV_OK);
@@ -321,9 +359,9 @@ static void test_kept_map(void)
         CHECK_RC(embkv_delete(s, near[0]), EMBKV_OK);
         m.live[near[0]] = false;
     }
-    after_change(s, &m, q, "a delete of the nearest row");
+    after_told(s, &m, q, "a delete of the nearest row");
     CHECK_RC(embkv_sync(s), EMBKV_OK);
-    after_change(s, &m, q, "a checkpoint retiring its record and purging its tombstone");
+    after_told(s, &m, q, "a checkpoint retiring its record and purging its tombstone");
     CHECK_RC(embkv_sync(s), EMBKV_OK);
     u1 = embkv_debug_knn_reused(s);
     search_model(s, &m, q, "a second checkpoint");

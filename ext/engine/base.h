@@ -17,7 +17,7 @@
  * LAYERS (bottom to top; headers first, then the files in calling order):
  *   base.h format.h handle.h gpudrv.h | errmsg.c epoch.c util.c dtype.c gpudrv.c
  *   persist.h log.h | persist.c log.c readers.c
- *   index.h | pethash.c slab.c snapshot.c
+ *   index.h | pethash.c slab.c knnlog.c snapshot.c
  *   heat.h tiers.h | heat.c cache.c lookahead.c compact.c tier.c tier_worker.c
  *   ops.h batch.h | permits.c admit.c readonly.c write.c read.c scan.c knn.c hotset.c migrate.c evict.c gather.c train.c
  *   top.h | stats.c recover.c sync.c store.c backup.c debug.c

@@ -57,17 +57,23 @@
  *     used bit that makes them an entry (pethash.c: place): a power cut
  *     in an insert leaves the slot unused, never an entry whose key is a
  *     former occupant's and whose fingerprint is the new one's.
- * P11 Every change to the index is made holding s->writers, and the
- *     section's end (writers_unlock), like every retirement of records
- *     (slab_retire, before the records get their epoch; a demotion, which
- *     frees its records itself after ebr_synchronize, clears it with its
- *     section's end before that wait), clears s->knn_clean after a full
- *     fence (a section that changes no index entry may end with a plain
- *     unlock, and says so): a kNN map of the live records,
- *     made by a pass that set knn_clean to its id before reading the
- *     index, describes the pool (and its records stay in place for a
- *     search that saw that id after entering its epoch) while knn_clean
- *     still holds that id (knn.c).
+ * P11 Every change to the index is made holding s->writers.  The
+ *     section's end (writers_unlock) clears s->knn_clean after a full
+ *     fence unless the section told the kNN change log of every change it
+ *     made (knnlog.c: after the changes and a full fence, under knn_mu,
+ *     for the id knn_clean holds then; a move whose row has moved on
+ *     since is kept as its leaving only).  A retirement of records clears
+ *     it too before the records get their epoch (slab_retire), unless
+ *     their leaving the index was told, or cleared for, before (a
+ *     demotion, which frees its records itself after ebr_synchronize,
+ *     clears it with its section's end, before that wait).  A section
+ *     that changes no index entry may end with a plain unlock, and says
+ *     so.  A kNN map of the live records, made by a pass that entered its
+ *     epoch and then set knn_clean to its id before reading the index,
+ *     and brought up to date with the changes the log holds for that id
+ *     (knn.c: map_catch_up), describes the pool while knn_clean still
+ *     holds that id; its records stay in place for a search that saw the
+ *     id after entering its epoch.
  */
 #ifndef EMBKV_FORMAT_H
 #define EMBKV_FORMAT_H

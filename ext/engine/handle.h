@@ -202,6 +202,11 @@ struct embkv_store {
      * id of the pass that made it (P11: writers clear it). */
     struct knn_map *knn_map;
     pthread_mutex_t knn_mu;
+    /* The kNN change log (knnlog.c), under knn_mu: the index changes told
+     * while knn_clean held knn_log_id, not yet applied to the kept map. */
+    struct knn_change *knn_log;
+    size_t knn_log_n, knn_log_cap;
+    uint64_t knn_log_id;
     /* (A cache line of its own, padded rather than aligned since the
      * handle comes from calloc: every writer section reads it, and the
      * counters below are written by every search.) */

@@ -3,8 +3,9 @@
  *
  * pethash.c: the PetHash index (probing, moves home, key locks, resize,
  * the pins that hold resizes and moves off); slab.c: the record space in
- * the pool's chunks and its reclamation; snapshot.c: write groups, the
- * snapshots and the version log that lets a snapshot see replaced rows.
+ * the pool's chunks and its reclamation; knnlog.c: the index changes a
+ * kept kNN map follows; snapshot.c: write groups, the snapshots and the
+ * version log that lets a snapshot see replaced rows.
  * The index's read path is inline here, for the batch loops.
  */
 #ifndef EMBKV_INDEX_H
@@ -203,6 +204,24 @@ static inline bool ix_find(index_desc *ix, int64_t id, uint64_t h, found_slot *o
 {
     return ix_probe(ix, id, h, out, NULL);
 }
+/* This thread's tally of the index entries it changed in its section of
+ * s->writers (place, unplace, set_loc; a move counts twice), and of the
+ * changes it told the kNN change log of (knnlog_tell).  Reset at the
+ * section's end (writers_unlock).  Changes made outside a section
+ * (recovery) carry over to the next one, which then clears knn_clean:
+ * the count can only make a section clear more often than it must. */
+typedef struct ix_tally {
+    uint64_t changes, told;
+} ix_tally;
+extern _Thread_local ix_tally ix_section;
+
+/* Whether this thread told the log of every entry its section changed
+ * (P11: no kept map needs clearing; a section that changed none too). */
+static inline bool ix_section_all_told(void)
+{
+    return ix_section.told == ix_section.changes;
+}
+
 /* Points the slot f found at loc; under the row's key lock, with
  * s->writers held shared. */
 static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, uint64_t loc)
@@ -211,15 +230,17 @@ static inline void set_loc(embkv_store *s, index_desc *ix, const found_slot *f, 
     /* Marked before the change (P4): recovery visits only marked buckets. */
     mark_bucket(s, &ix->buckets[f->bucket]);
     __atomic_store_n(&sl->loc, loc, __ATOMIC_RELEASE);
+    ix_section.changes++;
     debug_index_point();
     persist_range(s, &sl->loc, sizeof sl->loc);
 }
 
 /* P11: after changing the index or retiring records, a writer clears
- * knn_clean (a kept kNN map no longer describes the pool).  The fence
- * orders the changes before the load: either the load sees a pass's id
- * (and clears it) or that pass, which set it before reading the index,
- * sees the changes. */
+ * knn_clean (a kept kNN map no longer describes the pool), unless every
+ * kept map has been told of the changes (knnlog_tell).  The fence orders
+ * the changes before the load: either the load sees a pass's id (and
+ * clears it) or that pass, which set it before reading the index, sees
+ * the changes. */
 static inline void knn_note_change(struct embkv_store *s)
 {
     full_fence();
@@ -235,11 +256,16 @@ static inline void knn_note_change(struct embkv_store *s)
 }
 
 /* The end of a section holding s->writers (shared or exclusive): every
- * change to the index is made inside one (P11). */
+ * change to the index is made inside one (P11).  A section whose changes
+ * were all told to the kNN change log (knnlog.c), or that changed none,
+ * leaves the kept map valid; any other clears it. */
 static inline void writers_unlock(struct embkv_store *s)
 {
+    bool told = ix_section_all_told();
+    ix_section.changes = ix_section.told = 0;
     pthread_rwlock_unlock(&s->writers);
-    knn_note_change(s);
+    if (!told)
+        knn_note_change(s);
 }
 
 /* Key locks: one spin lock per stripe of ids' hashes; a writer of a row
@@ -355,8 +381,25 @@ static inline bool rec_ok(const embkv_store *s, const rec_hdr *r, int64_t id)
 /* Retire locations: freed once no reader can see them (P6).  pinned: a
  * version an open snapshot may read (snap_log says which), kept while a
  * snapshot older than its retirement is open; unpinned ones wait for the
- * readers' epochs only. */
-void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned);
+ * readers' epochs only.  told: every kept kNN map knows these records
+ * left the index (their removals were told to the kNN change log, or
+ * their section's end cleared knn_clean: P11); else the retirement
+ * clears knn_clean. */
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned, bool told);
+
+/* ------------------------------------------------------------- knnlog.c */
+/* One index change a kept kNN map can follow: id's record moved from
+ * place `from` (LOC_NONE for an insert; a flagged one names no place of
+ * the map) to place `to` in the pool. */
+typedef struct knn_change {
+    int64_t id;
+    uint64_t from, to;
+} knn_change;
+/* Tells the kNN change log of n changes this thread made in its section
+ * of s->writers, after making them (P11); counts them told. */
+void knnlog_tell(embkv_store *s, const knn_change *c, size_t n);
+/* At the close. */
+void knnlog_free(embkv_store *s);
 /* Frees the retired records no reader or snapshot can hold any more (P6);
  * wait_for_readers: waits out the readers in an epoch now first (so never
  * from inside ebr_enter).  Takes retire_mu, then slab_mu (not nested);

@@ -15,12 +15,16 @@
  *     record; in place order one query over 1M rows of dim 64 runs about
  *     four times as fast on a 2-core virtual machine;
  *   - the map of marked places outlives the search (knn_map): the
- *     searches after it, if no writer changed the index or retired a
- *     record since (P11), stream at once, without the first pass (a
- *     quarter of a query's time at 1M rows of dim 64), sharing the one
- *     map when they run at once.  A table that is only read, as one
- *     serving queries is, pays the pass once (in the writer's process: a
- *     reader process, with no writer's lock to watch, passes every time);
+ *     searches after it stream at once, without the first pass (a quarter
+ *     of a query's time at 1M rows of dim 64), sharing the one map when
+ *     they run at once, while the index changed only in ways the map
+ *     follows: rows written, inserted and deleted are told to the kNN
+ *     change log (knnlog.c), applied to the map by the next search
+ *     (map_catch_up); anything else (a resize, a move between tiers, more
+ *     changes than the log holds) drops it (P11).  A table serving
+ *     queries, written between them or not, pays the pass about once (in
+ *     the writer's process: a reader process, with no writer's lock to
+ *     watch, passes every time);
  *   - every query of a batch is answered in the same pass, a block of rows
  *     at a time while the block sits in the L1/L2 cache, so a batch of 100
  *     queries costs about the arithmetic, not 100 passes over memory;
@@ -878,10 +882,84 @@ static void map_release(embkv_store *s, knn_map *m, bool drop)
     map_free(dead);
 }
 
+/* The bit of place loc in a map of `places` places, or UINT64_MAX when
+ * loc names none (a flagged location, a chunk beyond the map). */
+static inline uint64_t map_place(embkv_store *s, uint64_t loc, uint64_t places)
+{
+    if (loc == LOC_NONE || (loc & LOC_FLAGS))
+        return UINT64_MAX;
+    uint64_t g = (uint64_t)loc_chunk(loc) * s->recs_per_chunk + loc_index(loc);
+    return g < places ? g : UINT64_MAX;
+}
+
+/* Under knn_mu: the n changes of the log applied to a map of `places`
+ * places, its tally in *marked: false when one cannot be (a record in a
+ * place beyond the map), the others applied.  Each is applied by the bits
+ * it finds, so a change a pass already saw (told while it read the index)
+ * changes nothing, and the tally moves with the bits (the stream checks
+ * it).  The log holds each row's moves in the order made (knnlog.c), and
+ * a place changes hands only after its leaving was told. */
+static bool map_apply(embkv_store *s, uint64_t *live, uint64_t places, uint64_t *marked, const knn_change *log,
+                      size_t n)
+{
+    bool all = true;
+    for (size_t i = 0; i < n; i++) {
+        const knn_change *ch = &log[i];
+        uint64_t g = map_place(s, ch->from, places);
+        if (g != UINT64_MAX && (live[g >> 6] >> (g & 63) & 1)) {
+            live[g >> 6] &= ~(1ull << (g & 63));
+            *marked -= place_tally(ch->id, g);
+        }
+        if (ch->to == LOC_NONE || (ch->to & LOC_TOMB))
+            continue;  /* a delete */
+        if ((g = map_place(s, ch->to, places)) == UINT64_MAX) {
+            all = false;
+            continue;
+        }
+        if (!(live[g >> 6] >> (g & 63) & 1)) {
+            live[g >> 6] |= 1ull << (g & 63);
+            *marked += place_tally(ch->id, g);
+        }
+    }
+    return all;
+}
+
+/* Under knn_mu, with s's map m valid (its id still in knn_clean): m
+ * brought up to date with the changes told since its pass (knnlog.c) and
+ * kept in its place, or a copy of it when searches stream m meanwhile (a
+ * shared map is read only); NULL when it cannot follow them (a record in
+ * a place beyond the map, or out of memory), s's map then left for the
+ * caller to let go. */
+static knn_map *map_catch_up(embkv_store *s, knn_map *m)
+{
+    size_t n = s->knn_log_n;
+    if (s->knn_log_id != m->id || n == 0)
+        return m;
+    s->knn_log_n = 0;
+    uint64_t places = (uint64_t)m->nchunks * s->recs_per_chunk;
+    if (m->refs > 1) {
+        size_t bytes = (places + 63) / 64 * sizeof *m->live;
+        knn_map *c = malloc(sizeof *c);
+        uint64_t *live = c ? malloc(bytes) : NULL;
+        if (!live) {
+            free(c);
+            return NULL;
+        }
+        memcpy(live, m->live, bytes);
+        *c = *m;
+        c->live = live;
+        c->refs = 1;
+        (void)map_unref(m);  /* s's reference (never the last: a search streams m) */
+        s->knn_map = m = c;
+    }
+    return map_apply(s, m->live, places, &m->marked, s->knn_log, n) ? m : NULL;
+}
+
 /* A reference to the kept map if it is still valid (searches at once
- * share it), with the caller inside an epoch entered before the map was
- * found valid (P11: no record it names is reused before ebr_leave); NULL,
- * outside one, when there is none to use (an invalid one is let go). */
+ * share it), brought up to date with the changes told since it was made,
+ * with the caller inside an epoch entered before the map was found valid
+ * (P11: no record it names is reused before ebr_leave); NULL, outside
+ * one, when there is none to use (an invalid one is let go). */
 static knn_map *map_take(embkv_store *s)
 {
     ebr_enter();
@@ -889,7 +967,7 @@ static knn_map *map_take(embkv_store *s)
     pthread_mutex_lock(&s->knn_mu);
     knn_map *m = s->knn_map;
     if (m && m->id == atomic_load(&s->knn_clean) && m->generation == atomic_load(&s->ix)->generation &&
-        m->nchunks == chunks_now(s)) {
+        m->nchunks == chunks_now(s) && (m = map_catch_up(s, m)) != NULL) {
         m->refs++;
         pthread_mutex_unlock(&s->knn_mu);
         return m;
@@ -973,17 +1051,22 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
     uint64_t pass_id = 0, marked = 0;
     bool unmarked = false;
     embkv_scan_pin(s);
+    /* Held through both passes: a record marked in the first is not reused
+     * before the second has read it (P6).  Entered before the id is set:
+     * a record that leaves the index with a change told for this id is
+     * retired after the tell, which read the id, so it waits for this
+     * pass too, and no place changes hands while the pass reads (the
+     * change log's entries apply to the map in order: knnlog.c). */
+    ebr_enter();
     if (keepable) {
         /* Set before the index is read (P11): a writer that changes it
-         * from here on clears it, one that changed it before is seen.
-         * (After the pin: a resize the pin waits for would clear it.) */
+         * from here on clears it or tells the change log, one that
+         * changed it before is seen.  (After the pin: a resize the pin
+         * waits for would clear it.) */
         pass_id = atomic_fetch_add(&s->knn_passes, 1) + 1;
         atomic_store(&s->knn_clean, pass_id);
         full_fence();
     }
-    /* Held through both passes: a record marked in the first is not reused
-     * before the second has read it (P6). */
-    ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     job->nbuckets = ix->nbuckets;
     job->generation = ix->generation;
@@ -1015,6 +1098,22 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
             for (uint64_t x = 0; x < words; x++)
                 ws[0].live[x] |= ws[t].live[x];
         job->live = ws[0].live;
+        /* The changes told while the pass read the index, applied before
+         * the stream: a row deleted and inserted again in a bucket read
+         * later was marked at both places, and its delete, told before
+         * its key lock was let go (write.c), is in the log by now.  (Not
+         * when the pass scored rows the map does not hold: a change might
+         * mark one of those again.) */
+        if (keepable && !unmarked) {
+            pthread_mutex_lock(&s->knn_mu);
+            if (s->knn_log_id == pass_id && s->knn_log_n) {
+                if (!map_apply(s, ws[0].live, (uint64_t)job->nchunks * s->recs_per_chunk, &marked, s->knn_log,
+                               s->knn_log_n))
+                    unmarked = true;  /* (not kept) */
+                s->knn_log_n = 0;
+            }
+            pthread_mutex_unlock(&s->knn_mu);
+        }
     }
     *rerun = stream_pass(job, ws, nt, marked);
     ebr_leave();

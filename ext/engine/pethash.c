@@ -27,6 +27,8 @@
 
 #define FULL_MASK ((uint16_t)((1u << BUCKET_SLOTS) - 1))
 
+_Thread_local ix_tally ix_section;
+
 void ix_lock_bucket(bucket *b)
 {
     unsigned spins = 0;
@@ -88,6 +90,7 @@ static void place(const index_desc *ix, bucket *bk, unsigned i, int64_t id, uint
     }
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used | (1u << i)), __ATOMIC_RELEASE);
+    ix_section.changes++;
     if (ix->owner)
         debug_index_point();
     touched(ix, bk);
@@ -98,6 +101,7 @@ static void unplace(const index_desc *ix, bucket *bk, unsigned i)
     will_touch(ix, bk);
     uint16_t used = __atomic_load_n(&bk->used, __ATOMIC_RELAXED);
     __atomic_store_n(&bk->used, (uint16_t)(used & ~(1u << i)), __ATOMIC_RELEASE);
+    ix_section.changes++;
     if (ix->owner)
         debug_index_point();
     touched(ix, bk);

@@ -398,14 +398,17 @@ static bool limbo_push(limbo_entry **list, size_t *len, size_t *cap, const uint6
     return true;
 }
 
-void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned)
+void slab_retire(embkv_store *s, const uint64_t *locs, size_t n, bool pinned, bool told)
 {
     if (n == 0)
         return;
     /* Before the records get their epoch (P11): a search using a kept map
      * that names them entered its epoch before this, or sees the map
-     * invalid. */
-    knn_note_change(s);
+     * invalid.  (Told: a map that names them is one a search took before
+     * the change was told, in its epoch since; one taken after has
+     * followed the change.) */
+    if (!told)
+        knn_note_change(s);
     /* On persistent memory the index entries that stopped naming these
      * records were flushed, not yet drained: drained before the records
      * can be reused, or a power cut could bring back an entry naming a

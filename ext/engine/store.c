@@ -465,6 +465,7 @@ static void free_store(embkv_store *s)
     pthread_cond_destroy(&s->mg_cond);
     pthread_mutex_destroy(&s->la_mu);
     knn_map_free(s);
+    knnlog_free(s);
     pthread_mutex_destroy(&s->knn_mu);
     free(s->path);
     free(s);

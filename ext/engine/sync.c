@@ -34,7 +34,10 @@ static void purge_tombstones(embkv_store *s, tomb_entry *t, size_t n)
         if (ix_find(ix, t[i].id, h, &f) && f.loc == t[i].loc) {
             ix_remove(ix, h, &f);
             atomic_fetch_sub(&s->entries, 1);
-            slab_retire(s, &t[i].loc, 1, true);
+            /* (A tombstone is in no kNN map: told, the change is only
+             * counted, and the map stays.) */
+            knnlog_tell(s, &(knn_change){.id = t[i].id, .from = t[i].loc, .to = LOC_NONE}, 1);
+            slab_retire(s, &t[i].loc, 1, true, ix_section_all_told());
         }
         keylock_release(s, h);
         writers_unlock(s);
@@ -179,8 +182,11 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
         purge_deferred(s, false);
         if (!(ntombs && readers_active(s) && defer_tombstones(s, tombs, ntombs)))
             purge_tombstones(s, tombs, ntombs);
-        slab_retire(s, pend.v, pend.n, true);
-        slab_retire(s, pendu.v, pendu.n, false);
+        /* (Told: each left the index in a section that told the kNN
+         * change log or cleared knn_clean at its end, before this sync's
+         * switch: P11.) */
+        slab_retire(s, pend.v, pend.n, true, true);
+        slab_retire(s, pendu.v, pendu.n, false, true);
         slab_reclaim(s, false);
         tier_sync_done(s);
     } else {

@@ -35,8 +35,14 @@ typedef struct retire_buf {
     uint64_t now[RETIRE_BUF];      /* versions no open snapshot may read */
     uint64_t nowp[RETIRE_BUF];     /* versions an open snapshot may read (P6) */
     tomb_entry tombs[RETIRE_BUF];
-    size_t nkeep, nkeepu, nnow, nnowp, ntombs;
+    knn_change told[RETIRE_BUF];   /* index changes the kNN change log is told of (knnlog.c) */
+    size_t nkeep, nkeepu, nnow, nnowp, ntombs, ntold;
 } retire_buf;
+
+static inline void rb_init(retire_buf *rb)
+{
+    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = rb->ntold = 0;
+}
 
 static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size_t n)
 {
@@ -61,6 +67,11 @@ static int push_tombs(embkv_store *s, unsigned parity, const tomb_entry *t, size
  * epoch the writes were stamped with receive them. */
 static void retire_flush(embkv_store *s, retire_buf *rb)
 {
+    /* The log first: the versions retired now leave the index with changes
+     * the kept map is told of, or the retirement clears it (P11). */
+    knnlog_tell(s, rb->told, rb->ntold);
+    rb->ntold = 0;
+    bool told = ix_section_all_told();
     if (rb->nkeep || rb->nkeepu || rb->ntombs) {
         unsigned parity = atomic_load(&s->cur_epoch) & 1;
         pthread_mutex_lock(&s->retire_mu);
@@ -74,9 +85,20 @@ static void retire_flush(embkv_store *s, retire_buf *rb)
         push_tombs(s, parity, rb->tombs, rb->ntombs);
         pthread_mutex_unlock(&s->retire_mu);
     }
-    slab_retire(s, rb->now, rb->nnow, false);
-    slab_retire(s, rb->nowp, rb->nnowp, true);
-    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    slab_retire(s, rb->now, rb->nnow, false, told);
+    slab_retire(s, rb->nowp, rb->nnowp, true, told);
+    rb_init(rb);
+}
+
+/* A row's record moved (a row inserted: from LOC_NONE), for the kNN
+ * change log, told at the next retire_flush (before the section ends). */
+static inline void rb_tell(embkv_store *s, retire_buf *rb, int64_t id, uint64_t from, uint64_t to)
+{
+    if (rb->ntold == RETIRE_BUF) {
+        knnlog_tell(s, rb->told, rb->ntold);
+        rb->ntold = 0;
+    }
+    rb->told[rb->ntold++] = (knn_change){.id = id, .from = from, .to = to};
 }
 
 static inline void retire_add(embkv_store *s, retire_buf *rb, uint64_t loc, bool keep, bool pinned)
@@ -274,6 +296,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
     } else {
         atomic_fetch_add(&s->entries, 1);
     }
+    rb_tell(s, rb, id, have ? f.loc : LOC_NONE, newloc);
     if (!live)
         atomic_fetch_add(&s->rows, 1);
     *consumed = true;
@@ -352,7 +375,7 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
         free(rb);
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory writing back the cache", s->path);
     }
-    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    rb_init(rb);
     int rc = EMBKV_OK;
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
@@ -632,7 +655,7 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
     char *scratch = NULL;
     write_req w = {.kind = W_PUT, .vec = vec, .state = state, .flags = flags, .clock = clock, .scratch = &scratch};
     retire_buf rb;
-    rb.nkeep = rb.nkeepu = rb.nnow = rb.nnowp = rb.ntombs = 0;
+    rb_init(&rb);
     bool consumed;
     char *row = s->cache ? malloc(s->rec_size) : NULL;
     if (s->cache && !row) {
@@ -692,7 +715,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
     int rc = EMBKV_OK;
     char *ssd = NULL;  /* the row's record, when it is in the log */
     retire_buf rb;
-    rb.nkeep = rb.nkeepu = rb.nnow = rb.nnowp = rb.ntombs = 0;
+    rb_init(&rb);
     pthread_rwlock_rdlock(&s->writers);
     keylock_acquire(s, h);
     ebr_enter();
@@ -745,6 +768,10 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         /* Born in this epoch: nothing to return to after a crash. */
         ix_remove(ix, h, &f);
         atomic_fetch_sub(&s->entries, 1);
+        /* (Told now, under the key lock, not with the section's other
+         * changes: before the row can be inserted again, maybe in a
+         * bucket a kNN pass reads after the one it was in: knn.c.) */
+        knnlog_tell(s, &(knn_change){.id = id, .from = f.loc, .to = LOC_NONE}, 1);
     } else {
         /* The entry stays, pointing at a tombstone that links to the
          * durable version. */
@@ -758,6 +785,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         persist_range(s, t, s->rec_size);
         persist_barrier(s);  /* (P1) */
         set_loc(s, ix, &f, *tloc | LOC_TOMB);
+        knnlog_tell(s, &(knn_change){.id = id, .from = f.loc, .to = LOC_NONE}, 1);  /* (as above) */
         rb.tombs[rb.ntombs++] = (tomb_entry){id, *tloc | LOC_TOMB};
         *tloc = LOC_NONE;  /* consumed */
     }
@@ -1009,7 +1037,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         pre_read_free(&pre);
         return nomem ? embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory") : WRITE_CANCELLED;
     }
-    rb->nkeep = rb->nkeepu = rb->nnow = rb->nnowp = rb->ntombs = 0;
+    rb_init(rb);
     uint64_t hs[RING];
 
     /* The whole batch lands in one epoch: a sync waits for it. */
