@@ -153,7 +153,7 @@ def main():
     # put back: the map of the live records kept from the query before
     # follows the changes (the kNN change log) and the query streams at
     # once.  More rows written between two queries than that log holds (a
-    # thirty-second of the rows): the query makes the map again with a pass
+    # sixty-fourth of the rows): the query makes the map again with a pass
     # over the index.
     def after_each(change, label, n=a.queries):
         tw, after = [], []
@@ -177,7 +177,7 @@ def main():
         c.execute("COMMIT")
         c.execute("INSERT INTO item(id, vec) VALUES (?, ?)", (rid, old))
 
-    many = min(a.rows, a.rows // 32 + 8000)
+    many = min(a.rows, a.rows // 64 + 8000)
 
     def write_many(rid, v):
         c.execute("BEGIN")

@@ -323,15 +323,15 @@ static void test_kept_map(void)
     CHECK_RC(embkv_sync(s), EMBKV_OK);
     after_told(s, &m, q, "a checkpoint retiring an updated row's old record");
     /* more changes between two searches than the log holds (1024 + a
-     * thirty-second of the rows): the map is dropped */
-    for (int k = 0; k < 1024 + KROWS / 32 + 1; k++) {
+     * sixty-fourth of the rows): the map is dropped */
+    for (int k = 0; k < 1024 + KROWS / 64 + 1; k++) {
         int64_t id = 7 + k % 100;
         for (int j = 0; j < DIM; j++) v[j] = val(id, j, 2 + k / 100);
         model_put(s, &m, id, v);
     }
     after_change(s, &m, q, "more updates than the change log holds");
     /* just as many, the map kept all along: it follows them */
-    for (int k = 0; k < 1024 + KROWS / 32; k++) {
+    for (int k = 0; k < 1024 + KROWS / 64; k++) {
         int64_t id = 7 + k % 100;
         for (int j = 0; j < DIM; j++) v[j] = val(id, j, 20 + k / 100);
         model_put(s, &m, id, v);

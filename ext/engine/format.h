@@ -61,8 +61,7 @@
  *     section's end (writers_unlock) clears s->knn_clean after a full
  *     fence unless the section told the kNN change log of every change it
  *     made (knnlog.c: after the changes and a full fence, under knn_mu,
- *     for the id knn_clean holds then; a move whose row has moved on
- *     since is kept as its leaving only).  A retirement of records clears
+ *     for the id knn_clean holds then).  A retirement of records clears
  *     it too before the records get their epoch (slab_retire), unless
  *     their leaving the index was told, or cleared for, before (a
  *     demotion, which frees its records itself after ebr_synchronize,
@@ -71,7 +70,8 @@
  *     so.  A kNN map of the live records, made by a pass that entered its
  *     epoch and then set knn_clean to its id before reading the index,
  *     and brought up to date with the changes the log holds for that id
- *     (knn.c: map_catch_up), describes the pool while knn_clean still
+ *     (knn.c: map_take, holding s->writers exclusively, so that the log
+ *     holds every change made), describes the pool while knn_clean still
  *     holds that id; its records stay in place for a search that saw the
  *     id after entering its epoch.
  */

@@ -810,6 +810,36 @@ static void topk_sort(double *d, int64_t *id, size_t n)
 static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
                    int64_t *out_ids, double *out_dist, size_t *found, bool index_order);
 
+static int cmp_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether an id is among id[0..n) twice: a row met in two of its versions
+ * (a search beside writers that could not tell its old place from its new
+ * one: the answer would hold it twice); 0 on no memory (not known). */
+static bool ids_repeat(const int64_t *id, size_t n)
+{
+    if (n <= 64) {
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = 0; j < i; j++)
+                if (id[i] == id[j])
+                    return true;
+        return false;
+    }
+    int64_t *c = malloc(n * sizeof *c);
+    if (!c)
+        return false;
+    memcpy(c, id, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_id);
+    bool rep = false;
+    for (size_t i = 1; i < n && !rep; i++)
+        rep = c[i] == c[i - 1];
+    free(c);
+    return rep;
+}
+
 /* ------------------------------------------------------- the kept map */
 
 /* The record chunks the pool has now. */
@@ -892,39 +922,49 @@ static inline uint64_t map_place(embkv_store *s, uint64_t loc, uint64_t places)
     return g < places ? g : UINT64_MAX;
 }
 
-/* Under knn_mu: the n changes of the log applied to a map of `places`
- * places, its tally in *marked: false when one cannot be (a record in a
- * place beyond the map), the others applied.  Each is applied by the bits
- * it finds, so a change a pass already saw (told while it read the index)
- * changes nothing, and the tally moves with the bits (the stream checks
- * it).  The log holds each row's moves in the order made (knnlog.c), and
- * a place changes hands only after its leaving was told. */
+/* Under knn_mu, s->writers held exclusively (map_take): the n changes of
+ * the log applied to a map of `places` places, its tally in *marked:
+ * false when a row is now in a place beyond the map (it is left out), the
+ * others applied.  With no writer's section in flight, the log holds every
+ * change made since the map's pass began, though not in the order made (a
+ * writer tells after letting the row's key lock go: knnlog.c).  So first
+ * every entry's old place is cleared (by the bits it finds: the tally
+ * moves with the bits, and the stream checks it): its row has left it,
+ * and a row that came to it since is told after that leaving (the place
+ * is retired after the tell), so in this log or a later one.  Then each
+ * entry's row is marked where the index has it now: its last place,
+ * whatever order its moves were told in.  A row the log does not name
+ * has not changed since the pass read it. */
 static bool map_apply(embkv_store *s, uint64_t *live, uint64_t places, uint64_t *marked, const knn_change *log,
                       size_t n)
 {
-    bool all = true;
     for (size_t i = 0; i < n; i++) {
-        const knn_change *ch = &log[i];
-        uint64_t g = map_place(s, ch->from, places);
+        uint64_t g = map_place(s, log[i].from, places);
         if (g != UINT64_MAX && (live[g >> 6] >> (g & 63) & 1)) {
             live[g >> 6] &= ~(1ull << (g & 63));
-            *marked -= place_tally(ch->id, g);
+            *marked -= place_tally(log[i].id, g);
         }
-        if (ch->to == LOC_NONE || (ch->to & LOC_TOMB))
-            continue;  /* a delete */
-        if ((g = map_place(s, ch->to, places)) == UINT64_MAX) {
+    }
+    bool all = true;
+    index_desc *ix = atomic_load(&s->ix);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t now = ix_lookup(ix, log[i].id, embkv__hash(log[i].id), NULL);
+        if (now == LOC_NONE || (now & LOC_TOMB))
+            continue;  /* deleted */
+        uint64_t g = map_place(s, now, places);
+        if (g == UINT64_MAX) {
             all = false;
             continue;
         }
         if (!(live[g >> 6] >> (g & 63) & 1)) {
             live[g >> 6] |= 1ull << (g & 63);
-            *marked += place_tally(ch->id, g);
+            *marked += place_tally(log[i].id, g);
         }
     }
     return all;
 }
 
-/* Under knn_mu, with s's map m valid (its id still in knn_clean): m
+/* Under knn_mu and s->writers, with s's map m valid (its id in knn_clean): m
  * brought up to date with the changes told since its pass (knnlog.c) and
  * kept in its place, or a copy of it when searches stream m meanwhile (a
  * shared map is read only); NULL when it cannot follow them (a record in
@@ -959,24 +999,48 @@ static knn_map *map_catch_up(embkv_store *s, knn_map *m)
  * share it), brought up to date with the changes told since it was made,
  * with the caller inside an epoch entered before the map was found valid
  * (P11: no record it names is reused before ebr_leave); NULL, outside
- * one, when there is none to use (an invalid one is let go). */
+ * one, when there is none to use (an invalid one is let go).  The
+ * changes are applied holding s->writers exclusively: with no writer's
+ * section in flight every change made is told, and where each row is now
+ * is what the index says (map_apply). */
 static knn_map *map_take(embkv_store *s)
 {
-    ebr_enter();
-    full_fence();
-    pthread_mutex_lock(&s->knn_mu);
-    knn_map *m = s->knn_map;
-    if (m && m->id == atomic_load(&s->knn_clean) && m->generation == atomic_load(&s->ix)->generation &&
-        m->nchunks == chunks_now(s) && (m = map_catch_up(s, m)) != NULL) {
-        m->refs++;
+    bool alone = false;
+    for (;;) {
+        ebr_enter();
+        full_fence();
+        pthread_mutex_lock(&s->knn_mu);
+        knn_map *m = s->knn_map;
+        if (m && m->id == atomic_load(&s->knn_clean) && m->generation == atomic_load(&s->ix)->generation &&
+            m->nchunks == chunks_now(s)) {
+            bool behind = s->knn_log_id == m->id && s->knn_log_n;
+            if (behind && !alone) {
+                /* (writers first, then the epoch: a resize holding it
+                 * waits for the epochs) */
+                pthread_mutex_unlock(&s->knn_mu);
+                ebr_leave();
+                pthread_rwlock_wrlock(&s->writers);
+                alone = true;
+                continue;
+            }
+            if (behind)
+                m = map_catch_up(s, m);
+            if (m) {
+                m->refs++;
+                pthread_mutex_unlock(&s->knn_mu);
+                if (alone)
+                    pthread_rwlock_unlock(&s->writers);  /* (no index entry changed: P11) */
+                return m;
+            }
+        }
+        knn_map *dead = map_unkeep(s);
         pthread_mutex_unlock(&s->knn_mu);
-        return m;
+        if (alone)
+            pthread_rwlock_unlock(&s->writers);  /* (as above) */
+        map_free(dead);
+        ebr_leave();
+        return NULL;
     }
-    knn_map *dead = map_unkeep(s);
-    pthread_mutex_unlock(&s->knn_mu);
-    map_free(dead);
-    ebr_leave();
-    return NULL;
 }
 
 /* Keeps a pass's new map m for the searches after it, in place of the one
@@ -1098,22 +1162,6 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
             for (uint64_t x = 0; x < words; x++)
                 ws[0].live[x] |= ws[t].live[x];
         job->live = ws[0].live;
-        /* The changes told while the pass read the index, applied before
-         * the stream: a row deleted and inserted again in a bucket read
-         * later was marked at both places, and its delete, told before
-         * its key lock was let go (write.c), is in the log by now.  (Not
-         * when the pass scored rows the map does not hold: a change might
-         * mark one of those again.) */
-        if (keepable && !unmarked) {
-            pthread_mutex_lock(&s->knn_mu);
-            if (s->knn_log_id == pass_id && s->knn_log_n) {
-                if (!map_apply(s, ws[0].live, (uint64_t)job->nchunks * s->recs_per_chunk, &marked, s->knn_log,
-                               s->knn_log_n))
-                    unmarked = true;  /* (not kept) */
-                s->knn_log_n = 0;
-            }
-            pthread_mutex_unlock(&s->knn_mu);
-        }
     }
     *rerun = stream_pass(job, ws, nt, marked);
     ebr_leave();
@@ -1204,7 +1252,7 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
     atomic_init(&job.suspect, 0);
-    bool rerun = false;
+    bool rerun = false, used_kept = false;
     /* Rows the cache holds newer than their home: read from it, and left
      * out of the pass over the index (the set sized for both from the
      * start). */
@@ -1255,6 +1303,7 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
      * searches before, or keep its own for the ones after (knn_map). */
     bool keepable = !s->reader && !index_order && skip.n == 0;
     knn_map *kept = keepable ? map_take(s) : NULL;  /* (in an epoch when taken) */
+    used_kept = kept != NULL;
     if (kept) {
         atomic_fetch_add_explicit(&s->st_knn_reused, 1, memory_order_relaxed);
         job.stream = true;
@@ -1282,6 +1331,15 @@ merge:
                 for (size_t i = 0; i < ws[t].tops[q].n; i++)
                     topk_offer(all, k, ws[t].tops[q].d[i], ws[t].tops[q].id[i]);
             topk_sort(all->d, all->id, all->n);
+            /* A row met twice: the search runs again, in index order (a
+             * race with a writer it cannot see otherwise, rare; the map a
+             * search took is checked the same way: counted). */
+            if (!index_order && !o.only && ids_repeat(all->id, all->n)) {
+                if (used_kept)
+                    atomic_fetch_add_explicit(&s->st_knn_kept_reruns, 1, memory_order_relaxed);
+                rerun = true;
+                goto out;
+            }
             for (size_t i = 0; i < all->n; i++) {
                 out_ids[q * k + i] = all->id[i];
                 out_dist[q * k + i] = o.metric == EMBKV_KNN_L2 ? sqrt(all->d[i]) : all->d[i];

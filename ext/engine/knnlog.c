@@ -20,10 +20,18 @@
  * has left knn_clean never returns to it, so a change told for another id
  * means the kept map is dead and the log starts again.
  *
- * Bounded: applying a change costs a random access to the map, and past a
- * thirty-second of the rows a pass would be cheaper; a tell beyond that
- * (or one the log cannot grow for) clears knn_clean as an untold change
- * does, and the log empties.
+ * What the log does not give is each row's moves in the order made: a
+ * writer tells after letting the row's key lock go (a batch's changes at
+ * its end), so two writers of a row may tell in either order.  The search
+ * that applies the log holds s->writers exclusively meanwhile, so every
+ * change made has been told, and it takes from an entry only the place
+ * its row left; where the row is now it asks the index (knn.c:
+ * map_apply).
+ *
+ * Bounded: applying a change costs an index lookup, and past a
+ * sixty-fourth of the rows a pass would be about as cheap; a tell beyond
+ * that (or one the log cannot grow for) clears knn_clean as an untold
+ * change does, and the log empties.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +59,7 @@ void knnlog_tell(embkv_store *s, const knn_change *c, size_t n)
             s->knn_log_n = 0;
         }
         size_t need = s->knn_log_n + n;
-        bool fits = need <= LOG_MIN + atomic_load_explicit(&s->rows, memory_order_relaxed) / 32;
+        bool fits = need <= LOG_MIN + atomic_load_explicit(&s->rows, memory_order_relaxed) / 64;
         if (fits && need > s->knn_log_cap) {
             size_t cap = s->knn_log_cap ? 2 * s->knn_log_cap : 256;
             while (cap < need)
@@ -65,23 +73,15 @@ void knnlog_tell(embkv_store *s, const knn_change *c, size_t n)
             }
         }
         if (fits) {
-            /* Checked against the index here, under knn_mu: the writers
-             * of one row tell after their key lock is let go, so two of
-             * them may tell in the other order than they wrote.  A move
-             * whose row has moved on since keeps only its leaving (its
-             * new place, told by the later writer, is that writer's to
-             * clear): the log then holds each row's moves in the order
-             * made, or ones that only clear.  (Its old place cannot have
-             * been reused meanwhile: it is retired after this tell.) */
-            index_desc *ix = atomic_load(&s->ix);
+            /* (A change that names no place, a tombstone's purge, needs no
+             * entry: counted told, it leaves the map as it is.) */
             knn_change *to = s->knn_log + s->knn_log_n;
-            for (size_t i = 0; i < n; i++) {
-                to[i] = c[i];
-                if (c[i].to != LOC_NONE && !(c[i].to & LOC_FLAGS) &&
-                    ix_lookup(ix, c[i].id, embkv__hash(c[i].id), NULL) != c[i].to)
-                    to[i].to = LOC_NONE;
-            }
-            s->knn_log_n = need;
+            size_t kept = 0;
+            for (size_t i = 0; i < n; i++)
+                if (!((c[i].from == LOC_NONE || (c[i].from & LOC_FLAGS)) &&
+                      (c[i].to == LOC_NONE || (c[i].to & LOC_FLAGS))))
+                    to[kept++] = c[i];
+            s->knn_log_n += kept;
         } else {
             s->knn_log_n = 0;
             knn_note_change(s);

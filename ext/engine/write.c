@@ -90,8 +90,9 @@ static void retire_flush(embkv_store *s, retire_buf *rb)
     rb_init(rb);
 }
 
-/* A row's record moved (a row inserted: from LOC_NONE), for the kNN
- * change log, told at the next retire_flush (before the section ends). */
+/* A row's record moved (a row inserted: from LOC_NONE; deleted: to
+ * LOC_NONE or its tombstone), for the kNN change log, told at the next
+ * retire_flush (before the section ends). */
 static inline void rb_tell(embkv_store *s, retire_buf *rb, int64_t id, uint64_t from, uint64_t to)
 {
     if (rb->ntold == RETIRE_BUF) {
@@ -768,10 +769,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         /* Born in this epoch: nothing to return to after a crash. */
         ix_remove(ix, h, &f);
         atomic_fetch_sub(&s->entries, 1);
-        /* (Told now, under the key lock, not with the section's other
-         * changes: before the row can be inserted again, maybe in a
-         * bucket a kNN pass reads after the one it was in: knn.c.) */
-        knnlog_tell(s, &(knn_change){.id = id, .from = f.loc, .to = LOC_NONE}, 1);
+        rb_tell(s, &rb, id, f.loc, LOC_NONE);
     } else {
         /* The entry stays, pointing at a tombstone that links to the
          * durable version. */
@@ -785,7 +783,7 @@ static int delete_once(embkv_store *s, int64_t id, uint64_t h, uint64_t *tloc, c
         persist_range(s, t, s->rec_size);
         persist_barrier(s);  /* (P1) */
         set_loc(s, ix, &f, *tloc | LOC_TOMB);
-        knnlog_tell(s, &(knn_change){.id = id, .from = f.loc, .to = LOC_NONE}, 1);  /* (as above) */
+        rb_tell(s, &rb, id, f.loc, *tloc | LOC_TOMB);
         rb.tombs[rb.ntombs++] = (tomb_entry){id, *tloc | LOC_TOMB};
         *tloc = LOC_NONE;  /* consumed */
     }
