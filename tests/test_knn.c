@@ -15,7 +15,8 @@
  *     change log and sees them; after more changes than that log holds or
  *     a resize it is dropped, and the next search sees the change; none is
  *     kept while rows lie in the SSD log or newer in the DRAM cache, and
- *     the answers stay exact there.
+ *     the answers stay exact there.  A search from an update's callback
+ *     with the map behind returns (it does not wait for its own section).
  * Searches beside writers: test_concurrency_knn.c.
  */
 #include "embkv.h"
@@ -282,6 +283,25 @@ static void after_told(embkv_store *s, const model *m, const float *q, const cha
     CHECK(embkv_debug_knn_kept_reruns(s) == r);
 }
 
+/* An update's callback that searches the store it updates (the map
+ * behind the log, the callback's thread inside a writer's section): the
+ * search passes over the index rather than wait for its own section. */
+typedef struct search_cb {
+    embkv_store *s;
+    const float *q;
+    int rc;
+    size_t found;
+} search_cb;
+
+static int search_in_update(void *p, size_t i, int64_t id, float *vec, float *state)
+{
+    search_cb *c = p;
+    int64_t ids[4];
+    double d[4];
+    c->rc = embkv_knn(c->s, c->q, 1, 4, NULL, ids, d, &c->found);
+    return 1;  /* (the row left as it was) */
+}
+
 static void test_kept_map(void)
 {
     model m;
@@ -342,6 +362,16 @@ static void test_kept_map(void)
     v[1] -= 0.25f;
     model_put(s, &m, KROWS + 1, v);
     after_told(s, &m, q, "an insert");
+    /* a search from an update's callback, the map behind: it returns */
+    for (int j = 0; j < DIM; j++) v[j] = val(9, j, 3);
+    model_put(s, &m, 9, v);
+    search_cb cb = {.s = s, .q = q, .rc = -1};
+    int64_t nine = 9;
+    size_t upd = 7;
+    CHECK_RC(embkv_update_batch(s, &nine, 1, search_in_update, &cb, 0, &upd), EMBKV_OK);
+    CHECK_RC(cb.rc, EMBKV_OK);
+    CHECK(cb.found == 4 && upd == 0);
+    after_told(s, &m, q, "a search from an update's callback");
     CHECK_RC(embkv_delete(s, KROWS + 1), EMBKV_OK);
     m.live[KROWS + 1] = false;
     after_told(s, &m, q, "a delete");

@@ -263,9 +263,11 @@ static inline void writers_unlock(struct embkv_store *s)
 {
     bool told = ix_section_all_told();
     ix_section.changes = ix_section.told = 0;
-    pthread_rwlock_unlock(&s->writers);
+    /* (Cleared before the unlock: a search that then holds s->writers
+     * exclusively finds every change told or its map cleared: knn.c.) */
     if (!told)
         knn_note_change(s);
+    pthread_rwlock_unlock(&s->writers);
 }
 
 /* Key locks: one spin lock per stripe of ids' hashes; a writer of a row

@@ -995,14 +995,25 @@ static knn_map *map_catch_up(embkv_store *s, knn_map *m)
     return map_apply(s, m->live, places, &m->marked, s->knn_log, n) ? m : NULL;
 }
 
+/* Lets s's map go if it is still the one of pass `id` (a search found it
+ * wrong after releasing it). */
+static void map_drop(embkv_store *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->knn_mu);
+    knn_map *dead = s->knn_map && s->knn_map->id == id ? map_unkeep(s) : NULL;
+    pthread_mutex_unlock(&s->knn_mu);
+    map_free(dead);
+}
+
 /* A reference to the kept map if it is still valid (searches at once
  * share it), brought up to date with the changes told since it was made,
  * with the caller inside an epoch entered before the map was found valid
  * (P11: no record it names is reused before ebr_leave); NULL, outside
  * one, when there is none to use (an invalid one is let go).  The
  * changes are applied holding s->writers exclusively: with no writer's
- * section in flight every change made is told, and where each row is now
- * is what the index says (map_apply). */
+ * section in flight every change made is told (or has cleared knn_clean:
+ * writers_unlock clears before it unlocks), and where each row is now is
+ * what the index says (map_apply). */
 static knn_map *map_take(embkv_store *s)
 {
     bool alone = false;
@@ -1015,11 +1026,16 @@ static knn_map *map_take(embkv_store *s)
             m->nchunks == chunks_now(s)) {
             bool behind = s->knn_log_id == m->id && s->knn_log_n;
             if (behind && !alone) {
-                /* (writers first, then the epoch: a resize holding it
-                 * waits for the epochs) */
+                /* (Writers first, then the epoch: a resize holding it
+                 * waits for the epochs.  Tried, not waited for: a
+                 * writer's section in flight, or this thread's own (a
+                 * search from an update's callback), makes this search
+                 * pass over the index instead, the map kept for a later
+                 * one.) */
                 pthread_mutex_unlock(&s->knn_mu);
                 ebr_leave();
-                pthread_rwlock_wrlock(&s->writers);
+                if (pthread_rwlock_trywrlock(&s->writers) != 0)
+                    return NULL;
                 alone = true;
                 continue;
             }
@@ -1253,6 +1269,7 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     atomic_init(&job.failed, 0);
     atomic_init(&job.suspect, 0);
     bool rerun = false, used_kept = false;
+    uint64_t kept_id = 0;
     /* Rows the cache holds newer than their home: read from it, and left
      * out of the pass over the index (the set sized for both from the
      * start). */
@@ -1304,6 +1321,7 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
     bool keepable = !s->reader && !index_order && skip.n == 0;
     knn_map *kept = keepable ? map_take(s) : NULL;  /* (in an epoch when taken) */
     used_kept = kept != NULL;
+    kept_id = kept ? kept->id : 0;
     if (kept) {
         atomic_fetch_add_explicit(&s->st_knn_reused, 1, memory_order_relaxed);
         job.stream = true;
@@ -1332,11 +1350,15 @@ merge:
                     topk_offer(all, k, ws[t].tops[q].d[i], ws[t].tops[q].id[i]);
             topk_sort(all->d, all->id, all->n);
             /* A row met twice: the search runs again, in index order (a
-             * race with a writer it cannot see otherwise, rare; the map a
-             * search took is checked the same way: counted). */
-            if (!index_order && !o.only && ids_repeat(all->id, all->n)) {
-                if (used_kept)
+             * race with a writer it cannot see otherwise, rare; a kept map
+             * that gave it is let go, and counted).  (Not with extra rows:
+             * the caller's, which may repeat a stored id it did not
+             * skip.) */
+            if (!index_order && !o.only && !o.nextra && ids_repeat(all->id, all->n)) {
+                if (used_kept) {
                     atomic_fetch_add_explicit(&s->st_knn_kept_reruns, 1, memory_order_relaxed);
+                    map_drop(s, kept_id);
+                }
                 rerun = true;
                 goto out;
             }
