@@ -97,7 +97,11 @@ end = time.time() + seconds
 MIN_STATEMENTS = 45
 def enough():
     return stats["statements"] >= MIN_STATEMENTS and all(stats["plans"].get(p, 0) for p in tried)
-while time.time() < end and not (os.path.exists(ck + ".readers-stop") and enough()):
+# (past its time, up to a minute more while a plan has not worked yet: a
+# sanitized build on a loaded machine, whose long statements the trainer
+# keeps telling to run again)
+while ((time.time() < end or (not enough() and time.time() < end + 60))
+       and not (os.path.exists(ck + ".readers-stop") and enough())):
     # (each turn a plan least tried so far: every plan gets its turns however
     # few statements a loaded machine allows; once MIN_STATEMENTS have
     # worked, the plans that have not yet, so that a long one a loaded
