@@ -158,7 +158,7 @@ def main():
     def after_each(change, label, n=a.queries):
         tw, after = [], []
         for i, q in enumerate(qs[:n]):
-            change(int(ids[i]), data[i])
+            change(int(ids[i]))
             t = time.perf_counter()
             after.append(ek_one(q))
             tw.append(time.perf_counter() - t)
@@ -167,10 +167,10 @@ def main():
         bad = sum([r[0] for r in after[i]] != list(np_knn(qs[i])[0]) for i in range(min(5, a.queries)))
         print("answers %s checked against numpy: %d differ" % (label.split(", ")[1], bad))
 
-    def write(rid, v):
+    def write(rid):
         c.execute("UPDATE item SET vec = (SELECT vec FROM item WHERE id = ?) WHERE id = ?", (rid, rid))
 
-    def delete_put_back(rid, v):
+    def delete_put_back(rid):
         c.execute("BEGIN")
         old = c.execute("SELECT vec FROM item WHERE id = ?", (rid,)).fetchone()[0]
         c.execute("DELETE FROM item WHERE id = ?", (rid,))
@@ -179,7 +179,7 @@ def main():
 
     many = min(a.rows, a.rows // 64 + 8000)
 
-    def write_many(rid, v):
+    def write_many(rid):
         c.execute("BEGIN")
         c.executemany("UPDATE item SET vec = (SELECT vec FROM item WHERE id = ?) WHERE id = ?",
                       ((int(ids[j]), int(ids[j])) for j in range(many)))
