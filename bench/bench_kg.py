@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """The TransE step of pysample/train_kg.py (WordNet, batches of 2048
-triples with 16 corrupted each, dim 64, adagrad): embkv.torch against
+triples with 16 corrupted each, dim 64, adagrad): embkv.torch, without
+and with a DRAM cache that holds the entity table, against
 torch.nn.Embedding(sparse=True) + torch.optim.Adagrad on the same batches,
 measured two ways in one run:
 
-- alternating: one embkv step, then one torch step, as train_kg.py
-  --memory measures (each step starts with the other's data in the caches);
-- in blocks: 50 embkv steps, then 50 torch steps (each with the machine's
-  caches to itself), three times;
+- alternating: one step of each in turn, as train_kg.py --memory measures
+  (each step starts with the others' data in the caches);
+- in blocks: 50 steps of one, then 50 of the next (each with the
+  machine's caches to itself), three times;
 
-with torch's own thread count (torch.get_num_threads(): one per core), then
-with torch on 2 threads (its kernels faster; embkv's push uses two threads
-from 8,192 rows on in either case).
+with torch's own thread count (torch.get_num_threads()), then with torch
+on 2 threads (its kernels faster; embkv's push uses two threads from
+8,192 rows on in either case).  Each reports the median step and the
+fastest: on a shared machine single steps take up to 10x the usual.
 
     python bench/bench_kg.py DIR [--steps 50]
 
@@ -21,6 +23,7 @@ build/venv/bin/python) and Debian's wordnet-base.  DIR holds the database.
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -48,8 +51,16 @@ def main():
     synsets, rels, triples = kg.load_wordnet(a.wordnet)
     n_ent, n_rel = len(synsets), len(rels)
     conn = embkv.connect(os.path.join(a.dir, "kg.db"))
-    ent = ekt.Embedding(conn, "entity", dim=64, optimizer="adagrad", lr=0.3, init="normal(0,0.1)", capacity=n_ent)
-    rel = ekt.Embedding(conn, "relation", dim=64, optimizer="adagrad", lr=0.3, init="normal(0,0.1)")
+    opts = dict(dim=64, optimizer="adagrad", lr=0.3, init="normal(0,0.1)")
+    # The same model twice over the store: without a cache (a push writes
+    # each row's new version to a pool record) and with a DRAM cache that
+    # holds the table (a push updates the cached rows in place).
+    tables = {
+        "embkv": (ekt.Embedding(conn, "entity", capacity=n_ent, **opts), ekt.Embedding(conn, "relation", **opts)),
+        "embkv+cache": (ekt.Embedding(conn, "entity_c", capacity=n_ent, cache_size=kg.cache_for(n_ent, 64),
+                                      **opts),
+                        ekt.Embedding(conn, "relation_c", **opts)),
+    }
     base = kg.TorchTables(n_ent, n_rel, 64, 0.3, 1)
     rng = np.random.default_rng(1)
     order = rng.permutation(len(triples))
@@ -64,44 +75,52 @@ def main():
                         torch.from_numpy(rng.random((batch, neg)) < 0.5)))
         return out
 
-    def step_embkv(x):
-        h, r, t, c, nh = x
-        kg.transe_loss(ent(h), rel(r), ent(t), ent(c), nh, 4.0, 1e-4).backward()
+    def embkv_step(ent, rel):
+        def step(x):
+            h, r, t, c, nh = x
+            kg.transe_loss(ent(h), rel(r), ent(t), ent(c), nh, 4.0, 1e-4).backward()
+        return step
 
     def step_torch(x):
         h, r, t, c, nh = x
         base.step(kg.transe_loss(base.ent(h), base.rel(r), base.ent(t), base.ent(c), nh, 4.0, 1e-4))
 
+    steps = {name: embkv_step(*mods) for name, mods in tables.items()}
+    steps["torch"] = step_torch
     data = batches(a.steps)
-    for x in data[:10]:  # every entity's row created, torch's state allocated
-        step_embkv(x)
-        step_torch(x)
+    for x in data[:10]:  # every entity's row created (and cached), torch's state allocated
+        for f in steps.values():
+            f(x)
+
+    def report(how, times):
+        # The median step (the machine is shared: single steps take up to
+        # 10x the usual) and the fastest; embkv at torch's time / its own.
+        med = {k: statistics.median(v) for k, v in times.items()}
+        low = {k: min(v) for k, v in times.items()}
+        for k in ("embkv", "embkv+cache"):
+            print("  %-12s %-12s median %.1f ms (torch %.1f): %.2fx   fastest %.1f ms (torch %.1f): %.2fx"
+                  % (how, k, 1e3 * med[k], 1e3 * med["torch"], med["torch"] / med[k], 1e3 * low[k],
+                     1e3 * low["torch"], low["torch"] / low[k]))
+
     for threads in (torch.get_num_threads(), 2):
         torch.set_num_threads(threads)
-        te = tt = 0.0
-        for x in data:
-            s = time.perf_counter()
-            step_embkv(x)
-            te += time.perf_counter() - s
-            s = time.perf_counter()
-            step_torch(x)
-            tt += time.perf_counter() - s
-        n = len(data)
         print("TransE step on WordNet (%d entities), batch %d x (1 + %d corrupted), dim 64, adagrad, torch on %d "
               "thread(s)" % (n_ent, batch, neg, threads))
-        print("  alternating:  embkv.torch %.1f ms a step, torch in memory %.1f ms: embkv at %.2fx"
-              % (1e3 * te / n, 1e3 * tt / n, tt / te))
+        times = {k: [] for k in steps}
+        for x in data:
+            for k, f in steps.items():
+                s = time.perf_counter()
+                f(x)
+                times[k].append(time.perf_counter() - s)
+        report("alternating", times)
+        times = {k: [] for k in steps}
         for rep in range(3):
-            s = time.perf_counter()
-            for x in data:
-                step_embkv(x)
-            te = time.perf_counter() - s
-            s = time.perf_counter()
-            for x in data:
-                step_torch(x)
-            tt = time.perf_counter() - s
-            print("  blocks of %d: embkv.torch %.1f ms a step, torch in memory %.1f ms: embkv at %.2fx"
-                  % (n, 1e3 * te / n, 1e3 * tt / n, tt / te))
+            for k, f in steps.items():
+                for x in data:
+                    s = time.perf_counter()
+                    f(x)
+                    times[k].append(time.perf_counter() - s)
+        report("blocks", times)
     conn.close()
     shutil.rmtree(a.dir, ignore_errors=True)
 

@@ -16,7 +16,9 @@ database, for SQL (sql/kg.sql).
 
 The model: TransE (Bordes et al. 2013), score(h, r, t) = margin -
 ||e_h + w_r - e_t||_2; entity rows in the embkv table `entity`, relation
-rows in `relation` (adagrad in the store; embkv.torch modules), trained with
+rows in `relation` (adagrad in the store; embkv.torch modules; the entity
+table with a DRAM cache that holds it, --cache-size: a push then updates
+the cached rows in place), trained with
 a logistic loss on each triple against --neg corrupted ones (head or tail
 replaced by a random entity).  A step calls the entity table three times
 (heads, tails, corrupted entities): embkv.torch sums the three gradients
@@ -219,6 +221,14 @@ class TorchTables:
         self.opt.step()
 
 
+def cache_for(n_rows, dim):
+    """A DRAM cache that holds every row of a table of n_rows (adagrad, dim)
+    with room to spare (a cache writes dirty rows back once 15/16 of it is
+    dirty): 1.25x a cached record (vector, adagrad state, header and slot:
+    8 * dim + 128 bytes) a row."""
+    return "%dM" % (1 + int(n_rows * 1.25 * (8 * dim + 128)) // (1 << 20))
+
+
 def transe_loss(eh, wr, et, en, neg_head, margin, reg):
     """Logistic loss of the triples against their corrupted ones (en: (b, neg, dim), replacing the
     head where neg_head, else the tail)."""
@@ -245,6 +255,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=5, help="epochs between evaluations on 500 held-out triples")
     ap.add_argument("--eval-k", type=int, default=100)
     ap.add_argument("--eval-batch", type=int, default=500, help="queries a embkv_knn call")
+    ap.add_argument("--cache-size", default="auto",
+                    help="the entity table's DRAM cache (cache_size): 'auto' holds the whole table, 0 none")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the epochs)")
     ap.add_argument("--memory", action="store_true", help="also train the same model with torch's embeddings")
     ap.add_argument("--seed", type=int, default=1)
@@ -280,6 +292,12 @@ def main():
                      ((h, r, t, int((h, r, t) in held)) for h, r, t in triples.tolist()))
     conn.execute("COMMIT")
     opts = dict(optimizer="adagrad", lr=a.lr, init="normal(0,0.1)", capacity=n_ent)
+    # Cached rows are updated in place by a push (no new record a row) and
+    # written back at checkpoints: the store's share of a step is about a
+    # third smaller (docs/benchmarks.md#the-transe-step).
+    cache = cache_for(n_ent, a.dim) if a.cache_size == "auto" else a.cache_size
+    if cache not in ("0", ""):
+        opts["cache_size"] = cache
     ent = ekt.Embedding(conn, "entity", dim=a.dim, **opts)
     rel = ekt.Embedding(conn, "relation", dim=a.dim, optimizer="adagrad", lr=a.lr, init="normal(0,0.1)")
     base = TorchTables(n_ent, n_rel, a.dim, a.lr, a.seed) if a.memory else None
