@@ -9,11 +9,12 @@
 
 The rows live in the table, not in the module: a forward pulls one row per
 id of the batch (embkv_pull, which reads a repeated id once and takes one
-staleness permit per id) into a leaf tensor; Embedding's output is a copy of
-it, and torch's own embedding_bag runs on it, so outputs and gradients
-follow torch's rules exactly (modes, offsets, per_sample_weights,
-padding_idx).  When autograd has the gradient of that leaf (one row per
-occurrence), a hook hands it to the step, which pushes (embkv_push) at the
+staleness permit per id) into a tensor of its own (the output of a node of
+the graph, _Rows); Embedding's output is that tensor, and torch's own
+embedding_bag runs on it, so outputs and gradients follow torch's rules
+exactly (modes, offsets, per_sample_weights, padding_idx).  When autograd
+has the gradient of those rows (one row per occurrence), the node hands it
+to the step, which pushes (embkv_push) at the
 update: the store sums each id's gradients and the table's optimizer (sgd,
 adagrad or adam, set on the table) updates the rows, as FBGEMM's fused
 backward does.  No torch optimizer touches them, the module has no
@@ -429,7 +430,7 @@ class _TableModule(torch.nn.Module):
 
     def _gather(self, ids):
         """Pull the ids of ids (a LongTensor), one row per occurrence (the
-        store reads a repeated id once); returns the leaf weight tensor
+        store reads a repeated id once); returns the weight tensor
         (those rows, plus a zero row for padding when there is padding),
         each id's row in it, and the padding row's index or None."""
         flat, is_pad = _flat_ids(ids, self.padding_idx, "embkv.torch")
@@ -453,12 +454,11 @@ class _TableModule(torch.nn.Module):
             return w, local.reshape(ids.shape).to(self.device), pad
         st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
         rows, k = st.pull(real, dev)
-        w = (rows if dev is not None else torch.from_numpy(rows)).requires_grad_(True)
         given = [False]  # this batch tensor's gradient went into an update
 
         def hook(grad):
             # (a CUDA gradient stays on its device: the push sums it there)
-            g = grad.detach().contiguous() if grad.is_cuda else grad.contiguous().numpy()
+            g = grad.detach().contiguous() if grad.is_cuda else grad.detach().contiguous().numpy()
             with st.lock:
                 if given[0]:
                     raise RuntimeError("embkv.torch: a second backward through one forward of table %r "
@@ -476,12 +476,16 @@ class _TableModule(torch.nn.Module):
                     torch.autograd.Variable._execution_engine.queue_callback(st.end)
             return grad
 
-        w.register_hook(hook)
+        # The graph's leaf: an empty anchor; the rows are the output of a
+        # node over it, so that they need no copy to be written in place.
+        anchor = torch.empty(0, requires_grad=True)
+        w = _Rows.apply(anchor, [rows if dev is not None else torch.from_numpy(rows)], hook)
         with st.lock:
             st.leaves += 1
         # Freed without a backward (inference under grad, an exception):
-        # once no batch tensor of the step is left, the permits go back.
-        weakref.finalize(w, st.leaf_freed)
+        # once no batch tensor of the step is left (the graph holds the
+        # anchor while it lives), the permits go back.
+        weakref.finalize(anchor, st.leaf_freed)
         local, pad = _positions(flat, is_pad, n)
         if pad is not None:
             # (the hook sees the gradient of the pulled rows alone)
@@ -507,6 +511,25 @@ class _TableModule(torch.nn.Module):
             rows = pull(True)
             embkv.release(self.conn, self.table, np.setdiff1d(real, st.held()))
             return rows
+
+
+class _Rows(torch.autograd.Function):
+    """A forward's pulled rows as the output of a node of the graph, not a
+    leaf: the output is the pulled buffer itself (no copy), writable as
+    torch.nn.Embedding's output is, and the node's backward hands the
+    gradient of the rows to the step (on_grad).  The rows come in a list:
+    a tensor given as an input and returned would be taken for a view of
+    it."""
+
+    @staticmethod
+    def forward(ctx, anchor, held, on_grad):
+        ctx.on_grad = on_grad
+        return held.pop()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.on_grad(grad)
+        return None, None, None
 
 
 def _late_push(conn, table, key, st, ids, g):
@@ -618,10 +641,10 @@ class Embedding(_TableModule):
     def forward(self, input):
         w, local, pad = self._gather(input)
         if pad is None:
-            # One row per id in order: the rows themselves (a copy, so that
-            # the output is no view of the leaf, and in-place operations on
-            # it work as on torch's).
-            return w.clone().reshape(tuple(input.shape) + (self.embedding_dim,))
+            # One row per id in order: the pulled rows themselves (a buffer
+            # of this forward's own, so in-place operations on the output
+            # work as on torch's).
+            return w.reshape(tuple(input.shape) + (self.embedding_dim,))
         return F.embedding(local, w, padding_idx=pad)
 
 
