@@ -32,7 +32,7 @@
  *   txn.c errors.c dirusers.c values.c leftovers.c
  *   registry.c
  *   cursor.c wbuf.c stats.c pending.c
- *   vecfn.c train.c heat.c knn.c export.c vtab.c
+ *   vecfn.c train.c direct.c heat.c knn.c export.c vtab.c
  *   ext.c
  */
 #ifndef EMBKV_BINDING_H
@@ -525,6 +525,32 @@ int embkv_vecfn_register(sqlite3 *db);
  * train.c: embkv_pull, embkv_push, embkv_release, embkv_lookahead.
  */
 int embkv_train_register(sqlite3 *db);
+
+/* embkv_pull's fourth argument, a pointer (sqlite3_bind_pointer, type
+ * EK_ROWS_OUT) that only C can bind: the pulled rows go into rows, which
+ * holds bytes, and the function returns their number (direct.c). */
+typedef struct ek_rows_out {
+    float *rows;
+    size_t bytes;
+} ek_rows_out;
+#define EK_ROWS_OUT "embkv_rows_out"
+
+/* ========================================================================
+ * direct.c: embkv_connection() and the entry points of language bindings,
+ * exported by the extension (embkv.map).  Each returns SQLite's result
+ * code with the message in err, or EK_DIRECT_UNKNOWN when the handle
+ * names no open connection of this copy of the library (use SQL then).
+ */
+int embkv_direct_register(sqlite3 *db);
+#define EK_DIRECT_UNKNOWN (-1)
+/* SELECT embkv_pull(table, ids, 'once' or NULL) into out (out_bytes:
+ * exactly n * dim * 4). */
+int embkv_direct_pull(sqlite3_int64 handle, const char *table, const int64_t *ids, size_t n, float *out,
+                      size_t out_bytes, int once, char *err, size_t errlen);
+/* SELECT embkv_push(table, ids, grads, *lr or NULL when lr is NULL):
+ * *updated its result. */
+int embkv_direct_push(sqlite3_int64 handle, const char *table, const int64_t *ids, size_t n, const float *grads,
+                      size_t grad_bytes, const double *lr, sqlite3_int64 *updated, char *err, size_t errlen);
 
 /* ========================================================================
  * heat.c: embkv_heat (a table-valued function) and embkv_hotset.

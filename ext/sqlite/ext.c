@@ -22,6 +22,7 @@ int sqlite3_embkv_init(sqlite3 *db, char **pzErrMsg, const sqlite3_api_routines 
     int rc = embkv_vtab_register(db);
     if (rc == SQLITE_OK) rc = embkv_vecfn_register(db);
     if (rc == SQLITE_OK) rc = embkv_train_register(db);
+    if (rc == SQLITE_OK) rc = embkv_direct_register(db);
     if (rc == SQLITE_OK) rc = embkv_heat_register(db);
     if (rc == SQLITE_OK) rc = embkv_export_register(db);
     if (rc == SQLITE_OK) rc = embkv_knn_register(db);

@@ -1,6 +1,8 @@
 /*
  * train.c - the training functions of the SQLite binding:
  *   embkv_pull(table, ids)              -> BLOB of len(ids)*dim float32
+ *     (a fourth argument, for language bindings only: the array the rows
+ *     go into, through direct.c; the result is then their number)
  *   embkv_push(table, ids, grads [,lr]) -> number of distinct rows updated
  *   embkv_release(table, ids)           -> number of permits returned
  *   embkv_lookahead(table, ids)         -> number of SSD rows whose reads were queued
@@ -224,14 +226,32 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     unsigned flags = 0;
     if (argc > 2 && once_arg(ctx, "embkv_pull", ref.name, argv[2], &flags) != SQLITE_OK)
         return;
+    /* embkv_pull(table, ids, once, out): into a language binding's array
+     * (direct.c), a pointer SQL text cannot make. */
+    ek_rows_out *into = NULL;
+    if (argc > 3 && !(into = sqlite3_value_pointer(argv[3], EK_ROWS_OUT))) {
+        train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID,
+                    "argument 4 is for language bindings (a pointer only C can bind): call embkv_pull(table, ids) "
+                    "or embkv_pull(table, ids, 'once')");
+        return;
+    }
     size_t n;
     int64_t *ids = ids_arg(ctx, "embkv_pull", ref.name, argv[1], &n);
     if (!ids)
         return;
     uint32_t dim = embkv_dim(ref.store);
     sqlite3_uint64 bytes = (sqlite3_uint64)n * dim * sizeof(float);
+    if (into && (into->bytes != bytes || (bytes && !into->rows))) {
+        sqlite3_free(ids);
+        char *m = sqlite3_mprintf("the output array holds %llu bytes, and %llu ids of dim %u need %llu",
+                                  (unsigned long long)into->bytes, (unsigned long long)n, dim,
+                                  (unsigned long long)bytes);
+        train_error(ctx, "embkv_pull", ref.name, EMBKV_INVALID, m ? m : "output array of the wrong size");
+        sqlite3_free(m);
+        return;
+    }
     int limit = sqlite3_limit(sqlite3_context_db_handle(ctx), SQLITE_LIMIT_LENGTH, -1);
-    if (bytes > (sqlite3_uint64)limit) {
+    if (!into && bytes > (sqlite3_uint64)limit) {
         sqlite3_free(ids);
         char *m = sqlite3_mprintf("%llu ids of dim %u make a %llu-byte result, over this connection's limit of %d "
                                   "bytes (SQLITE_LIMIT_LENGTH): pull fewer ids at a time",
@@ -241,8 +261,8 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         sqlite3_result_error_code(ctx, SQLITE_TOOBIG);
         return;
     }
-    float *out = sqlite3_malloc64(bytes);
-    if (!out) {
+    float *out = into ? into->rows : sqlite3_malloc64(bytes);
+    if (!out && !into) {
         sqlite3_free(ids);
         char *m = sqlite3_mprintf("out of memory for a %llu-byte result (%llu ids of dim %u)",
                                   (unsigned long long)bytes, (unsigned long long)n, dim);
@@ -255,11 +275,14 @@ static void fn_pull(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     int rc = ro ? pull_existing(ctx, &ref, ids, n, out, ro) : embkv_pull_ex(ref.session, ids, n, out, flags);
     sqlite3_free(ids);
     if (rc != EMBKV_OK) {
-        sqlite3_free(out);
+        if (!into) sqlite3_free(out);
         if (rc != EMBKV_NOTFOUND || !ro) engine_error(ctx, "embkv_pull", &ref, rc);
         return;
     }
-    sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
+    if (into)
+        sqlite3_result_int64(ctx, (sqlite3_int64)n);
+    else
+        sqlite3_result_blob64(ctx, out, bytes, sqlite3_free);
 }
 
 /* Whether a push must be refused on this connection (reported). */
@@ -548,6 +571,8 @@ int embkv_train_register(sqlite3 *db)
     int rc = sqlite3_create_function_v2(db, "embkv_pull", 2, flags, NULL, fn_pull, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_create_function_v2(db, "embkv_pull", 3, flags, NULL, fn_pull, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_create_function_v2(db, "embkv_pull", 4, flags, NULL, fn_pull, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_create_function_v2(db, "embkv_push", 3, flags, NULL, fn_push, NULL, NULL, NULL);
     if (rc == SQLITE_OK)

@@ -13,15 +13,22 @@ installing works after `make`).  A Python whose sqlite3 module cannot load
 extensions (many self-built ones) gets an error naming one that can
 (Debian's /usr/bin/python3).
 
-The helpers exchange ids and vectors as raw int64 / float32 bytes: numpy
-arrays that are already C-contiguous with the right dtype are passed
-without a copy, and pulled vectors come back as a read-only view of the
-result BLOB (no copy either).  embkv.torch has nn.Module wrappers.
+pull and push call the extension's entry points for language bindings
+(embkv_direct_pull, embkv_direct_push, through ctypes): they run the same
+SQL functions on the connection, but the rows are pulled straight into the
+array pull returns and the gradients are read where they lie, without the
+copies sqlite3 makes of every BLOB it binds or returns (a step's rows are
+megabytes).  Where that is not possible (the extension loaded into the
+connection is another file than find_extension() names, a Python without
+ctypes) they run the SQL functions through conn.execute: the same results,
+except that pulled vectors are then a read-only view of the result BLOB.
+embkv.torch has nn.Module wrappers.
 """
 import json
 import os
 import re
 import sqlite3
+import threading
 
 import numpy as np
 
@@ -117,19 +124,122 @@ def _ids_bytes(ids):
     return a, memoryview(a).cast("B")
 
 
+# ------------------------------------------------------------ direct calls
+
+_EK_DIRECT_UNKNOWN = -1  # the handle names no connection of the library ctypes loaded: use SQL
+_lib_lock = threading.Lock()
+_lib = []  # [the ctypes library, or None where it cannot be loaded], once loaded
+# The exception sqlite3 raises for each primary result code (as the module maps them).
+_ERRORS = {7: MemoryError, 18: sqlite3.DataError, 19: sqlite3.IntegrityError, 20: sqlite3.IntegrityError,
+           21: sqlite3.ProgrammingError, 11: sqlite3.DatabaseError, 26: sqlite3.DatabaseError}
+_ERRNAMES = {1: "SQLITE_ERROR", 5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 7: "SQLITE_NOMEM", 8: "SQLITE_READONLY",
+             9: "SQLITE_INTERRUPT", 10: "SQLITE_IOERR", 11: "SQLITE_CORRUPT", 13: "SQLITE_FULL",
+             18: "SQLITE_TOOBIG", 19: "SQLITE_CONSTRAINT", 21: "SQLITE_MISUSE", 26: "SQLITE_NOTADB"}
+
+
+def _library():
+    with _lib_lock:
+        if not _lib:
+            lib = None
+            try:
+                import ctypes
+                lib = ctypes.CDLL(find_extension() + ".so")
+                i64, vp, sz, cp = ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+                lib.embkv_direct_pull.argtypes = [i64, cp, vp, sz, vp, sz, ctypes.c_int, cp, sz]
+                lib.embkv_direct_pull.restype = ctypes.c_int
+                lib.embkv_direct_push.argtypes = [i64, cp, vp, sz, vp, sz, vp, vp, cp, sz]
+                lib.embkv_direct_push.restype = ctypes.c_int
+            except (ImportError, OSError, AttributeError, EmbkvError):
+                lib = None  # (an extension without the entry points, or none found: SQL)
+            _lib.append(lib)
+        return _lib[0]
+
+
+def _handle(conn, table):
+    """(the library, conn's handle) for a direct call on table, or None.
+    The query also makes sqlite3's own checks: a closed connection, or one
+    used from another thread than its own, raises ProgrammingError here as
+    conn.execute would."""
+    if not isinstance(table, str) or "\0" in table:
+        return None  # (SQL reports what is wrong with it)
+    lib = _library()
+    if lib is None:
+        return None
+    try:
+        h = conn.execute("SELECT embkv_connection()").fetchone()[0]
+    except sqlite3.OperationalError:
+        return None  # an extension without embkv_connection loaded into conn
+    return lib, h
+
+
+def _raise(rc, err):
+    msg = err.value.decode("utf-8", "replace")
+    e = _ERRORS.get(rc & 0xff, sqlite3.OperationalError)(msg)
+    if isinstance(e, sqlite3.Error):
+        e.sqlite_errorcode = rc
+        e.sqlite_errorname = _ERRNAMES.get(rc & 0xff, "SQLITE_ERROR")
+    raise e
+
+
+def _direct_pull(conn, table, a, d, once):
+    """Rows of the int64 array a into a new (len(a), d) array, or None
+    where SQL must do it."""
+    import ctypes
+    lh = _handle(conn, table)
+    if lh is None:
+        return None
+    lib, h = lh
+    out = np.empty((len(a), d), np.float32)
+    err = ctypes.create_string_buffer(1024)
+    rc = lib.embkv_direct_pull(h, table.encode("utf-8"), a.ctypes.data, len(a), out.ctypes.data, out.nbytes,
+                               int(bool(once)), err, len(err))
+    if rc == _EK_DIRECT_UNKNOWN:
+        return None
+    if rc != 0:
+        _raise(rc, err)
+    return out
+
+
+def _direct_push(conn, table, a, g, lr):
+    """The rows updated by the push, or None where SQL must do it."""
+    import ctypes
+    lh = _handle(conn, table)
+    if lh is None:
+        return None
+    lib, h = lh
+    err = ctypes.create_string_buffer(1024)
+    updated = ctypes.c_int64(0)
+    lrv = ctypes.c_double(lr) if lr is not None else None
+    rc = lib.embkv_direct_push(h, table.encode("utf-8"), a.ctypes.data, len(a), g.ctypes.data, g.nbytes,
+                               ctypes.byref(lrv) if lrv is not None else None, ctypes.byref(updated), err, len(err))
+    if rc == _EK_DIRECT_UNKNOWN:
+        return None
+    if rc != 0:
+        _raise(rc, err)
+    return updated.value
+
+
 def dim(conn, table):
     """The vector length of a table."""
     return json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])["dim"]
 
 
 def pull(conn, table, ids, dim_=None, once=False):
-    """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32,
-    read-only (a view of the result).  Takes the staleness permits of the
-    table; push or release returns them.  once=True: ids on which this
-    connection holds a permit already take no other (embkv_pull's 'once')."""
+    """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32:
+    a new array (read-only, a view of the result BLOB, where the direct call
+    is not possible).  Takes the staleness permits of the table; push or
+    release returns them.  once=True: ids on which this connection holds a
+    permit already take no other (embkv_pull's 'once')."""
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return np.zeros((0, dim_ or dim(conn, table)), np.float32)
+    try:
+        d = dim_ or dim(conn, table)
+    except sqlite3.Error:
+        d = None  # (no such table, say: embkv_pull's own error says so)
+    out = _direct_pull(conn, table, a, d, once) if d else None
+    if out is not None:
+        return out
     if once:
         blob = conn.execute("SELECT embkv_pull(?, ?, 'once')", (table, buf)).fetchone()[0]
     else:
@@ -147,6 +257,12 @@ def push(conn, table, ids, grads, lr=None):
         raise ValueError("embkv.push: grads must have shape (%d, dim), not %s" % (len(a), g.shape))
     if len(a) == 0:
         return 0
+    if lr is not None and isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        done = _direct_push(conn, table, a, g, float(lr))
+    else:
+        done = _direct_push(conn, table, a, g, None) if lr is None else None
+    if done is not None:
+        return done
     gbuf = memoryview(g).cast("B")
     if lr is None:
         return conn.execute("SELECT embkv_push(?, ?, ?)", (table, buf, gbuf)).fetchone()[0]

@@ -107,7 +107,7 @@ class _Step:
             if device is not None and device.type == "cuda":
                 rows = _pull_cuda(self.conn, self.table, ids, self.dim, device, once=bool(self.pulled))
             else:
-                rows = np.array(embkv.pull(self.conn, self.table, ids, self.dim, once=bool(self.pulled)))
+                rows = _writable(embkv.pull(self.conn, self.table, ids, self.dim, once=bool(self.pulled)))
             self.pulled.append(ids)
             return rows, len(self.pulled) - 1
 
@@ -189,6 +189,12 @@ class _Step:
             self.leaves -= 1
             if self.leaves == 0 and self.state == "open" and (not self.grads or self.failed()):
                 self.release()
+
+
+def _writable(rows):
+    """rows, or a copy where they are read-only (embkv.pull's view of a
+    result BLOB, when it could not pull into a new array)."""
+    return rows if rows.flags.writeable else np.array(rows)
 
 
 def _nothing():
@@ -500,8 +506,8 @@ class _TableModule(torch.nn.Module):
         def pull(once):
             if dev is not None:
                 return _pull_cuda(self.conn, self.table, real, self.embedding_dim, dev, once=once)
-            return torch.from_numpy(np.array(embkv.pull(self.conn, self.table, real, self.embedding_dim,
-                                                        once=once)))
+            return torch.from_numpy(_writable(embkv.pull(self.conn, self.table, real, self.embedding_dim,
+                                                         once=once)))
         st = _peek_step(self.conn, self._key)
         if st is None:
             rows = pull(False)

@@ -1,0 +1,238 @@
+/*
+ * direct.c - the training functions called from a language binding
+ * without its copies of SQL values: embkv_direct_pull writes the rows
+ * into the caller's array, embkv_direct_push hands SQLite the caller's
+ * gradients where they lie.
+ *
+ * Why: Python's sqlite3 module copies every BLOB it binds and every BLOB
+ * it reads into a new object.  A TransE step pulls and pushes ~10 MB of
+ * rows each way, and the copies (and the page faults of their fresh
+ * buffers) were a third of the store's share of the step.  The Python
+ * package (pysample/embkv) calls these entry points through ctypes, and
+ * falls back to plain SQL where it cannot.
+ *
+ * Why it stays safe:
+ *  - The entry points run the ordinary SQL functions (embkv_pull and
+ *    embkv_push, train.c) on the connection: every check, message and
+ *    permit rule is theirs, and the connection's mutex is held for the
+ *    call as sqlite3_step holds it.
+ *  - The one new thing, the pull's output buffer, reaches embkv_pull as
+ *    its fourth argument through SQLite's pointer-passing interface
+ *    (sqlite3_bind_pointer, type EK_ROWS_OUT): SQL text cannot make such a
+ *    value, so no statement, and no view or trigger of a foreign database
+ *    file (the training functions are DIRECTONLY besides), can make
+ *    embkv_pull write into memory.
+ *  - A connection is named by the handle embkv_connection() returns, and
+ *    a handle is used only while it names a connection this library
+ *    registered and that is still open (the live list below); any other is
+ *    refused with EK_DIRECT_UNKNOWN, which tells the binding to use SQL.
+ */
+#include "binding.h"
+SQLITE_EXTENSION_INIT3
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The connections this copy of the library registered and that are open,
+ * each with the number of its registrations (loading the extension again
+ * into a connection registers it again, and the replaced function's
+ * destructor then runs for the first). */
+typedef struct live_conn {
+    sqlite3 *db;
+    int refs;
+} live_conn;
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static live_conn *live;
+static size_t nlive, caplive;
+
+static bool live_add(sqlite3 *db)
+{
+    bool ok = true;
+    pthread_mutex_lock(&live_mu);
+    size_t i = 0;
+    while (i < nlive && live[i].db != db)
+        i++;
+    if (i < nlive) {
+        live[i].refs++;
+    } else {
+        if (nlive == caplive) {
+            size_t cap = caplive ? 2 * caplive : 8;
+            live_conn *grown = realloc(live, cap * sizeof *live);
+            if (grown) {
+                live = grown;
+                caplive = cap;
+            }
+        }
+        if (nlive < caplive)
+            live[nlive++] = (live_conn){db, 1};
+        else
+            ok = false;
+    }
+    pthread_mutex_unlock(&live_mu);
+    return ok;
+}
+
+static void live_drop(void *p)
+{
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < nlive; i++) {
+        if (live[i].db == p) {
+            if (--live[i].refs == 0)
+                live[i] = live[--nlive];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* The open connection a handle names, or NULL. */
+static sqlite3 *live_find(sqlite3_int64 handle)
+{
+    sqlite3 *db = NULL;
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < nlive && !db; i++)
+        if ((sqlite3_int64)(uintptr_t)live[i].db == handle)
+            db = live[i].db;
+    pthread_mutex_unlock(&live_mu);
+    return db;
+}
+
+/* embkv_connection(): this connection's handle for the entry points. */
+static void fn_connection(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    (void)argv;
+    sqlite3_result_int64(ctx, (sqlite3_int64)(uintptr_t)sqlite3_user_data(ctx));
+}
+
+int embkv_direct_register(sqlite3 *db)
+{
+    if (!live_add(db))
+        return SQLITE_NOMEM;
+    /* live_drop runs when the connection closes (or this registration is
+     * replaced), also when the registration fails. */
+    return sqlite3_create_function_v2(db, "embkv_connection", 0, SQLITE_UTF8 | SQLITE_DIRECTONLY, db, fn_connection,
+                                      NULL, NULL, live_drop);
+}
+
+/* One statement of sql over the connection a handle names, its arguments
+ * bound by bind(stmt, arg); *value its INTEGER result.  Returns SQLite's
+ * code, the message in err. */
+static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_stmt *, const void *), const void *arg,
+                   sqlite3_int64 *value, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    sqlite3 *db = live_find(handle);
+    if (!db) {
+        if (err && errlen)
+            snprintf(err, errlen, "embkv: %lld names no open connection of this library", (long long)handle);
+        return EK_DIRECT_UNKNOWN;
+    }
+    sqlite3_mutex *mu = sqlite3_db_mutex(db);
+    sqlite3_mutex_enter(mu);
+    sqlite3_stmt *stmt = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &stmt, NULL);
+    if (rc == SQLITE_OK)
+        rc = bind(stmt, arg);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(stmt);
+        if (rc == SQLITE_ROW) {
+            *value = sqlite3_column_int64(stmt, 0);
+            rc = SQLITE_OK;
+        }
+    }
+    if (rc != SQLITE_OK) {
+        /* The function's own error and code (the statement's step set
+         * them on the connection). */
+        rc = sqlite3_extended_errcode(db);
+        if (rc == SQLITE_OK)
+            rc = SQLITE_ERROR;
+        if (err && errlen)
+            snprintf(err, errlen, "%s", sqlite3_errmsg(db));
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_mutex_leave(mu);
+    return rc;
+}
+
+typedef struct pull_args {
+    const char *table;
+    const int64_t *ids;
+    size_t n;
+    int once;
+    ek_rows_out *out;
+} pull_args;
+
+static int bind_pull(sqlite3_stmt *stmt, const void *p)
+{
+    const pull_args *a = p;
+    int rc = sqlite3_bind_text(stmt, 1, a->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_blob64(stmt, 2, a->ids ? (const void *)a->ids : (const void *)"", a->n * sizeof *a->ids,
+                                 SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = a->once ? sqlite3_bind_text(stmt, 3, "once", 4, SQLITE_STATIC) : sqlite3_bind_null(stmt, 3);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_pointer(stmt, 4, a->out, EK_ROWS_OUT, NULL);
+    return rc;
+}
+
+int embkv_direct_pull(sqlite3_int64 handle, const char *table, const int64_t *ids, size_t n, float *out,
+                      size_t out_bytes, int once, char *err, size_t errlen)
+{
+    if (!table || (n && (!ids || !out))) {
+        if (err && errlen)
+            snprintf(err, errlen, "embkv_direct_pull: NULL argument");
+        return SQLITE_MISUSE;
+    }
+    ek_rows_out o = {out, out_bytes};
+    pull_args a = {table, ids, n, once, &o};
+    sqlite3_int64 got = 0;
+    return run_one(handle, "SELECT embkv_pull(?1, ?2, ?3, ?4)", bind_pull, &a, &got, err, errlen);
+}
+
+typedef struct push_args {
+    const char *table;
+    const int64_t *ids;
+    size_t n;
+    const float *grads;
+    size_t grad_bytes;
+    const double *lr;
+} push_args;
+
+static int bind_push(sqlite3_stmt *stmt, const void *p)
+{
+    const push_args *a = p;
+    int rc = sqlite3_bind_text(stmt, 1, a->table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_blob64(stmt, 2, a->ids ? (const void *)a->ids : (const void *)"", a->n * sizeof *a->ids,
+                                 SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_blob64(stmt, 3, a->grads ? (const void *)a->grads : (const void *)"", a->grad_bytes,
+                                 SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = a->lr ? sqlite3_bind_double(stmt, 4, *a->lr) : sqlite3_bind_null(stmt, 4);
+    return rc;
+}
+
+int embkv_direct_push(sqlite3_int64 handle, const char *table, const int64_t *ids, size_t n, const float *grads,
+                      size_t grad_bytes, const double *lr, sqlite3_int64 *updated, char *err, size_t errlen)
+{
+    sqlite3_int64 got = 0;
+    if (updated)
+        *updated = 0;
+    if (!table || (n && (!ids || !grads))) {
+        if (err && errlen)
+            snprintf(err, errlen, "embkv_direct_push: NULL argument");
+        return SQLITE_MISUSE;
+    }
+    push_args a = {table, ids, n, grads, grad_bytes, lr};
+    int rc = run_one(handle, "SELECT embkv_push(?1, ?2, ?3, ?4)", bind_push, &a, &got, err, errlen);
+    if (rc == SQLITE_OK && updated)
+        *updated = got;
+    return rc;
+}

@@ -1,0 +1,245 @@
+"""embkv.pull and embkv.push through the extension's entry points for
+language bindings (embkv_direct_pull, embkv_direct_push, called with
+ctypes): the rows go straight into the array pull returns, the gradients
+are read where they lie.
+
+- The direct path is the one taken (pull returns a new, writable array;
+  the SQL path's is a read-only view of a BLOB), and it gives what the SQL
+  functions give: the same rows, permits and updates (a twin table trained
+  through SQL ends bit-identical), repeated ids, 'once'.
+- Its errors are the SQL functions' own, with the same exception classes
+  and codes: a NaN gradient, a bad lr, a missing row without initializer,
+  uncommitted writes, a permit that times out (SQLITE_BUSY), a read-only
+  connection; a closed connection and a use from another thread raise
+  sqlite3.ProgrammingError as conn.execute does.
+- What SQL cannot do: embkv_pull's fourth argument (the output array) is a
+  pointer only C binds, so SQL passing anything there gets an error, and
+  embkv_connection() cannot be called from a view.  The entry points refuse
+  a handle that names no open connection (EK_DIRECT_UNKNOWN, -1: the
+  package falls back to SQL) and an output array of the wrong size.
+
+Standard library unittest plus numpy.  Run by tests/run.sh through
+tests/python_run.sh.
+"""
+import ctypes
+import sqlite3
+import threading
+import unittest
+
+import numpy as np
+
+import embkv
+
+from embkv_test import EXT, TempDirTest, connect
+
+
+def sql_pull(conn, table, ids, dim, once=False):
+    b = np.asarray(ids, dtype=np.int64).tobytes()
+    q = "SELECT embkv_pull(?, ?, 'once')" if once else "SELECT embkv_pull(?, ?)"
+    (blob,) = conn.execute(q, (table, b)).fetchone()
+    return np.frombuffer(blob, dtype=np.float32).reshape(len(ids), dim)
+
+
+def sql_push(conn, table, ids, grads):
+    b = np.asarray(ids, dtype=np.int64).tobytes()
+    g = np.ascontiguousarray(grads, dtype=np.float32).tobytes()
+    return conn.execute("SELECT embkv_push(?, ?, ?)", (table, b, g)).fetchone()[0]
+
+
+def give_back(conn, table, ids):
+    """The permits the connection held on ids (returned now)."""
+    return embkv.release(conn, table, ids)
+
+
+class DirectPath(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        self.conn = connect(self.db)
+        for t in ("a", "b"):
+            self.conn.execute("CREATE VIRTUAL TABLE %s USING embkv(dim=3, optimizer='adagrad', lr=0.1, "
+                              "init='normal(0,0.5)', seed=7, staleness=0, wait_ms=200)" % t)
+
+    def tearDown(self):
+        self.conn.close()
+        super().tearDown()
+
+    def test_pull_is_direct_and_equals_sql(self):
+        ids = np.array([5, 9, 5, 2], np.int64)
+        got = embkv.pull(self.conn, "a", ids, 3)
+        self.assertTrue(got.flags.writeable)  # the direct path's own array
+        self.assertTrue(got.flags.c_contiguous)
+        self.assertEqual(got.shape, (4, 3))
+        want = sql_pull(self.conn, "b", ids, 3)  # the twin: same seed, same rows
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got[0], got[2])  # a repeated id: its row twice
+        # Permits as the SQL function takes them; 'once' takes none for ids
+        # already held.
+        embkv.pull(self.conn, "a", [9, 2, 4], 3, once=True)
+        sql_pull(self.conn, "b", [9, 2, 4], 3, once=True)
+        self.assertEqual(give_back(self.conn, "a", [5, 9, 2, 4, 8]), 4)
+        self.assertEqual(give_back(self.conn, "b", [5, 9, 2, 4, 8]), 4)
+        # Without dim, the table's own is used.
+        np.testing.assert_array_equal(embkv.pull(self.conn, "a", [2]), want[3:4])
+        self.assertEqual(give_back(self.conn, "a", [2]), 1)
+
+    def test_training_equals_sql_bit_for_bit(self):
+        rng = np.random.default_rng(3)
+        for step in range(20):
+            ids = rng.integers(0, 30, 50)
+            ra = embkv.pull(self.conn, "a", ids, 3)
+            rb = sql_pull(self.conn, "b", ids, 3)
+            np.testing.assert_array_equal(ra, rb)
+            g = (ra * rng.normal(size=ra.shape)).astype(np.float32)
+            g2 = g if step % 2 else np.asfortranarray(g)  # (a non-contiguous one is made contiguous)
+            self.assertEqual(embkv.push(self.conn, "a", ids, g2), sql_push(self.conn, "b", ids, g))
+        every = np.arange(30)
+        np.testing.assert_array_equal(embkv.pull(self.conn, "a", every, 3), sql_pull(self.conn, "b", every, 3))
+        self.assertEqual(give_back(self.conn, "a", every), 30)  # (the last pull's)
+        self.assertEqual(embkv.push(self.conn, "a", [1], np.ones((1, 3), np.float32), lr=0.5), 1)
+        self.assertEqual(give_back(self.conn, "a", every), 0)
+
+    def test_errors_are_the_sql_functions(self):
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            embkv.push(self.conn, "a", [1], np.array([[np.nan, 0, 0]], np.float32))
+        self.assertEqual(str(e.exception), "embkv_push: table a: id 1: gradient element 0 is NaN")
+        self.assertEqual(e.exception.sqlite_errorcode, sqlite3.SQLITE_ERROR)
+        self.assertEqual(e.exception.sqlite_errorname, "SQLITE_ERROR")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            embkv.push(self.conn, "a", [1], np.ones((1, 3), np.float32), lr=-1.0)
+        self.assertEqual(str(e.exception), "embkv_push: table a: lr (argument 4) must be a positive number")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            embkv.pull(self.conn, "a", [1], 4)  # a dim that is not the table's
+        self.assertEqual(str(e.exception), "embkv_pull: table a: the output array holds 16 bytes, and 1 ids of "
+                                           "dim 3 need 12")
+        self.conn.execute("CREATE VIRTUAL TABLE c USING embkv(dim=3)")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            embkv.pull(self.conn, "c", [4], 3)
+        self.assertIn("id 4 not found", str(e.exception))
+        self.conn.execute("BEGIN")
+        self.conn.execute("INSERT INTO a(id, vec) VALUES (100, '[1,2,3]')")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            embkv.pull(self.conn, "a", [1], 3)
+        self.assertEqual(str(e.exception), "embkv_pull: table a: this connection has uncommitted writes to the "
+                                           "table; COMMIT them first")
+        self.conn.execute("COMMIT")
+        with self.assertRaises(sqlite3.OperationalError):
+            embkv.pull(self.conn, "nope", [1], 3)  # (the SQL path reports a missing table)
+
+    def test_a_permit_that_times_out_is_busy(self):
+        other = connect(self.db)
+        try:
+            embkv.pull(other, "a", [1], 3)  # staleness 0: the next pull of 1 waits for this push
+            with self.assertRaises(sqlite3.OperationalError) as e:
+                embkv.pull(self.conn, "a", [1], 3)
+            self.assertEqual(e.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
+            self.assertIn("id 1", str(e.exception))
+            embkv.push(other, "a", [1], np.zeros((1, 3), np.float32))
+            embkv.pull(self.conn, "a", [1], 3)
+        finally:
+            other.close()
+
+    def test_read_only_connection_reads_existing_rows(self):
+        embkv.pull(self.conn, "a", [1, 2], 3)
+        embkv.release(self.conn, "a", [1, 2])
+        ro = connect("file:%s?mode=ro" % self.db, uri=True)
+        try:
+            np.testing.assert_array_equal(embkv.pull(ro, "a", [2, 1], 3), sql_pull(self.conn, "a", [2, 1], 3))
+            embkv.release(self.conn, "a", [2, 1])
+            with self.assertRaises(sqlite3.OperationalError) as e:
+                embkv.pull(ro, "a", [77], 3)
+            self.assertIn("id 77 has no row, and this connection creates none", str(e.exception))
+            with self.assertRaises(sqlite3.OperationalError):
+                embkv.push(ro, "a", [1], np.zeros((1, 3), np.float32))
+        finally:
+            ro.close()
+
+    def test_closed_connection_and_other_thread(self):
+        other = connect(self.db)
+        other.close()
+        with self.assertRaises(sqlite3.ProgrammingError):
+            embkv.pull(other, "a", [1], 3)
+        with self.assertRaises(sqlite3.ProgrammingError):
+            embkv.push(other, "a", [1], np.zeros((1, 3), np.float32), lr=0.1)
+        errors = []
+
+        def use():
+            try:
+                embkv.pull(self.conn, "a", [1], 3)
+            except Exception as e:  # noqa: BLE001 (the type is the test)
+                errors.append(e)
+
+        t = threading.Thread(target=use)
+        t.start()
+        t.join()
+        self.assertEqual(len(errors), 1)
+        self.assertIsInstance(errors[0], sqlite3.ProgrammingError)
+        self.assertEqual(give_back(self.conn, "a", [1]), 0)  # no permit was taken
+
+
+class WhatSqlCannotDo(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        self.conn = connect(self.db)
+        self.conn.execute("CREATE VIRTUAL TABLE a USING embkv(dim=2, init='zeros')")
+        self.lib = ctypes.CDLL(EXT + ".so")
+        i64, vp, sz, cp = ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+        self.lib.embkv_direct_pull.argtypes = [i64, cp, vp, sz, vp, sz, ctypes.c_int, cp, sz]
+        self.lib.embkv_direct_pull.restype = ctypes.c_int
+
+    def tearDown(self):
+        self.conn.close()
+        super().tearDown()
+
+    def direct_pull(self, handle, n, out_bytes):
+        ids = np.arange(1, n + 1, dtype=np.int64)
+        out = np.zeros(max(1, out_bytes // 4), np.float32)
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.embkv_direct_pull(handle, b"a", ids.ctypes.data, n, out.ctypes.data, out_bytes, 0, err, 512)
+        return rc, err.value.decode(), out
+
+    def test_the_output_argument_is_a_pointer_sql_cannot_make(self):
+        for arg in ("5", "x'00'", "'rows'", "NULL", "embkv_connection()"):
+            with self.assertRaises(sqlite3.OperationalError) as e:
+                self.conn.execute("SELECT embkv_pull('a', 1, NULL, %s)" % arg).fetchone()
+            self.assertEqual(str(e.exception), "embkv_pull: table a: argument 4 is for language bindings (a "
+                                               "pointer only C can bind): call embkv_pull(table, ids) or "
+                                               "embkv_pull(table, ids, 'once')")
+        self.assertEqual(embkv.release(self.conn, "a", [1]), 0)  # no permit was taken
+
+    def test_embkv_connection_is_not_for_views(self):
+        self.conn.execute("CREATE VIEW v AS SELECT embkv_connection() AS h")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            self.conn.execute("SELECT h FROM v").fetchone()
+        self.assertIn("unsafe use of embkv_connection()", str(e.exception))
+
+    def test_handles_of_no_open_connection_are_refused(self):
+        h = self.conn.execute("SELECT embkv_connection()").fetchone()[0]
+        rc, err, out = self.direct_pull(h, 2, 16)
+        self.assertEqual((rc, err), (0, ""))
+        np.testing.assert_array_equal(out, np.zeros(4, np.float32))
+        rc, err, _ = self.direct_pull(h, 2, 12)  # an array of the wrong size: nothing written past it
+        self.assertEqual(rc, sqlite3.SQLITE_ERROR)
+        self.assertEqual(err, "embkv_pull: table a: the output array holds 12 bytes, and 2 ids of dim 2 need 16")
+        rc, err, _ = self.direct_pull(h + 8, 1, 8)
+        self.assertEqual(rc, -1)
+        self.assertIn("names no open connection of this library", err)
+        other = connect(self.db)
+        h2 = other.execute("SELECT embkv_connection()").fetchone()[0]
+        self.assertNotEqual(h2, h)
+        self.assertEqual(self.direct_pull(h2, 1, 8)[0], 0)
+        other.close()
+        self.assertEqual(self.direct_pull(h2, 1, 8)[0], -1)  # closed: refused, not used
+        embkv.release(self.conn, "a", [1, 2])
+
+    def test_loading_the_extension_twice_keeps_the_handle(self):
+        self.conn.enable_load_extension(True)
+        self.conn.load_extension(EXT)
+        self.conn.enable_load_extension(False)
+        h = self.conn.execute("SELECT embkv_connection()").fetchone()[0]
+        self.assertEqual(self.direct_pull(h, 1, 8)[0], 0)
+        self.assertTrue(embkv.pull(self.conn, "a", [3], 2).flags.writeable)
+        embkv.release(self.conn, "a", [1, 3])
+
+
+if __name__ == "__main__":
+    unittest.main()
