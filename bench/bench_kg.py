@@ -13,9 +13,13 @@ measured two ways in one run:
 with torch's own thread count (torch.get_num_threads()), then with torch
 on 2 threads (its kernels faster; embkv's push uses two threads from
 8,192 rows on in either case).  Each reports the median step and the
-fastest: on a shared machine single steps take up to 10x the usual.
+fastest: on a shared machine single steps take up to 10x the usual.  All
+of it twice, in two processes: with glibc's allocator as it is, and
+keeping freed memory (train_kg.keep_freed_memory, for both models: page
+faults of fresh buffers otherwise cost both about as much as their work
+on the development VM).
 
-    python bench/bench_kg.py DIR [--steps 50]
+    python bench/bench_kg.py DIR [--steps 50] [--malloc both|default|keep]
 
 with the embkv package installed (docs/install.md; `make bench` uses
 build/venv/bin/python) and Debian's wordnet-base.  DIR holds the database.
@@ -24,6 +28,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -43,7 +48,21 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--wordnet", default=kg.WORDNET)
+    ap.add_argument("--malloc", choices=("both", "default", "keep"), default="both",
+                    help="glibc's allocator as it is, or keeping freed memory (train_kg.keep_freed_memory: "
+                         "for both models); both: one run of each, in two processes")
     a = ap.parse_args()
+    if a.malloc == "both":
+        for how in ("default", "keep"):
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), a.dir, "--steps", str(a.steps),
+                                "--wordnet", a.wordnet, "--malloc", how])
+            if r.returncode:
+                sys.exit(r.returncode)
+        return
+    if a.malloc == "keep" and not kg.keep_freed_memory():
+        sys.exit("bench_kg: glibc refused mallopt (keep_freed_memory)")
+    print("glibc's allocator: %s" % ("keeps freed memory (train_kg.keep_freed_memory)" if a.malloc == "keep"
+                                      else "as it is (freed blocks over 128 KiB go back to the kernel)"))
     if not os.path.isdir(a.wordnet):
         sys.exit("bench_kg: %s missing: install Debian's wordnet-base (make deps)" % a.wordnet)
     shutil.rmtree(a.dir, ignore_errors=True)
