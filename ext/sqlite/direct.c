@@ -6,8 +6,8 @@
  *
  * Why: Python's sqlite3 module copies every BLOB it binds and every BLOB
  * it reads into a new object.  A TransE step pulls and pushes ~10 MB of
- * rows each way, and the copies (and the page faults of their fresh
- * buffers) were a third of the store's share of the step.  The Python
+ * rows each way: each copy is a fresh ~10 MB buffer, its pages faulted
+ * in, on every step (docs/benchmarks.md, the TransE step).  The Python
  * package (pysample/embkv) calls these entry points through ctypes, and
  * falls back to plain SQL where it cannot.
  *
@@ -159,6 +159,15 @@ static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_st
     return rc;
 }
 
+/* Arguments 1 and 2 of both statements: the table, the ids where they lie. */
+static int bind_table_ids(sqlite3_stmt *stmt, const char *table, const int64_t *ids, size_t n)
+{
+    int rc = sqlite3_bind_text(stmt, 1, table, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_blob64(stmt, 2, ids ? (const void *)ids : (const void *)"", n * sizeof *ids, SQLITE_STATIC);
+    return rc;
+}
+
 typedef struct pull_args {
     const char *table;
     const int64_t *ids;
@@ -170,10 +179,7 @@ typedef struct pull_args {
 static int bind_pull(sqlite3_stmt *stmt, const void *p)
 {
     const pull_args *a = p;
-    int rc = sqlite3_bind_text(stmt, 1, a->table, -1, SQLITE_STATIC);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_blob64(stmt, 2, a->ids ? (const void *)a->ids : (const void *)"", a->n * sizeof *a->ids,
-                                 SQLITE_STATIC);
+    int rc = bind_table_ids(stmt, a->table, a->ids, a->n);
     if (rc == SQLITE_OK)
         rc = a->once ? sqlite3_bind_text(stmt, 3, "once", 4, SQLITE_STATIC) : sqlite3_bind_null(stmt, 3);
     if (rc == SQLITE_OK)
@@ -207,10 +213,7 @@ typedef struct push_args {
 static int bind_push(sqlite3_stmt *stmt, const void *p)
 {
     const push_args *a = p;
-    int rc = sqlite3_bind_text(stmt, 1, a->table, -1, SQLITE_STATIC);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_blob64(stmt, 2, a->ids ? (const void *)a->ids : (const void *)"", a->n * sizeof *a->ids,
-                                 SQLITE_STATIC);
+    int rc = bind_table_ids(stmt, a->table, a->ids, a->n);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_blob64(stmt, 3, a->grads ? (const void *)a->grads : (const void *)"", a->grad_bytes,
                                  SQLITE_STATIC);
