@@ -39,6 +39,7 @@
 #define EMBKV_BINDING_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -341,6 +342,11 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
  * *err (sqlite3_malloc'd) when it is not one of the forms, NULL with *err
  * NULL when out of memory. */
 int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
+/* The text of a name argument (a table, a file) when it is TEXT with no
+ * NUL character inside (as a C string it would name a prefix of itself);
+ * NULL otherwise, *nul telling which. */
+const char *ek_name_arg(sqlite3_value *v, bool *nul);
+#define EK_NAME_NUL "holds a NUL character: no table or file is named so"
 /* The parsers of the training options (0 when the value is valid). */
 int ek_parse_optimizer(const char *val, void *field);
 int ek_parse_init(const char *val, void *field);

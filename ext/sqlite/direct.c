@@ -30,23 +30,40 @@
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
 
+#include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The connections this copy of the library registered and that are open,
  * each with the number of its registrations (loading the extension again
  * into a connection registers it again, and the replaced function's
- * destructor then runs for the first). */
+ * destructor then runs for the first) and its handle.
+ *
+ * Invariants (relied on by run_one):
+ *  D1. A handle is a number given once per library copy, never an
+ *      address: a handle kept past its connection's close names nothing,
+ *      even when a new connection gets the same address.
+ *  D2. An entry leaves the list in live_drop, which SQLite calls while
+ *      closing the connection, holding its mutex, before freeing it.  So
+ *      a thread that holds live_mu, finds the entry and then takes the
+ *      connection's mutex holds a connection that cannot be freed until
+ *      it lets the mutex go.  It only tries that mutex (a thread blocked
+ *      on it holding live_mu would deadlock with a close, which holds the
+ *      connection's mutex and waits for live_mu). */
 typedef struct live_conn {
     sqlite3 *db;
     int refs;
+    sqlite3_int64 handle;
 } live_conn;
 
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static live_conn *live;
 static size_t nlive, caplive;
+static sqlite3_int64 last_handle;
 
 static bool live_add(sqlite3 *db)
 {
@@ -67,7 +84,7 @@ static bool live_add(sqlite3 *db)
             }
         }
         if (nlive < caplive)
-            live[nlive++] = (live_conn){db, 1};
+            live[nlive++] = (live_conn){db, 1, ++last_handle}; /* D1 */
         else
             ok = false;
     }
@@ -88,24 +105,23 @@ static void live_drop(void *p)
     pthread_mutex_unlock(&live_mu);
 }
 
-/* The open connection a handle names, or NULL. */
-static sqlite3 *live_find(sqlite3_int64 handle)
-{
-    sqlite3 *db = NULL;
-    pthread_mutex_lock(&live_mu);
-    for (size_t i = 0; i < nlive && !db; i++)
-        if ((sqlite3_int64)(uintptr_t)live[i].db == handle)
-            db = live[i].db;
-    pthread_mutex_unlock(&live_mu);
-    return db;
-}
-
 /* embkv_connection(): this connection's handle for the entry points. */
 static void fn_connection(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     (void)argc;
     (void)argv;
-    sqlite3_result_int64(ctx, (sqlite3_int64)(uintptr_t)sqlite3_user_data(ctx));
+    sqlite3 *db = sqlite3_user_data(ctx);
+    sqlite3_int64 handle = 0;
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < nlive && !handle; i++)
+        if (live[i].db == db)
+            handle = live[i].handle;
+    pthread_mutex_unlock(&live_mu);
+    if (handle)
+        sqlite3_result_int64(ctx, handle);
+    else
+        sqlite3_result_error(ctx, "embkv_connection: this connection is not registered (load the extension again)",
+                             -1);
 }
 
 int embkv_direct_register(sqlite3 *db)
@@ -118,24 +134,53 @@ int embkv_direct_register(sqlite3 *db)
                                       NULL, NULL, live_drop);
 }
 
+/* The open connection a handle names, its mutex held (or none: a
+ * connection opened without mutexes), or NULL.  Another thread's statement
+ * on the connection holds its mutex: wait for it, as sqlite3_step would,
+ * trying again with a growing pause (D2). */
+static sqlite3 *live_enter(sqlite3_int64 handle)
+{
+    for (long pause_ns = 1000;; pause_ns = pause_ns < 1000000 ? 2 * pause_ns : pause_ns) {
+        sqlite3 *db = NULL;
+        bool held = false;
+        pthread_mutex_lock(&live_mu);
+        for (size_t i = 0; i < nlive && !db; i++)
+            if (live[i].handle == handle)
+                db = live[i].db;
+        if (db) {
+            sqlite3_mutex *mu = sqlite3_db_mutex(db);
+            held = !mu || sqlite3_mutex_try(mu) == SQLITE_OK;
+        }
+        pthread_mutex_unlock(&live_mu);
+        if (!db || held)
+            return db;
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* One statement of sql over the connection a handle names, its arguments
  * bound by bind(stmt, arg); *value its INTEGER result.  Returns SQLite's
  * code, the message in err. */
 static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_stmt *, const void *), const void *arg,
                    sqlite3_int64 *value, char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    sqlite3 *db = live_find(handle);
+    sqlite3 *db = live_enter(handle);
     if (!db) {
         if (err && errlen)
             snprintf(err, errlen, "embkv: %lld names no open connection of this library", (long long)handle);
         return EK_DIRECT_UNKNOWN;
     }
-    sqlite3_mutex *mu = sqlite3_db_mutex(db);
-    sqlite3_mutex_enter(mu);
     sqlite3_stmt *stmt = NULL;
     int rc = sqlite3_prepare_v2(db, sql, -1, &stmt, NULL);
+    if (rc == SQLITE_MISUSE) {
+        /* sqlite3_close_v2 left it open for unfinalized statements (a
+         * zombie): closed for its user. */
+        sqlite3_mutex_leave(sqlite3_db_mutex(db));
+        if (err && errlen)
+            snprintf(err, errlen, "embkv: connection %lld is closed", (long long)handle);
+        return EK_DIRECT_UNKNOWN;
+    }
     if (rc == SQLITE_OK)
         rc = bind(stmt, arg);
     if (rc == SQLITE_OK) {
@@ -155,7 +200,7 @@ static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_st
             snprintf(err, errlen, "%s", sqlite3_errmsg(db));
     }
     sqlite3_finalize(stmt);
-    sqlite3_mutex_leave(mu);
+    sqlite3_mutex_leave(sqlite3_db_mutex(db));
     return rc;
 }
 
@@ -167,6 +212,11 @@ static int bind_table_ids(sqlite3_stmt *stmt, const char *table, const int64_t *
         rc = sqlite3_bind_blob64(stmt, 2, ids ? (const void *)ids : (const void *)"", n * sizeof *ids, SQLITE_STATIC);
     return rc;
 }
+
+/* The most ids one call takes: their int64 array is one SQL value, which
+ * holds at most 2^31 - 1 bytes (a lower SQLITE_LIMIT_LENGTH of the
+ * connection: SQLite's own SQLITE_TOOBIG). */
+#define EK_DIRECT_MAX_IDS (INT32_MAX / (int)sizeof(int64_t))
 
 typedef struct pull_args {
     const char *table;
@@ -195,6 +245,14 @@ int embkv_direct_pull(sqlite3_int64 handle, const char *table, const int64_t *id
             snprintf(err, errlen, "embkv_direct_pull: NULL argument");
         return SQLITE_MISUSE;
     }
+    if (n > EK_DIRECT_MAX_IDS) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "embkv_direct_pull: table %s: %zu ids in one call, more than a SQL value holds (%d ids, "
+                     "2147483647 bytes): pull fewer at a time",
+                     table, n, (int)EK_DIRECT_MAX_IDS);
+        return SQLITE_TOOBIG;
+    }
     ek_rows_out o = {out, out_bytes};
     pull_args a = {table, ids, n, once, &o};
     sqlite3_int64 got = 0;
@@ -208,6 +266,7 @@ typedef struct push_args {
     const float *grads;
     size_t grad_bytes;
     const double *lr;
+    bool nan_lr;
 } push_args;
 
 static int bind_push(sqlite3_stmt *stmt, const void *p)
@@ -218,7 +277,9 @@ static int bind_push(sqlite3_stmt *stmt, const void *p)
         rc = sqlite3_bind_blob64(stmt, 3, a->grads ? (const void *)a->grads : (const void *)"", a->grad_bytes,
                                  SQLITE_STATIC);
     if (rc == SQLITE_OK)
-        rc = a->lr ? sqlite3_bind_double(stmt, 4, *a->lr) : sqlite3_bind_null(stmt, 4);
+        rc = a->nan_lr ? sqlite3_bind_text(stmt, 4, "NaN", 3, SQLITE_STATIC)
+             : a->lr   ? sqlite3_bind_double(stmt, 4, *a->lr)
+                       : sqlite3_bind_null(stmt, 4);
     return rc;
 }
 
@@ -233,7 +294,18 @@ int embkv_direct_push(sqlite3_int64 handle, const char *table, const int64_t *id
             snprintf(err, errlen, "embkv_direct_push: NULL argument");
         return SQLITE_MISUSE;
     }
-    push_args a = {table, ids, n, grads, grad_bytes, lr};
+    if (n > EK_DIRECT_MAX_IDS || grad_bytes > INT32_MAX) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "embkv_direct_push: table %s: %zu ids and %zu bytes of gradients in one call, more than a SQL "
+                     "value holds (%d ids, 2147483647 bytes): push fewer at a time",
+                     table, n, grad_bytes, (int)EK_DIRECT_MAX_IDS);
+        return SQLITE_TOOBIG;
+    }
+    /* SQLite binds a NaN as NULL, which would mean the table's own lr: a
+     * NaN goes as text, which embkv_push refuses as any bad lr. */
+    bool nan_lr = lr && isnan(*lr);
+    push_args a = {table, ids, n, grads, grad_bytes, lr, nan_lr};
     int rc = run_one(handle, "SELECT embkv_push(?1, ?2, ?3, ?4)", bind_push, &a, &got, err, errlen);
     if (rc == SQLITE_OK && updated)
         *updated = got;

@@ -179,10 +179,11 @@ static const char *type_name(int t)
 static int args(sqlite3_context *ctx, const char *fname, sqlite3_value **argv, embkv_table_ref *ref,
                 const char **file)
 {
-    const char *name = sqlite3_value_type(argv[0]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[0]) : NULL;
+    bool nul;
+    const char *name = ek_name_arg(argv[0], &nul);
     if (!name) {
         fail(ctx, fname, NULL, SQLITE_ERROR, "argument 1 must be a table name (TEXT), got %s",
-             type_name(sqlite3_value_type(argv[0])));
+             nul ? "TEXT that " EK_NAME_NUL : type_name(sqlite3_value_type(argv[0])));
         return -1;
     }
     char *err = NULL;
@@ -191,11 +192,11 @@ static int args(sqlite3_context *ctx, const char *fname, sqlite3_value **argv, e
         sqlite3_free(err);
         return -1;
     }
-    *file = sqlite3_value_type(argv[1]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[1]) : NULL;
+    *file = ek_name_arg(argv[1], &nul);
     if (!*file || !**file) {
         fail(ctx, fname, ref->name, SQLITE_ERROR, "argument 2 must be a %s name (non-empty TEXT), got %s",
              strcmp(fname, "embkv_backup") ? "file" : "directory",
-             *file ? "an empty string" : type_name(sqlite3_value_type(argv[1])));
+             *file ? "an empty string" : nul ? "TEXT that " EK_NAME_NUL : type_name(sqlite3_value_type(argv[1])));
         return -1;
     }
     if (ref->pending_writes) {

@@ -178,9 +178,10 @@ static int heat_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, 
     heatcur *c = (heatcur *)pc;
     heattab *t = (heattab *)pc->pVtab;
     heat_reset(c);
-    const char *name = idxNum == 1 && argc == 1 && sqlite3_value_type(argv[0]) == SQLITE_TEXT
-                           ? (const char *)sqlite3_value_text(argv[0])
-                           : NULL;
+    bool nul = false;
+    const char *name = idxNum == 1 && argc == 1 ? ek_name_arg(argv[0], &nul) : NULL;
+    if (nul)
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, sqlite3_mprintf("embkv_heat: the table name " EK_NAME_NUL));
     if (!name)
         return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                           sqlite3_mprintf("embkv_heat: expected a table name (TEXT): SELECT id, hits, tier FROM "
@@ -271,9 +272,11 @@ static void hot_error(sqlite3_context *ctx, const char *table, int code, const c
 static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
 {
     (void)argc;
-    const char *name = sqlite3_value_type(argv[0]) == SQLITE_TEXT ? (const char *)sqlite3_value_text(argv[0]) : NULL;
+    bool nul;
+    const char *name = ek_name_arg(argv[0], &nul);
     if (!name) {
-        hot_error(ctx, NULL, SQLITE_ERROR, "expected a table name (TEXT) as argument 1");
+        hot_error(ctx, NULL, SQLITE_ERROR,
+                  nul ? "the table name (argument 1) " EK_NAME_NUL : "expected a table name (TEXT) as argument 1");
         return;
     }
     embkv_table_ref ref;

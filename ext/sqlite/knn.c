@@ -279,7 +279,10 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: ids (argument 5) come after the metric: " USAGE));
 
-    const char *name = sqlite3_value_type(a_table) == SQLITE_TEXT ? (const char *)sqlite3_value_text(a_table) : NULL;
+    bool nul;
+    const char *name = ek_name_arg(a_table, &nul);
+    if (nul)
+        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, sqlite3_mprintf("embkv_knn: the table name (argument 1) " EK_NAME_NUL));
     if (!name)
         return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: argument 1 must be a table name (TEXT): " USAGE));

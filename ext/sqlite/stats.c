@@ -176,9 +176,11 @@ int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, cha
  */
 static int fn_table(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
 {
-    const char *name = sqlite3_value_type(arg) == SQLITE_TEXT ? (const char *)sqlite3_value_text(arg) : NULL;
+    bool nul;
+    const char *name = ek_name_arg(arg, &nul);
     if (!name) {
-        char *m = sqlite3_mprintf("%s: expected a table name (TEXT)", fname);
+        char *m = nul ? sqlite3_mprintf("%s: the table name " EK_NAME_NUL, fname)
+                      : sqlite3_mprintf("%s: expected a table name (TEXT)", fname);
         sqlite3_result_error(ctx, m ? m : fname, -1);
         sqlite3_free(m);
         return SQLITE_ERROR;

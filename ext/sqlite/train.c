@@ -133,9 +133,11 @@ static int64_t *ids_arg(sqlite3_context *ctx, const char *fname, const char *tab
 /* Resolves the table argument (reporting why not as the function's error). */
 static int table_arg(sqlite3_context *ctx, const char *fname, sqlite3_value *arg, embkv_table_ref *ref)
 {
-    const char *name = sqlite3_value_type(arg) == SQLITE_TEXT ? (const char *)sqlite3_value_text(arg) : NULL;
+    bool nul;
+    const char *name = ek_name_arg(arg, &nul);
     if (!name) {
-        train_error(ctx, fname, NULL, EMBKV_INVALID, "expected a table name (TEXT) as argument 1");
+        train_error(ctx, fname, NULL, EMBKV_INVALID,
+                    nul ? "the table name (argument 1) " EK_NAME_NUL : "expected a table name (TEXT) as argument 1");
         return SQLITE_ERROR;
     }
     char *err = NULL;

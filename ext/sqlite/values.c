@@ -561,3 +561,16 @@ int ek_parse_init(const char *val, void *field)
     t->init_b = b;
     return 0;
 }
+
+const char *ek_name_arg(sqlite3_value *v, bool *nul)
+{
+    *nul = false;
+    if (sqlite3_value_type(v) != SQLITE_TEXT)
+        return NULL;
+    const char *t = (const char *)sqlite3_value_text(v);
+    if (t && strlen(t) != (size_t)sqlite3_value_bytes(v)) {
+        *nul = true;
+        return NULL;
+    }
+    return t;
+}

@@ -25,6 +25,7 @@ except that pulled vectors are then a read-only view of the result BLOB.
 embkv.torch has nn.Module wrappers.
 """
 import json
+import numbers
 import os
 import re
 import sqlite3
@@ -161,7 +162,7 @@ def _handle(conn, table):
     used from another thread than its own, raises ProgrammingError here as
     conn.execute would."""
     if not isinstance(table, str) or "\0" in table:
-        return None  # (SQL reports what is wrong with it)
+        return None  # (SQL reports what is wrong with it: not TEXT, or a NUL in it)
     lib = _library()
     if lib is None:
         return None
@@ -257,16 +258,20 @@ def push(conn, table, ids, grads, lr=None):
         raise ValueError("embkv.push: grads must have shape (%d, dim), not %s" % (len(a), g.shape))
     if len(a) == 0:
         return 0
-    if lr is not None and isinstance(lr, (int, float)) and not isinstance(lr, bool):
-        done = _direct_push(conn, table, a, g, float(lr))
-    else:
-        done = _direct_push(conn, table, a, g, None) if lr is None else None
+    if lr is not None:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+            raise TypeError("embkv.push: table %s: lr must be a positive number, or None for the table's own, "
+                            "not %r" % (table, lr))
+        lr = float(lr)
+    done = _direct_push(conn, table, a, g, lr)
     if done is not None:
         return done
     gbuf = memoryview(g).cast("B")
     if lr is None:
         return conn.execute("SELECT embkv_push(?, ?, ?)", (table, buf, gbuf)).fetchone()[0]
-    return conn.execute("SELECT embkv_push(?, ?, ?, ?)", (table, buf, gbuf, float(lr))).fetchone()[0]
+    # (sqlite3 binds a NaN as NULL, the table's own lr: as text, embkv_push
+    # refuses it as any bad lr)
+    return conn.execute("SELECT embkv_push(?, ?, ?, ?)", (table, buf, gbuf, "NaN" if lr != lr else lr)).fetchone()[0]
 
 
 def release(conn, table, ids):

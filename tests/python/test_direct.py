@@ -22,8 +22,10 @@ Standard library unittest plus numpy.  Run by tests/run.sh through
 tests/python_run.sh.
 """
 import ctypes
+import os
 import sqlite3
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -124,6 +126,62 @@ class DirectPath(TempDirTest):
         self.conn.execute("COMMIT")
         with self.assertRaises(sqlite3.OperationalError):
             embkv.pull(self.conn, "nope", [1], 3)  # (the SQL path reports a missing table)
+
+    def test_lr_is_a_positive_number(self):
+        one = np.ones((1, 3), np.float32)
+        for path in ("direct", "sql"):
+            saved = embkv._direct_push
+            if path == "sql":
+                embkv._direct_push = lambda *a: None  # (as without the entry points)
+            try:
+                # sqlite3 binds a NaN as NULL, the table's own lr: refused instead
+                for lr in (float("nan"), np.float32("nan"), float("inf"), 0, -1.0):
+                    with self.assertRaises(sqlite3.OperationalError) as e:
+                        embkv.push(self.conn, "a", [1], one, lr=lr)
+                    self.assertEqual(str(e.exception), "embkv_push: table a: lr (argument 4) must be a positive "
+                                                       "number", (path, lr))
+                for lr in ("0.5", True, b"1", [0.5]):
+                    with self.assertRaises(TypeError) as e:
+                        embkv.push(self.conn, "a", [1], one, lr=lr)
+                    self.assertEqual(str(e.exception), "embkv.push: table a: lr must be a positive number, or None "
+                                                       "for the table's own, not %r" % (lr,))
+                self.assertEqual(embkv.push(self.conn, "a", [1], one, lr=np.float32(0.5)), 1)
+            finally:
+                embkv._direct_push = saved
+        np.testing.assert_array_equal(embkv.pull(self.conn, "a", [7], 3), sql_pull(self.conn, "b", [7], 3))
+        embkv.release(self.conn, "a", [7])
+        embkv.release(self.conn, "b", [7])
+        self.assertEqual(embkv.release(self.conn, "a", [1]), 0)  # (each refused push took none)
+
+    def test_a_name_with_a_nul_names_nothing(self):
+        # (as a C string it would be its prefix, the table a)
+        for fn in (lambda: embkv.pull(self.conn, "a\0b", [1], 3),
+                   lambda: self.conn.execute("SELECT embkv_pull('a' || char(0) || 'b', 1)").fetchone(),
+                   lambda: self.conn.execute("SELECT embkv_push(?, 1, ?)", ("a\0", bytes(12))).fetchone()):
+            with self.assertRaises(sqlite3.OperationalError) as e:
+                fn()
+            self.assertRegex(str(e.exception), r"^embkv_pu(ll|sh): the table name \(argument 1\) holds a NUL "
+                                               r"character: no table or file is named so$")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            self.conn.execute("SELECT embkv_stats(?)", ("a\0",)).fetchone()
+        self.assertEqual(str(e.exception), "embkv_stats: the table name holds a NUL character: no table or file "
+                                           "is named so")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            self.conn.execute("SELECT id FROM embkv_knn(?, ?, 1)", ("a\0", bytes(12))).fetchall()
+        self.assertEqual(str(e.exception), "embkv_knn: the table name (argument 1) holds a NUL character: no "
+                                           "table or file is named so")
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            self.conn.execute("SELECT count(*) FROM embkv_heat(?)", ("a\0",)).fetchall()
+        self.assertEqual(str(e.exception), "embkv_heat: the table name holds a NUL character: no table or file "
+                                           "is named so")
+        out = self.dir + "/x.db"
+        with self.assertRaises(sqlite3.OperationalError) as e:
+            self.conn.execute("SELECT embkv_export('a', ?)", (out + "\0.tmp",)).fetchone()
+        self.assertEqual(str(e.exception), "embkv_export: table a: argument 2 must be a file name (non-empty "
+                                           "TEXT), got TEXT that holds a NUL character: no table or file is "
+                                           "named so")
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(embkv.release(self.conn, "a", [1]), 0)
 
     def test_a_permit_that_times_out_is_busy(self):
         other = connect(self.db)
@@ -230,6 +288,89 @@ class WhatSqlCannotDo(TempDirTest):
         other.close()
         self.assertEqual(self.direct_pull(h2, 1, 8)[0], -1)  # closed: refused, not used
         embkv.release(self.conn, "a", [1, 2])
+
+    def test_handles_are_never_reused(self):
+        # (a new connection may get a closed one's address: never its handle)
+        seen = set()
+        for _ in range(20):
+            c = connect(self.db)
+            h = c.execute("SELECT embkv_connection()").fetchone()[0]
+            self.assertNotIn(h, seen)
+            seen.add(h)
+            c.close()
+            self.assertEqual(self.direct_pull(h, 1, 8)[0], -1)
+
+    def test_counts_past_what_a_call_takes(self):
+        h = self.conn.execute("SELECT embkv_connection()").fetchone()[0]
+        out = np.zeros(4, np.float32)
+        ids = np.arange(1, 3, dtype=np.int64)
+        err = ctypes.create_string_buffer(512)
+        # (n * 8 wraps past 2^64: nothing is read past the 2 ids, nothing written)
+        for n in (2 ** 61 + 1, 2 ** 60, 2 ** 28):
+            rc = self.lib.embkv_direct_pull(h, b"a", ids.ctypes.data, n, out.ctypes.data, 16, 0, err, 512)
+            self.assertEqual(rc, sqlite3.SQLITE_TOOBIG)
+            self.assertEqual(err.value.decode(), "embkv_direct_pull: table a: %d ids in one call, more than a SQL "
+                                                 "value holds (268435455 ids, 2147483647 bytes): pull fewer at a "
+                                                 "time" % n)
+        np.testing.assert_array_equal(out, np.zeros(4, np.float32))
+        i64, vp, sz, cp = ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+        self.lib.embkv_direct_push.argtypes = [i64, cp, vp, sz, vp, sz, vp, vp, cp, sz]
+        updated = ctypes.c_int64(7)
+        for n, gb in ((2 ** 61 + 1, 16), (2, 2 ** 31), (2, 2 ** 64 - 1)):
+            rc = self.lib.embkv_direct_push(h, b"a", ids.ctypes.data, n, out.ctypes.data, gb, None,
+                                            ctypes.byref(updated), err, 512)
+            self.assertEqual(rc, sqlite3.SQLITE_TOOBIG)
+            self.assertEqual(err.value.decode(), "embkv_direct_push: table a: %d ids and %d bytes of gradients in "
+                                                 "one call, more than a SQL value holds (268435455 ids, 2147483647 "
+                                                 "bytes): push fewer at a time" % (n, gb))
+            self.assertEqual(updated.value, 0)
+        # a NaN lr through C: refused, not the table's own
+        nan = ctypes.c_double(float("nan"))
+        rc = self.lib.embkv_direct_push(h, b"a", ids.ctypes.data, 2, out.ctypes.data, 16, ctypes.byref(nan),
+                                        ctypes.byref(updated), err, 512)
+        self.assertEqual((rc, err.value.decode()), (sqlite3.SQLITE_ERROR, "embkv_push: table a: lr (argument 4) "
+                                                    "must be a positive number"))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM a").fetchone()[0], 0)  # no row made
+
+    def test_a_close_beside_calls_in_other_threads(self):
+        # One thread's pull waits for a permit, holding the connection; a
+        # second thread's call waits for the connection; the connection is
+        # closed meanwhile.  The second call runs before the close or finds
+        # the connection gone (-1): never a freed connection.
+        self.conn.execute("CREATE VIRTUAL TABLE s USING embkv(dim=2, init='zeros', staleness=0, wait_ms=1500)")
+        holder = connect(self.db)
+        embkv.pull(holder, "s", [1], 2)
+        c = connect(self.db, check_same_thread=False)
+        h = c.execute("SELECT embkv_connection()").fetchone()[0]
+        got = {}
+
+        def call(name, table, i):
+            ids = np.array([i], np.int64)
+            out = np.zeros(2, np.float32)
+            err = ctypes.create_string_buffer(512)
+            got[name] = (self.lib.embkv_direct_pull(h, table, ids.ctypes.data, 1, out.ctypes.data, 8, 0, err, 512),
+                         err.value.decode())
+
+        waiting = threading.Thread(target=call, args=("waiting", b"s", 1))
+        waiting.start()
+        time.sleep(0.3)
+        # (the close waits for the waiting pull, SQLite's close taking the
+        # connection's mutex; the second call comes after it)
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        time.sleep(0.3)
+        second = threading.Thread(target=call, args=("second", b"a", 5))
+        second.start()
+        for t in (waiting, closer, second):
+            t.join()
+        self.assertEqual(got["waiting"][0], sqlite3.SQLITE_BUSY, got)
+        self.assertIn(got["second"][0], (0, -1), got)
+        if got["second"][0] == -1:
+            self.assertIn("names no open connection of this library", got["second"][1])
+        self.assertEqual(self.direct_pull(h, 1, 8)[0], -1)
+        embkv.release(holder, "s", [1])
+        holder.close()
+        embkv.release(self.conn, "a", [5])
 
     def test_loading_the_extension_twice_keeps_the_handle(self):
         self.conn.enable_load_extension(True)
