@@ -1237,10 +1237,6 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
      * checkpoint, and changes nothing) */
     if (!embkv_readonly(ref.store) &&
         ekerr_refuse_readonly(ctx, "embkv_backup", ref.schema, ref.name, "it checkpoints the table first", ref.store)) return;
-    if ((size_t)sqlite3_value_bytes(argv[1]) != strlen(dir)) {
-        fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "argument 2 holds a NUL byte: not a directory name");
-        return;
-    }
     const char *dbfile = sqlite3_db_filename(sqlite3_context_db_handle(ctx), ref.schema);
     const char *slash = dbfile && *dbfile ? strrchr(dbfile, '/') : NULL;
     char *full = dir[0] == '/' || !slash ? sqlite3_mprintf("%s", dir)
