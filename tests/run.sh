@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every embkv test: the C tests built plain (at EMBKV_TEST_SCALE, 0.5
+# Runs every embkv test: the C tests built plain (at EMBKV_TEST_SCALE, 0.3
 # unless set), under ASan+UBSan and (the threaded ones) under TSan (at
 # 0.25); the SQL tests through the sqlite3 shell against expected output;
 # the Python tests (with the embkv package installed into build/venv:
@@ -77,7 +77,7 @@ if want c; then
     # (plain at half size, unless EMBKV_TEST_SCALE says otherwise: the
     # full size, 1, runs in twice the time and is for a change's last check)
     for t in build/plain/tests/test_*; do
-        run_one "plain/$(basename "$t")" env EMBKV_TEST_SCALE="${EMBKV_TEST_SCALE:-0.5}" "$t"
+        run_one "plain/$(basename "$t")" env EMBKV_TEST_SCALE="${EMBKV_TEST_SCALE:-0.3}" "$t"
     done
     for t in build/asan/tests/test_*; do
         run_one "asan/$(basename "$t")" env EMBKV_TEST_SCALE=0.25 "$t"
