@@ -367,8 +367,8 @@ def main():
             m = metrics(eval_knn(conn, R, probe, tails, heads, a.eval_k, a.eval_batch), a.eval_k)
             evals.append((step, m["mrr"], m["hits10"]))
             if bar is not None:
-                bar.write("epoch %d: held-out sample of 500: filtered MRR %.3f, Hits@10 %.1f%%"
-                          % (epoch + 1, m["mrr"], 100 * m["hits10"]))
+                bar.write("epoch %d: held-out sample of %d: filtered MRR %.3f, Hits@10 %.1f%%"
+                          % (epoch + 1, len(probe), m["mrr"], 100 * m["hits10"]))
         if step == total:
             break
     if bar is not None:

@@ -236,7 +236,10 @@ def pull(conn, table, ids, dim_=None, once=False):
         return np.zeros((0, dim_ or dim(conn, table)), np.float32)
     try:
         d = dim_ or dim(conn, table)
-    except sqlite3.Error:
+    except sqlite3.Error as e:
+        if (getattr(e, "sqlite_errorcode", 0) & 0xff in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                or "is open in another process" in str(e)):
+            raise  # (the pull would wait as long again, to say the same)
         d = None  # (no such table, say: embkv_pull's own error says so)
     out = _direct_pull(conn, table, a, d, once) if d else None
     if out is not None:

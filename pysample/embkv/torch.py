@@ -559,6 +559,9 @@ def _late_push(conn, table, key, st, ids, g):
 def _flat_ids(ids, padding_idx, who):
     """A batch's ids (a LongTensor or IntTensor of any shape): (the ids
     flat, int64, which are padding_idx or None)."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
+                        % (who, type(ids).__name__))
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
                         % (who, ids.dtype))

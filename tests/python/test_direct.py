@@ -24,6 +24,8 @@ tests/python_run.sh.
 import ctypes
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -33,6 +35,18 @@ import numpy as np
 import embkv
 
 from embkv_test import EXT, TempDirTest, connect
+
+
+# (holds the store open to write until the file argv[3] exists)
+HOLD = """
+import os, sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.enable_load_extension(True); c.load_extension(sys.argv[2])
+c.execute("SELECT count(*) FROM a").fetchone()
+print("holding", flush=True)
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.02)
+"""
 
 
 def sql_pull(conn, table, ids, dim, once=False):
@@ -195,6 +209,26 @@ class DirectPath(TempDirTest):
             embkv.pull(self.conn, "a", [1], 3)
         finally:
             other.close()
+
+    def test_a_store_another_process_writes_waits_once(self):
+        self.conn.close()
+        go = self.dir + "/go"
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, self.db, EXT, go], stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "holding")
+            c = connect(self.db, timeout=0.3)
+            ran = []
+            c.set_trace_callback(ran.append)
+            with self.assertRaises(sqlite3.OperationalError) as e:
+                embkv.pull(c, "a", [1])
+            self.assertIn("one process at a time may write a store (waited 300 ms", str(e.exception))
+            # (one wait: no pull after it; the others are the extension's own)
+            self.assertEqual([q for q in ran if not q.startswith("--")], ["SELECT embkv_stats('a')"])
+            c.close()
+        finally:
+            open(go, "w").close()
+            holder.communicate(timeout=60)
+        self.conn = connect(self.db)
 
     def test_read_only_connection_reads_existing_rows(self):
         embkv.pull(self.conn, "a", [1, 2], 3)

@@ -613,6 +613,13 @@ class TestErrors(Base):
         for bad in (torch.tensor([1.7]), torch.tensor([True])):
             with self.assertRaisesRegex(TypeError, "LongTensor or IntTensor"):
                 emb(bad)
+        bag = ekt.EmbeddingBag(self.conn, "t", mode="sum")
+        for m in (emb, bag):
+            for bad, name in (([1, 2], "list"), (np.array([1]), "ndarray"), (3, "int")):
+                with self.assertRaises(TypeError) as e:
+                    m(bad)
+                self.assertEqual(str(e.exception), "embkv.torch: ids must be a LongTensor or IntTensor (as "
+                                                   "torch.nn.Embedding's), not %s" % name)
         with self.assertRaisesRegex(TypeError, "ids must be integers"):
             embkv.pull(self.conn, "t", np.array([1.9]))
         with self.assertRaisesRegex(ValueError, "does not fit in int64"):
