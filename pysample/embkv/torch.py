@@ -559,12 +559,9 @@ def _late_push(conn, table, key, st, ids, g):
 def _flat_ids(ids, padding_idx, who):
     """A batch's ids (a LongTensor or IntTensor of any shape): (the ids
     flat, int64, which are padding_idx or None)."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
-                        % (who, type(ids).__name__))
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s"
-                        % (who, ids.dtype))
+    what = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+    if what not in (torch.int64, torch.int32):
+        raise TypeError("%s: ids must be a LongTensor or IntTensor (as torch.nn.Embedding's), not %s" % (who, what))
     flat = ids.reshape(-1).to(torch.int64)
     return flat, (flat == padding_idx if padding_idx is not None else None)
 

@@ -17,6 +17,11 @@ are read where they lie.
   embkv_connection() cannot be called from a view.  The entry points refuse
   a handle that names no open connection (EK_DIRECT_UNKNOWN, -1: the
   package falls back to SQL) and an output array of the wrong size.
+- Handles are never reused; a close in another thread while calls wait
+  for the connection makes them return -1, never use it freed; counts
+  past one SQL value are SQLITE_TOOBIG; a NaN lr, or one that is not a
+  number, is refused on both paths; names holding a NUL name nothing; a
+  store another process writes is waited for once.
 
 Standard library unittest plus numpy.  Run by tests/run.sh through
 tests/python_run.sh.
