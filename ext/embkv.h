@@ -276,6 +276,11 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out,
  * embkv_sync nor embkv_snapshot_open inside one (EMBKV_BUSY). */
 int embkv_group_begin(embkv_store *s);
 void embkv_group_end(embkv_store *s);
+/* The epoch of the calling thread's open group on s (0 outside one): its
+ * writes are durable once a checkpoint has completed that epoch
+ * (embkv_stats' durable_epoch at least this), and a crash before that
+ * takes the store back past all of them. */
+uint64_t embkv_group_epoch(embkv_store *s);
 
 /* Snapshots.  A snapshot fixes the set of groups it sees when it opens
  * (waiting for the groups in flight to end); reads through it return each

@@ -170,6 +170,12 @@ int embkv_group_begin(embkv_store *s)
     return EMBKV_OK;
 }
 
+uint64_t embkv_group_epoch(embkv_store *s)
+{
+    /* A sync moves cur_epoch on only while it holds the groups off. */
+    return s && tl_find(s) ? atomic_load(&s->cur_epoch) : 0;
+}
+
 void embkv_group_end(embkv_store *s)
 {
     struct tl_group *g = s ? tl_find(s) : NULL;

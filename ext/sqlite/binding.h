@@ -31,7 +31,7 @@
  *   binding.h
  *   txn.c errors.c dirusers.c values.c leftovers.c
  *   registry.c
- *   cursor.c wbuf.c stats.c pending.c
+ *   journal.c cursor.c wbuf.c stats.c pending.c
  *   vecfn.c train.c direct.c heat.c knn.c export.c vtab.c
  *   ext.c
  */
@@ -121,6 +121,9 @@ typedef struct ekwbuf {
     ektxn *txn;
     int in_txn;           /* an xBegin came and the transaction has not ended */
     int synced;           /* xSync wrote txn to the store; xCommit/xRollback follow */
+    int jslot, jfd;       /* the COMMIT's journal slot and file (journal.c), -1 when none */
+    uint64_t jtoken;      /* its token */
+    char jtid[16];        /* the stable id of the table whose record holds it */
 } ekwbuf;
 
 /* A cursor's buffers (cursor.c). */
@@ -256,13 +259,22 @@ int ektxn_savepoint(ektxn *t, int n);
 void ektxn_release(ektxn *t, int n);
 void ektxn_rollback_to(ektxn *t, int n);
 
+/* Called by ektxn_apply with every pre-image read and nothing written yet;
+ * an error (embkv_rc, *msg sqlite3_malloc'd) fails the apply unwritten. */
+typedef int (*ektxn_hook)(void *ctx, const ektxn *t, char **msg);
 /* Applies the buffer to the store (embkv_rc).  It first checks that the
- * store has room for every write (fail_id 0 when it has not).  On failure it
+ * store has room for every write (fail_id 0 when it has not) and reads the
+ * pre-images, then calls before(ctx) when given, then writes.  On failure it
  * undoes what it had applied, sets *fail_id to the id that failed and *msg
  * to the engine's message (sqlite3_malloc'd); *msg also says so when putting
  * the previous rows back failed too (*restored 0). */
-int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored);
-/* Undoes a successful ektxn_apply() (xRollback after xSync). */
+int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored, ektxn_hook before,
+                void *ctx);
+/* The pre-images of the last ektxn_apply (k < ektxn_npre): returns 0 for
+ * a row that did not exist, 1 for one that did (*clock, *data: dim +
+ * state_floats floats), 2 for a damaged row being deleted (no image). */
+size_t ektxn_npre(const ektxn *t);
+int ektxn_pre(const ektxn *t, size_t k, int64_t *id, uint64_t *clock, const float **data);
 int ektxn_unapply(ektxn *t, embkv_store *s);
 
 /* ========================================================================
@@ -418,6 +430,10 @@ void ekreg_train_leave(embkv_store *s, const embkv_train_options *o);
  * database with a table on the store) must not make half of a COMMIT
  * durable.  The caller holds a reference to s. */
 pthread_mutex_t *ekreg_commit_lock(embkv_store *s);
+/* Journal slot k of s's store in this process (journal.c, J4): take
+ * returns 1 when it was free and is now the caller's. */
+int ekreg_journal_take(embkv_store *s, int k);
+void ekreg_journal_drop(embkv_store *s, int k);
 void ekreg_commit_unlock(pthread_mutex_t *held);
 /* Removes a store directory now, or when its last reference in this process
  * closes if it is still open. */
@@ -460,9 +476,31 @@ void ekwbuf_release(ekwbuf *wb, ekconn *c);
 void ekwbuf_begin(ekwbuf *wb);
 /* COMMIT phase one (writes and syncs; SQLite rc, *msg says why it failed),
  * the end of the transaction, and its rollback (undoing phase one). */
-int ekwbuf_sync(ekwbuf *wb, char **msg);
+int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg);
 void ekwbuf_end(ekwbuf *wb);
 void ekwbuf_rollback(ekwbuf *wb);
+/* v: the table whose xSync this is, which keeps the commit record
+ * (journal.c); NULL for writes of a dropped table (no journal). */
+
+/* ========================================================================
+ * journal.c: the commit journal (SQLite's file decides a COMMIT; J1-J4
+ * there).
+ */
+#define EK_JOURNAL_SLOTS 64
+/* Whether v's COMMITs are journaled (not temporary, not read-only). */
+int ekjournal_wanted(const ekvtab *v);
+/* Takes a slot and writes the commit record into SQLite's transaction. */
+int ekjournal_begin(ekwbuf *wb, ekvtab *v, char **msg);
+/* ektxn_apply's hook (ctx: the ekwbuf): the pre-images, made durable. */
+int ekjournal_write(void *ctx, const ektxn *t, char **msg);
+/* The COMMIT ended: committed by SQLite (or nothing of it is in the
+ * store), or rolled back with rows_back telling whether its rows are back. */
+void ekjournal_finish(ekwbuf *wb, int committed, int rows_back);
+/* Lets the slot go without marking the file. */
+void ekjournal_end(ekwbuf *wb);
+/* At connect: resolves the pending journals naming v (an SQLite rc). */
+int ekjournal_recover(ekvtab *v, char **err);
+
 /* Writes that no table of the transaction will commit: those of a table
  * dropped in it (SQLite calls no xSync/xCommit on a dropped table).  The
  * DROP made embkv_pending part of the transaction, and its xSync, xCommit

@@ -72,6 +72,7 @@ typedef struct ekopen {
                   * inherited connection must not remove the parent's files */
     pthread_mutex_t commit_mu; /* see ekreg_commit_lock */
     int writers; /* table instances of connections that may write (ekreg_train_configure) */
+    uint64_t jlive; /* journal slots owned by COMMITs or recoveries of this process (journal.c, J4) */
 } ekopen;
 
 static ekopen *ek_open_list;
@@ -113,6 +114,7 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
         e->refs = 1;
         e->discard = 0;
         e->writers = 0;
+        e->jlive = 0;
         e->pid = getpid();
         pthread_mutex_init(&e->commit_mu, NULL);
         e->next = ek_open_list;
@@ -132,6 +134,26 @@ pthread_mutex_t *ekreg_commit_lock(embkv_store *s)
     /* The entry lives while the caller holds its reference to s. */
     if (e) pthread_mutex_lock(&e->commit_mu);
     return e ? &e->commit_mu : NULL;
+}
+
+int ekreg_journal_take(embkv_store *s, int k)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *e;
+    for (e = ek_open_list; e && e->s != s; e = e->next) {}
+    int took = e && !(e->jlive & (1ull << k));
+    if (took) e->jlive |= 1ull << k;
+    pthread_mutex_unlock(&ek_mu);
+    return took;
+}
+
+void ekreg_journal_drop(embkv_store *s, int k)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *e;
+    for (e = ek_open_list; e && e->s != s; e = e->next) {}
+    if (e) e->jlive &= ~(1ull << k);
+    pthread_mutex_unlock(&ek_mu);
 }
 
 void ekreg_commit_unlock(pthread_mutex_t *mu)
@@ -420,6 +442,10 @@ void ekconn_pend_clear(ekconn *c)
 
 void ekreg_free_wbuf(ekwbuf *wb)
 {
+    /* (A COMMIT's journal ends with its xCommit or xRollback: a slot
+     * still held here belongs to a connection closed inside one.) */
+    if (wb->jfd >= 0) close(wb->jfd);
+    if (wb->jslot >= 0 && wb->store) ekreg_journal_drop(wb->store, wb->jslot);
     ektxn_free(wb->txn);
     if (wb->store) ekreg_close(wb->store);
     sqlite3_free(wb->dir);

@@ -19,9 +19,10 @@
  * the whole buffer.
  *
  * COMMIT: xSync calls ektxn_apply(), which checks that the store has room
- * for all of it, then writes every change to the store
- * (insert/replace/delete), keeping the previous version of every row it
- * touches.  If a write fails (pool full, I/O), the rows already written are
+ * for all of it, reads the previous version of every row it will touch
+ * (its pre-image), hands them to the caller's hook (the commit journal,
+ * journal.c, makes them durable there) and then writes every change to the
+ * store (insert/replace/delete).  If a write fails (pool full, I/O), the rows already written are
  * put back from those pre-images and the COMMIT fails with nothing changed;
  * the same pre-images serve when SQLite rolls back after a successful xSync
  * (another participant of the commit failed).  Restoring a pre-image is a
@@ -67,7 +68,7 @@ struct ektxn {
     size_t *mark;             /* mark[k]: nundo when savepoint k began */
     int nsp, capsp;
     ekpre *pre;               /* pre-images of the last ektxn_apply */
-    size_t npre;
+    size_t ncol, npre;        /* pre-images taken; rows written (the first npre) */
     float *rowbuf;            /* dim + state_floats floats */
 };
 
@@ -137,6 +138,7 @@ void ektxn_clear(ektxn *t)
     sqlite3_free(t->pre);
     t->pre = NULL;
     t->npre = 0;
+    t->ncol = 0;
     if (t->capundo > 4096) {
         sqlite3_free(t->undo);
         t->undo = NULL;
@@ -393,12 +395,14 @@ static void undo_failed(ektxn *t, embkv_store *s, char **msg, int *restored)
     }
 }
 
-static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored);
+static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored,
+                          ektxn_hook before, void *ctx);
 
 /* One engine write group: snapshot readers (other statements, other
  * connections) see the whole COMMIT or none of it, and no checkpoint falls
  * inside it. */
-int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored)
+int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored, ektxn_hook before,
+                void *ctx)
 {
     *fail_id = 0;
     *msg = NULL;
@@ -408,7 +412,7 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
         *msg = sqlite3_mprintf("%s", embkv_errmsg());
         return rc;
     }
-    rc = apply_in_group(t, s, fail_id, msg, restored);
+    rc = apply_in_group(t, s, fail_id, msg, restored, before, ctx);
     embkv_group_end(s);
     return rc;
 }
@@ -416,13 +420,15 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
 static const char unique_msg[] = "the row was created by another connection or a pull after this transaction "
                                  "inserted it (UNIQUE constraint failed)";
 
-static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored)
+static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *restored,
+                          ektxn_hook before, void *ctx)
 {
     *fail_id = 0;
     *msg = NULL;
     *restored = 1;
     sqlite3_free(t->pre);
     t->npre = 0;
+    t->ncol = 0;
     t->pre = NULL;
     if (t->n == 0) return EMBKV_OK;
     /* Before writing anything: an INSERT that found its id free must still
@@ -455,13 +461,15 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
     if (!t->pre) return EMBKV_NOMEM;
     size_t rowbytes = ((size_t)t->dim + t->state_floats) * sizeof(float);
     float *state = t->state_floats ? t->rowbuf + t->dim : NULL;
+    /* Every pre-image first, so that the hook (the commit journal) has them
+     * all before the first write. */
     for (size_t i = 0; i < t->cap; i++) {
         const ektxn_entry *e = &t->slot[i];
         if (!e->used || (e->kind == EKTXN_DEL && e->fresh == EKTXN_FRESH_NEW)) continue;
-        /* Pre-image first, then the write. */
-        ekpre *p = &t->pre[t->npre];
+        ekpre *p = &t->pre[t->ncol];
         p->id = e->id;
         p->existed = 0;
+        p->clock = 0;
         p->data = NULL;
         embkv_rowinfo info;
         int rc = embkv_get(s, e->id, t->rowbuf, state, &info);
@@ -471,46 +479,67 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
             if (!p->data) {
                 *fail_id = e->id;
                 *msg = sqlite3_mprintf("out of memory");
-                undo_failed(t, s, msg, restored);
                 return EMBKV_NOMEM;
             }
             memcpy(p->data, t->rowbuf, rowbytes);
             p->existed = 1;
-            rc = EMBKV_OK;
-        } else if (rc == EMBKV_NOTFOUND) {
-            rc = EMBKV_OK;
         } else if (rc == EMBKV_CORRUPT && e->kind == EKTXN_DEL) {
             /* A damaged row can be deleted (its pre-image cannot be kept:
              * a failed COMMIT leaves it deleted). */
             p->existed = 2;
-            rc = EMBKV_OK;
+        } else if (rc != EMBKV_NOTFOUND) {
+            *fail_id = e->id;
+            *msg = sqlite3_mprintf("%s", embkv_errmsg());
+            return rc;
         }
-        if (rc == EMBKV_OK) {
-            if (e->kind == EKTXN_DEL) {
-                if (p->existed) rc = embkv_delete(s, e->id);
-                if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
-            } else {
-                /* An INSERT must still find its id free (a pull may have
-                 * created it since the check above: the engine decides under
-                 * the id's lock); a REPLACE starts the row anew (clock 0) in
-                 * one switch, never leaving it absent. */
-                unsigned flags = e->fresh == EKTXN_FRESH_NEW ? EMBKV_PUT_INSERT
-                                 : e->fresh                  ? EMBKV_PUT_RESET
-                                                             : 0;
-                rc = embkv_put(s, e->id, e->vec, NULL, flags);
-            }
-            /* Only a row written is put back (a failed write wrote nothing). */
-            if (rc == EMBKV_OK) t->npre++;
+        t->ncol++;
+    }
+    if (before) {
+        int rc = before(ctx, t, msg);
+        if (rc != EMBKV_OK) return rc;
+    }
+    /* The writes, in the order of the pre-images: t->npre counts those
+     * written, the ones to put back on failure. */
+    for (size_t k = 0; k < t->ncol; k++) {
+        ekpre *p = &t->pre[k];
+        const ektxn_entry *e = probe(t, p->id);
+        int rc;
+        if (e->kind == EKTXN_DEL) {
+            rc = p->existed ? embkv_delete(s, e->id) : EMBKV_OK;
+            if (rc == EMBKV_NOTFOUND) rc = EMBKV_OK;
+        } else {
+            /* An INSERT must still find its id free (a pull may have
+             * created it since the check above: the engine decides under
+             * the id's lock); a REPLACE starts the row anew (clock 0) in
+             * one switch, never leaving it absent. */
+            unsigned flags = e->fresh == EKTXN_FRESH_NEW ? EMBKV_PUT_INSERT
+                             : e->fresh                  ? EMBKV_PUT_RESET
+                                                         : 0;
+            rc = embkv_put(s, e->id, e->vec, NULL, flags);
         }
         if (rc != EMBKV_OK) {
-            /* Take the engine's message before restoring overwrites it. */
+            /* Take the engine's message before restoring overwrites it;
+             * only the rows written are put back (a failed write wrote
+             * nothing). */
             *fail_id = e->id;
             *msg = sqlite3_mprintf("%s", rc == EMBKV_EXISTS ? unique_msg : embkv_errmsg());
             undo_failed(t, s, msg, restored);
             return rc;
         }
+        t->npre++;
     }
     return EMBKV_OK;
+}
+
+size_t ektxn_npre(const ektxn *t) { return t->ncol; }
+
+int ektxn_pre(const ektxn *t, size_t k, int64_t *id, uint64_t *clock, const float **data)
+{
+    const ekpre *p = &t->pre[k];
+    *id = p->id;
+    *clock = p->clock;
+    *data = p->data;
+    return p->existed;
 }
 
 int ektxn_unapply(ektxn *t, embkv_store *s)

@@ -966,7 +966,17 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->dtype = embkv_dtype(v->store);
     v->state_floats = embkv_state_floats(v->store);
     v->scratch = sqlite3_malloc64((uint64_t)v->dim * sizeof(float));
-    if (!v->dir || !v->scratch || ekwbuf_acquire(v) != SQLITE_OK) {
+    if (!v->dir || !v->scratch) {
+        rc = SQLITE_NOMEM;
+        goto fail;
+    }
+    /* A COMMIT of this table cut off by a dead process (journal.c): put
+     * back or kept as SQLite's file decided, before anything reads. */
+    if (!create && writer && (rc = ekjournal_recover(v, &err)) != SQLITE_OK) {
+        if (rc == SQLITE_CORRUPT) goto broken;
+        goto fail;
+    }
+    if (ekwbuf_acquire(v) != SQLITE_OK) {
         rc = SQLITE_NOMEM;
         goto fail;
     }
@@ -1266,7 +1276,7 @@ static int vt_sync(sqlite3_vtab *pv)
     ekvtab *v = (ekvtab *)pv;
     if (!v->wb) return SQLITE_OK;
     char *msg = NULL;
-    int rc = ekwbuf_sync(v->wb, &msg);
+    int rc = ekwbuf_sync(v->wb, v, &msg);
     if (rc != SQLITE_OK) ekerr_table(v, "%s", msg ? msg : "COMMIT failed: out of memory");
     sqlite3_free(msg);
     return rc;

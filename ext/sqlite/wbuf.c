@@ -29,6 +29,7 @@ int ekwbuf_acquire(ekvtab *v)
         wb = sqlite3_malloc(sizeof *wb);
         if (!wb) return SQLITE_NOMEM;
         memset(wb, 0, sizeof *wb);
+        wb->jslot = wb->jfd = -1;
         wb->dir = sqlite3_mprintf("%s", v->dir);
         wb->txn = ektxn_new(v->dim, v->state_floats);
         /* Its own reference: it may outlive every instance (a DROP). */
@@ -66,14 +67,15 @@ void ekwbuf_begin(ekwbuf *wb)
     wb->in_txn = 1;
 }
 
-/* COMMIT, phase one: write the buffer to the store and make it durable.
- * An error fails the COMMIT and leaves the store as it was. */
-static int wbuf_sync_locked(ekwbuf *wb, char **msg)
+/* COMMIT, phase one: write the buffer to the store and make it durable,
+ * journaled (journal.c) when journal is set.  An error fails the COMMIT
+ * and leaves the store as it was. */
+static int wbuf_sync_locked(ekwbuf *wb, int journal, char **msg)
 {
     int64_t bad = 0;
     char *why = NULL;
     int restored = 1;
-    int erc = ektxn_apply(wb->txn, wb->store, &bad, &why, &restored);
+    int erc = ektxn_apply(wb->txn, wb->store, &bad, &why, &restored, journal ? ekjournal_write : NULL, wb);
     if (erc != EMBKV_OK) {
         if (bad)
             *msg = sqlite3_mprintf("COMMIT failed at id %lld: %s%s", (long long)bad, why ? why : "out of memory",
@@ -81,6 +83,7 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         else
             *msg = sqlite3_mprintf("COMMIT failed: %s; nothing was written", why ? why : "out of memory");
         sqlite3_free(why);
+        if (journal) ekjournal_finish(wb, 0, restored);
         return ekerr_rc(erc);
     }
     erc = embkv_sync(wb->store);
@@ -90,24 +93,37 @@ static int wbuf_sync_locked(ekwbuf *wb, char **msg)
         *msg = sqlite3_mprintf("COMMIT failed to make the table durable: %s; %s", why ? why : "?",
                                urc == EMBKV_OK ? "nothing was written" : "and putting back the previous rows failed too");
         sqlite3_free(why);
+        /* The rows are back in memory but not durably: the journal stays
+         * pending until the table's next connect or COMMIT syncs. */
+        if (journal) ekjournal_finish(wb, 0, 0);
         return ekerr_rc(erc);
     }
     wb->synced = 1;
     return SQLITE_OK;
 }
 
-int ekwbuf_sync(ekwbuf *wb, char **msg)
+int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg)
 {
     *msg = NULL;
     if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
+    /* The record goes into the shadow table of v, or of another table of
+     * the connection on this store when v has none (journal.c). */
+    if (v && !ekjournal_wanted(v)) {
+        ekvtab *o;
+        for (o = v->conn->tabs; o && !(o->wb == wb && ekjournal_wanted(o)); o = o->next) {}
+        v = o;
+    }
+    int journal = v != NULL;
     pthread_mutex_t *held = ekreg_commit_lock(wb->store);
-    int rc = wbuf_sync_locked(wb, msg);
+    int rc = journal ? ekjournal_begin(wb, v, msg) : SQLITE_OK;
+    if (rc == SQLITE_OK) rc = wbuf_sync_locked(wb, journal, msg);
     ekreg_commit_unlock(held);
     return rc;
 }
 
 void ekwbuf_end(ekwbuf *wb)
 {
+    if (wb->synced) ekjournal_finish(wb, 1, 0);
     ektxn_clear(wb->txn);
     wb->synced = 0;
     wb->in_txn = 0;
@@ -118,14 +134,17 @@ void ekwbuf_rollback(ekwbuf *wb)
     if (wb->synced) {
         /* ekwbuf_sync wrote to the store, then another part of the commit
          * failed: put the store back and make that durable.  SQLite ignores
-         * xRollback's result: failures go to its error log. */
+         * xRollback's result: failures go to its error log, and the
+         * journal stays pending for the table's next connect. */
         pthread_mutex_t *held = ekreg_commit_lock(wb->store);
         int erc = ektxn_unapply(wb->txn, wb->store);
         if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
+        ekjournal_finish(wb, 0, erc == EMBKV_OK);
         ekreg_commit_unlock(held);
         if (erc != EMBKV_OK)
             sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
                         "the store back: %s", wb->dir, embkv_errmsg());
+        wb->synced = 0;
     }
     ekwbuf_end(wb);
 }
@@ -146,7 +165,7 @@ int ekconn_sync_stranded(ekconn *c, char **msg)
     for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
         if (!stranded(wb, c)) continue;
         char *why = NULL;
-        int rc = ekwbuf_sync(wb, &why);
+        int rc = ekwbuf_sync(wb, NULL, &why);
         if (rc != SQLITE_OK) {
             *msg = sqlite3_mprintf("embkv store %s (written through a table dropped in this transaction): %s",
                                    wb->dir, why ? why : "out of memory");

@@ -22,7 +22,8 @@ DELETE FROM item WHERE id = 8;
 SELECT 'reopened', count(*), sum(id), embkv_json(embkv_sum(vec)) FROM item;
 SELECT 'rows', id, embkv_json(vec), clock FROM item WHERE id IN (7, 8, 9, 100, 1000) ORDER BY id;
 SELECT 'other', id, embkv_json(vec) FROM other;
-SELECT 'config', k, typeof(v), length(v) FROM item_config ORDER BY k;
+-- (commit-<k>: the token of the last COMMIT through journal slot k, journal.c)
+SELECT 'config', k, typeof(v), CASE WHEN k LIKE 'commit-%' THEN 'token' ELSE length(v) END FROM item_config ORDER BY k;
 ALTER TABLE item RENAME TO thing;
 SELECT 'renamed', count(*) FROM thing;
 SELECT 'schema', name FROM sqlite_schema WHERE name NOT GLOB 'sqlite_*' ORDER BY name;

@@ -1,0 +1,517 @@
+/*
+ * journal.c - the commit journal: SQLite's database file decides whether a
+ * COMMIT that wrote an embkv store happened.
+ *
+ * Why: a COMMIT reaches two places.  The store is written in the first
+ * phase (xSync), and SQLite commits its own file after that, possibly
+ * after waiting for its lock.  A process killed in between would leave
+ * rows in the store that SQLite never committed.  So SQLite's file is the
+ * coordinator of a two-phase commit, and this file keeps the store's side
+ * undoable until SQLite has decided:
+ *
+ *   1. xSync writes the commit record ('commit-<k>', T) into the table's
+ *      shadow table <name>_config, T a fresh random token and k the
+ *      journal slot: part of SQLite's transaction (SQLite lets xSync write
+ *      to the database), so the record is in the file if and only if
+ *      SQLite commits.
+ *   2. The pre-images of every row the COMMIT writes (txn.c hands them over
+ *      before its first write) go to the journal file
+ *      <store>/app-sqlite-commit-<k> with T and the table's stable id; the
+ *      header, marked pending, is written last and the file made durable
+ *      (fdatasync) before the store is touched.
+ *   3. The writes, then embkv_sync.
+ *   4. xCommit: the journal is marked done.  xRollback: the pre-images are
+ *      put back (from memory, txn.c), synced, and the journal marked done
+ *      durably.
+ *
+ * A table that connects and finds a pending journal naming it, that no
+ * COMMIT of this process owns, resolves it: if its record 'commit-<k>'
+ * holds the journal's token, SQLite committed, and the journal is marked
+ * done; otherwise SQLite never committed (and its own journal rolled the
+ * record back).  Then if the store's durable epoch has reached the
+ * COMMIT's (step 3's sync, or another checkpoint, completed), the
+ * pre-images are put back and synced; if not, the store's own recovery
+ * already went back past the COMMIT.  Either way the journal is then
+ * marked done durably.
+ *
+ * Invariants:
+ *   J1. A journal is pending on disk (durably) before the store holds any
+ *       write of its COMMIT, and it holds every pre-image of that COMMIT.
+ *   J2. One record per slot and table: a later COMMIT through another slot
+ *       never overwrites this slot's record, so a done mark lost in a power
+ *       cut still resolves as committed (the record still holds T).
+ *   J3. A journal resolved by putting rows back is marked done durably
+ *       before anything else writes the store: a lost mark would put old
+ *       rows over later COMMITs.
+ *   J4. Slots are per process (ekreg_journal_take); a process owns the
+ *       store's writes alone (the engine's lock), so a pending journal no
+ *       COMMIT of this process owns is one a dead process left.
+ *
+ * What it does not cover: tables of temporary and in-memory databases
+ * (their store goes with the process) and read-only connections (they
+ * write nothing).  A journal whose header is not one (zeros, another
+ * file) is taken as done: J1's header is written last, so a journal cut
+ * off before it was complete never saw a store write.
+ */
+#include "binding.h"
+SQLITE_EXTENSION_INIT3
+
+#include <errno.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define J_MAGIC "EKVJRNL1"
+#define J_HEAD 72
+#define J_STATE_OFF 8
+#define J_PENDING 1u
+#define J_REC 24 /* id, existed, pad, clock */
+#define J_CHUNK (1u << 20)
+
+/* Header: magic[8] state:u32 dim:u32 state_floats:u32 pad:u32 tid[16]
+ * token:u64 epoch:u64 nrec:u64 check:u64; records: id:i64 existed:u32 pad:u32
+ * clock:u64 [dim + state_floats floats when existed is 1].  check is
+ * FNV-1a over the header after the state and every record, so that the
+ * done mark (the state alone) is one small write. */
+typedef struct jhead {
+    char magic[8];
+    uint32_t state, dim, state_floats, pad;
+    char tid[16];
+    uint64_t token;
+    uint64_t epoch; /* the engine epoch of the COMMIT's writes (embkv_group_epoch) */
+    uint64_t nrec, check;
+} jhead;
+
+_Static_assert(sizeof(jhead) == J_HEAD, "journal header is 72 bytes");
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+#define FNV0 0xcbf29ce484222325ull
+
+static uint64_t head_check(const jhead *h)
+{
+    return fnv(FNV0, (const char *)h + J_STATE_OFF + 4, offsetof(jhead, check) - J_STATE_OFF - 4);
+}
+
+static char *slot_path(const char *dir, int k) { return sqlite3_mprintf("%s/app-sqlite-commit-%d", dir, k); }
+
+static int write_all(int fd, const void *p, size_t n, off_t off)
+{
+    const char *b = p;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, b, n, off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        b += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *p, size_t n, off_t off)
+{
+    char *b = p;
+    while (n > 0) {
+        ssize_t r = pread(fd, b, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        b += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+/* 1 when the file holds a pending journal (its header read into *h), 0
+ * when not (absent, done, or no journal header), -1 on an I/O error. */
+static int read_head(int fd, jhead *h)
+{
+    ssize_t r;
+    do {
+        r = pread(fd, h, sizeof *h, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) return -1;
+    if (r < (ssize_t)sizeof *h || memcmp(h->magic, J_MAGIC, 8) != 0) return 0;
+    return h->state == J_PENDING;
+}
+
+static int mark_done(int fd, int durable)
+{
+    uint32_t z = 0;
+    if (write_all(fd, &z, sizeof z, J_STATE_OFF) != 0) return -1;
+    return durable ? fdatasync(fd) : 0;
+}
+
+static int sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int ekjournal_wanted(const ekvtab *v)
+{
+    if (!v || v->is_tmp || v->gone || v->broken || !v->store || embkv_readonly(v->store)) return 0;
+    /* A table whose CREATE was rolled back to a savepoint still gets
+     * xSync, without its shadow table. */
+    char *cfg = sqlite3_mprintf("%s_config", v->zName);
+    int ok = cfg && sqlite3_table_column_metadata(v->db, v->zDb, cfg, "k", NULL, NULL, NULL, NULL, NULL) == SQLITE_OK;
+    sqlite3_free(cfg);
+    return ok;
+}
+
+/* Step 1: a slot of this process whose file holds no pending journal of
+ * anyone else, and the record in SQLite's transaction. */
+int ekjournal_begin(ekwbuf *wb, ekvtab *v, char **msg)
+{
+    *msg = NULL;
+    wb->jfd = -1;
+    wb->jslot = -1;
+    for (int k = 0; k < EK_JOURNAL_SLOTS && wb->jslot < 0; k++) {
+        if (!ekreg_journal_take(wb->store, k)) continue;
+        char *path = slot_path(wb->dir, k);
+        if (!path) {
+            ekreg_journal_drop(wb->store, k);
+            return SQLITE_NOMEM;
+        }
+        int created = 0;
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            created = fd >= 0;
+        }
+        jhead h;
+        int pend = fd >= 0 ? read_head(fd, &h) : -1;
+        if (pend != 0) {
+            if (fd < 0 || pend < 0) {
+                *msg = sqlite3_mprintf("cannot open the commit journal %s: %s; nothing was written", path,
+                                       strerror(errno));
+                if (fd >= 0) close(fd);
+                sqlite3_free(path);
+                ekreg_journal_drop(wb->store, k);
+                return SQLITE_IOERR;
+            }
+            /* Another table's COMMIT cut off by a dead process (J4): that
+             * table resolves it when it connects. */
+            close(fd);
+            sqlite3_free(path);
+            ekreg_journal_drop(wb->store, k);
+            continue;
+        }
+        if (created && sync_dir(wb->dir) != 0) {
+            *msg = sqlite3_mprintf("cannot make the commit journal %s durable: %s; nothing was written", path,
+                                   strerror(errno));
+            close(fd);
+            sqlite3_free(path);
+            ekreg_journal_drop(wb->store, k);
+            return SQLITE_IOERR;
+        }
+        sqlite3_free(path);
+        wb->jfd = fd;
+        wb->jslot = k;
+    }
+    if (wb->jslot < 0) {
+        *msg = sqlite3_mprintf("all %d commit journal slots of store %s are taken (COMMITs in flight, or "
+                               "journals of tables that have not connected since a crash: use those tables once)",
+                               EK_JOURNAL_SLOTS, wb->dir);
+        return SQLITE_BUSY;
+    }
+    uint64_t t;
+    do sqlite3_randomness(sizeof t, &t);
+    while (t == 0);
+    wb->jtoken = t;
+    memcpy(wb->jtid, v->tid, 16);
+    char *sql = sqlite3_mprintf("INSERT OR REPLACE INTO \"%w\".\"%w_config\"(k, v) VALUES ('commit-%d', %lld)",
+                                v->zDb, v->zName, wb->jslot, (long long)t);
+    char *err = NULL;
+    int rc = sql ? sqlite3_exec(v->db, sql, NULL, NULL, &err) : SQLITE_NOMEM;
+    sqlite3_free(sql);
+    if (rc != SQLITE_OK) {
+        *msg = sqlite3_mprintf("cannot write the commit record into its shadow table %s_config: %s; nothing was "
+                               "written", v->zName, err ? err : sqlite3_errstr(rc));
+        sqlite3_free(err);
+        ekjournal_end(wb);
+        return rc;
+    }
+    return SQLITE_OK;
+}
+
+/* Step 2, as txn.c's hook: every pre-image, then the pending header, then
+ * fdatasync (J1). */
+int ekjournal_write(void *ctx, const ektxn *t, char **msg)
+{
+    ekwbuf *wb = ctx;
+    size_t n = ektxn_npre(t);
+    uint32_t dim = embkv_dim(wb->store), sf = embkv_state_floats(wb->store);
+    size_t rowbytes = ((size_t)dim + sf) * sizeof(float);
+    char *buf = sqlite3_malloc64(J_CHUNK + J_REC + rowbytes);
+    if (!buf) return EMBKV_NOMEM;
+    jhead h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, J_MAGIC, 8);
+    h.dim = dim;
+    h.state_floats = sf;
+    memcpy(h.tid, wb->jtid, 16);
+    h.token = wb->jtoken;
+    h.epoch = embkv_group_epoch(wb->store); /* (txn.c calls this hook inside its group) */
+    h.nrec = n;
+    uint64_t check = head_check(&h);
+    off_t off = J_HEAD;
+    size_t used = 0;
+    int bad = mark_done(wb->jfd, 0) != 0;
+    for (size_t k = 0; k < n && !bad; k++) {
+        int64_t id;
+        uint64_t clock;
+        const float *data;
+        uint32_t existed = (uint32_t)ektxn_pre(t, k, &id, &clock, &data);
+        char *r = buf + used;
+        memcpy(r, &id, 8);
+        memcpy(r + 8, &existed, 4);
+        memset(r + 12, 0, 4);
+        memcpy(r + 16, &clock, 8);
+        size_t len = J_REC;
+        if (existed == 1) {
+            memcpy(r + J_REC, data, rowbytes);
+            len += rowbytes;
+        }
+        check = fnv(check, r, len);
+        used += len;
+        if (used >= J_CHUNK || k + 1 == n) {
+            bad = write_all(wb->jfd, buf, used, off) != 0;
+            off += (off_t)used;
+            used = 0;
+        }
+    }
+    sqlite3_free(buf);
+    h.check = check;
+    h.state = J_PENDING;
+    if (!bad) bad = write_all(wb->jfd, &h, sizeof h, 0) != 0 || fdatasync(wb->jfd) != 0;
+    if (bad) {
+        int e = errno;
+        char *path = slot_path(wb->dir, wb->jslot);
+        mark_done(wb->jfd, 0);
+        *msg = sqlite3_mprintf("cannot write the commit journal %s: %s", path ? path : wb->dir, strerror(e));
+        sqlite3_free(path);
+        return EMBKV_IO;
+    }
+    return EMBKV_OK;
+}
+
+/* Step 4.  committed: SQLite committed, or the store holds nothing of the
+ * COMMIT (a failed apply that put its rows back): the done mark needs no
+ * sync when the store's rows are the committed ones (J2), and one when
+ * they were put back (J3).  rows_back: the rows are back in the store and
+ * synced.  When not (putting back or its sync failed: an I/O error), the
+ * journal stays pending and the slot stays owned while the store is open
+ * in this process, so that no recovery here puts old rows over later
+ * COMMITs; the table's next connect in a process that opens the store
+ * anew puts the rows back. */
+void ekjournal_finish(ekwbuf *wb, int committed, int rows_back)
+{
+    if (wb->jfd < 0) return;
+    if (committed || rows_back) {
+        if (mark_done(wb->jfd, !committed) != 0)
+            sqlite3_log(SQLITE_IOERR, "embkv store %s: cannot mark commit journal %d done: %s", wb->dir, wb->jslot,
+                        strerror(errno));
+    } else {
+        sqlite3_log(SQLITE_IOERR, "embkv store %s: commit journal %d stays pending: the rows of a failed COMMIT "
+                    "could not be put back", wb->dir, wb->jslot);
+        wb->jslot = -1; /* (owned until the store closes) */
+    }
+    ekjournal_end(wb);
+}
+
+void ekjournal_end(ekwbuf *wb)
+{
+    if (wb->jfd >= 0) close(wb->jfd);
+    if (wb->jslot >= 0) ekreg_journal_drop(wb->store, wb->jslot);
+    wb->jfd = -1;
+    wb->jslot = -1;
+}
+
+/* Puts a journal's pre-images back (the file's bytes verified first). */
+static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, char **err)
+{
+    size_t rowbytes = ((size_t)h->dim + h->state_floats) * sizeof(float);
+    if (h->dim != v->dim || h->state_floats != v->state_floats) {
+        *err = sqlite3_mprintf("its store's commit journal %s is damaged (it says dim %u with %u state floats; "
+                               "the store has %u and %u)",
+                               path, h->dim, h->state_floats, v->dim, v->state_floats);
+        return SQLITE_CORRUPT;
+    }
+    float *row = sqlite3_malloc64(rowbytes + J_REC);
+    if (!row) return SQLITE_NOMEM;
+    const char *why = NULL;
+    int rc = SQLITE_OK;
+    for (int pass = 0; pass < 2 && !why && rc == SQLITE_OK; pass++) {
+        /* Pass 0 verifies the whole file, pass 1 writes: a damaged journal
+         * puts nothing back. */
+        uint64_t check = head_check(h);
+        off_t off = J_HEAD;
+        if (pass == 1 && embkv_group_begin(v->store) != EMBKV_OK) {
+            *err = sqlite3_mprintf("cannot put back the rows of a cut-off COMMIT: %s", embkv_errmsg());
+            rc = SQLITE_IOERR;
+            break;
+        }
+        for (uint64_t k = 0; k < h->nrec && !why && rc == SQLITE_OK; k++) {
+            char rec[J_REC];
+            if (read_all(fd, rec, J_REC, off) != 0) {
+                why = "it ends before its last record";
+                break;
+            }
+            int64_t id;
+            uint32_t existed;
+            uint64_t clock;
+            memcpy(&id, rec, 8);
+            memcpy(&existed, rec + 8, 4);
+            memcpy(&clock, rec + 16, 8);
+            if (existed > 2) {
+                why = "a record's kind is not one";
+                break;
+            }
+            if (pass == 0) check = fnv(check, rec, J_REC);
+            off += J_REC;
+            if (existed == 1) {
+                if (read_all(fd, row, rowbytes, off) != 0) {
+                    why = "it ends before its last record";
+                    break;
+                }
+                if (pass == 0) check = fnv(check, row, rowbytes);
+                off += (off_t)rowbytes;
+            }
+            if (pass == 0) continue;
+            int erc = EMBKV_OK;
+            if (existed == 1) {
+                if (clock > (uint64_t)INT64_MAX) clock = (uint64_t)INT64_MAX;
+                erc = embkv_put_clock(v->store, id, row, h->state_floats ? row + h->dim : NULL, clock);
+            } else if (existed == 0) {
+                erc = embkv_delete(v->store, id);
+                if (erc == EMBKV_NOTFOUND) erc = EMBKV_OK;
+            }
+            if (erc != EMBKV_OK) {
+                *err = sqlite3_mprintf("cannot put back row %lld of a cut-off COMMIT (journal %s): %s", (long long)id,
+                                       path, embkv_errmsg());
+                rc = ekerr_rc(erc);
+            }
+        }
+        if (pass == 0 && !why && check != h->check) why = "its checksum does not match";
+        if (pass == 1) embkv_group_end(v->store);
+    }
+    sqlite3_free(row);
+    if (why) {
+        *err = sqlite3_mprintf("its store's commit journal %s is damaged (%s): a COMMIT was cut off and its rows "
+                               "cannot be put back. Restore the store from a backup, or remove that file to keep "
+                               "the rows as they are (that COMMIT's rows may stay although it never returned)",
+                               path, why);
+        return SQLITE_CORRUPT;
+    }
+    if (rc == SQLITE_OK && embkv_sync(v->store) != EMBKV_OK) {
+        *err = sqlite3_mprintf("cannot make the rows put back from journal %s durable: %s", path, embkv_errmsg());
+        rc = SQLITE_IOERR;
+    }
+    return rc;
+}
+
+/* The record 'commit-<k>' of v's shadow table: *holds 1 when it holds
+ * token.  An SQLite rc. */
+static int record_holds(ekvtab *v, int k, uint64_t token, int *holds, char **err)
+{
+    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'commit-%d'", v->zDb, v->zName, k);
+    if (!sql) return SQLITE_NOMEM;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(v->db, sql, -1, &st, NULL);
+    sqlite3_free(sql);
+    *holds = 0;
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) *holds = sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
+                                     (uint64_t)sqlite3_column_int64(st, 0) == token;
+        if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
+    }
+    if (rc != SQLITE_OK)
+        *err = sqlite3_mprintf("cannot read the commit record of its shadow table %s_config: %s", v->zName,
+                               sqlite3_errmsg(v->db));
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int epoch_durable(embkv_store *s, uint64_t epoch)
+{
+    embkv_stats st;
+    /* (Unknown: put back, which the older rows make harmless.) */
+    if (embkv_stats_get(s, &st) != EMBKV_OK) return 1;
+    return st.durable_epoch >= epoch;
+}
+
+int ekjournal_recover(ekvtab *v, char **err)
+{
+    *err = NULL;
+    if (!ekjournal_wanted(v)) return SQLITE_OK;
+    int rc = SQLITE_OK;
+    for (int k = 0; k < EK_JOURNAL_SLOTS && rc == SQLITE_OK; k++) {
+        /* Owned while it is looked at: no COMMIT of this process takes the
+         * slot meanwhile, and one that owns it is in flight (J4). */
+        if (!ekreg_journal_take(v->store, k)) continue;
+        char *path = slot_path(v->dir, k);
+        if (!path) {
+            ekreg_journal_drop(v->store, k);
+            return SQLITE_NOMEM;
+        }
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        jhead h;
+        int pend = fd >= 0 ? read_head(fd, &h) : (errno == ENOENT ? 0 : -1);
+        if (pend < 0) {
+            *err = sqlite3_mprintf("cannot read its store's commit journal %s: %s", path, strerror(errno));
+            rc = SQLITE_IOERR;
+        } else if (pend == 1 && memcmp(h.tid, v->tid, 16) == 0) {
+            int holds = 0;
+            rc = record_holds(v, k, h.token, &holds, err);
+            if (rc != SQLITE_OK) {
+                /* (busy, I/O: an error now, the journal stays) */
+            } else if (holds) {
+                /* SQLite committed: only the mark was missing. */
+                if (mark_done(fd, 0) != 0) {
+                    *err = sqlite3_mprintf("cannot mark its store's commit journal %s done: %s", path,
+                                           strerror(errno));
+                    rc = SQLITE_IOERR;
+                }
+            } else if (!epoch_durable(v->store, h.epoch)) {
+                /* The process died before the store's checkpoint completed
+                 * the COMMIT's epoch: the store's own recovery went back
+                 * past every write of it (and the pre-images may hold
+                 * training writes it dropped).  Marked durably: after later
+                 * checkpoints the epoch would look durable (J3). */
+                if (mark_done(fd, 1) != 0) {
+                    *err = sqlite3_mprintf("cannot mark its store's commit journal %s done: %s", path,
+                                           strerror(errno));
+                    rc = SQLITE_IOERR;
+                }
+            } else {
+                rc = put_back(v, fd, &h, path, err);
+                if (rc == SQLITE_OK && mark_done(fd, 1) != 0) { /* J3 */
+                    *err = sqlite3_mprintf("cannot mark its store's commit journal %s done: %s", path,
+                                           strerror(errno));
+                    rc = SQLITE_IOERR;
+                }
+            }
+        }
+        if (fd >= 0) close(fd);
+        sqlite3_free(path);
+        ekreg_journal_drop(v->store, k);
+    }
+    return rc;
+}
