@@ -50,8 +50,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--ext")
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--seconds", type=float, default=2.0)
     a = ap.parse_args()
     ext = a.ext or default_extension(__file__)
     if os.path.exists(a.dir):

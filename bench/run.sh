@@ -4,7 +4,7 @@
 #   bench_engine   on /dev/shm (tmpfs) and on the ordinary file system
 #                  (build/benchdata, ext4 here)
 #   bench_sql      when build/embkv.so and build/bench/bench_sql exist
-#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_readers.py, bench_knn.py,
+#   bench_train, bench_train.py, bench_recovery, bench_pins.py, bench_readers.py, bench_commit.py, bench_knn.py,
 #   bench_ctr.py, bench_kg.py, bench_dist.py (below)
 # The Python ones run with build/venv/bin/python, the embkv package installed
 # there by `make venv` (which `make bench` runs) as users install it.
@@ -203,6 +203,9 @@ if [[ -x $PY ]] && "$PY" -c 'import embkv' 2>/dev/null; then
     # Reader processes beside a trainer: their reads, and the trainer's steps.
     run "bench_readers.py (/dev/shm)" "$PY" bench/bench_readers.py "$SHM_ROOT/readers"
     rm -rf "$SHM_ROOT/readers"
+    # What a COMMIT costs, against an ordinary SQLite table, on both media.
+    run "bench_commit.py (/dev/shm)" "$PY" bench/bench_commit.py "$SHM_ROOT/commit"
+    run "bench_commit.py (file system)" "$PY" bench/bench_commit.py build/benchdata/commit
 fi
 
 # Nearest-neighbour search: embkv_knn against sqlite-vec (the npm package
