@@ -427,25 +427,44 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, char **
 }
 
 /* The record 'commit-<k>' of v's shadow table: *holds 1 when it holds
- * token.  An SQLite rc. */
+ * token.  An SQLite rc.  Read as of now: a connection inside a
+ * transaction may read an older snapshot of the file (WAL) that predates
+ * the dead process's commit, so it asks a connection of its own. */
 static int record_holds(ekvtab *v, int k, uint64_t token, int *holds, char **err)
 {
-    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'commit-%d'", v->zDb, v->zName, k);
-    if (!sql) return SQLITE_NOMEM;
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(v->db, sql, -1, &st, NULL);
-    sqlite3_free(sql);
     *holds = 0;
+    sqlite3 *db = v->db, *own = NULL;
+    int rc = SQLITE_OK;
+    if (!sqlite3_get_autocommit(v->db)) {
+        const char *file = sqlite3_db_filename(v->db, v->zDb);
+        /* Read-write, so that it can roll back a hot journal. */
+        rc = file && *file ? sqlite3_open_v2(file, &own, SQLITE_OPEN_READWRITE, NULL) : SQLITE_CANTOPEN;
+        if (rc == SQLITE_OK) rc = sqlite3_busy_timeout(own, 5000);
+        if (rc != SQLITE_OK) {
+            *err = sqlite3_mprintf("cannot read the commit record of its shadow table %s_config (another "
+                                   "connection to %s): %s",
+                                   v->zName, file ? file : "?", own ? sqlite3_errmsg(own) : sqlite3_errstr(rc));
+            sqlite3_close(own);
+            return rc;
+        }
+        db = own;
+    }
+    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'commit-%d'", own ? "main" : v->zDb,
+                                v->zName, k);
+    sqlite3_stmt *st = NULL;
+    rc = sql ? sqlite3_prepare_v2(db, sql, -1, &st, NULL) : SQLITE_NOMEM;
+    sqlite3_free(sql);
     if (rc == SQLITE_OK) {
         rc = sqlite3_step(st);
         if (rc == SQLITE_ROW) *holds = sqlite3_column_type(st, 0) == SQLITE_INTEGER &&
-                                     (uint64_t)sqlite3_column_int64(st, 0) == token;
+                                      (uint64_t)sqlite3_column_int64(st, 0) == token;
         if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
     }
     if (rc != SQLITE_OK)
         *err = sqlite3_mprintf("cannot read the commit record of its shadow table %s_config: %s", v->zName,
-                               sqlite3_errmsg(v->db));
+                               sqlite3_errmsg(db));
     sqlite3_finalize(st);
+    sqlite3_close(own);
     return rc;
 }
 

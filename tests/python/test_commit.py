@@ -169,6 +169,32 @@ class CommitTest(TempDirTest):
         self.assertEqual(self.journal_state(), 0)
         c.close()
 
+    def test_recovery_reads_the_record_as_of_now(self):
+        """A connection inside a WAL read transaction that began before a
+        writer process committed (and died before its done mark) must not
+        take the record's absence in its old snapshot for no commit."""
+        c = connect(self.db)
+        c.execute("PRAGMA journal_mode=WAL").fetchone()
+        c.close()
+        x = connect(self.db)
+        x.execute("BEGIN")
+        self.assertEqual(x.execute("SELECT count(*) FROM log").fetchone()[0], 0)
+        w = connect(self.db)
+        w.execute("BEGIN")
+        w.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(6.0),))
+        w.execute("INSERT INTO log VALUES (1)")
+        w.execute("COMMIT")
+        w.close()  # (the last user of the store in this process: it closes)
+        with open(self.journal, "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<I", 1))
+        # x's first use of t connects it inside the old snapshot.
+        self.assertEqual(x.execute("SELECT count(*) FROM log").fetchone()[0], 0)
+        self.assertEqual(self.rows(x)[1], 6.0)
+        self.assertEqual(self.journal_state(), 0)
+        x.execute("COMMIT")
+        x.close()
+
     def test_damaged_journal_is_an_error_naming_it(self):
         self.kill_in_lock_wait()
         with open(self.journal, "r+b") as f:
