@@ -117,6 +117,15 @@ def _ids_bytes(ids):
     """Ids as int64 bytes; integers only (a float or bool id is an error,
     not a truncation), and unsigned ones must fit in int64."""
     a = np.asarray(ids)
+    if a.size and a.dtype == object:
+        # Python ints numpy could not hold, or a mix: name the first culprit.
+        lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+        for k, x in enumerate(a.reshape(-1)):
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+                raise TypeError("embkv: ids must be integers, not %s (%r at index %d)" % (type(x).__name__, x, k))
+            if not lo <= int(x) <= hi:
+                raise ValueError("embkv: id %d (at index %d) does not fit in int64" % (int(x), k))
+        a = a.astype(np.int64)
     if a.size and not np.issubdtype(a.dtype, np.integer):
         raise TypeError("embkv: ids must be integers, not %s" % a.dtype)
     if a.size and a.dtype == np.uint64 and int(a.max()) > np.iinfo(np.int64).max:

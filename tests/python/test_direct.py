@@ -146,6 +146,19 @@ class DirectPath(TempDirTest):
         with self.assertRaises(sqlite3.OperationalError):
             embkv.pull(self.conn, "nope", [1], 3)  # (the SQL path reports a missing table)
 
+    def test_ids_past_int64_name_the_id(self):
+        for ids, exc, msg in (([1, 2**64], ValueError, "embkv: id 18446744073709551616 (at index 1) does not fit "
+                                                        "in int64"),
+                              ([-2**63 - 1], ValueError, "embkv: id -9223372036854775809 (at index 0) does not fit "
+                                                         "in int64"),
+                              ([1, None], TypeError, "embkv: ids must be integers, not NoneType (None at index 1)")):
+            for call in (lambda: embkv.pull(self.conn, "a", ids),
+                         lambda: embkv.push(self.conn, "a", ids, np.ones((len(ids), 3), np.float32))):
+                with self.assertRaises(exc) as e:
+                    call()
+                self.assertEqual(str(e.exception), msg)
+        self.assertEqual(embkv.pull(self.conn, "a", [2**63 - 1, -2**63]).shape, (2, 3))
+
     def test_lr_is_a_positive_number(self):
         one = np.ones((1, 3), np.float32)
         for path in ("direct", "sql"):
