@@ -479,8 +479,12 @@ void ekwbuf_begin(ekwbuf *wb);
 int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg);
 void ekwbuf_end(ekwbuf *wb);
 void ekwbuf_rollback(ekwbuf *wb);
+/* Before the transaction changes after a failed second phase: puts the
+ * store back (an SQLite rc). */
+int ekwbuf_unsync(ekwbuf *wb);
 /* v: the table whose xSync this is, which keeps the commit record
- * (journal.c); NULL for writes of a dropped table (no journal). */
+ * (journal.c), or another table of the connection when it cannot (a
+ * dropped table's writes); NULL: no journal. */
 
 /* ========================================================================
  * journal.c: the commit journal (SQLite's file decides a COMMIT; J1-J4

@@ -135,7 +135,8 @@ static int read_all(int fd, void *p, size_t n, off_t off)
 }
 
 /* 1 when the file holds a pending journal (its header read into *h), 0
- * when not (absent, done, or no journal header), -1 on an I/O error. */
+ * when not (absent, done, or no journal header), 2 for a journal whose
+ * state is neither (damaged), -1 on an I/O error. */
 static int read_head(int fd, jhead *h)
 {
     ssize_t r;
@@ -144,7 +145,7 @@ static int read_head(int fd, jhead *h)
     } while (r < 0 && errno == EINTR);
     if (r < 0) return -1;
     if (r < (ssize_t)sizeof *h || memcmp(h->magic, J_MAGIC, 8) != 0) return 0;
-    return h->state == J_PENDING;
+    return h->state == J_PENDING ? 1 : h->state == 0 ? 0 : 2;
 }
 
 static int mark_done(int fd, int durable)
@@ -166,6 +167,10 @@ static int sync_dir(const char *dir)
 int ekjournal_wanted(const ekvtab *v)
 {
     if (!v || v->is_tmp || v->gone || v->broken || !v->store || embkv_readonly(v->store)) return 0;
+    /* A table of a temporary or in-memory database (with a path) has no
+     * file to keep the record in. */
+    const char *file = sqlite3_db_filename(v->db, v->zDb);
+    if (!file || !*file) return 0;
     /* A table whose CREATE was rolled back to a savepoint still gets
      * xSync, without its shadow table. */
     char *cfg = sqlite3_mprintf("%s_config", v->zName);
@@ -343,21 +348,31 @@ void ekjournal_end(ekwbuf *wb)
     wb->jslot = -1;
 }
 
-/* Puts a journal's pre-images back (the file's bytes verified first). */
-static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, char **err)
+static int damaged(const char *path, const char *why, char **err)
+{
+    *err = sqlite3_mprintf("its store's commit journal %s is damaged (%s): a COMMIT was cut off and its rows "
+                           "cannot be put back. Restore the store from a backup, or remove that file to keep "
+                           "the rows as they are (that COMMIT's rows may stay although it never returned)",
+                           path, why);
+    return SQLITE_CORRUPT;
+}
+
+/* Puts a journal's pre-images back (the file's bytes verified first), or
+ * only verifies them (apply 0). */
+static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int apply, char **err)
 {
     size_t rowbytes = ((size_t)h->dim + h->state_floats) * sizeof(float);
     if (h->dim != v->dim || h->state_floats != v->state_floats) {
-        *err = sqlite3_mprintf("its store's commit journal %s is damaged (it says dim %u with %u state floats; "
-                               "the store has %u and %u)",
-                               path, h->dim, h->state_floats, v->dim, v->state_floats);
-        return SQLITE_CORRUPT;
+        char why[160];
+        snprintf(why, sizeof why, "it says dim %u with %u state floats; the store has %u and %u", h->dim,
+                 h->state_floats, v->dim, v->state_floats);
+        return damaged(path, why, err);
     }
     float *row = sqlite3_malloc64(rowbytes + J_REC);
     if (!row) return SQLITE_NOMEM;
     const char *why = NULL;
     int rc = SQLITE_OK;
-    for (int pass = 0; pass < 2 && !why && rc == SQLITE_OK; pass++) {
+    for (int pass = 0; pass < 1 + apply && !why && rc == SQLITE_OK; pass++) {
         /* Pass 0 verifies the whole file, pass 1 writes: a damaged journal
          * puts nothing back. */
         uint64_t check = head_check(h);
@@ -412,14 +427,8 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, char **
         if (pass == 1) embkv_group_end(v->store);
     }
     sqlite3_free(row);
-    if (why) {
-        *err = sqlite3_mprintf("its store's commit journal %s is damaged (%s): a COMMIT was cut off and its rows "
-                               "cannot be put back. Restore the store from a backup, or remove that file to keep "
-                               "the rows as they are (that COMMIT's rows may stay although it never returned)",
-                               path, why);
-        return SQLITE_CORRUPT;
-    }
-    if (rc == SQLITE_OK && embkv_sync(v->store) != EMBKV_OK) {
+    if (why) return damaged(path, why, err);
+    if (rc == SQLITE_OK && apply && embkv_sync(v->store) != EMBKV_OK) {
         *err = sqlite3_mprintf("cannot make the rows put back from journal %s durable: %s", path, embkv_errmsg());
         rc = SQLITE_IOERR;
     }
@@ -430,27 +439,29 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, char **
  * token.  An SQLite rc.  Read as of now: a connection inside a
  * transaction may read an older snapshot of the file (WAL) that predates
  * the dead process's commit, so it asks a connection of its own. */
-static int record_holds(ekvtab *v, int k, uint64_t token, int *holds, char **err)
+static int record_holds(ekvtab *v, const char *schema, const char *cfg, int k, uint64_t token, int *holds,
+                        char **err)
 {
     *holds = 0;
     sqlite3 *db = v->db, *own = NULL;
     int rc = SQLITE_OK;
-    if (!sqlite3_get_autocommit(v->db)) {
-        const char *file = sqlite3_db_filename(v->db, v->zDb);
+    /* (A connection holding a write transaction is on the latest state,
+     * and another connection could not read past its lock.) */
+    if (!sqlite3_get_autocommit(v->db) && sqlite3_txn_state(v->db, schema) != SQLITE_TXN_WRITE) {
+        const char *file = sqlite3_db_filename(v->db, schema);
         /* Read-write, so that it can roll back a hot journal. */
         rc = file && *file ? sqlite3_open_v2(file, &own, SQLITE_OPEN_READWRITE, NULL) : SQLITE_CANTOPEN;
         if (rc == SQLITE_OK) rc = sqlite3_busy_timeout(own, 5000);
         if (rc != SQLITE_OK) {
-            *err = sqlite3_mprintf("cannot read the commit record of its shadow table %s_config (another "
+            *err = sqlite3_mprintf("cannot read the commit record of the shadow table %s (another "
                                    "connection to %s): %s",
-                                   v->zName, file ? file : "?", own ? sqlite3_errmsg(own) : sqlite3_errstr(rc));
+                                   cfg, file ? file : "?", own ? sqlite3_errmsg(own) : sqlite3_errstr(rc));
             sqlite3_close(own);
             return rc;
         }
         db = own;
     }
-    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'commit-%d'", own ? "main" : v->zDb,
-                                v->zName, k);
+    char *sql = sqlite3_mprintf("SELECT v FROM \"%w\".\"%w\" WHERE k = 'commit-%d'", own ? "main" : schema, cfg, k);
     sqlite3_stmt *st = NULL;
     rc = sql ? sqlite3_prepare_v2(db, sql, -1, &st, NULL) : SQLITE_NOMEM;
     sqlite3_free(sql);
@@ -461,10 +472,60 @@ static int record_holds(ekvtab *v, int k, uint64_t token, int *holds, char **err
         if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
     }
     if (rc != SQLITE_OK)
-        *err = sqlite3_mprintf("cannot read the commit record of its shadow table %s_config: %s", v->zName,
-                               sqlite3_errmsg(db));
+        *err = sqlite3_mprintf("cannot read the commit record of the shadow table %s: %s", cfg, sqlite3_errmsg(db));
     sqlite3_finalize(st);
     sqlite3_close(own);
+    return rc;
+}
+
+/* The shadow table <name>_config holding id tid in a schema of v's
+ * connection: *schema and *cfg (sqlite3_malloc'd), or both NULL.  An
+ * SQLite rc. */
+static int find_named(ekvtab *v, const char *tid, char **schema, char **cfg)
+{
+    *schema = *cfg = NULL;
+    if (memcmp(tid, v->tid, 16) == 0) {
+        *schema = sqlite3_mprintf("%s", v->zDb);
+        *cfg = sqlite3_mprintf("%s_config", v->zName);
+        return *schema && *cfg ? SQLITE_OK : SQLITE_NOMEM;
+    }
+    char want[17];
+    memcpy(want, tid, 16);
+    want[16] = 0;
+    sqlite3_stmt *dbs = NULL;
+    int rc = sqlite3_prepare_v2(v->db, "SELECT name FROM pragma_database_list", -1, &dbs, NULL);
+    while (rc == SQLITE_OK && !*cfg && sqlite3_step(dbs) == SQLITE_ROW) {
+        const char *sch = (const char *)sqlite3_column_text(dbs, 0);
+        char *sql = sqlite3_mprintf("SELECT name FROM \"%w\".sqlite_schema WHERE type = 'table' AND name GLOB "
+                                    "'*_config'", sch ? sch : "main");
+        sqlite3_stmt *tabs = NULL;
+        if (!sql || sqlite3_prepare_v2(v->db, sql, -1, &tabs, NULL) != SQLITE_OK) {
+            sqlite3_free(sql);
+            sqlite3_finalize(tabs);
+            continue;
+        }
+        sqlite3_free(sql);
+        while (!*cfg && sqlite3_step(tabs) == SQLITE_ROW) {
+            const char *name = (const char *)sqlite3_column_text(tabs, 0);
+            char *q = sqlite3_mprintf("SELECT 1 FROM \"%w\".\"%w\" WHERE k = 'id' AND v = %Q", sch, name, want);
+            sqlite3_stmt *st = NULL;
+            /* (a table of another kind named so fails to prepare: not it) */
+            if (q && sqlite3_prepare_v2(v->db, q, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+                *schema = sqlite3_mprintf("%s", sch);
+                *cfg = sqlite3_mprintf("%s", name);
+                if (!*schema || !*cfg) rc = SQLITE_NOMEM;
+            }
+            sqlite3_finalize(st);
+            sqlite3_free(q);
+        }
+        sqlite3_finalize(tabs);
+    }
+    sqlite3_finalize(dbs);
+    if (rc != SQLITE_OK || !*cfg) {
+        sqlite3_free(*schema);
+        sqlite3_free(*cfg);
+        *schema = *cfg = NULL;
+    }
     return rc;
 }
 
@@ -493,12 +554,20 @@ int ekjournal_recover(ekvtab *v, char **err)
         int fd = open(path, O_RDWR | O_CLOEXEC);
         jhead h;
         int pend = fd >= 0 ? read_head(fd, &h) : (errno == ENOENT ? 0 : -1);
+        char *schema = NULL, *cfg = NULL;
         if (pend < 0) {
-            *err = sqlite3_mprintf("cannot read its store's commit journal %s: %s", path, strerror(errno));
+            *err = sqlite3_mprintf("cannot read its store's commit journal %s: %s (move it away if it is not one)",
+                                   path, strerror(errno));
             rc = SQLITE_IOERR;
-        } else if (pend == 1 && memcmp(h.tid, v->tid, 16) == 0) {
+        } else if (pend == 2) {
+            rc = damaged(path, "its state is neither done nor pending", err);
+        } else if (pend == 1 && (rc = put_back(v, fd, &h, path, 0, err)) != SQLITE_OK) {
+            /* damaged, whichever table it names */
+        } else if (pend == 1 && (rc = find_named(v, h.tid, &schema, &cfg)) == SQLITE_OK && cfg) {
+            /* Its table, or another of this connection's (on the same
+             * store), whose record decides. */
             int holds = 0;
-            rc = record_holds(v, k, h.token, &holds, err);
+            rc = record_holds(v, schema, cfg, k, h.token, &holds, err);
             if (rc != SQLITE_OK) {
                 /* (busy, I/O: an error now, the journal stays) */
             } else if (holds) {
@@ -520,7 +589,7 @@ int ekjournal_recover(ekvtab *v, char **err)
                     rc = SQLITE_IOERR;
                 }
             } else {
-                rc = put_back(v, fd, &h, path, err);
+                rc = put_back(v, fd, &h, path, 1, err);
                 if (rc == SQLITE_OK && mark_done(fd, 1) != 0) { /* J3 */
                     *err = sqlite3_mprintf("cannot mark its store's commit journal %s done: %s", path,
                                            strerror(errno));
@@ -528,6 +597,8 @@ int ekjournal_recover(ekvtab *v, char **err)
                 }
             }
         }
+        sqlite3_free(schema);
+        sqlite3_free(cfg);
         if (fd >= 0) close(fd);
         sqlite3_free(path);
         ekreg_journal_drop(v->store, k);

@@ -1192,6 +1192,10 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
     ekvtab *v = (ekvtab *)pv;
     int rc;
     if (ekerr_unusable(v)) return SQLITE_ERROR;
+    if ((rc = ekwbuf_unsync(v->wb)) != SQLITE_OK) {
+        ekerr_table(v, "cannot put the store back after the failed COMMIT: %s", embkv_errmsg());
+        return rc;
+    }
     if (!v->joined) {
         /* Only a table in the transaction is written; should SQLite have
          * enlisted it without xBegin, it is joined all the same. */
@@ -1299,24 +1303,29 @@ static int vt_rollback(sqlite3_vtab *pv)
 }
 
 /* (A table connected without its store has no buffer.) */
+/* (A savepoint operation after a failed COMMIT's first phase puts the
+ * store back first: ekwbuf_unsync.) */
 static int vt_savepoint(sqlite3_vtab *pv, int n)
 {
     ekvtab *v = (ekvtab *)pv;
-    return v->txn ? ektxn_savepoint(v->txn, n) : SQLITE_OK;
+    int rc = ekwbuf_unsync(v->wb);
+    return rc != SQLITE_OK ? rc : v->txn ? ektxn_savepoint(v->txn, n) : SQLITE_OK;
 }
 
 static int vt_release(sqlite3_vtab *pv, int n)
 {
     ekvtab *v = (ekvtab *)pv;
+    int rc = ekwbuf_unsync(v->wb);
     if (v->txn) ektxn_release(v->txn, n);
-    return SQLITE_OK;
+    return rc;
 }
 
 static int vt_rollback_to(sqlite3_vtab *pv, int n)
 {
     ekvtab *v = (ekvtab *)pv;
+    int rc = ekwbuf_unsync(v->wb);
     if (v->txn) ektxn_rollback_to(v->txn, n);
-    return SQLITE_OK;
+    return rc;
 }
 
 static const sqlite3_module ek_module = {

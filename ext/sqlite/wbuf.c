@@ -111,6 +111,8 @@ int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg)
     if (v && !ekjournal_wanted(v)) {
         ekvtab *o;
         for (o = v->conn->tabs; o && !(o->wb == wb && ekjournal_wanted(o)); o = o->next) {}
+        if (!o)
+            for (o = v->conn->tabs; o && !ekjournal_wanted(o); o = o->next) {}
         v = o;
     }
     int journal = v != NULL;
@@ -127,6 +129,22 @@ void ekwbuf_end(ekwbuf *wb)
     ektxn_clear(wb->txn);
     wb->synced = 0;
     wb->in_txn = 0;
+}
+
+/* The transaction goes on after a COMMIT whose first phase wrote the
+ * store and whose second failed (SQLite keeps the transaction after a busy
+ * COMMIT): the store is put back, so that the buffer, changed from here
+ * on, is applied whole by the next COMMIT. */
+int ekwbuf_unsync(ekwbuf *wb)
+{
+    if (!wb || !wb->synced) return SQLITE_OK;
+    pthread_mutex_t *held = ekreg_commit_lock(wb->store);
+    int erc = ektxn_unapply(wb->txn, wb->store);
+    if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
+    ekjournal_finish(wb, 0, erc == EMBKV_OK);
+    ekreg_commit_unlock(held);
+    wb->synced = 0;
+    return erc == EMBKV_OK ? SQLITE_OK : ekerr_rc(erc);
 }
 
 void ekwbuf_rollback(ekwbuf *wb)
@@ -164,8 +182,13 @@ int ekconn_sync_stranded(ekconn *c, char **msg)
     *msg = NULL;
     for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
         if (!stranded(wb, c)) continue;
+        /* The record goes into another table's shadow table (the dropped
+         * table's went with it), whichever store that table uses; with no
+         * such table the COMMIT is not journaled. */
+        ekvtab *o;
+        for (o = c->tabs; o && !ekjournal_wanted(o); o = o->next) {}
         char *why = NULL;
-        int rc = ekwbuf_sync(wb, NULL, &why);
+        int rc = ekwbuf_sync(wb, o, &why);
         if (rc != SQLITE_OK) {
             *msg = sqlite3_mprintf("embkv store %s (written through a table dropped in this transaction): %s",
                                    wb->dir, why ? why : "out of memory");
@@ -195,6 +218,8 @@ int ekconn_wbufs_savepoint(ekconn *c, int op, int n)
 {
     for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
         if (!wb->in_txn) continue;
+        int urc = ekwbuf_unsync(wb);
+        if (urc != SQLITE_OK) return urc;
         if (op == EK_SAVEPOINT) {
             int rc = ektxn_savepoint(wb->txn, n);
             if (rc != SQLITE_OK) return rc;

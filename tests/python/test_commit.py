@@ -35,10 +35,19 @@ def vec(x):
     return struct.pack("4f", x, x, x, x)
 conn.execute("SELECT count(*) FROM t").fetchone()
 print("ready", flush=True)
-if mode == "one":
+STEPS = {
+    "one": [("UPDATE t SET vec = ? WHERE id = 1", (vec(7.0),)),
+            ("INSERT INTO t(id, vec) VALUES (5000, ?)", (vec(2.0),))],
+    # a table dropped in the transaction, after writes to it
+    "drop": [("INSERT INTO u(id, vec) VALUES (6, ?)", (vec(6.0),)), ("DROP TABLE u", ()),
+             ("UPDATE t SET vec = ? WHERE id = 2", (vec(8.0),))],
+    # through the second table on t's store
+    "other": [("UPDATE t2 SET vec = ? WHERE id = 1", (vec(9.0),))],
+}
+if mode in STEPS:
     conn.execute("BEGIN")
-    conn.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(7.0),))
-    conn.execute("INSERT INTO t(id, vec) VALUES (5000, ?)", (vec(2.0),))
+    for sql, args in STEPS[mode]:
+        conn.execute(sql, args)
     conn.execute("INSERT INTO log VALUES (1)")
     conn.execute("COMMIT")
     print("committed", flush=True)
@@ -114,13 +123,13 @@ class CommitTest(TempDirTest):
     def rows(self, c):
         return {i: struct.unpack("4f", v)[0] for i, v in c.execute("SELECT id, vec FROM t")}
 
-    def kill_in_lock_wait(self):
+    def kill_in_lock_wait(self, mode="one"):
         """A writer killed while its COMMIT waits for SQLite's lock, after
         the store was written: the journal is left pending."""
         reader = connect(self.db)
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM log").fetchone()
-        w = self.start(WRITER, EXT, "one")
+        w = self.start(WRITER, EXT, mode)
         deadline = time.time() + 30
         while time.time() < deadline:
             if os.path.exists(self.journal) and self.journal_state() == 1:
@@ -149,6 +158,112 @@ class CommitTest(TempDirTest):
         c = connect(self.db)
         self.assertEqual(self.rows(c)[3], 3.0)
         self.assertEqual(self.rows(c)[1], 0.0)
+        c.close()
+
+    def busy_commit(self, c):
+        """c's COMMIT fails on SQLite's lock after its first phase wrote
+        the store (another connection holds a read transaction); returns
+        that connection, still reading."""
+        r = connect(self.db)
+        r.execute("BEGIN")
+        r.execute("SELECT count(*) FROM log").fetchone()
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            c.execute("COMMIT")
+        self.assertEqual(str(cm.exception), "database is locked")
+        self.assertEqual(self.journal_state(), 1)
+        return r
+
+    def test_writes_after_a_busy_commit_are_committed(self):
+        c = connect(self.db, timeout=0.2)
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(2.0),))
+        c.execute("INSERT INTO log VALUES (2)")
+        r = self.busy_commit(c)
+        # The transaction goes on (SQLite keeps it): more writes, a delete.
+        c.execute("INSERT INTO t(id, vec) VALUES (3000, ?)", (vec(3.0),))
+        c.execute("DELETE FROM t WHERE id = 50")
+        c.execute("INSERT INTO log VALUES (3)")
+        self.assertEqual(self.journal_state(), 0, "the store was not put back when the transaction went on")
+        r.execute("ROLLBACK")
+        r.close()
+        c.execute("COMMIT")
+        c.close()
+        c = connect(self.db)
+        rows = self.rows(c)
+        self.assertEqual((rows[1], rows[3000], 50 in rows), (2.0, 3.0, False))
+        self.assertEqual(c.execute("SELECT n FROM log ORDER BY n").fetchall(), [(2,), (3,)])
+        c.close()
+
+    def test_rollback_to_after_a_busy_commit(self):
+        c = connect(self.db, timeout=0.2)
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id = 4", (vec(4.0),))
+        c.execute("SAVEPOINT s")
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(9.0),))
+        c.execute("INSERT INTO log VALUES (9)")
+        r = self.busy_commit(c)
+        c.execute("ROLLBACK TO s")
+        self.assertEqual(self.rows(c)[1], 0.0)
+        r.execute("ROLLBACK")
+        r.close()
+        c.execute("COMMIT")
+        c.close()
+        c = connect(self.db)
+        rows = self.rows(c)
+        self.assertEqual((rows[1], rows[4]), (0.0, 4.0))
+        self.assertEqual(c.execute("SELECT count(*) FROM log").fetchone()[0], 0)
+        c.close()
+
+    def test_cut_off_commit_with_a_drop(self):
+        """Writes to a table dropped in the transaction: the record goes
+        to another table's shadow table, and both stores come back."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE u USING embkv(dim=4, path='su', pool_size='16M')")
+        c.execute("INSERT INTO u(id, vec) VALUES (1, ?)", (vec(1.0),))
+        c.close()
+        self.kill_in_lock_wait("drop")
+        c = connect(self.db)
+        self.assertEqual({i: x for i, x in c.execute("SELECT id, vec FROM u")}, {1: vec(1.0)})
+        self.assertEqual(self.rows(c)[2], 0.0)
+        self.assertEqual(c.execute("SELECT count(*) FROM log").fetchone()[0], 0)
+        c.close()
+
+    def test_another_table_on_the_store_resolves_the_journal(self):
+        """t2 shares t's store; a COMMIT through t2 is cut off; t, used
+        first, puts its rows back, and t2's later connect changes nothing
+        t committed since."""
+        c = connect(self.db)
+        c.execute(f"CREATE VIRTUAL TABLE t2 USING embkv({OPTS})")
+        c.close()
+        self.kill_in_lock_wait("other")
+        c = connect(self.db)
+        self.assertEqual(c.execute("SELECT vec FROM t WHERE id = 1").fetchone()[0], vec(0.0))
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(42.0),))
+        c.close()
+        c = connect(self.db)
+        self.assertEqual(c.execute("SELECT vec FROM t2 WHERE id = 1").fetchone()[0], vec(42.0))
+        self.assertEqual(c.execute("SELECT vec FROM t WHERE id = 1").fetchone()[0], vec(42.0))
+        c.close()
+
+    def test_first_use_inside_a_write_transaction(self):
+        """The recovery of a table first used inside the connection's own
+        write transaction reads the record itself (another connection
+        could not read past its lock)."""
+        self.kill_in_lock_wait()
+        c = connect(self.db, timeout=1)
+        c.execute("PRAGMA cache_size=2")
+        c.execute("BEGIN")
+        c.executemany("INSERT INTO log VALUES (?)", ((-i,) for i in range(3000)))
+        self.assertEqual(self.rows(c)[1], 0.0)
+        c.execute("COMMIT")
+        c.close()
+
+    def test_a_memory_database_table_writes_no_record(self):
+        c = connect(":memory:")
+        c.execute(f"CREATE VIRTUAL TABLE m USING embkv(dim=4, path='{self.dir}/sm', pool_size='16M')")
+        c.execute("INSERT INTO m(id, vec) VALUES (1, ?)", (vec(1.0),))
+        self.assertEqual(c.execute("SELECT count(*) FROM m_config WHERE k LIKE 'commit-%'").fetchone()[0], 0)
+        self.assertEqual(glob.glob(os.path.join(self.dir, "sm", "app-sqlite-commit-*")), [])
         c.close()
 
     def test_committed_journal_left_pending_keeps_rows(self):
@@ -211,6 +326,25 @@ class CommitTest(TempDirTest):
                          "Restore the store from a backup, or remove that file to keep the rows as they are (that "
                          "COMMIT's rows may stay although it never returned)")
         c.close()
+        # The table id or the state word damaged: the same error, not a
+        # journal taken for another table's or for done.
+        for off, byte in ((24, None), (8, 0xfe)):
+            with open(self.journal, "r+b") as f:
+                f.seek(64 + 24 + 2)
+                f.write(b)  # (the record back as it was)
+                f.seek(off)
+                old = f.read(1)
+                f.seek(off)
+                f.write(bytes([byte if byte is not None else old[0] ^ 0x01]))
+            c = connect(self.db)
+            with self.assertRaises(sqlite3.DatabaseError) as cm:
+                c.execute("SELECT count(*) FROM t").fetchone()
+            why = "its checksum does not match" if off == 24 else "its state is neither done nor pending"
+            self.assertIn(f"is damaged ({why})", str(cm.exception))
+            c.close()
+            with open(self.journal, "r+b") as f:
+                f.seek(off)
+                f.write(old)
         # Truncated: another reason, the same advice.
         with open(self.journal, "r+b") as f:
             f.truncate(72 + 30)
