@@ -261,7 +261,7 @@ void ektxn_rollback_to(ektxn *t, int n);
 
 /* Called by ektxn_apply with every pre-image read and nothing written yet;
  * an error (embkv_rc, *msg sqlite3_malloc'd) fails the apply unwritten. */
-typedef int (*ektxn_hook)(void *ctx, const ektxn *t, char **msg);
+typedef int (*ektxn_hook)(void *ctx, ektxn *t, char **msg);
 /* Applies the buffer to the store (embkv_rc).  It first checks that the
  * store has room for every write (fail_id 0 when it has not) and reads the
  * pre-images, then calls before(ctx) when given, then writes.  On failure it
@@ -272,9 +272,14 @@ int ektxn_apply(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg, int *res
                 void *ctx);
 /* The pre-images of the last ektxn_apply (k < ektxn_npre): returns 0 for
  * a row that did not exist, 1 for one that did (*clock, *data: dim +
- * state_floats floats), 2 for a damaged row being deleted (no image). */
+ * state_floats floats), 2 for a damaged row being deleted (no image);
+ * *kind is the change (EKTXN_PUT, EKTXN_DEL) and *whash, for a PUT, the
+ * ek_vec_hash of the vector as the store keeps it.  A row is put back
+ * only while it is still as the apply left it (the last writer wins). */
 size_t ektxn_npre(const ektxn *t);
-int ektxn_pre(const ektxn *t, size_t k, int64_t *id, uint64_t *clock, const float **data);
+int ektxn_pre(ektxn *t, embkv_store *s, size_t k, int64_t *id, uint64_t *clock, const float **data, int *kind,
+              uint64_t *whash);
+uint64_t ek_vec_hash(const float *v, uint32_t dim);
 int ektxn_unapply(ektxn *t, embkv_store *s);
 
 /* ========================================================================
@@ -496,7 +501,7 @@ int ekjournal_wanted(const ekvtab *v);
 /* Takes a slot and writes the commit record into SQLite's transaction. */
 int ekjournal_begin(ekwbuf *wb, ekvtab *v, char **msg);
 /* ektxn_apply's hook (ctx: the ekwbuf): the pre-images, made durable. */
-int ekjournal_write(void *ctx, const ektxn *t, char **msg);
+int ekjournal_write(void *ctx, ektxn *t, char **msg);
 /* The COMMIT ended: committed by SQLite (or nothing of it is in the
  * store), or rolled back with rows_back telling whether its rows are back. */
 void ekjournal_finish(ekwbuf *wb, int committed, int rows_back);

@@ -68,12 +68,13 @@ SQLITE_EXTENSION_INIT3
 #define J_HEAD 72
 #define J_STATE_OFF 8
 #define J_PENDING 1u
-#define J_REC 24 /* id, existed, pad, clock */
+#define J_REC 32 /* id, existed, kind, clock, whash */
 #define J_CHUNK (1u << 20)
 
 /* Header: magic[8] state:u32 dim:u32 state_floats:u32 pad:u32 tid[16]
- * token:u64 epoch:u64 nrec:u64 check:u64; records: id:i64 existed:u32 pad:u32
- * clock:u64 [dim + state_floats floats when existed is 1].  check is
+ * token:u64 epoch:u64 nrec:u64 check:u64; records: id:i64 existed:u32 kind:u32
+ * clock:u64 whash:u64 [dim + state_floats floats when existed is 1] (kind
+ * and whash: ektxn_pre's, so that a row written since is not put back).  check is
  * FNV-1a over the header after the state and every record, so that the
  * done mark (the state alone) is one small write. */
 typedef struct jhead {
@@ -257,7 +258,7 @@ int ekjournal_begin(ekwbuf *wb, ekvtab *v, char **msg)
 
 /* Step 2, as txn.c's hook: every pre-image, then the pending header, then
  * fdatasync (J1). */
-int ekjournal_write(void *ctx, const ektxn *t, char **msg)
+int ekjournal_write(void *ctx, ektxn *t, char **msg)
 {
     ekwbuf *wb = ctx;
     size_t n = ektxn_npre(t);
@@ -280,14 +281,17 @@ int ekjournal_write(void *ctx, const ektxn *t, char **msg)
     int bad = mark_done(wb->jfd, 0) != 0;
     for (size_t k = 0; k < n && !bad; k++) {
         int64_t id;
-        uint64_t clock;
+        uint64_t clock, whash;
         const float *data;
-        uint32_t existed = (uint32_t)ektxn_pre(t, k, &id, &clock, &data);
+        int kind;
+        uint32_t existed = (uint32_t)ektxn_pre(t, wb->store, k, &id, &clock, &data, &kind, &whash);
+        uint32_t ukind = (uint32_t)kind;
         char *r = buf + used;
         memcpy(r, &id, 8);
         memcpy(r + 8, &existed, 4);
-        memset(r + 12, 0, 4);
+        memcpy(r + 12, &ukind, 4);
         memcpy(r + 16, &clock, 8);
+        memcpy(r + 24, &whash, 8);
         size_t len = J_REC;
         if (existed == 1) {
             memcpy(r + J_REC, data, rowbytes);
@@ -369,7 +373,12 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
         return damaged(path, why, err);
     }
     float *row = sqlite3_malloc64(rowbytes + J_REC);
-    if (!row) return SQLITE_NOMEM;
+    float *cur = sqlite3_malloc64((uint64_t)h->dim * sizeof(float));
+    if (!row || !cur) {
+        sqlite3_free(row);
+        sqlite3_free(cur);
+        return SQLITE_NOMEM;
+    }
     const char *why = NULL;
     int rc = SQLITE_OK;
     for (int pass = 0; pass < 1 + apply && !why && rc == SQLITE_OK; pass++) {
@@ -389,12 +398,14 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
                 break;
             }
             int64_t id;
-            uint32_t existed;
-            uint64_t clock;
+            uint32_t existed, kind;
+            uint64_t clock, whash;
             memcpy(&id, rec, 8);
             memcpy(&existed, rec + 8, 4);
+            memcpy(&kind, rec + 12, 4);
             memcpy(&clock, rec + 16, 8);
-            if (existed > 2) {
+            memcpy(&whash, rec + 24, 8);
+            if (existed > 2 || (kind != EKTXN_PUT && kind != EKTXN_DEL)) {
                 why = "a record's kind is not one";
                 break;
             }
@@ -409,8 +420,15 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
                 off += (off_t)rowbytes;
             }
             if (pass == 0) continue;
+            /* Only a row still as the COMMIT left it (the last writer
+             * wins, as in ROLLBACK: txn.c's still_written). */
+            int grc = embkv_get(v->store, id, cur, NULL, NULL);
+            int mine = kind == EKTXN_DEL ? grc == EMBKV_NOTFOUND
+                                         : grc == EMBKV_OK && ek_vec_hash(cur, h->dim) == whash;
             int erc = EMBKV_OK;
-            if (existed == 1) {
+            if (!mine) {
+                /* written since: that write stays */
+            } else if (existed == 1) {
                 if (clock > (uint64_t)INT64_MAX) clock = (uint64_t)INT64_MAX;
                 erc = embkv_put_clock(v->store, id, row, h->state_floats ? row + h->dim : NULL, clock);
             } else if (existed == 0) {
@@ -427,6 +445,7 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
         if (pass == 1) embkv_group_end(v->store);
     }
     sqlite3_free(row);
+    sqlite3_free(cur);
     if (why) return damaged(path, why, err);
     if (rc == SQLITE_OK && apply && embkv_sync(v->store) != EMBKV_OK) {
         *err = sqlite3_mprintf("cannot make the rows put back from journal %s durable: %s", path, embkv_errmsg());

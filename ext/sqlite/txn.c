@@ -70,6 +70,7 @@ struct ektxn {
     ekpre *pre;               /* pre-images of the last ektxn_apply */
     size_t ncol, npre;        /* pre-images taken; rows written (the first npre) */
     float *rowbuf;            /* dim + state_floats floats */
+    float *cmpbuf;            /* 2 * dim floats: still_written's */
 };
 
 #define ARENA_CHUNK (256u << 10)
@@ -93,7 +94,10 @@ ektxn *ektxn_new(uint32_t dim, uint32_t state_floats)
     t->state_floats = state_floats;
     t->vbytes = (size_t)dim * sizeof(float);
     t->rowbuf = sqlite3_malloc64(((uint64_t)dim + state_floats) * sizeof(float));
-    if (!t->rowbuf) {
+    t->cmpbuf = sqlite3_malloc64(2 * (uint64_t)dim * sizeof(float));
+    if (!t->rowbuf || !t->cmpbuf) {
+        sqlite3_free(t->rowbuf);
+        sqlite3_free(t->cmpbuf);
         sqlite3_free(t);
         return NULL;
     }
@@ -155,6 +159,7 @@ void ektxn_free(ektxn *t)
     sqlite3_free(t->undo);
     sqlite3_free(t->mark);
     sqlite3_free(t->rowbuf);
+    sqlite3_free(t->cmpbuf);
     sqlite3_free(t);
 }
 
@@ -362,13 +367,44 @@ void ektxn_rollback_to(ektxn *t, int n)
 
 /* Puts the store back from the pre-images (clock and optimizer state
  * included), newest first, inside the caller's write group. */
+uint64_t ek_vec_hash(const float *v, uint32_t dim)
+{
+    const unsigned char *b = (const unsigned char *)v;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < (size_t)dim * sizeof(float); i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* The hash of what a PUT stores: its vector as the store's dtype rounds it. */
+static uint64_t written_hash(ektxn *t, embkv_store *s, const ektxn_entry *e)
+{
+    float *r = t->cmpbuf + t->dim;
+    if (embkv_dtype_round(embkv_dtype(s), t->dim, e->vec, r) != 0) memcpy(r, e->vec, t->vbytes);
+    return ek_vec_hash(r, t->dim);
+}
+
+/* Whether e's row is still as the apply left it (nobody wrote it since:
+ * a push, a COMMIT of another database file on the store): only such a
+ * row is put back, so that the last writer wins, as everywhere else. */
+static int still_written(ektxn *t, embkv_store *s, const ektxn_entry *e)
+{
+    int rc = embkv_get(s, e->id, t->cmpbuf, NULL, NULL);
+    if (e->kind == EKTXN_DEL) return rc == EMBKV_NOTFOUND;
+    return rc == EMBKV_OK && ek_vec_hash(t->cmpbuf, t->dim) == written_hash(t, s, e);
+}
+
 static int restore(ektxn *t, embkv_store *s)
 {
     int first_rc = EMBKV_OK;
     while (t->npre > 0) {
         ekpre *p = &t->pre[--t->npre];
         int rc;
-        if (p->existed == 2) {
+        if (!still_written(t, s, probe(t, p->id))) {
+            rc = EMBKV_OK;  /* written since: that write stays */
+        } else if (p->existed == 2) {
             rc = EMBKV_OK;  /* a damaged row that was deleted: nothing to put back */
         } else if (p->existed) {
             /* (a store from before clocks stopped at 2^63 - 1 may hold one past it) */
@@ -533,12 +569,16 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
 
 size_t ektxn_npre(const ektxn *t) { return t->ncol; }
 
-int ektxn_pre(const ektxn *t, size_t k, int64_t *id, uint64_t *clock, const float **data)
+int ektxn_pre(ektxn *t, embkv_store *s, size_t k, int64_t *id, uint64_t *clock, const float **data, int *kind,
+              uint64_t *whash)
 {
     const ekpre *p = &t->pre[k];
+    const ektxn_entry *e = probe(t, p->id);
     *id = p->id;
     *clock = p->clock;
     *data = p->data;
+    *kind = e->kind;
+    *whash = e->kind == EKTXN_PUT ? written_hash(t, s, e) : 0;
     return p->existed;
 }
 

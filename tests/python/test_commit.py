@@ -19,6 +19,9 @@ import sys
 import time
 import unittest
 
+import numpy as np
+
+import embkv
 from embkv_test import EXT, TempDirTest, connect
 
 DIM = 4
@@ -44,6 +47,24 @@ STEPS = {
     # through the second table on t's store
     "other": [("UPDATE t2 SET vec = ? WHERE id = 1", (vec(9.0),))],
 }
+if mode == "window":
+    # A COMMIT waits for SQLite's lock; meanwhile a table of another
+    # database file on the same store writes id 1 (in this process: the
+    # store is one process's).
+    import os, threading
+    def other():
+        time.sleep(0.5)
+        b = sqlite3.connect(os.path.join(os.path.dirname(db), "b.db"), isolation_level=None, timeout=60)
+        b.enable_load_extension(True)
+        b.load_extension(ext)
+        b.execute("UPDATE f SET vec = ? WHERE id = 1", (vec(42.0),))
+        print("other", flush=True)
+    threading.Thread(target=other, daemon=True).start()
+    conn.execute("BEGIN")
+    conn.execute("UPDATE t SET vec = ? WHERE id IN (1, 2)", (vec(7.0),))
+    conn.execute("INSERT INTO log VALUES (1)")
+    conn.execute("COMMIT")
+    time.sleep(60)
 if mode in STEPS:
     conn.execute("BEGIN")
     for sql, args in STEPS[mode]:
@@ -266,6 +287,75 @@ class CommitTest(TempDirTest):
         self.assertEqual(glob.glob(os.path.join(self.dir, "sm", "app-sqlite-commit-*")), [])
         c.close()
 
+    def other_db(self):
+        """b.db with table f on t's store (the same directory)."""
+        b = connect(os.path.join(self.dir, "b.db"))
+        b.execute(f"CREATE VIRTUAL TABLE f USING embkv({OPTS})")
+        return b
+
+    def test_rollback_keeps_what_others_wrote_since(self):
+        """A COMMIT's rows are put back only where they are still its own:
+        a table of another database file on the store, or a push, that
+        wrote an id meanwhile wins (the last writer)."""
+        b = self.other_db()
+        c = connect(self.db, timeout=0.2)
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id IN (1, 2, 3)", (vec(9.0),))
+        c.execute("DELETE FROM t WHERE id = 4")
+        c.execute("INSERT INTO log VALUES (9)")
+        r = self.busy_commit(c)
+        b.execute("UPDATE f SET vec = ? WHERE id = 1", (vec(42.0),))
+        b.execute("INSERT INTO f(id, vec) VALUES (4, ?)", (vec(44.0),))
+        embkv.push(b, "f", [3], np.ones((1, 4), np.float32), lr=1.0)
+        c.execute("ROLLBACK")
+        rows = self.rows(c)
+        self.assertEqual((rows[1], rows[2], rows[3], rows[4]), (42.0, 0.0, 8.0, 44.0))
+        r.execute("ROLLBACK")
+        for x in (b, c, r):
+            x.close()
+
+    def test_rollback_of_rounded_rows(self):
+        """A row of a reduced-precision table is recognised as the
+        COMMIT's own by its value as the store keeps it (rounded)."""
+        for dtype in ("f16", "bf16", "i8"):
+            c = connect(self.db, timeout=0.2)
+            c.execute(f"CREATE VIRTUAL TABLE r_{dtype} USING embkv(dim=4, dtype='{dtype}', path='s_{dtype}', "
+                      "pool_size='16M')")
+            c.execute(f"INSERT INTO r_{dtype}(id, vec) VALUES (1, ?)", (vec(0.5),))
+            c.execute("BEGIN")
+            c.execute(f"UPDATE r_{dtype} SET vec = ? WHERE id = 1", (struct.pack("4f", 0.1, -0.3, 0.77, 1e-3),))
+            c.execute(f"INSERT INTO r_{dtype}(id, vec) VALUES (2, ?)", (vec(0.123),))
+            c.execute("INSERT INTO log VALUES (1)")
+            r = connect(self.db)
+            r.execute("BEGIN")
+            r.execute("SELECT count(*) FROM log").fetchone()
+            with self.assertRaises(sqlite3.OperationalError):
+                c.execute("COMMIT")
+            c.execute("ROLLBACK")
+            self.assertEqual(c.execute(f"SELECT id, vec FROM r_{dtype}").fetchall(), [(1, vec(0.5))], dtype)
+            r.execute("ROLLBACK")
+            r.close()
+            c.close()
+
+    def test_kill_keeps_what_others_wrote_in_the_window(self):
+        b = self.other_db()
+        b.close()
+        reader = connect(self.db)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM log").fetchone()
+        w = self.start(WRITER, EXT, "window")
+        self.assertEqual(w.stdout.readline(), "other\n")
+        self.assertEqual(self.journal_state(), 1)
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        reader.execute("ROLLBACK")
+        reader.close()
+        c = connect(self.db)
+        rows = self.rows(c)
+        self.assertEqual((rows[1], rows[2]), (42.0, 0.0))
+        self.assertEqual(c.execute("SELECT count(*) FROM log").fetchone()[0], 0)
+        c.close()
+
     def test_committed_journal_left_pending_keeps_rows(self):
         """A done mark lost (a power cut after SQLite committed): the
         record in <name>_config holds the token, so the rows stay."""
@@ -313,9 +403,9 @@ class CommitTest(TempDirTest):
     def test_damaged_journal_is_an_error_naming_it(self):
         self.kill_in_lock_wait()
         with open(self.journal, "r+b") as f:
-            f.seek(72 + 24 + 2)  # inside the first pre-image's floats
+            f.seek(72 + 32 + 2)  # inside the first pre-image's floats
             b = f.read(1)
-            f.seek(72 + 24 + 2)
+            f.seek(72 + 32 + 2)
             f.write(bytes([b[0] ^ 0x40]))
         c = connect(self.db)
         with self.assertRaises(sqlite3.DatabaseError) as cm:
