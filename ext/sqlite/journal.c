@@ -24,8 +24,9 @@
  *      put back (from memory, txn.c), synced, and the journal marked done
  *      durably.
  *
- * A table that connects and finds a pending journal naming it, that no
- * COMMIT of this process owns, resolves it: if its record 'commit-<k>'
+ * A table that connects and finds a pending journal naming it (or a table
+ * of its connection: find_named), that no COMMIT of this process owns,
+ * resolves it: if its record 'commit-<k>'
  * holds the journal's token, SQLite committed, and the journal is marked
  * done; otherwise SQLite never committed (and its own journal rolled the
  * record back).  Then if the store's durable epoch has reached the
@@ -46,6 +47,11 @@
  *   J4. Slots are per process (ekreg_journal_take); a process owns the
  *       store's writes alone (the engine's lock), so a pending journal no
  *       COMMIT of this process owns is one a dead process left.
+ *   J5. A row is put back only while it is as the COMMIT left it (absent
+ *       for a delete; for a put, a value whose hash the record keeps): a
+ *       push or another database file's table that wrote it since keeps
+ *       its write, as the last writer does everywhere else (txn.c's
+ *       still_written for a ROLLBACK, put_back here).
  *
  * What it does not cover: tables of temporary and in-memory databases
  * (their store goes with the process) and read-only connections (they
