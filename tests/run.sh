@@ -19,7 +19,7 @@
 # each lane's tests one after another; their output is printed lane by
 # lane and the counts added (EMBKV_TEST_LANES=1: one lane).  Each lane's
 # tests leave much of the machine idle: on two CPUs the lanes take about
-# 10 minutes (docs/testing.md).
+# 11 minutes (docs/testing.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 group=${1:-all}

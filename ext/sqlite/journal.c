@@ -62,6 +62,7 @@
 #include "binding.h"
 SQLITE_EXTENSION_INIT3
 
+#include <dirent.h>
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -113,33 +114,24 @@ static uint64_t head_check(const jhead *h)
 
 static char *slot_path(const char *dir, int k) { return sqlite3_mprintf("%s/app-sqlite-commit-%d", dir, k); }
 
-static int write_all(int fd, const void *p, size_t n, off_t off)
+/* pwrite or pread of all n bytes at off: 0, or -1 (errno set; a short
+ * read is one too). */
+static int io_all(int fd, void *p, size_t n, off_t off, int write)
 {
-    const char *b = p;
+    char *b = p;
     while (n > 0) {
-        ssize_t w = pwrite(fd, b, n, off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        b += w;
-        n -= (size_t)w;
-        off += w;
+        ssize_t k = write ? pwrite(fd, b, n, off) : pread(fd, b, n, off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        b += k;
+        n -= (size_t)k;
+        off += k;
     }
     return 0;
 }
 
-static int read_all(int fd, void *p, size_t n, off_t off)
-{
-    char *b = p;
-    while (n > 0) {
-        ssize_t r = pread(fd, b, n, off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        b += r;
-        n -= (size_t)r;
-        off += r;
-    }
-    return 0;
-}
+static int write_all(int fd, const void *p, size_t n, off_t off) { return io_all(fd, (void *)p, n, off, 1); }
+static int read_all(int fd, void *p, size_t n, off_t off) { return io_all(fd, p, n, off, 0); }
 
 /* 1 when the file holds a pending journal (its header read into *h), 0
  * when not (absent, done, or no journal header), 2 for a journal whose
@@ -284,7 +276,9 @@ int ekjournal_write(void *ctx, ektxn *t, char **msg)
     uint64_t check = head_check(&h);
     off_t off = J_HEAD;
     size_t used = 0;
-    int bad = mark_done(wb->jfd, 0) != 0;
+    /* (The header there is done or none: ekjournal_begin took no pending
+     * one, and it is written last.) */
+    int bad = 0;
     for (size_t k = 0; k < n && !bad; k++) {
         int64_t id;
         uint64_t clock, whash;
@@ -367,8 +361,8 @@ static int damaged(const char *path, const char *why, char **err)
     return SQLITE_CORRUPT;
 }
 
-/* Puts a journal's pre-images back (the file's bytes verified first), or
- * only verifies them (apply 0). */
+/* Verifies a journal's bytes (apply 0), or puts its pre-images back (apply
+ * 1, after a verification: a damaged journal puts nothing back). */
 static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int apply, char **err)
 {
     size_t rowbytes = ((size_t)h->dim + h->state_floats) * sizeof(float);
@@ -387,9 +381,7 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
     }
     const char *why = NULL;
     int rc = SQLITE_OK;
-    for (int pass = 0; pass < 1 + apply && !why && rc == SQLITE_OK; pass++) {
-        /* Pass 0 verifies the whole file, pass 1 writes: a damaged journal
-         * puts nothing back. */
+    for (int pass = apply; pass < 1 + apply && !why && rc == SQLITE_OK; pass++) {
         uint64_t check = head_check(h);
         off_t off = J_HEAD;
         if (pass == 1 && embkv_group_begin(v->store) != EMBKV_OK) {
@@ -562,15 +554,36 @@ static int epoch_durable(embkv_store *s, uint64_t epoch)
     return st.durable_epoch >= epoch;
 }
 
+/* The slots whose journal files the directory holds: one readdir at a
+ * connect rather than an open per slot (all of them when it cannot be
+ * read: the opens then say what is wrong). */
+static uint64_t journal_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return ~0ull;
+    static const char prefix[] = "app-sqlite-commit-";
+    uint64_t present = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0) continue;
+        char *end;
+        unsigned long k = strtoul(e->d_name + sizeof prefix - 1, &end, 10);
+        if (*end == 0 && k < EK_JOURNAL_SLOTS) present |= 1ull << k;
+    }
+    closedir(d);
+    return present;
+}
+
 int ekjournal_recover(ekvtab *v, char **err)
 {
     *err = NULL;
     if (!ekjournal_wanted(v)) return SQLITE_OK;
     int rc = SQLITE_OK;
+    uint64_t present = journal_files(v->dir);
     for (int k = 0; k < EK_JOURNAL_SLOTS && rc == SQLITE_OK; k++) {
         /* Owned while it is looked at: no COMMIT of this process takes the
          * slot meanwhile, and one that owns it is in flight (J4). */
-        if (!ekreg_journal_take(v->store, k)) continue;
+        if (!(present & (1ull << k)) || !ekreg_journal_take(v->store, k)) continue;
         char *path = slot_path(v->dir, k);
         if (!path) {
             ekreg_journal_drop(v->store, k);

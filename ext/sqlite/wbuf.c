@@ -149,21 +149,13 @@ int ekwbuf_unsync(ekwbuf *wb)
 
 void ekwbuf_rollback(ekwbuf *wb)
 {
-    if (wb->synced) {
-        /* ekwbuf_sync wrote to the store, then another part of the commit
-         * failed: put the store back and make that durable.  SQLite ignores
-         * xRollback's result: failures go to its error log, and the
-         * journal stays pending for the table's next connect. */
-        pthread_mutex_t *held = ekreg_commit_lock(wb->store);
-        int erc = ektxn_unapply(wb->txn, wb->store);
-        if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
-        ekjournal_finish(wb, 0, erc == EMBKV_OK);
-        ekreg_commit_unlock(held);
-        if (erc != EMBKV_OK)
-            sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
-                        "the store back: %s", wb->dir, embkv_errmsg());
-        wb->synced = 0;
-    }
+    /* ekwbuf_sync wrote to the store, then another part of the commit
+     * failed: put the store back and make that durable.  SQLite ignores
+     * xRollback's result: failures go to its error log, and the journal
+     * stays pending for the table's next connect in a new process. */
+    if (ekwbuf_unsync(wb) != SQLITE_OK)
+        sqlite3_log(SQLITE_IOERR, "embkv store %s: ROLLBACK after COMMIT's first phase could not put "
+                    "the store back: %s", wb->dir, embkv_errmsg());
     ekwbuf_end(wb);
 }
 

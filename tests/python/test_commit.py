@@ -144,12 +144,22 @@ class CommitTest(TempDirTest):
     def rows(self, c):
         return {i: struct.unpack("4f", v)[0] for i, v in c.execute("SELECT id, vec FROM t")}
 
+    def hold_read(self):
+        """A connection in a read transaction of the database file: a
+        writer's COMMIT then waits for SQLite's lock after its first phase."""
+        r = connect(self.db)
+        r.execute("BEGIN")
+        r.execute("SELECT count(*) FROM log").fetchone()
+        return r
+
+    def release(self, r):
+        r.execute("ROLLBACK")
+        r.close()
+
     def kill_in_lock_wait(self, mode="one"):
         """A writer killed while its COMMIT waits for SQLite's lock, after
         the store was written: the journal is left pending."""
-        reader = connect(self.db)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM log").fetchone()
+        reader = self.hold_read()
         w = self.start(WRITER, EXT, mode)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -161,8 +171,7 @@ class CommitTest(TempDirTest):
         self.assertIsNone(w.poll(), "the COMMIT returned although a reader held the file")
         w.send_signal(signal.SIGKILL)
         w.wait()
-        reader.execute("ROLLBACK")
-        reader.close()
+        self.release(reader)
 
     def test_kill_during_lock_wait_leaves_nothing(self):
         self.kill_in_lock_wait()
@@ -185,9 +194,7 @@ class CommitTest(TempDirTest):
         """c's COMMIT fails on SQLite's lock after its first phase wrote
         the store (another connection holds a read transaction); returns
         that connection, still reading."""
-        r = connect(self.db)
-        r.execute("BEGIN")
-        r.execute("SELECT count(*) FROM log").fetchone()
+        r = self.hold_read()
         with self.assertRaises(sqlite3.OperationalError) as cm:
             c.execute("COMMIT")
         self.assertEqual(str(cm.exception), "database is locked")
@@ -205,8 +212,7 @@ class CommitTest(TempDirTest):
         c.execute("DELETE FROM t WHERE id = 50")
         c.execute("INSERT INTO log VALUES (3)")
         self.assertEqual(self.journal_state(), 0, "the store was not put back when the transaction went on")
-        r.execute("ROLLBACK")
-        r.close()
+        self.release(r)
         c.execute("COMMIT")
         c.close()
         c = connect(self.db)
@@ -225,8 +231,7 @@ class CommitTest(TempDirTest):
         r = self.busy_commit(c)
         c.execute("ROLLBACK TO s")
         self.assertEqual(self.rows(c)[1], 0.0)
-        r.execute("ROLLBACK")
-        r.close()
+        self.release(r)
         c.execute("COMMIT")
         c.close()
         c = connect(self.db)
@@ -326,30 +331,24 @@ class CommitTest(TempDirTest):
             c.execute(f"UPDATE r_{dtype} SET vec = ? WHERE id = 1", (struct.pack("4f", 0.1, -0.3, 0.77, 1e-3),))
             c.execute(f"INSERT INTO r_{dtype}(id, vec) VALUES (2, ?)", (vec(0.123),))
             c.execute("INSERT INTO log VALUES (1)")
-            r = connect(self.db)
-            r.execute("BEGIN")
-            r.execute("SELECT count(*) FROM log").fetchone()
+            r = self.hold_read()
             with self.assertRaises(sqlite3.OperationalError):
                 c.execute("COMMIT")
             c.execute("ROLLBACK")
             self.assertEqual(c.execute(f"SELECT id, vec FROM r_{dtype}").fetchall(), [(1, vec(0.5))], dtype)
-            r.execute("ROLLBACK")
-            r.close()
+            self.release(r)
             c.close()
 
     def test_kill_keeps_what_others_wrote_in_the_window(self):
         b = self.other_db()
         b.close()
-        reader = connect(self.db)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM log").fetchone()
+        reader = self.hold_read()
         w = self.start(WRITER, EXT, "window")
         self.assertEqual(w.stdout.readline(), "other\n")
         self.assertEqual(self.journal_state(), 1)
         w.send_signal(signal.SIGKILL)
         w.wait()
-        reader.execute("ROLLBACK")
-        reader.close()
+        self.release(reader)
         c = connect(self.db)
         rows = self.rows(c)
         self.assertEqual((rows[1], rows[2]), (42.0, 0.0))
@@ -452,9 +451,7 @@ class CommitTest(TempDirTest):
         c.close()
 
     def test_commit_failing_on_the_lock_puts_the_store_back(self):
-        reader = connect(self.db)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM log").fetchone()
+        reader = self.hold_read()
         c = connect(self.db, timeout=0.3)
         c.execute("BEGIN")
         c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(9.0),))
