@@ -220,6 +220,10 @@ struct ekvtab {
                            * statement): why the functions must not use it */
     char *broken;         /* why the store could not be opened at connect
                            * (NULL when open); see vt_init */
+    int broken_rc;        /* the SQLite code every use but DROP answers
+                           * then: SQLITE_CORRUPT for damage, SQLITE_CANTOPEN
+                           * for a directory that holds no store of this
+                           * version, SQLITE_ERROR for a refusal */
 };
 
 enum { COL_ID = 0, COL_VEC = 1, COL_CLOCK = 2, COL_TIER = 3 };
@@ -293,7 +297,8 @@ int ekerr_rc(int erc);
  * returns rc, or SQLITE_NOMEM when msg is NULL. */
 int ekerr_vtab(sqlite3_vtab *pv, int rc, char *msg);
 /* A table connected without its store can only be dropped: sets the
- * message and returns 1 for such a table. */
+ * message and returns its code (broken_rc) for such a table, SQLITE_OK
+ * for a table with its store. */
 int ekerr_unusable(ekvtab *v);
 /* The integer a value-less PRAGMA name returns (trusted_schema,
  * busy_timeout, query_only: settings SQLite has no C getter for), or
@@ -549,9 +554,10 @@ typedef struct embkv_table_ref {
  * it if needed.  For SQL functions that take a table name (embkv_stats,
  * embkv_checkpoint, the training functions): everything in *out stays valid
  * until the table is disconnected, so use it within the current SQL function
- * call only.  Returns SQLITE_OK, or SQLITE_ERROR with *pzErr (sqlite3_malloc'd,
- * may be NULL) naming the table when there is no such table or it is not an
- * embkv table. */
+ * call only.  Returns SQLITE_OK, or an error with *pzErr (sqlite3_malloc'd,
+ * NULL with SQLITE_NOMEM) naming the table: SQLITE_ERROR when there is no
+ * such table or it is not an embkv table, the table's broken_rc when its
+ * store could not be opened. */
 int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, char **pzErr);
 int ekfn_register(sqlite3 *db, ekconn *c);
 

@@ -72,7 +72,13 @@ static const char *const plan_name[4][3] = {
 int vt_best_index(sqlite3_vtab *pv, sqlite3_index_info *info)
 {
     ekvtab *v = (ekvtab *)pv;
-    if (ekerr_unusable(v)) return SQLITE_ERROR;
+    /* A broken table plans a scan that vt_filter refuses: an error at
+     * xBestIndex is SQLITE_ERROR whatever it returns (SQLite prepares
+     * the statement then), while vt_filter's code reaches sqlite3_step. */
+    if (!v->store) {
+        info->estimatedCost = 1e12;
+        return SQLITE_OK;
+    }
     int eq = -1, in = -1;
     for (int i = 0; i < info->nConstraint; i++) {
         const struct sqlite3_index_constraint *k = &info->aConstraint[i];
@@ -410,8 +416,8 @@ int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc,
 {
     ekcur *c = (ekcur *)pc;
     ekvtab *v = (ekvtab *)pc->pVtab;
-    int rc = SQLITE_OK;
-    if (ekerr_unusable(v)) return SQLITE_ERROR;
+    int rc = ekerr_unusable(v);
+    if (rc != SQLITE_OK) return rc;
     if (!c->snap) {
         int erc = embkv_snapshot_open(v->store, &c->snap);
         if (erc != EMBKV_OK) {

@@ -52,12 +52,14 @@ int ekerr_rc(int erc)
     }
 }
 
-/* A table connected without its store (see vt_init) can only be dropped. */
+/* A table connected without its store (see vt_init) can only be dropped:
+ * SQLITE_OK when it has its store, else the code of the reason, with the
+ * reason as the table's message. */
 int ekerr_unusable(ekvtab *v)
 {
-    if (v->store) return 0;
+    if (v->store) return SQLITE_OK;
     ekerr_table(v, "%s", v->broken);
-    return 1;
+    return v->broken_rc ? v->broken_rc : SQLITE_ERROR;
 }
 
 /* Why a connection may not change the tables of schema zDb (the access

@@ -187,8 +187,9 @@ static int args(sqlite3_context *ctx, const char *fname, sqlite3_value **argv, e
         return -1;
     }
     char *err = NULL;
-    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err) != SQLITE_OK) {
-        fail(ctx, fname, NULL, err ? SQLITE_ERROR : SQLITE_NOMEM, "%s", err ? err : "out of memory");
+    int lrc = embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err);
+    if (lrc != SQLITE_OK) {
+        fail(ctx, fname, NULL, lrc, "%s", err ? err : "out of memory");
         sqlite3_free(err);
         return -1;
     }

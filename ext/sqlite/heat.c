@@ -192,10 +192,11 @@ static int heat_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, 
     if (!(c->name = sqlite3_mprintf("%s", name))) return SQLITE_NOMEM;
     embkv_table_ref ref;
     char *err = NULL;
-    if (embkv_table_lookup(t->db, name, &ref, &err) != SQLITE_OK) {
+    int lrc = embkv_table_lookup(t->db, name, &ref, &err);
+    if (lrc != SQLITE_OK) {
         char *m = sqlite3_mprintf("embkv_heat: %s", err ? err : "out of memory");
         sqlite3_free(err);
-        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, m);
+        return ekerr_vtab(pc->pVtab, lrc, m);
     }
     int erc = embkv_heat_enable(ref.store);
     if (erc == EMBKV_OK) erc = heat_collect(c, ref.store);
@@ -281,8 +282,9 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     }
     embkv_table_ref ref;
     char *err = NULL;
-    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, &ref, &err) != SQLITE_OK) {
-        hot_error(ctx, NULL, err ? SQLITE_ERROR : SQLITE_NOMEM, err ? err : "out of memory");
+    int lrc = embkv_table_lookup(sqlite3_context_db_handle(ctx), name, &ref, &err);
+    if (lrc != SQLITE_OK) {
+        hot_error(ctx, NULL, lrc, err ? err : "out of memory");
         sqlite3_free(err);
         return;
     }

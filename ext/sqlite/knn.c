@@ -289,10 +289,11 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     if (!(c->name = sqlite3_mprintf("%s", name))) return SQLITE_NOMEM;
     embkv_table_ref ref;
     char *err = NULL;
-    if (embkv_table_lookup(t->db, name, &ref, &err) != SQLITE_OK) {
+    int lrc = embkv_table_lookup(t->db, name, &ref, &err);
+    if (lrc != SQLITE_OK) {
         char *m = sqlite3_mprintf("embkv_knn: %s", err ? err : "out of memory");
         sqlite3_free(err);
-        return ekerr_vtab(pc->pVtab, SQLITE_ERROR, m);
+        return ekerr_vtab(pc->pVtab, lrc, m);
     }
     /* (Integer text counts, as ids take it: SQL's own affinity.) */
     if (sqlite3_value_numeric_type(a_k) != SQLITE_INTEGER || sqlite3_value_int64(a_k) <= 0 ||

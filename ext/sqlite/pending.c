@@ -98,6 +98,7 @@ static void pend_detach_table(ekconn *c, const char *tid)
         v->store = NULL;
         sqlite3_free(v->broken);
         v->broken = why;
+        v->broken_rc = SQLITE_ERROR;
     }
 }
 

@@ -150,14 +150,16 @@ int embkv_table_lookup(sqlite3 *db, const char *table, embkv_table_ref *out, cha
     if (!table) err = sqlite3_mprintf("the table name is NULL");
     else if (!c) err = sqlite3_mprintf("embkv is not loaded on this connection");
     else v = resolve(c, table, &err);
+    int rc = SQLITE_ERROR;
     if (v && (v->gone || !v->store)) {
         err = sqlite3_mprintf("table %s: %s", v->zName, v->gone ? v->gone : v->broken);
+        if (!v->gone && v->broken_rc) rc = v->broken_rc;
         v = NULL;
     }
     if (!v) {
         if (pzErr) *pzErr = err;
         else sqlite3_free(err);
-        return SQLITE_ERROR;
+        return err ? rc : SQLITE_NOMEM;
     }
     out->store = v->store;
     out->opts = &v->opts;
@@ -186,12 +188,15 @@ static int fn_table(sqlite3_context *ctx, const char *fname, sqlite3_value *arg,
         return SQLITE_ERROR;
     }
     char *err = NULL;
-    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err) != SQLITE_OK) {
+    int rc = embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err);
+    if (rc != SQLITE_OK) {
         char *m = sqlite3_mprintf("%s: %s", fname, err ? err : "out of memory");
         sqlite3_result_error(ctx, m ? m : fname, -1);
+        if (rc == SQLITE_NOMEM) sqlite3_result_error_nomem(ctx);
+        else sqlite3_result_error_code(ctx, rc);
         sqlite3_free(m);
         sqlite3_free(err);
-        return SQLITE_ERROR;
+        return rc;
     }
     return SQLITE_OK;
 }

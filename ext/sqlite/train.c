@@ -141,10 +141,13 @@ static int table_arg(sqlite3_context *ctx, const char *fname, sqlite3_value *arg
         return SQLITE_ERROR;
     }
     char *err = NULL;
-    if (embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err) != SQLITE_OK) {
+    int rc = embkv_table_lookup(sqlite3_context_db_handle(ctx), name, ref, &err);
+    if (rc != SQLITE_OK) {
         train_error(ctx, fname, NULL, EMBKV_INVALID, err ? err : "no such embkv table");
+        if (rc == SQLITE_NOMEM) sqlite3_result_error_nomem(ctx);
+        else sqlite3_result_error_code(ctx, rc);
         sqlite3_free(err);
-        return SQLITE_ERROR;
+        return rc;
     }
     return SQLITE_OK;
 }

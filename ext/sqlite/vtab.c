@@ -681,7 +681,7 @@ static int shadow_read(ekvtab *v, char **err)
     if (rc != SQLITE_OK) {
         *err = sqlite3_mprintf("its shadow table %s_config is missing (%s)", v->zName, sqlite3_errmsg(v->db));
         sqlite3_finalize(st);
-        return SQLITE_ERROR;
+        return SQLITE_CORRUPT;
     }
     rc = sqlite3_step(st);
     const unsigned char *t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
@@ -701,7 +701,7 @@ static int shadow_read(ekvtab *v, char **err)
     }
     if (!ok) *err = sqlite3_mprintf("its shadow table %s_config holds no valid id", v->zName);
     sqlite3_finalize(st);
-    return ok ? SQLITE_OK : SQLITE_ERROR;
+    return ok ? SQLITE_OK : SQLITE_CORRUPT;
 }
 
 /* The store directory of the table (sqlite3_malloc'd). */
@@ -815,7 +815,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         sqlite3_randomness(sizeof r, &r);
         snprintf(v->tid, sizeof v->tid, "%016llx", (unsigned long long)r);
     } else if ((rc = shadow_read(v, &err)) != SQLITE_OK) {
-        if (rc == SQLITE_ERROR) goto broken; /* missing or damaged */
+        if (rc == SQLITE_CORRUPT) goto broken; /* missing or damaged */
         goto fail;
     }
     ekusers_self(db, v->zDb, v->tid, &v->who);
@@ -1040,6 +1040,7 @@ broken:
      * every other use with the reason.  Such a DROP leaves the directory
      * alone: it was never seen to be an embkv store. */
     v->broken = err ? err : sqlite3_mprintf("%s", sqlite3_errstr(rc));
+    v->broken_rc = rc == SQLITE_OK ? SQLITE_ERROR : rc;
     err = NULL;
     if (v->store)  /* opened, then refused (its options are damaged) */
         store_release(v);
@@ -1191,7 +1192,7 @@ static int vt_update(sqlite3_vtab *pv, int argc, sqlite3_value **argv, sqlite3_i
 {
     ekvtab *v = (ekvtab *)pv;
     int rc;
-    if (ekerr_unusable(v)) return SQLITE_ERROR;
+    if ((rc = ekerr_unusable(v)) != SQLITE_OK) return rc;
     if ((rc = ekwbuf_unsync(v->wb)) != SQLITE_OK) {
         ekerr_table(v, "cannot put the store back after the failed COMMIT: %s", embkv_errmsg());
         return rc;

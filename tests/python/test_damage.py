@@ -3,6 +3,7 @@ never as data; the other rows stay readable and the damaged one can be
 deleted (existence reads check the record's id only)."""
 import json
 import os
+import shutil
 import sqlite3
 import unittest
 
@@ -22,11 +23,13 @@ class TestDamagedRecord(TempDirTest):
         c.execute("COMMIT")
         c.close()
         pool = os.path.join(store, "store.pool")
-        data = bytearray(open(pool, "rb").read())
+        with open(pool, "rb") as fh:
+            data = bytearray(fh.read())
         at = data.find((np.arange(4, dtype=np.float32) + 100 * 7).tobytes())
         self.assertGreater(at, 0)
         data[at + 5] ^= 0x20
-        open(pool, "wb").write(data)
+        with open(pool, "wb") as fh:
+            fh.write(data)
         c = connect(self.db)
         try:
             for sql in ("SELECT vec FROM t WHERE id = 7", "SELECT id, vec FROM t WHERE id IN (3, 7, 9)",
@@ -140,6 +143,38 @@ class TestDamagedStoreFiles(TempDirTest):
             self.assertIn("the store's pool file %s/store.pool is 16781312 bytes, not the 16777216 its CREATE made "
                           "(recorded in %s/app-sqlite-options): it was changed outside embkv; restore the store "
                           "from a backup" % ((os.path.join(self.dir, "s"),) * 2), str(cm.exception))
+        c.close()
+
+    def test_a_table_without_its_store_answers_the_reason_code(self):
+        """A table whose store is damaged answers every use but DROP with
+        SQLITE_CORRUPT, one whose directory is gone with SQLITE_CANTOPEN:
+        statements and functions alike, the message naming the file."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, path='s', pool_size='16M')")
+        c.execute("CREATE VIRTUAL TABLE g USING embkv(dim=4, path='g')")
+        c.execute("INSERT INTO t(id, vec) VALUES (1, '[1,2,3,4]')")
+        c.close()
+        with open(os.path.join(self.dir, "s", "store.pool"), "ab") as fh:
+            fh.write(b"\0" * 4096)
+        shutil.rmtree(os.path.join(self.dir, "g"))
+        c = connect(self.db)
+        uses = ("SELECT count(*) FROM {t}", "SELECT vec FROM {t} WHERE id = 1",
+                "INSERT INTO {t}(id, vec) VALUES (2, '[0,0,0,0]')", "DELETE FROM {t} WHERE id = 1",
+                "SELECT embkv_stats('{t}')", "SELECT embkv_pull('{t}', '[1]')",
+                "SELECT embkv_checkpoint('{t}')", "SELECT * FROM embkv_knn('{t}', '[1,2,3,4]', 1)",
+                "SELECT embkv_export('{t}', 'x.export')")
+        for table, code, why in (("t", 11, "store.pool is 16781312 bytes"),
+                                 ("g", 14, "no embkv store at %s: the directory does not exist"
+                                  % os.path.join(self.dir, "g"))):
+            for sql in uses:
+                with self.assertRaises(sqlite3.DatabaseError, msg=sql) as cm:
+                    c.execute(sql.format(t=table)).fetchall()
+                self.assertEqual(cm.exception.sqlite_errorcode, code, sql)
+                self.assertIn("table %s: " % table, str(cm.exception))
+                self.assertIn(why, str(cm.exception))
+            c.execute("DROP TABLE %s" % table)
+        self.assertEqual(c.execute("SELECT count(*) FROM sqlite_master WHERE name IN ('t', 'g')").fetchone()[0], 0)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "s", "store.pool")))
         c.close()
 
     def test_deleted_options_file_cannot_change_the_optimizer(self):
