@@ -906,6 +906,16 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         emsg = NULL;
         erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     }
+    /* The tables of a store share one DRAM cache in a process, sized by
+     * the first open: a table that reconnects asking for another size
+     * shares it.  Its CREATE met the cache of its time; the order in which
+     * a later process opens the tables must not leave one unusable. */
+    if (erc == EMBKV_INVALID && !create && eo.cache_size && emsg && strstr(emsg, "with option cache_size")) {
+        sqlite3_free(emsg);
+        emsg = NULL;
+        eo.cache_size = 0;
+        erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
+    }
     if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {
         char *m = sqlite3_mprintf("%s: one process at a time may write a store (waited %d ms, the "
                                   "connection's busy timeout): to read it beside that process, open this database "

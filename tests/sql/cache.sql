@@ -48,3 +48,17 @@ SELECT 'in', id, tier FROM item WHERE id IN (701, 702) ORDER BY id;
 -- option errors
 CREATE VIRTUAL TABLE neg USING embkv(dim=4, cache_size='-1');
 CREATE VIRTUAL TABLE bad USING embkv(dim=4, cache_size='lots');
+-- two tables of one store asking for different caches: a CREATE while the
+-- store is open with another size is refused; after a reopen the first to
+-- open sizes the cache and the other shares it, whichever opens first
+CREATE VIRTUAL TABLE c1 USING embkv(dim=4, path='shared.embkv', cache_size='1M');
+CREATE VIRTUAL TABLE c2 USING embkv(dim=4, path='shared.embkv', cache_size='2M');
+-- @reopen
+CREATE VIRTUAL TABLE c2 USING embkv(dim=4, path='shared.embkv', cache_size='2M');
+SELECT 'c2-first', json_extract(embkv_stats('c2'), '$.tiers.dram.capacity_rows'),
+       json_extract(embkv_stats('c1'), '$.tiers.dram.capacity_rows');
+INSERT INTO c1(id, vec) VALUES (1, '[1,2,3,4]');
+-- @reopen
+SELECT 'c1-first', json_extract(embkv_stats('c1'), '$.tiers.dram.capacity_rows'),
+       json_extract(embkv_stats('c2'), '$.tiers.dram.capacity_rows');
+SELECT 'c2-reads', id, embkv_json(vec) FROM c2;
