@@ -123,8 +123,9 @@ uint64_t evict_steps_at(embkv_store *s, uint64_t durable)
     return n ? m[n - 1].steps : 0;
 }
 
-/* (With sync_mu held: the sync's.) */
-void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
+/* (With sync_mu held: the sync's, which makes the mark durable with the
+ * epoch's pages.) */
+const evict_mark *evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
 {
     /* Marks of this epoch or later are of syncs that did not complete
      * (recovery returned to before them): their slots are free. */
@@ -161,7 +162,7 @@ void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
     evict_mark nm = {.epoch = epoch, .time_ms = now, .steps = steps};
     nm.check = evict_mark_check(&nm);
     s->root->marks[to] = nm;
-    pmemobj_persist(s->pop, &s->root->marks[to], sizeof nm);
+    return &s->root->marks[to];
 }
 
 /* ------------------------------------------------------------- a pass */

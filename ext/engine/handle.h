@@ -121,6 +121,7 @@ struct embkv_store {
     atomic_uint_fast64_t *bdirty[2]; /* index buckets written in each epoch (mark_bucket) */
     size_t bdirty_words;
     void *dirty_map;           /* the mapping of DIRTY_FILE holding dirty[] and bdirty[], or NULL (DRAM) */
+    int pool_fd;               /* the pool file, for dirtymap_flush's fdatasync; -1: none (persist.c) */
     size_t dirty_map_len;
     bool sync_failed;          /* the last sync failed: the next flushes both bitmaps */
     pthread_mutex_t sync_mu;

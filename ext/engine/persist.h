@@ -16,6 +16,9 @@
  * now on persistent memory, its pages marked in the current epoch's bitmap
  * otherwise.  Any thread; no lock. */
 void persist_range(embkv_store *s, const void *addr, size_t len);
+/* As persist_range, into the bitmap of epoch (the epoch a sync is closing,
+ * after its switch: its flush writes the range with the epoch's pages). */
+void persist_range_in(embkv_store *s, const void *addr, size_t len, uint64_t epoch);
 /* Orders the flushes before it ahead of the stores after it (drains on
  * persistent memory; nothing on a mapped file, whose order is the sync's). */
 void persist_barrier(embkv_store *s);
@@ -35,9 +38,10 @@ void dirtymap_close(embkv_store *s);
  * persist_range, wherever a slot, its used bit or an overflow counter
  * changes (P4). */
 void mark_bucket(embkv_store *s, const void *bk);
-/* msyncs every page marked in bitmap bm (s->dirty[e & 1] of the epoch e
- * being synced), coalescing runs of pages; the bits stay until
- * dirtymap_clear_epoch.  EMBKV_IO naming the pool on a failure. */
+/* Writes every page marked in bitmap bm (s->dirty[e & 1] of the epoch e
+ * being synced) to the file: one run of pages by an msync, more by one
+ * fdatasync of the pool file; the bits stay until dirtymap_clear_epoch.
+ * EMBKV_IO naming the pool on a failure. */
 int dirtymap_flush(embkv_store *s, atomic_uint_fast64_t *bm);
 /* Epoch e is durable: its page and bucket bitmaps and its tally cleared. */
 void dirtymap_clear_epoch(embkv_store *s, uint64_t e);

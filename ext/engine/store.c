@@ -497,6 +497,7 @@ static embkv_store *alloc_store(void)
     pthread_cond_init(&s->mg_cond, NULL);
     pthread_mutex_init(&s->la_mu, NULL);
     s->lockfd = -1;
+    s->pool_fd = -1;
     if (snap_init(s) != EMBKV_OK) {
         free_store(s);
         return NULL;

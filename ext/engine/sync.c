@@ -151,6 +151,15 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     int rc = tier_sync_log(s, e, tail);
     if (rc == EMBKV_OK && debug_sync_point())
         rc = embkv__err(EMBKV_IO, "store %s: the sync failed (embkv_debug_fail_syncs)", s->path);
+    if (rc == EMBKV_OK) {
+        /* E's checkpoint mark goes to the media with E's pages (one flush):
+         * the epoch it names is not durable until the root says so below,
+         * and a mark of an epoch that never became durable is taken for
+         * none (evict.c); should this sync fail, the mark still holds P8
+         * for the records of E that a later sync makes durable. */
+        const evict_mark *m = evict_mark_write(s, e, steps_e);
+        persist_range_in(s, m, sizeof *m, e);
+    }
     if (rc == EMBKV_OK && s->is_pmem)
         pmem_drain();
     else if (rc == EMBKV_OK) {
@@ -161,16 +170,15 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
             rc = dirtymap_flush(s, s->dirty[(e + 1) & 1]);
     }
     if (rc == EMBKV_OK) {
-        /* The mark first: the epoch it names is not durable until the
-         * store below, and a mark of an epoch that never became durable
-         * is taken for none (evict.c). */
-        evict_mark_write(s, e, steps_e);
         /* (stats read it beside a sync) */
         __atomic_store_n(&s->root->durable_epoch, e, __ATOMIC_RELAXED);
-        pmemobj_persist(s->pop, &s->root->durable_epoch, sizeof s->root->durable_epoch);
         s->root->durable_rows = rows_e;
         s->root->durable_rows_check = durable_rows_check(rows_e, e);
-        pmemobj_persist(s->pop, &s->root->durable_rows, 2 * sizeof s->root->durable_rows);
+        /* The epoch and its row count with one flush: their check binds
+         * them, so a power cut that writes one of them leaves no count,
+         * not a wrong one. */
+        pmemobj_persist(s->pop, &s->root->durable_epoch,
+                        (size_t)((char *)(&s->root->durable_rows_check + 1) - (char *)&s->root->durable_epoch));
         if (durable)
             *durable = e;
         /* Epoch e is durable: its pages need not be marked any more. */
