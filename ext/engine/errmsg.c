@@ -9,7 +9,8 @@
 
 #include "base.h"
 
-static _Thread_local char errbuf[512] = "no error";
+/* Room for a message that names two long paths with its advice. */
+static _Thread_local char errbuf[4096] = "no error";
 
 int embkv__err(int rc, const char *fmt, ...)
 {
@@ -18,9 +19,11 @@ int embkv__err(int rc, const char *fmt, ...)
     char msg[sizeof errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    memcpy(errbuf, msg, sizeof msg);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+    msg[len] = 0;
+    memcpy(errbuf, msg, len + 1);
     return rc;
 }
 

@@ -372,7 +372,6 @@ const char *ek_name_arg(sqlite3_value *v, bool *nul);
 /* The parsers of the training options (0 when the value is valid). */
 int ek_parse_optimizer(const char *val, void *field);
 int ek_parse_init(const char *val, void *field);
-int ek_parse_staleness(const char *val, void *field);
 int ek_parse_admit(const char *val, void *field);
 int ek_parse_ttl(const char *val, void *field);
 void ek_format_ttl(uint64_t ms, char *buf, size_t n);

@@ -129,6 +129,16 @@ static uint32_t row_crc(int64_t id, uint64_t clock, const void *vec, size_t vbyt
     return (uint32_t)(sbytes ? crc32(c, state, (uInt)sbytes) : c);
 }
 
+
+/* The name to give sqlite3_open_v2 for the file `name` (sqlite3_malloc'd):
+ * the name itself, but "./" before a relative ":memory:" or "file:..."
+ * that SQLite would take for an in-memory database or a URI.  Export and
+ * import name files of the file system, literally, as open() does. */
+static char *literal_path(const char *name)
+{
+    int special = name[0] != '/' && (!strcmp(name, ":memory:") || !sqlite3_strnicmp(name, "file:", 5));
+    return sqlite3_mprintf(special ? "./%s" : "%s", name);
+}
 /* ------------------------------------------------------------------------
  * Errors: "fname: table T: message" (or "fname: message" before the table
  * is known), with the SQLite code given.
@@ -700,7 +710,11 @@ static int open_out(exporter *e)
                            strerror(err));
     }
     if (!e->tmp) return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': no free temporary name beside it", e->file);
-    if (sqlite3_open_v2(e->tmp, &e->out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    char *lit = literal_path(e->tmp);
+    if (!lit) return ex_fail(e, SQLITE_NOMEM, "out of memory");
+    int lrc = sqlite3_open_v2(lit, &e->out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    sqlite3_free(lit);
+    if (lrc != SQLITE_OK) {
         if (!e->out) return ex_fail(e, SQLITE_NOMEM, "out of memory");
         return ex_file_fail(e);
     }
@@ -882,7 +896,11 @@ static int open_in(importer *m)
         return im_fail(m, SQLITE_ERROR, errno == ENOENT ? "file '%s' does not exist" : "cannot open file '%s': %s",
                        m->file, strerror(errno));
     if (S_ISDIR(sb.st_mode)) return im_fail(m, SQLITE_ERROR, "file '%s' is a directory, not an embkv export", m->file);
-    if (sqlite3_open_v2(m->file, &m->in, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    char *lit = literal_path(m->file);
+    if (!lit) return im_fail(m, SQLITE_NOMEM, "out of memory");
+    int orc = sqlite3_open_v2(lit, &m->in, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    sqlite3_free(lit);
+    if (orc != SQLITE_OK) {
         if (!m->in) return im_fail(m, SQLITE_NOMEM, "out of memory");
         return im_file_fail(m);
     }

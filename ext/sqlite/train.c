@@ -106,6 +106,16 @@ static const float *parse_grads(sqlite3_value *v, size_t n, uint32_t dim, bool *
                 g = NULL;
                 break;
             }
+            if (isfinite(e->valuedouble) && isinf((float)e->valuedouble)) {
+                /* (as a float it would be infinite, which the push refuses
+                 * naming a value nobody wrote) */
+                *err = sqlite3_mprintf("grads element %llu (row %llu of the batch, element %llu) is out of float32 "
+                                       "range: %.9g", (unsigned long long)k, (unsigned long long)(k / dim),
+                                       (unsigned long long)(k % dim), e->valuedouble);
+                sqlite3_free(g);
+                g = NULL;
+                break;
+            }
             g[k] = (float)e->valuedouble;
         }
         cJSON_Delete(j);

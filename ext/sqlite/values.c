@@ -408,20 +408,6 @@ int ek_parse_optimizer(const char *val, void *field)
     return -1;
 }
 
-int ek_parse_staleness(const char *val, void *field)
-{
-    if (sqlite3_stricmp(val, "unlimited") == 0) {
-        *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
-        return 0;
-    }
-    char *end;
-    long long s = strtoll(val, &end, 10);
-    if (end == val || *end || s < 0 || s > 1000000)
-        return -1;
-    *(int64_t *)field = s;
-    return 0;
-}
-
 /* none | count(N) with N from 1 to 255 (admission: an id is stored from
  * its N-th pull); field is embkv_train_options.admit_count. */
 int ek_parse_admit(const char *val, void *field)

@@ -58,6 +58,7 @@ SQLITE_EXTENSION_INIT3
 /* ------------------------------------------------------------------------
  * Options: one line per option.
  */
+static int parse_staleness(const char *val, void *field);
 enum { EKO_U32, EKO_U64, EKO_BYTES, EKO_STR, EKO_CUSTOM };
 
 typedef struct ekopt_def {
@@ -108,7 +109,7 @@ static const ekopt_def ek_options[] = {
      "none, zeros, uniform(a,b) with a < b, or normal(mean,std) with std >= 0", ek_parse_init},
     {"seed", EKO_U64, offsetof(embkv_tabopts, train.seed), 0, UINT64_MAX, "an integer from 0 to 18446744073709551615", NULL},
     {"staleness", EKO_CUSTOM, offsetof(embkv_tabopts, train.staleness), 0, 0,
-     "an integer >= 0 or unlimited", ek_parse_staleness},
+     "an integer from 0 to 1000000, or unlimited", parse_staleness},
     {"wait_ms", EKO_U32, offsetof(embkv_tabopts, train.wait_ms), 0, 86400000, "milliseconds from 0 to 86400000",
      NULL},
     /* Admission and eviction: kept in the options file only when not at
@@ -267,6 +268,17 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
     return 0;
 }
 
+/* unlimited, or a count of pulls from 0 to 1000000 written as counts are
+ * (1e3 included); field is embkv_train_options.staleness. */
+static int parse_staleness(const char *val, void *field)
+{
+    uint64_t u;
+    if (sqlite3_stricmp(val, "unlimited") == 0) *(int64_t *)field = EMBKV_STALENESS_UNLIMITED;
+    else if (parse_uint(val, 0, &u) == 0 && u <= 1000000) *(int64_t *)field = (int64_t)u;
+    else return -1;
+    return 0;
+}
+
 static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
 {
     uint64_t seen = 0;
@@ -304,6 +316,15 @@ static int parse_options(ekvtab *v, int argc, const char *const *argv, char **er
         }
         seen |= bit;
         char *val = opt_value(eq + 1);
+        if (val && d->type != EKO_STR) {
+            /* Blanks inside the quotes mean nothing in a number or a name
+             * ('16M ', ' adam'); a directory name keeps them. */
+            size_t b = 0, n = strlen(val);
+            while (ek_is_blank(val[b])) b++;
+            while (n > b && ek_is_blank(val[n - 1])) n--;
+            memmove(val, val + b, n - b);
+            val[n - b] = 0;
+        }
         const char *raw = eq + 1;
         while (ek_is_blank(*raw)) raw++;
         int ok = val && *val;
@@ -806,6 +827,15 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     int made_dir = 0, listed = 0, create_held = 0, rc;
     if (!v->zDb || !v->zName) {
         rc = SQLITE_NOMEM;
+        goto fail;
+    }
+    if (create && (!sqlite3_stricmp(argv[2], "embkv_knn") || !sqlite3_stricmp(argv[2], "embkv_heat") ||
+                   !sqlite3_stricmp(argv[2], "embkv_pending"))) {
+        /* A table of that name would hide the extension's own table of
+         * the name (its table-valued function) in this schema. */
+        err = sqlite3_mprintf("the name %s is one of the extension's own tables (embkv_knn, embkv_heat, "
+                              "embkv_pending): give the table another name", argv[2]);
+        rc = SQLITE_ERROR;
         goto fail;
     }
     rc = parse_options(v, argc, argv, &err);

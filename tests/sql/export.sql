@@ -251,3 +251,9 @@ SELECT 'some-import', embkv_import('a9', 'a1-some.export'), embkv_import('a9', '
 SELECT 'none-held', embkv_export('a1', 'a1-none.export', '[1000, 1001]');
 SELECT embkv_export('a1', 'a1-bad.export', x'0102');
 SELECT embkv_export('a1', 'a1-bad.export', '[]');
+-- a file name is a path, taken literally by both: ':memory:' and 'file:'
+-- names are files of the current directory, not SQLite's special names
+SELECT 'literal-export', embkv_export('a1', ':memory:'), embkv_export('a1', 'file:a1.export?mode=rwc');
+CREATE VIRTUAL TABLE a10 USING embkv(dim=3, optimizer=adagrad, lr=0.5);
+SELECT 'literal-import', embkv_import('a10', ':memory:'), embkv_import('a10', 'file:a1.export?mode=rwc');
+SELECT embkv_import('a10', 'file:nosuch.export');

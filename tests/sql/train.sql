@@ -345,3 +345,15 @@ SELECT 'edge-uniform', embkv_dims(embkv_pull('edge_uniform', '[1, 2, 3]'));
 CREATE VIRTUAL TABLE wide USING embkv(dim=8192, init='zeros', pool_size='16M');
 SELECT length(embkv_pull('wide', (SELECT json_group_array(1) FROM generate_series(1, 40000))));
 SELECT 'wide-rows', count(*) FROM wide;
+-- a JSON gradient past float32's range is refused naming its element
+SELECT embkv_push('ovf', '[1, 2]', '[1, 1e39]');
+SELECT 'ovf-rows', id, embkv_json(vec), clock FROM ovf ORDER BY id;
+-- values of numbers and names are read without blanks around them;
+-- staleness is a count as the others are, up to 1000000
+CREATE VIRTUAL TABLE blanks USING embkv(dim=2, optimizer=' adagrad ', lr=' 0.5 ', staleness=' 1e3 ',
+    pool_size='16M ', dtype=' f16 ', capacity=' 1000');
+SELECT 'blanks', json_extract(embkv_stats('blanks'), '$.dtype'), json_extract(embkv_stats('blanks'), '$.state_floats');
+CREATE VIRTUAL TABLE bad USING embkv(dim=2, staleness=1000001);
+-- the extension's own table names are refused
+CREATE VIRTUAL TABLE embkv_knn USING embkv(dim=2);
+CREATE VIRTUAL TABLE Embkv_Pending USING embkv(dim=2);
