@@ -113,6 +113,11 @@ static inline uint64_t hash_step(uint64_t h) { return ((h >> 48) & 3) * 2 + 1; }
 /* ------------------------------------------------------------ util.c */
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t now_ns(void);
+/* This process's id, without a system call: cached, and reset in the child
+ * of a fork (pthread_atfork, registered at the first call).  A store
+ * handle records it at its open; a handle whose pid is not this one was
+ * inherited through fork() (fork_refused). */
+long proc_pid(void);
 /* A condition variable's deadline ms from now (CLOCK_REALTIME: their
  * default clock; the background threads' ticks). */
 struct timespec deadline_after_ms(long ms);

@@ -615,6 +615,7 @@ int embkv_get_batch_device(embkv_store *s, const int64_t *ids, size_t n, void *d
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_device: NULL argument");
+    FORK_REFUSE(s, "embkv_get_batch_device");
     return gpu_gather(s, ids, n, dev_out, stream, NULL, NULL, nmissing, NULL, "embkv_get_batch_device");
 }
 

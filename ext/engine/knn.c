@@ -1199,6 +1199,7 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
 {
+    FORK_REFUSE(s, "embkv_knn");
     if (!s || !s->reader)
         return knn_run(s, queries, nq, k, opt, out_ids, out_dist, found, false);
     /* A reader process: the calling thread's slot covers the workers'

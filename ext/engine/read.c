@@ -109,6 +109,7 @@ int embkv_get(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinf
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_get: store is NULL");
+    FORK_REFUSE(s, "embkv_get");
     if (s->reader) {
         uint8_t found = 0;
         int rc = ro_read(s, 0, &id, 1, vec, state, info, &found, NULL, NULL);
@@ -239,6 +240,7 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
 {
     if (!s || (n && (!ids || !out)))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
+    FORK_REFUSE(s, "embkv_get_batch");
     if (s->reader)
         return ro_read(s, 0, ids, n, out, NULL, NULL, found, nmissing, NULL);
     return get_batch_rows(s, ids, n, out, NULL, found, nmissing);
@@ -539,6 +541,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
+    FORK_REFUSE(s, "embkv_get_batch_at");
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, NULL, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing);
@@ -549,6 +552,7 @@ int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t 
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_rows_at: NULL argument");
+    FORK_REFUSE(s, "embkv_get_rows_at");
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, state, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing);
@@ -559,6 +563,7 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
 {
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
+    FORK_REFUSE(s, "embkv_locate_batch_at");
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, NULL, NULL, NULL, found, NULL, tier);
     return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);

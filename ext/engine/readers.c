@@ -829,8 +829,18 @@ void readers_ix_read(embkv_store *s, uint64_t *off, uint64_t *nbuckets)
     }
 }
 
+int fork_refused(embkv_store *s, const char *fn)
+{
+    return embkv__err(EMBKV_READONLY, "%s: store %s was opened by process %ld, and this process (%ld) is a fork of "
+                      "it: a forked process may not use its parent's handle of a store (the parent may be changing "
+                      "the store beside it); open the store in this process instead (in SQL: a connection opened "
+                      "here, read-only to read beside the parent)", fn, s->path, (long)s->pid, proc_pid());
+}
+
 int rd_refuse(embkv_store *s, const char *fn)
 {
+    if ((long)s->pid != proc_pid())
+        return fork_refused(s, fn);
     long w = readers_writer_pid(s);
     if (w == getpid())
         return embkv__err(EMBKV_READONLY, "%s: this handle of store %s was opened read-only; this process also has "

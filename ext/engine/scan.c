@@ -21,6 +21,7 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 {
     if (!s || !fn)
         return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
+    FORK_REFUSE(s, "embkv_scan");
     if (s->reader)
         return ro_scan(s, fn, ctx);
     size_t row_floats = (size_t)s->dim + s->state_floats;
@@ -90,6 +91,7 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size
 {
     if (!s || !pos || !ids || !n || cap < 64)
         return embkv__err(EMBKV_INVALID, "embkv_scan_ids: NULL argument or cap below 64");
+    FORK_REFUSE(s, "embkv_scan_ids");
     *n = 0;
     if (s->reader)
         return ro_scan_ids(s, pos, ids, cap, n);

@@ -1121,7 +1121,7 @@ static int open_reader(const char *dir, const struct stat *st, const embkv_optio
     s->dev = st->st_dev;
     s->ino = st->st_ino;
     s->refs = 1;
-    s->pid = getpid();
+    s->pid = (pid_t)proc_pid();
     s->path = realpath(dir, NULL);
     int rc = EMBKV_OK;
     if (!s->path) {
@@ -1252,7 +1252,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     for (embkv_store *o = registry; o; o = o->next)
         /* A store inherited through fork() is the parent's: the child opens
          * anew, and the parent's lock refuses it. */
-        if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == getpid() &&
+        if (o->dev == st.st_dev && o->ino == st.st_ino && o->pid == proc_pid() &&
             (!o->reader || ((flags & EMBKV_OPEN_READONLY) && !same)))
             same = o;
     if (same) {
@@ -1310,7 +1310,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     }
     char lockpath[PATH_MAX];
     snprintf(lockpath, sizeof lockpath, "%s/%s", s->path, LOCK_FILE);
-    s->pid = getpid();
+    s->pid = (pid_t)proc_pid();
     s->lockfd = open_lock(lockpath);
     if (s->lockfd < 0) {
         rc = errno == ELOOP ? embkv__err(EMBKV_IO, "store %s: its %s is a symbolic link or not a plain file, which "
@@ -1421,7 +1421,7 @@ int embkv_close(embkv_store *s)
             break;
         }
     }
-    if (getpid() != s->pid) {
+    if (proc_pid() != s->pid) {
         /* A forked child closing what it inherited (its connections are
          * garbage collected): the pool is mapped shared, so a sync or the
          * clean mark would write into the parent's live store.  Close the

@@ -743,6 +743,7 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
     int rc = pull_check(ss, ids, n, out, flags, "embkv_pull");
     if (rc != EMBKV_OK || n == 0)
         return rc;
+    FORK_REFUSE(ss->s, "embkv_pull");
     embkv_store *s = ss->s;
     struct train_state *t = train_of(s);
     embkv_train_options o = options_now(t);
@@ -1364,6 +1365,7 @@ int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nrele
         *nreleased = 0;
     if (!ss || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_release: NULL argument");
+    FORK_REFUSE(ss->s, "embkv_release");
     if (n && ss->n) {
         int64_t *uniq = malloc(n * sizeof *uniq);
         size_t *slot_of = malloc(n * sizeof *slot_of), nu = 0;

@@ -7,6 +7,8 @@
  * were three copies of the clock).
  */
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,23 @@
 #include <unistd.h>
 
 #include "base.h"
+
+static _Atomic long cached_pid;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_forgotten(void) { atomic_store(&cached_pid, 0); }
+static void pid_watch(void) { pthread_atfork(NULL, NULL, pid_forgotten); }
+
+long proc_pid(void)
+{
+    long p = atomic_load_explicit(&cached_pid, memory_order_relaxed);
+    if (p)
+        return p;
+    pthread_once(&pid_once, pid_watch);
+    p = (long)getpid();
+    atomic_store(&cached_pid, p);
+    return p;
+}
 
 uint64_t now_ns(void)
 {

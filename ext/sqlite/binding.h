@@ -182,6 +182,10 @@ struct ekconn {
     int pnsp, cappmark;
     ekpend *staged;       /* the row our nested INSERT is writing */
     ekwbuf *wbufs;        /* write buffers, one per store (wbuf.c) */
+    long pid;             /* the process that opened the connection: a
+                           * fork's child may not commit through it (its
+                           * journal slots are the parent's; the engine
+                           * refuses the child every use of the store) */
 };
 
 /* The virtual table instance (vtab.c): one per table per connection. */

@@ -418,6 +418,7 @@ ekconn *ekconn_get(sqlite3 *db)
     } else if ((c = calloc(1, sizeof *c)) != NULL) {
         c->db = db;
         c->refs = 1;
+        c->pid = (long)getpid();
         c->next = ek_conn_list;
         ek_conn_list = c;
     }

@@ -205,7 +205,10 @@ static void fn_engine_error(sqlite3_context *ctx, const char *fname, const embkv
 {
     char *m = sqlite3_mprintf("%s: table %s: %s", fname, ref->name, embkv_errmsg());
     sqlite3_result_error(ctx, m ? m : fname, -1);
-    sqlite3_result_error_code(ctx, erc == EMBKV_NOMEM ? SQLITE_NOMEM : erc == EMBKV_IO ? SQLITE_IOERR : SQLITE_ERROR);
+    sqlite3_result_error_code(ctx, erc == EMBKV_NOMEM      ? SQLITE_NOMEM
+                                   : erc == EMBKV_IO       ? SQLITE_IOERR
+                                   : erc == EMBKV_READONLY ? SQLITE_READONLY
+                                                           : SQLITE_ERROR);
     sqlite3_free(m);
 }
 

@@ -39,6 +39,7 @@ static void train_error(sqlite3_context *ctx, const char *fname, const char *tab
     case EMBKV_BUSY: sqlite3_result_error_code(ctx, SQLITE_BUSY); break;
     case EMBKV_NOMEM: sqlite3_result_error_nomem(ctx); break;
     case EMBKV_FULL: sqlite3_result_error_code(ctx, SQLITE_FULL); break;
+    case EMBKV_READONLY: sqlite3_result_error_code(ctx, SQLITE_READONLY); break;
     /* A missing id is the caller's error (SQLITE_ERROR): SQLITE_NOTFOUND
      * is SQLite's internal code, which Python raises as InternalError. */
     default: break;

@@ -9,6 +9,7 @@
 SQLITE_EXTENSION_INIT3
 
 #include <string.h>
+#include <unistd.h>
 
 static void wbuf_unlink(ekconn *c, ekwbuf *wb)
 {
@@ -106,6 +107,13 @@ int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg)
 {
     *msg = NULL;
     if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
+    if (v && v->conn->pid != (long)getpid()) {
+        *msg = sqlite3_mprintf("this connection was opened by process %ld, and this process (%ld) is a fork of it: "
+                               "a forked process may not commit through its parent's connection (nor may SQLite's "
+                               "own connections be used across fork); open the database in this process",
+                               v->conn->pid, (long)getpid());
+        return SQLITE_READONLY;
+    }
     /* The record goes into the shadow table of v, or of another table of
      * the connection on this store when v has none (journal.c). */
     if (v && !ekjournal_wanted(v)) {

@@ -388,6 +388,61 @@ class TestForkedChild(Base):
                          % (store, out_pid(out)))
 
 
+FORKED_INHERITED = r"""
+import os, sqlite3, sys
+def conn():
+    c = sqlite3.connect(sys.argv[2], isolation_level=None)
+    c.enable_load_extension(True)
+    c.load_extension(sys.argv[1])
+    return c
+parent = conn()
+sys.stderr.write("pid %d\n" % os.getpid())
+parent.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='inherited.embkv', init='zeros', lr=1)")
+parent.execute("INSERT INTO t VALUES (1, '[1,1]')")
+parent.execute("SELECT embkv_pull('t', '[1, 2]')").fetchone()
+parent.execute("SELECT embkv_push('t', '[1, 2]', '[1,1,1,1]')").fetchone()
+parent.execute("SELECT embkv_checkpoint('t')").fetchone()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    # what a DataLoader worker would do with the connection it inherited
+    for sql in ("SELECT embkv_pull('t', '[3]')", "SELECT embkv_pull('t', '[1]')",
+                "SELECT embkv_push('t', '[1]', '[1,1]')", "INSERT INTO t VALUES (100, '[5,5]')",
+                "SELECT count(*) FROM t", "SELECT embkv_checkpoint('t')"):
+        try:
+            parent.execute(sql).fetchall()
+            os.write(w, b"child did: %s\n" % sql.encode())
+        except sqlite3.Error as e:
+            os.write(w, b"child refused: %d %s\n" % (e.sqlite_errorcode, str(e).encode()))
+    os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+with os.fdopen(r) as fh:
+    sys.stdout.write(fh.read())
+parent.execute("SELECT embkv_push('t', '[1]', '[1,1]')").fetchone()
+parent.close()
+print(conn().execute("SELECT group_concat(id || ':' || embkv_json(vec) || ':' || clock, ' ') "
+                     "FROM (SELECT id, vec, clock FROM t ORDER BY id)").fetchone()[0])
+"""
+
+
+class TestInheritedConnection(Base):
+    def test_a_forked_child_may_not_use_its_parents_connection(self):
+        """Reads, pulls, pushes, an INSERT and a checkpoint through the
+        handle a fork inherited are refused (SQLITE_READONLY); the parent
+        goes on and the store reopens with exactly its rows."""
+        out = subprocess.run([sys.executable, "-c", FORKED_INHERITED, EXT, self.db], capture_output=True, text=True,
+                             timeout=60, cwd=self.dir)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        pid = out_pid(out)
+        lines = out.stdout.splitlines()
+        self.assertEqual(len(lines), 7, out.stdout)
+        tail = " was opened by process %d, and this process (" % pid
+        for line in lines[:6]:
+            self.assertTrue(line.startswith("child refused: 8 ") and tail in line, line)
+        self.assertEqual(lines[6], "1:[-1,-1]:2 2:[-1,-1]:1")
+
+
 COMMIT_UNDER_CHECKPOINTS = r"""
 import os, sqlite3, sys, threading
 def conn():
