@@ -46,7 +46,10 @@ SQLITE_EXTENSION_INIT3
  * Invariants (relied on by run_one):
  *  D1. A handle is a number given once per library copy, never an
  *      address: a handle kept past its connection's close names nothing,
- *      even when a new connection gets the same address.
+ *      even when a new connection gets the same address.  Each copy counts
+ *      from a random base of its own (a multiple of 2^32), so that a
+ *      handle another copy of the library gave (a connection that loaded
+ *      the extension from another file) names nothing here either.
  *  D2. An entry leaves the list in live_drop, which SQLite calls while
  *      closing the connection, holding its mutex, before freeing it.  So
  *      a thread that holds live_mu, finds the entry and then takes the
@@ -82,6 +85,11 @@ static bool live_add(sqlite3 *db)
                 live = grown;
                 caplive = cap;
             }
+        }
+        if (!last_handle) {
+            uint32_t r;
+            sqlite3_randomness(sizeof r, &r);
+            last_handle = (sqlite3_int64)((r & 0x3fffffffu) + 1) << 32;
         }
         if (nlive < caplive)
             live[nlive++] = (live_conn){db, 1, ++last_handle}; /* D1 */

@@ -341,6 +341,28 @@ class WhatSqlCannotDo(TempDirTest):
         self.assertEqual(self.direct_pull(h2, 1, 8)[0], -1)  # closed: refused, not used
         embkv.release(self.conn, "a", [1, 2])
 
+    def test_a_handle_of_another_library_file_names_nothing(self):
+        """A connection that loaded the extension from another file has a
+        handle of that file's: the package's direct call refuses it (-1)
+        and runs the SQL functions on that connection."""
+        import shutil
+        os.makedirs(os.path.join(self.dir, "copy"))
+        copy = os.path.join(self.dir, "copy", "embkv")
+        shutil.copy(EXT + ".so", copy + ".so")
+        b = sqlite3.connect(":memory:", isolation_level=None)
+        b.enable_load_extension(True)
+        b.load_extension(copy)
+        b.execute("CREATE VIRTUAL TABLE a USING embkv(dim=2, init='zeros', lr=1)")
+        b.execute("INSERT INTO a VALUES (7, '[5,5]')")
+        hb = b.execute("SELECT embkv_connection()").fetchone()[0]
+        self.assertNotEqual(hb, self.conn.execute("SELECT embkv_connection()").fetchone()[0])
+        self.assertEqual(self.direct_pull(hb, 1, 8)[0], -1)
+        np.testing.assert_array_equal(embkv.pull(b, "a", [7]), [[5, 5]])
+        embkv.push(b, "a", [7], np.ones((1, 2), np.float32))
+        self.assertEqual(b.execute("SELECT embkv_json(vec), clock FROM a WHERE id = 7").fetchone(), ("[4,4]", 1))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM a").fetchone()[0], 0)
+        b.close()
+
     def test_handles_are_never_reused(self):
         # (a new connection may get a closed one's address: never its handle)
         seen = set()
