@@ -88,7 +88,7 @@ class _Step:
     state: "open", "closed" (pushed) or "released"."""
 
     __slots__ = ("conn", "table", "key", "dim", "mode", "pulled", "grads", "extra", "state", "lock", "queued",
-                 "leaves", "__weakref__")
+                 "leaves", "owner", "__weakref__")
 
     def __init__(self, conn, table, key, dim, mode):
         self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
@@ -99,6 +99,7 @@ class _Step:
         self.lock = threading.RLock()
         self.queued = False                        # its end is queued on the running backward pass
         self.leaves = 0                            # batch tensors alive that may still get a gradient
+        self.owner = threading.get_ident()         # the thread whose forwards make the step
 
     def pull(self, ids, device=None):
         """Rows of ids (writable; a CUDA tensor when device is one), and
@@ -459,7 +460,18 @@ class _TableModule(torch.nn.Module):
                 w = torch.cat([w, torch.zeros(1, self.embedding_dim, device=self.device)])
             return w, local.reshape(ids.shape).to(self.device), pad
         st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
-        rows, k = st.pull(real, dev)
+        with st.lock:
+            me = threading.get_ident()
+            if st.pulled and st.owner != me and st.state == "open":
+                # A step is one thread's: another thread's forwards would
+                # join it, and its update would end the other's half-way.
+                raise RuntimeError("embkv.torch: table %r: a training step on this connection is open in another "
+                                   "thread (its forward is not updated yet), and this thread makes a forward: "
+                                   "threads that train at once need a connection each (embkv.connect in each "
+                                   "thread)" % self.table)
+            if not st.pulled:
+                st.owner = me
+            rows, k = st.pull(real, dev)
         given = [False]  # this batch tensor's gradient went into an update
 
         def hook(grad):

@@ -511,6 +511,39 @@ class TestPermits(Base):
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 1)
 
 
+class TestThreads(Base):
+    def test_a_connection_trains_in_one_thread_at_a_time(self):
+        """A forward while another thread's step is open on the connection
+        raises (it would join that step, whose update would end the other's
+        half-way, silently losing gradients); once that step is updated the
+        other thread trains, and every update reached the rows."""
+        conn = embkv.connect(self.db, check_same_thread=False)
+        emb = ekt.Embedding(conn, "th", dim=1, init="zeros", lr=1.0)
+        out = emb(torch.tensor([1, 2]))
+        caught = []
+
+        def other(ids):
+            try:
+                emb(torch.tensor(ids)).sum().backward()
+            except RuntimeError as e:
+                caught.append(str(e))
+        t = threading.Thread(target=other, args=([2, 3],))
+        t.start()
+        t.join()
+        self.assertEqual(caught, ["embkv.torch: table 'th': a training step on this connection is open in another "
+                                  "thread (its forward is not updated yet), and this thread makes a forward: threads "
+                                  "that train at once need a connection each (embkv.connect in each thread)"])
+        out.sum().backward()
+        t = threading.Thread(target=other, args=([2, 3],))
+        t.start()
+        t.join()
+        self.assertEqual(len(caught), 1)
+        self.assertEqual(conn.execute("SELECT group_concat(id || ':' || embkv_json(vec) || ':' || clock) "
+                                      "FROM (SELECT id, vec, clock FROM th ORDER BY id)").fetchone()[0],
+                         "1:[-1]:1,2:[-2]:2,3:[-1]:1")
+        conn.close()
+
+
 class TestMisuse(Base):
     """What a training loop may do that a plain one would not expect:
     a backward that raises, ids changed in place, one table under two
