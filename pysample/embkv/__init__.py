@@ -24,12 +24,14 @@ ctypes) they run the SQL functions through conn.execute: the same results,
 except that pulled vectors are then a read-only view of the result BLOB.
 embkv.torch has nn.Module wrappers.
 """
+import atexit
 import json
 import numbers
 import os
 import re
 import sqlite3
 import threading
+import weakref
 
 import numpy as np
 
@@ -102,15 +104,50 @@ def load(conn, path=None):
 def connect(database, **kw):
     """sqlite3.connect with embkv loaded.  Autocommit by default
     (isolation_level=None): BEGIN/COMMIT are written by hand, and training
-    calls never open a transaction behind the caller's back."""
+    calls never open a transaction behind the caller's back.  A connection
+    still open at a normal exit of the interpreter is closed then (atexit),
+    so that its stores close as at any close: an object alive at exit (a
+    loss or output kept in a global holds its connection) would otherwise
+    leave the connection unclosed, and the stores as after a crash."""
     kw.setdefault("isolation_level", None)
+    kw.setdefault("factory", Connection)
     conn = sqlite3.connect(database, **kw)
     try:
         load(conn)
     except Exception:
         conn.close()
         raise
+    try:
+        with _open_lock:
+            _open.add(conn)
+    except TypeError:
+        pass  # a factory of the caller's whose connections take no weak reference
     return conn
+
+
+class Connection(sqlite3.Connection):
+    """The connections connect() makes: sqlite3's, with room for a weak
+    reference (so that the exit hook can find them without keeping them)."""
+
+
+_open = weakref.WeakSet()  # connections connect() made (closing one twice is harmless)
+_open_lock = threading.Lock()
+
+
+def _close_at_exit():
+    # Registered at import, so it runs after the weakref.finalize exit hook
+    # (atexit runs last-registered first once torch's finalizers exist):
+    # steps freed at exit return their permits before their connection goes.
+    with _open_lock:
+        conns = list(_open)
+    for c in conns:
+        try:
+            c.close()
+        except Exception:  # pragma: no cover - another thread's, or already gone
+            pass
+
+
+atexit.register(_close_at_exit)
 
 
 def _ids_bytes(ids):

@@ -544,6 +544,31 @@ class TestThreads(Base):
         conn.close()
 
 
+EXIT_WITH_AN_OUTPUT_ALIVE = r"""
+import sys, torch, embkv, embkv.torch as ekt
+conn = embkv.connect(sys.argv[1])
+emb = ekt.Embedding(conn, "user", dim=2, init="zeros", lr=1.0)
+for step in range(20):
+    emb(torch.tensor([step % 5, 7])).sum().backward()
+pred = emb(torch.tensor([1, 2]))  # alive at exit: its step holds the connection
+"""
+
+
+class TestExit(Base):
+    def test_a_normal_exit_closes_the_connection(self):
+        """Training since the last checkpoint is kept at a normal exit,
+        also with an output (and so its connection) alive then."""
+        import subprocess
+        out = subprocess.run([sys.executable, "-c", EXIT_WITH_AN_OUTPUT_ALIVE, self.db], capture_output=True,
+                             text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        got = self.conn.execute("SELECT count(*), sum(clock), embkv_json(vec) FROM user WHERE id = 7").fetchone()
+        self.assertEqual(got, (1, 20, "[-20,-20]"))
+        self.assertEqual(self.conn.execute("SELECT sum(clock) FROM user").fetchone()[0], 40)
+        self.assertFalse(json.loads(self.conn.execute("SELECT embkv_stats('user')").fetchone()[0])
+                         ["durability"]["recovered"])
+
+
 class TestMisuse(Base):
     """What a training loop may do that a plain one would not expect:
     a backward that raises, ids changed in place, one table under two
