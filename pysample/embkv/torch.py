@@ -477,6 +477,17 @@ class _TableModule(torch.nn.Module):
         def hook(grad):
             # (a CUDA gradient stays on its device: the push sums it there)
             g = grad.detach().contiguous() if grad.is_cuda else grad.detach().contiguous().numpy()
+            bad = ~torch.isfinite(g) if grad.is_cuda else ~np.isfinite(g)
+            if bad.any():
+                # Raised here, in the pass, before any table's update (they
+                # run at its end, and torch drops them when it fails): a
+                # pass over several tables updates none of them.
+                first = bad.nonzero()[0].tolist() if grad.is_cuda else [int(x[0]) for x in np.nonzero(bad)]
+                row, col = first[0], first[1]
+                v = float(g[row, col])
+                raise ValueError("embkv.torch: table %r: id %d: gradient element %d is %s: the backward pass "
+                                 "updated no table" % (self.table, int(real[row]), col,
+                                                       "NaN" if v != v else "infinite"))
             with st.lock:
                 if given[0]:
                     raise RuntimeError("embkv.torch: a second backward through one forward of table %r "

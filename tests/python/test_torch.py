@@ -484,6 +484,32 @@ class TestPermits(Base):
         self.pull_again()
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
 
+    def test_a_nan_in_one_table_updates_no_table_of_the_pass(self):
+        """One backward over three tables, one gradient NaN: the pass
+        raises naming the table and the id, no table is updated, and each
+        step's permits go back once its tensors are freed."""
+        mods = {n: ekt.Embedding(self.conn, n, dim=2, init="zeros", lr=1, staleness=0, wait_ms=100) for n in "abc"}
+        oa, ob, oc = (mods[n](torch.tensor([1, 3])) for n in "abc")
+        with self.assertRaises(ValueError) as cm:
+            (oa.sum() + (ob * torch.tensor([[1.0, 1.0], [1.0, float("inf")]])).sum() + oc.sum()).backward()
+        self.assertEqual(str(cm.exception), "embkv.torch: table 'b': id 3: gradient element 1 is infinite: the "
+                                            "backward pass updated no table")
+        del oa, ob, oc, cm
+        for n in "abc":
+            self.assertEqual(self.conn.execute("SELECT max(clock) FROM %s" % n).fetchone()[0], 0, n)
+        # (torch's engine may keep the nodes the failed pass did not reach
+        # until the thread's next backward: the next step ends them)
+        (mods["a"](torch.tensor([1])).sum() + mods["b"](torch.tensor([1])).sum() +
+         mods["c"](torch.tensor([1])).sum()).backward()
+        other = embkv.connect(self.db)
+        for n in "abc":
+            self.assertEqual(self.conn.execute("SELECT group_concat(id || ':' || clock) FROM "
+                                               "(SELECT id, clock FROM %s ORDER BY id)" % n).fetchone()[0],
+                             "1:1,3:0", n)
+            embkv.pull(other, n, [1, 3])  # free: no permit left out
+            embkv.release(other, n, [1, 3])
+        other.close()
+
     def test_module_dropped_before_backward(self):
         emb = ekt.Embedding(self.conn, "s")
         out = emb(torch.tensor([6]))
