@@ -171,7 +171,8 @@ static sqlite3 *live_enter(sqlite3_int64 handle)
  * bound by bind(stmt, arg); *value its INTEGER result.  Returns SQLite's
  * code, the message in err. */
 static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_stmt *, const void *), const void *arg,
-                   sqlite3_int64 *value, char *err, size_t errlen)
+                   sqlite3_int64 *value, char *err, size_t errlen, const char *fname, const char *table, size_t n,
+                   size_t grad_bytes)
 {
     sqlite3 *db = live_enter(handle);
     if (!db) {
@@ -189,8 +190,19 @@ static int run_one(sqlite3_int64 handle, const char *sql, int (*bind)(sqlite3_st
             snprintf(err, errlen, "embkv: connection %lld is closed", (long long)handle);
         return EK_DIRECT_UNKNOWN;
     }
-    if (rc == SQLITE_OK)
-        rc = bind(stmt, arg);
+    if (rc == SQLITE_OK && (rc = bind(stmt, arg)) == SQLITE_TOOBIG) {
+        /* An argument over the connection's length limit: said with the
+         * figures (SQLite's own message names none). */
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "%s: table %s: %zu ids (%zu bytes)%s are over this connection's limit of %d bytes for one "
+                     "value (SQLITE_LIMIT_LENGTH): %s fewer ids at a time",
+                     fname, table, n, n * sizeof(int64_t), grad_bytes ? " or their gradients" : "",
+                     sqlite3_limit(db, SQLITE_LIMIT_LENGTH, -1), grad_bytes ? "push" : "pull");
+        sqlite3_finalize(stmt);
+        sqlite3_mutex_leave(sqlite3_db_mutex(db));
+        return SQLITE_TOOBIG;
+    }
     if (rc == SQLITE_OK) {
         rc = sqlite3_step(stmt);
         if (rc == SQLITE_ROW) {
@@ -264,7 +276,8 @@ int embkv_direct_pull(sqlite3_int64 handle, const char *table, const int64_t *id
     ek_rows_out o = {out, out_bytes};
     pull_args a = {table, ids, n, once, &o};
     sqlite3_int64 got = 0;
-    return run_one(handle, "SELECT embkv_pull(?1, ?2, ?3, ?4)", bind_pull, &a, &got, err, errlen);
+    return run_one(handle, "SELECT embkv_pull(?1, ?2, ?3, ?4)", bind_pull, &a, &got, err, errlen, "embkv_pull", table,
+                   n, 0);
 }
 
 typedef struct push_args {
@@ -314,7 +327,8 @@ int embkv_direct_push(sqlite3_int64 handle, const char *table, const int64_t *id
      * NaN goes as text, which embkv_push refuses as any bad lr. */
     bool nan_lr = lr && isnan(*lr);
     push_args a = {table, ids, n, grads, grad_bytes, lr, nan_lr};
-    int rc = run_one(handle, "SELECT embkv_push(?1, ?2, ?3, ?4)", bind_push, &a, &got, err, errlen);
+    int rc = run_one(handle, "SELECT embkv_push(?1, ?2, ?3, ?4)", bind_push, &a, &got, err, errlen, "embkv_push",
+                     table, n, grad_bytes ? grad_bytes : 1);
     if (rc == SQLITE_OK && updated)
         *updated = got;
     return rc;

@@ -271,6 +271,22 @@ def dim(conn, table):
     return json.loads(conn.execute("SELECT embkv_stats(?)", (table,)).fetchone()[0])["dim"]
 
 
+def _fits(conn, fname, table, nids, nbytes, verb):
+    """Refuses, with the figures, arguments over the connection's length
+    limit for one value (sqlite3 would say only "string or blob too big")."""
+    try:
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    except (AttributeError, sqlite3.Error):  # (Python before 3.11)
+        return
+    if nbytes > limit:
+        e = sqlite3.DataError("%s: table %s: %d ids (%d bytes)%s are over this connection's limit of %d bytes for "
+                              "one value (SQLITE_LIMIT_LENGTH): %s fewer ids at a time"
+                              % (fname, table, nids, 8 * nids, "" if nbytes == 8 * nids else " or their gradients",
+                                 limit, verb))
+        e.sqlite_errorcode, e.sqlite_errorname = sqlite3.SQLITE_TOOBIG, "SQLITE_TOOBIG"
+        raise e
+
+
 def pull(conn, table, ids, dim_=None, once=False):
     """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32:
     a new array (read-only, a view of the result BLOB, where the direct call
@@ -280,6 +296,7 @@ def pull(conn, table, ids, dim_=None, once=False):
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return np.zeros((0, dim_ or dim(conn, table)), np.float32)
+    _fits(conn, "embkv_pull", table, len(a), 8 * len(a), "pull")
     try:
         d = dim_ or dim(conn, table)
     except sqlite3.Error as e:
@@ -307,6 +324,7 @@ def push(conn, table, ids, grads, lr=None):
         raise ValueError("embkv.push: grads must have shape (%d, dim), not %s" % (len(a), g.shape))
     if len(a) == 0:
         return 0
+    _fits(conn, "embkv_push", table, len(a), max(8 * len(a), g.nbytes), "push")
     if lr is not None:
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
             raise TypeError("embkv.push: table %s: lr must be a positive number, or None for the table's own, "
@@ -328,6 +346,7 @@ def release(conn, table, ids):
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return 0
+    _fits(conn, "embkv_release", table, len(a), 8 * len(a), "release")
     return conn.execute("SELECT embkv_release(?, ?)", (table, buf)).fetchone()[0]
 
 

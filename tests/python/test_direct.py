@@ -405,6 +405,21 @@ class WhatSqlCannotDo(TempDirTest):
         self.assertEqual((rc, err.value.decode()), (sqlite3.SQLITE_ERROR, "embkv_push: table a: lr (argument 4) "
                                                     "must be a positive number"))
         self.assertEqual(self.conn.execute("SELECT count(*) FROM a").fetchone()[0], 0)  # no row made
+        # ids over the connection's SQLITE_LIMIT_LENGTH: said with the figures, from C and from the package
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+        many = np.arange(1, 201, dtype=np.int64)
+        big = np.zeros(400, np.float32)
+        rc = self.lib.embkv_direct_pull(h, b"a", many.ctypes.data, 200, big.ctypes.data, big.nbytes, 0, err, 512)
+        self.assertEqual((rc, err.value.decode()), (sqlite3.SQLITE_TOOBIG, "embkv_pull: table a: 200 ids (1600 "
+                                                    "bytes) are over this connection's limit of 1000 bytes for one "
+                                                    "value (SQLITE_LIMIT_LENGTH): pull fewer ids at a time"))
+        for f, verb in ((embkv.pull, "pull"), (embkv.release, "release")):
+            with self.assertRaises(sqlite3.DataError) as cm:
+                f(self.conn, "a", many)
+            self.assertEqual(str(cm.exception), "embkv_%s: table a: 200 ids (1600 bytes) are over this "
+                                                "connection's limit of 1000 bytes for one value "
+                                                "(SQLITE_LIMIT_LENGTH): %s fewer ids at a time" % (verb, verb))
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM a").fetchone()[0], 0)
 
     def test_a_close_beside_calls_in_other_threads(self):
         # One thread's pull waits for a permit, holding the connection; a
