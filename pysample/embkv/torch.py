@@ -57,6 +57,8 @@ may be on either device.  It needs a CUDA build of PyTorch and an embkv
 built with CUDA (SELECT embkv_gpu() says whether a GPU is usable).
 """
 import json
+import numbers
+import re
 import sqlite3
 import threading
 import weakref
@@ -318,6 +320,24 @@ class _TableModule(torch.nn.Module):
         if update not in ("backward", "step"):
             raise ValueError("embkv.torch: update must be 'backward' (one update per backward pass) or 'step' "
                              "(gradients summed until step()), not %r" % (update,))
+        # As torch's modules take them: integers, not bools or floats.
+        for what, v in (("dim", dim), ("padding_idx", padding_idx)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+                raise TypeError("embkv.torch: %s must be an integer, not %r" % (what, v))
+        if dim is not None and not 1 <= dim <= 8192:
+            raise ValueError("embkv.torch: dim must be from 1 to 8192, not %d" % dim)
+        if padding_idx is not None and not -2 ** 63 <= padding_idx < 2 ** 63:
+            raise ValueError("embkv.torch: padding_idx %d does not fit in int64 (ids are int64)" % padding_idx)
+        for k in options:
+            if k in ("max_norm", "norm_type", "scale_grad_by_freq", "sparse", "_weight", "_freeze"):
+                raise TypeError("embkv.torch: torch.nn.Embedding's argument %s is not embkv.torch's: the rows are "
+                                "the table's (float32 vectors its optimizer updates, its dtype option for reduced "
+                                "precision)" % k)
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError("embkv.torch: %r is not an option name (options are the table's, as in "
+                                 "CREATE VIRTUAL TABLE ... USING embkv(...))" % (k,))
+        dim = int(dim) if dim is not None else None
+        padding_idx = int(padding_idx) if padding_idx is not None else None
         self.conn = conn
         self.table = table
         self.update = update
@@ -425,9 +445,11 @@ class _TableModule(torch.nn.Module):
         on the SSD tier are read ahead; returns the rows queued.  A table
         without an SSD tier (no ssd_size) has every row in memory already:
         nothing to queue, 0."""
-        a = np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64)
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        a, buf = embkv._ids_bytes(ids)  # (as embkv.pull takes them: integers, int64)
         try:
-            return self.conn.execute("SELECT embkv_lookahead(?, ?)", (self.table, a.tobytes())).fetchone()[0]
+            return self.conn.execute("SELECT embkv_lookahead(?, ?)", (self.table, buf)).fetchone()[0]
         except Exception as e:
             if "no such function" in str(e):
                 return 0
@@ -455,6 +477,10 @@ class _TableModule(torch.nn.Module):
         training = torch.is_grad_enabled()
         if not training or n == 0:
             w = self._read(real, dev) if n else torch.zeros((0, self.embedding_dim), device=self.device)
+            if training:
+                # No row, no step: still an output of the graph, as torch's
+                # (a loss over it may call backward), its gradient nobody's.
+                w = w * torch.ones((), device=self.device, requires_grad=True)
             local, pad = _positions(flat, is_pad, n)
             if pad is not None:
                 w = torch.cat([w, torch.zeros(1, self.embedding_dim, device=self.device)])
@@ -491,8 +517,8 @@ class _TableModule(torch.nn.Module):
             with st.lock:
                 if given[0]:
                     raise RuntimeError("embkv.torch: a second backward through one forward of table %r "
-                                       "(retain_graph): the first one updated its rows already; run a forward per "
-                                       "backward" % self.table)
+                                       "(retain_graph): the first one's gradient is its step's already; run a "
+                                       "forward per backward" % self.table)
                 given[0] = True
                 if st.state == "released":
                     return grad  # release() came first: the update is dropped, as documented

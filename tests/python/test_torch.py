@@ -712,6 +712,48 @@ class TestErrors(Base):
         with self.assertRaisesRegex(ValueError, "grads must have shape"):
             embkv.push(self.conn, "t", [1, 2], np.zeros((1, 3), np.float32))
 
+    def test_module_arguments_as_torch_takes_them(self):
+        for kw, err in ((dict(dim=True), "dim must be an integer, not True"),
+                        (dict(dim=4.0), "dim must be an integer, not 4.0"),
+                        (dict(dim="4"), "dim must be an integer, not '4'"),
+                        (dict(dim=4, padding_idx=1.9), "padding_idx must be an integer, not 1.9"),
+                        (dict(dim=4, padding_idx=True), "padding_idx must be an integer, not True")):
+            with self.assertRaises(TypeError) as cm:
+                ekt.Embedding(self.conn, "p", **kw)
+            self.assertEqual(str(cm.exception), "embkv.torch: " + err)
+        for kw, err in ((dict(dim=0), "dim must be from 1 to 8192, not 0"),
+                        (dict(dim=4, padding_idx=2 ** 70), "padding_idx 1180591620717411303424 does not fit in "
+                                                           "int64 (ids are int64)"),
+                        (dict(dim=4, **{"lr=1, dim": 5}), "'lr=1, dim' is not an option name (options are the "
+                                                          "table's, as in CREATE VIRTUAL TABLE ... USING "
+                                                          "embkv(...))")):
+            with self.assertRaises(ValueError) as cm:
+                ekt.Embedding(self.conn, "p", **kw)
+            self.assertEqual(str(cm.exception), "embkv.torch: " + err)
+        with self.assertRaises(TypeError) as cm:
+            ekt.Embedding(self.conn, "p", dim=4, max_norm=1.0)
+        self.assertEqual(str(cm.exception), "embkv.torch: torch.nn.Embedding's argument max_norm is not "
+                                            "embkv.torch's: the rows are the table's (float32 vectors its optimizer "
+                                            "updates, its dtype option for reduced precision)")
+        self.assertIsNone(self.conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'p'").fetchone())
+        emb = ekt.Embedding(self.conn, "p", dim=np.int64(2), padding_idx=np.int64(3), init="zeros")
+        self.assertEqual(repr(emb), "Embedding(table='p', dim=2, padding_idx=3)")
+        for bad, err in ((torch.tensor([1.5]), TypeError), (torch.tensor([True]), TypeError), ([2.5], TypeError),
+                         (np.array([2 ** 64 - 1], np.uint64), ValueError)):
+            with self.assertRaises(err):
+                emb.lookahead(bad)
+
+    def test_batches_without_rows_are_outputs_of_the_graph(self):
+        """An empty batch, and a bag of padding only, give outputs that
+        require grad, as torch's do: a loss over them may call backward."""
+        emb = ekt.Embedding(self.conn, "g", dim=2, padding_idx=0, init="zeros")
+        bag = ekt.EmbeddingBag(self.conn, "g", padding_idx=0)
+        for out in (emb(torch.tensor([], dtype=torch.long)), bag(torch.tensor([], dtype=torch.long), torch.tensor([0])),
+                    bag(torch.tensor([0, 0]), torch.tensor([0]))):
+            self.assertTrue(out.requires_grad)
+            out.sum().backward()
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM g").fetchone()[0], 0)
+
     def test_lookahead_without_an_ssd_tier_queues_nothing(self):
         emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
         self.assertEqual(emb.lookahead(torch.tensor([1, 2, 3])), 0)
