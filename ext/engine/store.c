@@ -513,8 +513,14 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     uint64_t nb = index_buckets_for(expected, max_load);
     if (pmemobj_zalloc(s->pop, &r->index, heap_units_size(nb * BUCKET_BYTES + BUCKET_BYTES), TYPE_INDEX) != 0 ||
         pmemobj_zalloc(s->pop, &r->chunk_table, heap_units_size(MAX_CHUNKS * sizeof(PMEMoid)), TYPE_CHUNK_TABLE) != 0)
-        return embkv__err(EMBKV_FULL, "store %s: pool_size %zu is too small for an index of %llu buckets",
-                          s->path, s->pool_size, (unsigned long long)nb);
+        return embkv__err(EMBKV_FULL,
+                          "store %s: pool_size %zu is too small for an index of %llu buckets, sized for %llu "
+                          "expected rows (the capacity option in SQL): the index alone takes about %llu MiB of "
+                          "the pool; give a larger pool_size (or leave it out: the default for a capacity "
+                          "holds the index and the rows), or a smaller capacity",
+                          s->path, s->pool_size, (unsigned long long)nb, (unsigned long long)expected,
+                          (unsigned long long)((nb * BUCKET_BYTES + MAX_CHUNKS * sizeof(PMEMoid) + (1u << 20) - 1) >>
+                                               20));
     r->format_version = EMBKV_FORMAT_VERSION;
     r->dim = opt->dim;
     r->state_floats = opt->state_floats;

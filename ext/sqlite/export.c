@@ -985,7 +985,7 @@ static int open_in(importer *m)
         out = im_damaged(m, "embkv_meta's dim %lld or state_floats %lld is out of range", dim, sf);
     else if ((uint32_t)dim != tdim)
         out = im_fail(m, SQLITE_ERROR, "file '%s' holds rows of dim %lld, the table's dim is %u", m->file, dim, tdim);
-    else if (strcmp(optimizer, topt) || (uint32_t)sf != tsf) {
+    else if (sqlite3_stricmp(optimizer, topt) || (uint32_t)sf != tsf) {  /* (names as CREATE takes them: any case) */
         char *o = printable(optimizer);
         out = im_fail(m, SQLITE_ERROR, "file '%s' holds rows of optimizer %s (state_floats %lld), the table's optimizer "
                                        "is %s (state_floats %u): import into a table created with optimizer=%s",

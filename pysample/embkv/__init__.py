@@ -288,7 +288,7 @@ def _fits(conn, fname, table, nids, nbytes, verb):
 
 
 def pull(conn, table, ids, dim_=None, once=False):
-    """Vectors of ids (any int64 array-like), shape (len(ids), dim), float32:
+    """Vectors of ids (any int64 array-like, taken flat), shape (number of ids, dim), float32:
     a new array (read-only, a view of the result BLOB, where the direct call
     is not possible).  Takes the staleness permits of the table; push or
     release returns them.  once=True: ids on which this connection holds a
