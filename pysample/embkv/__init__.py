@@ -35,8 +35,8 @@ import weakref
 
 import numpy as np
 
-__all__ = ["__version__", "EmbkvError", "find_extension", "load", "connect", "dim", "pull", "push", "release",
-           "checkpoint"]
+__all__ = ["__version__", "EmbkvError", "Connection", "find_extension", "load", "connect", "dim", "pull", "push",
+           "release", "checkpoint"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The source checkout this package sits in (<repo>/pysample/embkv), if any.
