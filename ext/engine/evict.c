@@ -128,7 +128,11 @@ uint64_t evict_steps_at(embkv_store *s, uint64_t durable)
 const evict_mark *evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
 {
     /* Marks of this epoch or later are of syncs that did not complete
-     * (recovery returned to before them): their slots are free. */
+     * (recovery returned to before them, or a sync failed): they go, so
+     * that none of them outlives this one beside it with its older time. */
+    for (int i = 0; i < EVICT_MARKS; i++)
+        if (mark_valid(&s->root->marks[i]) && s->root->marks[i].epoch >= epoch)
+            s->root->marks[i].check = evict_mark_check(&s->root->marks[i]) ^ 1;  /* (invalid) */
     evict_mark m[EVICT_MARKS];
     int at[EVICT_MARKS];
     size_t n = marks_sorted(s, epoch - 1, m, at);

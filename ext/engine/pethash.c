@@ -474,6 +474,10 @@ _Thread_local unsigned scan_pins_here;
 void embkv_scan_pin(embkv_store *s)
 {
     if (s->reader) {
+        /* In a fork's child the thread's reader slot is the parent's: no
+         * pin (the child's scans are refused, FORK_REFUSE). */
+        if ((long)s->pid != proc_pid())
+            return;
         /* The reader's slot stays entered while pinned (its array cannot
          * go), and the writer moves no row between buckets meanwhile. */
         if (ix_reader_enter(s) == EMBKV_OK)
@@ -506,6 +510,8 @@ void embkv_scan_pin(embkv_store *s)
 void embkv_scan_unpin(embkv_store *s)
 {
     if (s->reader) {
+        if ((long)s->pid != proc_pid())
+            return;  /* (the slot is the parent's: see embkv_scan_pin) */
         if (rd_unpin(s))
             rd_leave(s);
         return;

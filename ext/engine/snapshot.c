@@ -454,7 +454,10 @@ void embkv_snapshot_close(embkv_snapshot *snap)
         return;
     embkv_store *s = snap->s;
     if (s->reader) {
-        rd_leave(s);
+        /* (in a fork's child the thread's reader slot is the parent's:
+         * left alone, or the parent's read would lose its protection) */
+        if ((long)s->pid == proc_pid())
+            rd_leave(s);
         free(snap);
         return;
     }

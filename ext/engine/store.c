@@ -1434,6 +1434,9 @@ int embkv_close(embkv_store *s)
          * lock descriptor (the flock stays with the parent's) and leave the
          * mapping to the child's exit. */
         close(s->lockfd);
+        if (s->pool_fd >= 0)
+            close(s->pool_fd);
+        s->pool_fd = -1;
         pthread_mutex_unlock(&registry_mu);
         return EMBKV_OK;
     }

@@ -157,8 +157,8 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
          * and a mark of an epoch that never became durable is taken for
          * none (evict.c); should this sync fail, the mark still holds P8
          * for the records of E that a later sync makes durable. */
-        const evict_mark *m = evict_mark_write(s, e, steps_e);
-        persist_range_in(s, m, sizeof *m, e);
+        evict_mark_write(s, e, steps_e);
+        persist_range_in(s, s->root->marks, sizeof s->root->marks, e);
     }
     if (rc == EMBKV_OK && s->is_pmem)
         pmem_drain();

@@ -172,6 +172,7 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
 {
     if (!s || !o)
         return embkv__err(EMBKV_INVALID, "embkv_train_configure: NULL argument");
+    FORK_REFUSE(s, "embkv_train_configure");
     if (s && s->reader)
         return EMBKV_OK; /* (a reader process trains nothing: its pulls read, its pushes are refused) */
     int rc = validate(s, o);

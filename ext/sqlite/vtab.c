@@ -812,6 +812,19 @@ static void vt_free(ekvtab *v)
     ekconn_unref(c);
 }
 
+/* Whether name is one of the extension's own tables (its table-valued
+ * functions), which a table of that name would hide in its schema: *err
+ * then says so (NULL: out of memory). */
+static int reserved_name(const char *name, char **err)
+{
+    if (sqlite3_stricmp(name, "embkv_knn") && sqlite3_stricmp(name, "embkv_heat") &&
+        sqlite3_stricmp(name, "embkv_pending"))
+        return 0;
+    *err = sqlite3_mprintf("the name %s is one of the extension's own tables (embkv_knn, embkv_heat, "
+                           "embkv_pending): give the table another name", name);
+    return 1;
+}
+
 static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sqlite3_vtab **ppVtab,
                    char **pzErr, int create)
 {
@@ -829,13 +842,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         rc = SQLITE_NOMEM;
         goto fail;
     }
-    if (create && (!sqlite3_stricmp(argv[2], "embkv_knn") || !sqlite3_stricmp(argv[2], "embkv_heat") ||
-                   !sqlite3_stricmp(argv[2], "embkv_pending"))) {
-        /* A table of that name would hide the extension's own table of
-         * the name (its table-valued function) in this schema. */
-        err = sqlite3_mprintf("the name %s is one of the extension's own tables (embkv_knn, embkv_heat, "
-                              "embkv_pending): give the table another name", argv[2]);
-        rc = SQLITE_ERROR;
+    if (create && reserved_name(argv[2], &err)) {
+        rc = err ? SQLITE_ERROR : SQLITE_NOMEM;
         goto fail;
     }
     rc = parse_options(v, argc, argv, &err);
@@ -1170,6 +1178,13 @@ static int vt_destroy(sqlite3_vtab *pv)
 static int vt_rename(sqlite3_vtab *pv, const char *zNew)
 {
     ekvtab *v = (ekvtab *)pv;
+    char *why = NULL;
+    if (reserved_name(zNew, &why)) {
+        int rc = why ? SQLITE_ERROR : SQLITE_NOMEM;
+        ekerr_table(v, "%s", why ? why : "out of memory");
+        sqlite3_free(why);
+        return rc;
+    }
     char *name = sqlite3_mprintf("%s", zNew);
     char *sql = sqlite3_mprintf("ALTER TABLE \"%w\".\"%w_config\" RENAME TO \"%w_config\"", v->zDb, v->zName,
                                 zNew);

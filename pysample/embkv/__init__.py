@@ -30,6 +30,7 @@ import numbers
 import os
 import re
 import sqlite3
+import sys
 import threading
 import weakref
 
@@ -119,7 +120,7 @@ def connect(database, **kw):
         raise
     try:
         with _open_lock:
-            _open.add(conn)
+            _open[conn] = (str(database), threading.current_thread().name)
     except TypeError:
         pass  # a factory of the caller's whose connections take no weak reference
     return conn
@@ -130,7 +131,7 @@ class Connection(sqlite3.Connection):
     reference (so that the exit hook can find them without keeping them)."""
 
 
-_open = weakref.WeakSet()  # connections connect() made (closing one twice is harmless)
+_open = weakref.WeakKeyDictionary()  # connection connect() made -> (database, thread); closing twice is harmless
 _open_lock = threading.Lock()
 
 
@@ -139,11 +140,18 @@ def _close_at_exit():
     # (atexit runs last-registered first once torch's finalizers exist):
     # steps freed at exit return their permits before their connection goes.
     with _open_lock:
-        conns = list(_open)
-    for c in conns:
+        conns = list(_open.items())
+    for c, (database, thread) in conns:
         try:
             c.close()
-        except Exception:  # pragma: no cover - another thread's, or already gone
+        except sqlite3.ProgrammingError:
+            # Made in another thread with check_same_thread (sqlite3's
+            # default): only that thread may close it, and it has ended.
+            sys.stderr.write("embkv: the connection to %s made in thread %r was still open at exit, and only that "
+                             "thread may close it (sqlite3's check_same_thread): its stores keep what their last "
+                             "checkpoint holds; close it in its thread (or checkpoint there) to keep the rest\n"
+                             % (database, thread))
+        except Exception:  # pragma: no cover - already gone
             pass
 
 

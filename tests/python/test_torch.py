@@ -580,7 +580,33 @@ pred = emb(torch.tensor([1, 2]))  # alive at exit: its step holds the connection
 """
 
 
+EXIT_WITH_A_THREADS_CONNECTION = r"""
+import sys, threading, embkv, numpy as np
+keep = []
+def work():
+    c = embkv.connect(sys.argv[1])
+    embkv.push(c, "user", [7], np.ones((1, 2), np.float32))
+    keep.append(c)
+t = threading.Thread(target=work, name="trainer")
+t.start()
+t.join()
+"""
+
+
 class TestExit(Base):
+    def test_a_connection_of_another_thread_is_named_at_exit(self):
+        """Only its thread may close it (check_same_thread): the exit says
+        so, naming the database and the thread."""
+        import subprocess
+        self.conn.execute("CREATE VIRTUAL TABLE user USING embkv(dim=2, init='zeros', lr=1)")
+        out = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREADS_CONNECTION, self.db], capture_output=True,
+                             text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stderr, "embkv: the connection to %s made in thread 'trainer' was still open at exit, "
+                                     "and only that thread may close it (sqlite3's check_same_thread): its stores "
+                                     "keep what their last checkpoint holds; close it in its thread (or checkpoint "
+                                     "there) to keep the rest\n" % self.db)
+
     def test_a_normal_exit_closes_the_connection(self):
         """Training since the last checkpoint is kept at a normal exit,
         also with an output (and so its connection) alive then."""

@@ -357,3 +357,5 @@ CREATE VIRTUAL TABLE bad USING embkv(dim=2, staleness=1000001);
 -- the extension's own table names are refused
 CREATE VIRTUAL TABLE embkv_knn USING embkv(dim=2);
 CREATE VIRTUAL TABLE Embkv_Pending USING embkv(dim=2);
+ALTER TABLE blanks RENAME TO embkv_heat;
+SELECT 'kept-name', count(*) FROM blanks;
