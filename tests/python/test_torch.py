@@ -585,6 +585,7 @@ import sys, threading, embkv, numpy as np
 keep = []
 def work():
     c = embkv.connect(sys.argv[1])
+    c.execute("CREATE VIRTUAL TABLE user USING embkv(dim=2, init='zeros', lr=1)")
     embkv.push(c, "user", [7], np.ones((1, 2), np.float32))
     keep.append(c)
 t = threading.Thread(target=work, name="trainer")
@@ -598,7 +599,6 @@ class TestExit(Base):
         """Only its thread may close it (check_same_thread): the exit says
         so, naming the database and the thread."""
         import subprocess
-        self.conn.execute("CREATE VIRTUAL TABLE user USING embkv(dim=2, init='zeros', lr=1)")
         out = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREADS_CONNECTION, self.db], capture_output=True,
                              text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr)
