@@ -447,10 +447,92 @@ static void test_log_files_changing(void)
     free(found);
 }
 
+/* A fork's child may not use its parent's handles: every read and write
+ * through them is refused naming both processes, and what it closes of
+ * them (a snapshot, a scan pin: a garbage-collected cursor in a forked
+ * worker) leaves the parent's reader slot alone, so the parent's reads go
+ * on. */
+static void test_forked_child(void)
+{
+    const char *dir = strdup(test_tmpdir("rd-fork"));
+    embkv_store *w, *r;
+    float v[DIM] = {1, 2};
+    CHECK_RC(embkv_open(dir, &(embkv_options){.dim = DIM}, EMBKV_OPEN_CREATE, &w), EMBKV_OK);
+    for (int64_t id = 1; id <= 3; id++)
+        CHECK_RC(embkv_put(w, id, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_sync(w), EMBKV_OK);
+    pid_t c = fork();
+    if (c == 0) {
+        float got[DIM];
+        embkv_snapshot *sn = NULL;
+        int bad = 0;
+        bad += embkv_get(w, 1, got, NULL, NULL) != EMBKV_READONLY;
+        bad += strstr(embkv_errmsg(), "is a fork of it") == NULL;
+        bad += embkv_put(w, 9, v, NULL, 0) != EMBKV_READONLY;
+        bad += embkv_delete(w, 1) != EMBKV_READONLY;
+        bad += embkv_sync(w) != EMBKV_READONLY;
+        bad += embkv_snapshot_open(w, &sn) != EMBKV_READONLY;
+        embkv_backup *bk = NULL;
+        char to[512];
+        snprintf(to, sizeof to, "%s.bak", dir);
+        bad += embkv_backup_begin(w, to, &bk) != EMBKV_READONLY;
+        bad += strstr(embkv_errmsg(), "embkv_backup_begin") == NULL;
+        bad += embkv_close(w) != EMBKV_OK;
+        _exit(bad);
+    }
+    CHECK(wait_exit(c) == 0);
+    float got[DIM];
+    CHECK_RC(embkv_put(w, 4, v, NULL, 0), EMBKV_OK);  /* the parent goes on */
+    CHECK_RC(embkv_sync(w), EMBKV_OK);
+    CHECK_RC(embkv_close(w), EMBKV_OK);
+
+    /* A writer in another process; this one reads (a reader slot). */
+    int go[2], done[2];
+    CHECK(pipe(go) == 0 && pipe(done) == 0);
+    pid_t wp = fork();
+    if (wp == 0) {
+        char b;
+        int ok = embkv_open(dir, NULL, 0, &w) == EMBKV_OK;
+        ok = ok && write(go[1], "w", 1) == 1;
+        ok = ok && read(done[0], &b, 1) == 1;
+        _exit(ok && embkv_close(w) == EMBKV_OK ? 0 : 1);
+    }
+    char b;
+    CHECK(read(go[0], &b, 1) == 1);
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &r), EMBKV_OK);
+    embkv_snapshot *snap = NULL;
+    CHECK_RC(embkv_snapshot_open(r, &snap), EMBKV_OK);
+    int64_t ids[2] = {1, 4};
+    float out[2 * DIM];
+    uint8_t found[2];
+    size_t miss = 0;
+    CHECK_RC(embkv_get_batch_at(r, snap, ids, 2, out, NULL, found, &miss), EMBKV_OK);
+    c = fork();
+    if (c == 0) {
+        embkv_scan_pin(r);
+        embkv_scan_unpin(r);
+        embkv_snapshot_close(snap);
+        _exit(embkv_get(r, 1, got, NULL, NULL) == EMBKV_READONLY ? 0 : 1);
+    }
+    CHECK(wait_exit(c) == 0);
+    CHECK_RC(embkv_get_batch_at(r, snap, ids, 2, out, NULL, found, &miss), EMBKV_OK);
+    CHECK(miss == 0 && out[DIM] == 1.0f && out[DIM + 1] == 2.0f);
+    embkv_snapshot_close(snap);
+    CHECK_RC(embkv_close(r), EMBKV_OK);
+    CHECK(write(done[1], "d", 1) == 1);
+    CHECK(wait_exit(wp) == 0);
+    close(go[0]);
+    close(go[1]);
+    close(done[0]);
+    close(done[1]);
+    free((void *)dir);
+}
+
 int main(void)
 {
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
+    test_forked_child();
     test_log_files_changing();
     const char *dir = strdup(test_tmpdir("rd"));  /* (test_tmpdir reuses its buffer) */
 
