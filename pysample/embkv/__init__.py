@@ -136,9 +136,9 @@ _open_lock = threading.Lock()
 
 
 def _close_at_exit():
-    # Registered at import, so it runs after the weakref.finalize exit hook
-    # (atexit runs last-registered first once torch's finalizers exist):
-    # steps freed at exit return their permits before their connection goes.
+    # Before or after weakref.finalize's exit hook (whichever registered
+    # last runs first): a step freed after its connection closed has nothing
+    # to return (the permits went with the connection).
     with _open_lock:
         conns = list(_open.items())
     for c, (database, thread) in conns:
