@@ -99,11 +99,13 @@ static int split_name(sqlite3 *db, const char *table, char **zDb, char **zName)
     *zDb = *zName = NULL;
     const char *p = table;
     char *a = ident(&p), *b = NULL;
-    if (a && *p == '.') {
+    int dotted = a && *p == '.';
+    if (dotted) {
         p++;
         b = ident(&p);
     }
-    if (a && !*p && (!b || sqlite3_stricmp(a, "temp") == 0 || sqlite3_db_filename(db, a) != NULL)) {
+    /* ("main." names no table: taken whole, as a name that is not found) */
+    if (a && !*p && (!dotted || b) && (!b || sqlite3_stricmp(a, "temp") == 0 || sqlite3_db_filename(db, a) != NULL)) {
         *zDb = b ? a : NULL;
         *zName = b ? b : a;
         if (!b) a = NULL;

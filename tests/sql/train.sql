@@ -359,3 +359,5 @@ CREATE VIRTUAL TABLE embkv_knn USING embkv(dim=2);
 CREATE VIRTUAL TABLE Embkv_Pending USING embkv(dim=2);
 ALTER TABLE blanks RENAME TO embkv_heat;
 SELECT 'kept-name', count(*) FROM blanks;
+-- a schema with no table after its dot names no table
+SELECT embkv_pull('main.', 1);
