@@ -147,6 +147,10 @@ typedef struct embkv_options {
  * whose checkpoints must be the job's steps).  A handle shared in the
  * process keeps it once any of its opens gave it. */
 #define EMBKV_OPEN_NO_CLOSE_SYNC 0x4
+/* opt->cache_size is a preference: a store already open in the process
+ * with a cache of another size is shared with that cache (without the
+ * flag such an open is refused). */
+#define EMBKV_OPEN_ANY_CACHE 0x8
 /* Whether s was opened with EMBKV_OPEN_READONLY (not sharing a writer's handle). */
 int embkv_readonly(const embkv_store *s);
 /* For such a handle: the live process writing the store (0: none). */

@@ -453,6 +453,15 @@ static void test_errors(const char *root)
     embkv_options other = {.dim = DIM, .cache_size = 2u << 20};
     CHECK_RC(embkv_open(dir, &other, 0, &s2), EMBKV_INVALID);
     CHECK(strstr(embkv_errmsg(), "cache_size 1048576") && strstr(embkv_errmsg(), "2097152"));
+    {
+        embkv_stats before, after;
+        CHECK_RC(embkv_stats_get(s, &before), EMBKV_OK);
+        CHECK_RC(embkv_open(dir, &other, EMBKV_OPEN_ANY_CACHE, &s2), EMBKV_OK);  /* a preference: shared */
+        CHECK(s2 == s);
+        CHECK_RC(embkv_stats_get(s2, &after), EMBKV_OK);
+        CHECK(before.cache_capacity_rows > 0 && after.cache_capacity_rows == before.cache_capacity_rows);
+    }
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
     CHECK_RC(embkv_open(dir, &o, 0, &s2), EMBKV_OK);  /* the same: shared */
     CHECK(s2 == s);
     embkv_options none = {.dim = DIM};

@@ -125,7 +125,7 @@ uint64_t evict_steps_at(embkv_store *s, uint64_t durable)
 
 /* (With sync_mu held: the sync's, which makes the mark durable with the
  * epoch's pages.) */
-const evict_mark *evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
+void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps)
 {
     /* Marks of this epoch or later are of syncs that did not complete
      * (recovery returned to before them, or a sync failed): they go, so
@@ -166,7 +166,6 @@ const evict_mark *evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t step
     evict_mark nm = {.epoch = epoch, .time_ms = now, .steps = steps};
     nm.check = evict_mark_check(&nm);
     s->root->marks[to] = nm;
-    return &s->root->marks[to];
 }
 
 /* ------------------------------------------------------------- a pass */

@@ -179,8 +179,9 @@ int evict_configure(embkv_store *s, const embkv_train_options *o, permit_table *
 /* Whether pulls must take permits: eviction is on. */
 bool evict_holds_pulls(embkv_store *s);
 /* At a sync, with the groups stopped at epoch's switch: writes its mark
- * (P8), which the caller makes durable (persist_range_in). */
-const evict_mark *evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps);
+ * (P8) into the root's marks, which the caller makes durable
+ * (persist_range_in). */
+void evict_mark_write(embkv_store *s, uint64_t epoch, uint64_t steps);
 /* The table's step as of the durable epoch's mark (at open). */
 uint64_t evict_steps_at(embkv_store *s, uint64_t durable);
 void evict_stats(embkv_store *s, embkv_train_stats *st);

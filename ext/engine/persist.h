@@ -111,8 +111,7 @@ void readers_ix_begin(embkv_store *s);
 void readers_ix_end(embkv_store *s);
 void readers_ix_read(embkv_store *s, uint64_t *off, uint64_t *nbuckets);
 /* EMBKV_READONLY naming fn: what a reader process's handle (s->reader)
- * answers every function that would change the store, and a handle
- * inherited through fork() every function (fork_refused). */
+ * answers every function that would change the store. */
 int rd_refuse(embkv_store *s, const char *fn);
 /* A handle whose opening process is not this one came through fork(): its
  * DRAM state (allocator, epochs, locks) is a copy of the parent's while the
@@ -120,15 +119,17 @@ int rd_refuse(embkv_store *s, const char *fn);
  * a read is unprotected from the parent's reuse of records.  Every entry
  * point refuses it: EMBKV_READONLY naming fn and both processes. */
 int fork_refused(embkv_store *s, const char *fn);
-#define RO_REFUSE(s, fn)                                                                                             \
-    do {                                                                                                             \
-        if ((s) && ((s)->reader || (long)(s)->pid != proc_pid()))                                                    \
-            return rd_refuse((s), (fn));                                                                             \
-    } while (0)
 #define FORK_REFUSE(s, fn)                                                                                           \
     do {                                                                                                             \
         if ((s) && (long)(s)->pid != proc_pid())                                                                     \
             return fork_refused((s), (fn));                                                                          \
+    } while (0)
+/* The gate of every function that changes the store. */
+#define RO_REFUSE(s, fn)                                                                                             \
+    do {                                                                                                             \
+        FORK_REFUSE(s, fn);                                                                                          \
+        if ((s) && (s)->reader)                                                                                      \
+            return rd_refuse((s), (fn));                                                                             \
     } while (0)
 
 #endif

@@ -839,8 +839,6 @@ int fork_refused(embkv_store *s, const char *fn)
 
 int rd_refuse(embkv_store *s, const char *fn)
 {
-    if ((long)s->pid != proc_pid())
-        return fork_refused(s, fn);
     long w = readers_writer_pid(s);
     if (w == getpid())
         return embkv__err(EMBKV_READONLY, "%s: this handle of store %s was opened read-only; this process also has "

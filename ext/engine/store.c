@@ -1268,7 +1268,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         if (rc == EMBKV_OK && !o->reader)
             rc = tier_check_open(o, opt);
         if (rc == EMBKV_OK && !o->reader && opt && opt->cache_size && o->cache_size &&
-            opt->cache_size != o->cache_size)
+            opt->cache_size != o->cache_size && !(flags & EMBKV_OPEN_ANY_CACHE))
             rc = embkv__err(EMBKV_INVALID,
                             "store %s is already open in this process with option cache_size %llu; another "
                             "open asked for %llu (leave it out, or 0, to share the cache)",

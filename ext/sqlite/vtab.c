@@ -930,6 +930,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * never keeps a trainer out; in a process that has the store open to
      * write, it shares that handle (the rows committed there). */
     unsigned oflags = create ? EMBKV_OPEN_CREATE : ekerr_readonly(db, v->zDb) ? EMBKV_OPEN_READONLY : 0;
+    /* The tables of a store share one DRAM cache in a process, sized by
+     * the first open: a table that reconnects asking for another size
+     * shares it.  Its CREATE met the cache of its time; the order in which
+     * a later process opens the tables must not leave one unusable. */
+    if (!create) oflags |= EMBKV_OPEN_ANY_CACHE;
     if (v->opts.durable && !(oflags & EMBKV_OPEN_READONLY)) oflags |= EMBKV_OPEN_NO_CLOSE_SYNC;
     int erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     /* Another process has the store: wait for it as SQLite waits for a
@@ -942,16 +947,6 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         waited += step;
         sqlite3_free(emsg);
         emsg = NULL;
-        erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
-    }
-    /* The tables of a store share one DRAM cache in a process, sized by
-     * the first open: a table that reconnects asking for another size
-     * shares it.  Its CREATE met the cache of its time; the order in which
-     * a later process opens the tables must not leave one unusable. */
-    if (erc == EMBKV_INVALID && !create && eo.cache_size && emsg && strstr(emsg, "with option cache_size")) {
-        sqlite3_free(emsg);
-        emsg = NULL;
-        eo.cache_size = 0;
         erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     }
     if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {

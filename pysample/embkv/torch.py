@@ -503,8 +503,11 @@ class _TableModule(torch.nn.Module):
         def hook(grad):
             # (a CUDA gradient stays on its device: the push sums it there)
             g = grad.detach().contiguous() if grad.is_cuda else grad.detach().contiguous().numpy()
-            bad = ~torch.isfinite(g) if grad.is_cuda else ~np.isfinite(g)
-            if bad.any():
+            # One sum, no mask: a NaN or an infinity makes it non-finite
+            # (finite values overflowing it too: the mask then finds none).
+            finite = bool(torch.isfinite(g.sum())) if grad.is_cuda else bool(np.isfinite(g.sum()))
+            bad = None if finite else ~torch.isfinite(g) if grad.is_cuda else ~np.isfinite(g)
+            if bad is not None and bad.any():
                 # Raised here, in the pass, before any table's update (they
                 # run at its end, and torch drops them when it fails): a
                 # pass over several tables updates none of them.

@@ -339,7 +339,9 @@ class TestTemporaryStores(Base):
                 self.assertEqual(self.run_child(mode), ("True [1,2] [3,4]\n", []))
 
 
-FORKED_OPEN = r"""
+# The parent of the fork scripts: a connection to argv[2] with argv[1]
+# loaded, its pid written first on standard error (out_pid).
+FORK_PARENT = r"""
 import os, sqlite3, sys
 def conn():
     c = sqlite3.connect(sys.argv[2], isolation_level=None)
@@ -348,6 +350,9 @@ def conn():
     return c
 parent = conn()
 sys.stderr.write("pid %d\n" % os.getpid())
+"""
+
+FORKED_OPEN = FORK_PARENT + r"""
 parent.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='forked.embkv')")
 parent.execute("INSERT INTO t VALUES (1, '[1,1]')")
 pid = os.fork()
@@ -388,15 +393,7 @@ class TestForkedChild(Base):
                          % (store, out_pid(out)))
 
 
-FORKED_INHERITED = r"""
-import os, sqlite3, sys
-def conn():
-    c = sqlite3.connect(sys.argv[2], isolation_level=None)
-    c.enable_load_extension(True)
-    c.load_extension(sys.argv[1])
-    return c
-parent = conn()
-sys.stderr.write("pid %d\n" % os.getpid())
+FORKED_INHERITED = FORK_PARENT + r"""
 parent.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='inherited.embkv', init='zeros', lr=1)")
 parent.execute("INSERT INTO t VALUES (1, '[1,1]')")
 parent.execute("SELECT embkv_pull('t', '[1, 2]')").fetchone()
