@@ -21,6 +21,9 @@
  *  G. Options: out of range and unknown policies refused, naming them.
  *  H. SIGKILL during eviction passes: each reopen holds whole batches
  *     (a pass is one write group), contiguous, and passes the check.
+ *  I. A checkpoint cut off after its mark (its flush failed, then
+ *     SIGKILL) at a clock 100 days ahead: the reopened store's checkpoint
+ *     of the same epoch replaces that mark, and ages go by the real clock.
  */
 #include <math.h>
 #include <signal.h>
@@ -446,6 +449,60 @@ static void test_crash(void)
     }
 }
 
+static void test_cut_mark(void)
+{
+    const char *dir = test_tmpdir("cutmark");
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.ttl_ms = 10 * DAY;
+    embkv_store *s = open_with(dir, NULL, EMBKV_OPEN_CREATE, &t);
+    if (!s) return;
+    put_range(s, 1, 3);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    int64_t at = clock_now;
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Day 100: a write, and a checkpoint whose flush fails after the
+         * mark of its epoch is written; then the process dies. */
+        embkv_debug_clock_ms(at + 100 * DAY);
+        embkv_options none = {0};
+        embkv_store *c = NULL;
+        if (embkv_open(dir, &none, 0, &c) != EMBKV_OK || embkv_train_configure(c, &t) != EMBKV_OK)
+            _exit(3);
+        float v[DIM] = {9, 9, 9, 9};
+        if (embkv_put(c, 5, v, NULL, 0) != EMBKV_OK)
+            _exit(4);
+        embkv_debug_fail_syncs(1);
+        if (embkv_sync(c) != EMBKV_IO)
+            _exit(5);
+        kill(getpid(), SIGKILL);
+        _exit(6);
+    }
+    int wst;
+    waitpid(pid, &wst, 0);
+    CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    /* Day 0 again: row 5 is gone with its epoch, and the checkpoint of
+     * that epoch now is of day 0. */
+    embkv_options none = {0};
+    s = open_with(dir, &none, 0, &t);
+    if (!s) return;
+    CHECK(!embkv_exists(s, 5) && embkv_count(s) == 2);
+    put(s, 7);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    advance(2 * DAY);
+    put(s, 8);
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    advance(8 * DAY);                      /* day 10: rows 1, 2 and 7 are 10 days old */
+    embkv_evict_result r = evict(s);
+    CHECK(r.expired == 3 && r.scanned == 4);
+    CHECK(strcmp(present(s, 1, 9), "00000001") == 0);
+    advance(2 * DAY);                      /* day 12: row 8 */
+    CHECK(evict(s).expired == 1 && embkv_count(s) == 0);
+    CHECK_RC(embkv_check(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 int main(void)
 {
     test_ttl_ms();
@@ -456,5 +513,6 @@ int main(void)
     test_thread();
     test_options();
     test_crash();
+    test_cut_mark();
     return test_summary("test_evict");
 }
