@@ -194,7 +194,8 @@ static int parse_decimal(const char *p, uint64_t *v, const char **end)
     uint64_t m = 0;
     int frac = 0, in_frac = 0, digits = 0;
     for (;; p++) {
-        if (*p == '.' && !in_frac) {
+        /* (As JSON writes numbers: digits on both sides of the point.) */
+        if (*p == '.' && !in_frac && digits && p[1] >= '0' && p[1] <= '9') {
             in_frac = 1;
             continue;
         }
@@ -233,7 +234,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
-    if ((*p < '0' || *p > '9') && *p != '.') return -1;
+    if (*p < '0' || *p > '9') return -1;
     const char *q = p;
     while (*q >= '0' && *q <= '9') q++;
     if (*q == '.' || *q == 'e' || *q == 'E') {
