@@ -229,7 +229,9 @@ int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *s
  * takes pool space); embkv_room_for says whether `puts` puts and `deletes`
  * deletes of existing rows would find records now (free ones, or pool
  * space for more): EMBKV_OK, or EMBKV_FULL with a message.  Not a
- * reservation: other writers may take the room. */
+ * reservation: other writers may take the room; called inside a write
+ * group, the SSD tier's own moves (promotions, hot-set moves) leave the
+ * room it found free until the group ends. */
 int embkv_grow_index_for(embkv_store *s, uint64_t new_ids);
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 /* Whether `new_rows` rows beside those the store holds could fit its pool

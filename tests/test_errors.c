@@ -808,6 +808,12 @@ static void test_full_synced_deletes(void)
             CHECK_RC(rc, EMBKV_FULL);
             CHECK(strstr(embkv_errmsg(), "reserve for deletes") != NULL);
             CHECK(k > 0);  /* every round makes progress */
+            /* No record left: the room check says a checkpoint frees them
+             * (not "delete at most 0 rows"). */
+            CHECK_RC(embkv_room_for(s, 0, 10), EMBKV_FULL);
+            CHECK(strstr(embkv_errmsg(), "no room for 10 deletes: the pool is full and has no free record") != NULL);
+            CHECK(strstr(embkv_errmsg(), "checkpoint (embkv_sync; in SQL embkv_checkpoint), then retry") != NULL);
+            CHECK(strstr(embkv_errmsg(), "delete at most") == NULL);
             /* the row whose delete failed is untouched */
             make_vec(next, 1, v, dim);
             CHECK_RC(embkv_get(s, next, w, NULL, NULL), EMBKV_OK);

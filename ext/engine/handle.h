@@ -70,6 +70,9 @@ struct embkv_store {
     uint32_t recs_per_chunk;
     uint32_t chunk_bytes;
     uint32_t delete_reserve;   /* free records only tombstones may take */
+    /* Free records write groups in flight counted on (embkv_room_for in a
+     * group, until the group ends): the tier's own moves leave them free. */
+    atomic_size_t room_held;
     double max_load;
 
     /* index */

@@ -415,6 +415,9 @@ int snap_init(embkv_store *s);
 void snap_free(embkv_store *s);
 /* Whether this thread is inside a write group on s. */
 bool group_held(embkv_store *s);
+/* The records this thread's group on s counted on (embkv_room_for), held
+ * in s->room_held until the group ends; false outside a group. */
+bool group_hold_room(embkv_store *s, size_t records);
 /* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
 void groups_quiesce(embkv_store *s);
 /* Lets the groups held off by groups_quiesce go on. */

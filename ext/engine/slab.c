@@ -239,6 +239,12 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     int rc = want > SIZE_MAX ? EMBKV_FULL : ensure_free(s, (size_t)want);
     size_t have = s->free_locs.n;
     pthread_mutex_unlock(&s->slab_mu);
+    if (rc == EMBKV_FULL && !puts && have == 0) {
+        char why[512];
+        return embkv__err(rc, "store %s: no room for %llu deletes: the pool is full and has no free record (a delete "
+                          "takes one until the next sync); %s",
+                          s->path, (unsigned long long)deletes, full_why(s, (size_t)deletes, false, why, sizeof why));
+    }
     if (rc == EMBKV_FULL && !puts)
         /* A delete of a synced row takes a record (its tombstone) until the
          * next sync frees both: say how to get through in rounds. */

@@ -97,6 +97,7 @@ static _Thread_local struct tl_group {
     unsigned depth;
     uint64_t seq;
     bool logging;
+    size_t held;               /* its part of s->room_held */
 } tl_groups[TL_GROUPS];
 
 static struct tl_group *tl_find(embkv_store *s)
@@ -167,6 +168,7 @@ int embkv_group_begin(embkv_store *s)
     g->depth = 1;
     g->seq = atomic_fetch_add(&st->next_seq, 1);
     g->logging = atomic_load(&st->nsnap) > 0;
+    g->held = 0;
     return EMBKV_OK;
 }
 
@@ -181,6 +183,10 @@ void embkv_group_end(embkv_store *s)
     struct tl_group *g = s ? tl_find(s) : NULL;
     if (!g || --g->depth)
         return;
+    if (g->held) {
+        atomic_fetch_sub(&s->room_held, g->held);
+        g->held = 0;
+    }
     g->s = NULL;
     pthread_rwlock_unlock(&s->snap->groups);
 }
@@ -188,6 +194,18 @@ void embkv_group_end(embkv_store *s)
 bool group_held(embkv_store *s)
 {
     return tl_find(s) != NULL;
+}
+
+bool group_hold_room(embkv_store *s, size_t records)
+{
+    struct tl_group *g = tl_find(s);
+    if (!g)
+        return false;
+    /* (The last count replaces the group's earlier one.) */
+    atomic_fetch_add(&s->room_held, records);
+    atomic_fetch_sub(&s->room_held, g->held);
+    g->held = records;
+    return true;
 }
 
 bool group_logging(embkv_store *s)
@@ -218,6 +236,7 @@ int group_join(embkv_store *s, const group_token *t)
     g->depth = 1;
     g->seq = t->seq;
     g->logging = t->logging;
+    g->held = 0;
     return EMBKV_OK;
 }
 
@@ -225,6 +244,9 @@ void group_leave(embkv_store *s)
 {
     struct tl_group *g = tl_find(s);
     if (g) {
+        if (g->held)
+            atomic_fetch_sub(&s->room_held, g->held);
+        g->held = 0;
         g->depth = 0;
         g->s = NULL;
     }

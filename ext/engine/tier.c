@@ -603,8 +603,8 @@ static size_t move_room(embkv_store *s)
     size_t free_recs, total;
     bool exhausted;
     slab_space(s, &free_recs, &total, &exhausted);
-    size_t high = total / 16 + s->delete_reserve;
-    return !exhausted ? SIZE_MAX : free_recs > high ? free_recs - high : 0;
+    size_t held = atomic_load(&s->room_held), high = total / 16 + s->delete_reserve + held;
+    return !exhausted && !held ? SIZE_MAX : free_recs > high ? free_recs - high : 0;
 }
 
 /* Records the pool can hold at most, less the high watermark's free part:

@@ -571,10 +571,8 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
     return EMBKV_OK;
 }
 
-int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+static int room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
-    if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
     int rc = slab_room_for(s, puts, deletes);
     if (rc != EMBKV_FULL || !s->log)
         return rc;
@@ -586,6 +584,20 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     if (drc != EMBKV_OK)
         return drc;
     return slab_room_for(s, puts, deletes);
+}
+
+int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+{
+    if (!s)
+        return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
+    int rc = room_for(s, puts, deletes);
+    /* Inside a group the room is the group's until it ends, as far as the
+     * SSD tier's own moves go (promotions, hot-set moves): a COMMIT's
+     * reads of its rows' previous versions queue promotions that would
+     * otherwise take the records its deletes counted on. */
+    if (rc == EMBKV_OK && puts + deletes < SIZE_MAX)
+        group_hold_room(s, (size_t)(puts + deletes));
+    return rc;
 }
 
 int embkv_capacity_for(embkv_store *s, uint64_t new_rows)

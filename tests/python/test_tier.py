@@ -11,6 +11,9 @@ record space.
 - Damaged log records: count(*), SELECT id and GROUP BY tier still see
   every row (they read no record), reading a damaged row fails naming it
   and its segment, and DELETE removes it; every other row is intact.
+- One COMMIT deleting half of a table whose pool holds half of it: the
+  room its check made (demoting rows) stays its own while its reads of
+  the rows' previous versions queue promotions; it deletes every row.
 
 Standard library unittest plus numpy.  Run by tests/run.sh through
 tests/python_run.sh, or by hand:
@@ -240,6 +243,33 @@ class TierTest(Base):
                                       % ",".join(map(str, damaged))).fetchone()[0], 0)
         conn.close()
 
+
+
+class BigDeleteTest(Base):
+    def test_delete_half_in_one_commit(self):
+        dim = 256
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=%d, dtype='f16', pool_size='16M', ssd_size='64M', "
+                     "capacity=20000)" % dim)
+        rows = np.arange(dim, dtype=np.float32)[None, :] * 0.0 + (np.arange(12000, dtype=np.float32) % 97)[:, None]
+        for lo in range(0, 12000, 1000):
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO t(id, vec) VALUES (?, ?)",
+                             ((i, rows[i].tobytes()) for i in range(lo, lo + 1000)))
+            conn.execute("COMMIT")
+        tiers = dict(conn.execute("SELECT tier, count(*) FROM t GROUP BY tier"))
+        self.assertEqual(sum(tiers.values()), 12000)
+        self.assertGreater(tiers.get("ssd", 0), 4000)
+        conn.execute("BEGIN")
+        conn.execute("DELETE FROM t WHERE id < 6000")
+        conn.execute("COMMIT")
+        self.assertEqual(conn.execute("SELECT count(*), min(id) FROM t").fetchone(), (6000, 6000))
+        conn.close()
+        conn = connect(self.db)
+        self.assertEqual(conn.execute("SELECT count(*), min(id) FROM t").fetchone(), (6000, 6000))
+        got = conn.execute("SELECT vec FROM t WHERE id = 11999").fetchone()[0]
+        self.assertEqual(np.frombuffer(got, np.float32).tolist(), rows[11999].tolist())
+        conn.close()
 
 if __name__ == "__main__":
     unittest.main()
