@@ -54,7 +54,9 @@ static void engine_error(sqlite3_context *ctx, const char *fname, const embkv_ta
     const embkv_train_options *t = &ref->opts->train;
     if (rc == EMBKV_FULL && (t->max_rows || t->ttl_ms || t->ttl_steps)) {
         char *m = sqlite3_mprintf("%s (the table evicts, and its eviction thread passes about once a second: "
-                                  "SELECT embkv_checkpoint('%q'), embkv_evict('%q') makes room now)",
+                                  "SELECT embkv_checkpoint('%q'), embkv_evict('%q') makes room now; eviction "
+                                  "keeps rows pulled and not yet pushed: push them, or return them with "
+                                  "embkv_release, first)",
                                   embkv_errmsg(), ref->name, ref->name);
         train_error(ctx, fname, ref->name, rc, m ? m : embkv_errmsg());
         sqlite3_free(m);

@@ -20,6 +20,8 @@ import sqlite3
 import time
 import unittest
 
+import numpy as np
+
 from embkv_test import TempDirTest, connect
 
 
@@ -132,7 +134,8 @@ class TestFullPool(TempDirTest):
                 break
         self.assertIsNotNone(err)
         self.assertIn("(the table evicts, and its eviction thread passes about once a second: "
-                      "SELECT embkv_checkpoint('t'), embkv_evict('t') makes room now)", err)
+                      "SELECT embkv_checkpoint('t'), embkv_evict('t') makes room now; eviction keeps rows "
+                      "pulled and not yet pushed: push them, or return them with embkv_release, first)", err)
         c.execute("SELECT embkv_release('t', ?)", (ids,)).fetchone()
         for _ in range(20):  # as the message says, until the table is back under max_rows
             c.execute("SELECT embkv_checkpoint('t')").fetchone()
@@ -143,6 +146,37 @@ class TestFullPool(TempDirTest):
         ids = json.dumps(list(range(10 ** 6, 10 ** 6 + 1000)))
         c.execute("SELECT embkv_pull('t', ?)", (ids,)).fetchone()
         self.assertEqual(c.execute("SELECT embkv_push('t', ?, ?)", (ids, grads)).fetchone()[0], 1000)
+        c.close()
+
+    def test_full_pool_of_held_rows(self):
+        # Rows pulled and never pushed fill the pool: eviction keeps them
+        # (kept_pulled) until they are returned, as the message says.
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, pool_size='16M', max_rows=1000, capacity=200000, "
+                  "init='zeros')")
+        n, err = 0, None
+        while n < 2000000:
+            ids = np.arange(n, n + 20000, dtype=np.int64).tobytes()
+            try:
+                c.execute("SELECT embkv_pull('t', ?)", (ids,)).fetchone()
+            except sqlite3.OperationalError as e:
+                err = str(e)
+                break
+            n += 20000
+        self.assertIsNotNone(err)
+        self.assertIn("push them, or return them with embkv_release, first", err)
+        c.execute("SELECT embkv_checkpoint('t')").fetchone()
+        got = json.loads(c.execute("SELECT embkv_evict('t')").fetchone()[0])
+        self.assertEqual((got["over_max_rows"], got["kept_pulled"]), (0, n - 1000))
+        c.execute("SELECT embkv_release('t', ?)", (np.arange(0, n, dtype=np.int64).tobytes(),)).fetchone()
+        for _ in range(40):
+            c.execute("SELECT embkv_checkpoint('t')").fetchone()
+            got = json.loads(c.execute("SELECT embkv_evict('t')").fetchone()[0])
+            if count(c, "t") <= 1000 and got["left"] == 0:
+                break
+        self.assertLessEqual(count(c, "t"), 1000)
+        ids = np.arange(n, n + 20000, dtype=np.int64).tobytes()
+        self.assertEqual(len(c.execute("SELECT embkv_pull('t', ?)", (ids,)).fetchone()[0]), 20000 * 16)
         c.close()
 
 
