@@ -1061,8 +1061,9 @@ static int check_row(importer *m, int crc, int64_t *id, uint64_t *clock)
         if (!(fabsf(m->row[k]) <= top))
             return im_fail(m, SQLITE_ERROR, "file '%s': row id %lld: vec element %u (%.9g) is beyond the table's "
                                             "dtype %s (at most %.9g): nothing was imported; import into a table of "
-                                            "a wider dtype (f32 or bf16)", m->file, lid, (unsigned)k,
-                           (double)m->row[k], embkv_dtype_name(dt), (double)top);
+                                            "a dtype that holds it (%s)", m->file, lid, (unsigned)k,
+                           (double)m->row[k], embkv_dtype_name(dt), (double)top,
+                           dt == EMBKV_F16 ? "f32, bf16 or i8" : "f32 or i8");
     /* The optimizer's state as only its updates leave it: adagrad's sum of
      * squared gradients and adam's second moment are >= 0, adam's step
      * count a whole number >= 0 (a negative accumulator sent the next push

@@ -53,6 +53,14 @@ SELECT 'export-f', embkv_export('f', 'f.export');
 CREATE VIRTUAL TABLE h4 USING embkv(dim=3, dtype='f16');
 SELECT embkv_import('h4', 'f.export');
 SELECT 'h4-rows', count(*) FROM h4;
+-- beyond bf16's range: the advice names the dtypes that hold it
+INSERT INTO f(id, vec) VALUES (10, '[3.4e38, 1, 1]');
+SELECT 'export-f2', embkv_export('f', 'f2.export');
+CREATE VIRTUAL TABLE b4 USING embkv(dim=3, dtype='bf16');
+SELECT embkv_import('b4', 'f2.export');
+CREATE VIRTUAL TABLE i4 USING embkv(dim=3, dtype='i8');
+SELECT 'i4-import', embkv_import('i4', 'f2.export');
+DELETE FROM f WHERE id = 10;
 SELECT 'imported', id, embkv_json(vec) FROM f ORDER BY id;
 -- @reopen
 .headers off
