@@ -632,8 +632,10 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     memset(&w, 0, sizeof w);
     char *perr = NULL;
     if (bad || parse_options(&w, argc, args, &perr) != SQLITE_OK) {
-        *err = sqlite3_mprintf("the store's options in %s are damaged%s%s", path, perr ? ": " : "",
-                               perr ? perr : "");
+        *err = sqlite3_mprintf("the store's options in %s are damaged%s%s%s: restore the file from a backup of the "
+                               "directory, or move it aside, DROP TABLE \"%w\" (the store stays) and CREATE it "
+                               "again with path= naming the store and the options it was made with",
+                               path, perr ? " (" : "", perr ? perr : "", perr ? ")" : "", v->zName);
         sqlite3_free(perr);
         sqlite3_free(w.optpath);
         sqlite3_free(w.optssd);

@@ -128,6 +128,22 @@ class TestDamagedStoreFiles(TempDirTest):
         self.assertIsNone(vec)
         self.assertIn("are not the ones its CREATE recorded: restore the file from a backup of the directory", got)
         os.replace(opts + ".away", opts)
+        # A changed byte: the advice (move it aside, DROP, CREATE with the
+        # options) brings the table back with its rows.
+        good = read(opts)
+        with open(opts, "wb") as fh:
+            fh.write(good.replace(b'"sgd"', b'"Sgd"'))
+        got, vec = attempt()
+        self.assertIsNone(vec)
+        self.assertIn("app-sqlite-options are damaged: restore the file from a backup of the directory, or move it "
+                      "aside, DROP TABLE \"t\" (the store stays) and CREATE it again with path= naming the store "
+                      "and the options it was made with", got)
+        os.rename(opts, opts + ".damaged")
+        c = connect(self.db)
+        c.execute('DROP TABLE "t"')
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='s', optimizer='sgd', lr=0.5)")
+        self.assertEqual(c.execute("SELECT count(*) FROM t").fetchone()[0], 1)
+        c.close()
         self.assertIsNotNone(attempt()[1])
 
     def test_grown_pool_file_is_damage_not_an_option(self):
