@@ -437,15 +437,14 @@ class _OwnerStep:
         return pos, there
 
     def rows_for(self, conn, table, u):
-        """Rows of the sorted distinct ids u, pulling those not pulled yet;
-        returns (rows, positions of u in self.ids)."""
+        """Rows of the sorted distinct ids u, pulling those not pulled yet."""
         pos, there = self._find(u)
         new = u[~there]
         if len(new):
             self._insert(new, embkv.pull(conn, table, new, self.dim), True)
             pos = np.searchsorted(self.ids, u)
         # (gradient-only entries come at the step's end, after its forwards)
-        return self.rows[pos], pos
+        return self.rows[pos]
 
     def positions(self, u):
         """Positions of the distinct ids u (any order), adding those not
@@ -461,14 +460,16 @@ class _Fwd:
     """One training forward of a table: what the backward exchange needs.
     ask: which of the forward's distinct ids were asked of their owners
     (the others came from the local cache); order, send_counts, recv_counts
-    and owner_pos: that exchange, seen from both ends; hit_*: the cached
-    ids, grouped by owner."""
-    __slots__ = ("mod", "n", "ask", "order", "send_counts", "recv_counts", "owner_pos", "hit_ids", "hit_order",
+    and owner_ids (the ids this rank received, in the order they came):
+    that exchange, seen from both ends; hit_*: the cached ids, grouped by
+    owner.  (Ids, not positions in the owner's step: a later forward of
+    the step inserts its new ids there and moves the positions.)"""
+    __slots__ = ("mod", "n", "ask", "order", "send_counts", "recv_counts", "owner_ids", "hit_ids", "hit_order",
                  "hit_counts", "grad")
 
-    def __init__(self, mod, n, ask, order, send_counts, recv_counts, owner_pos, hit):
+    def __init__(self, mod, n, ask, order, send_counts, recv_counts, owner_ids, hit):
         self.mod, self.n, self.ask, self.order = mod, n, ask, order
-        self.send_counts, self.recv_counts, self.owner_pos = send_counts, recv_counts, owner_pos
+        self.send_counts, self.recv_counts, self.owner_ids = send_counts, recv_counts, owner_ids
         self.hit_ids, self.hit_order, self.hit_counts = hit
         self.grad = None
 
@@ -511,8 +512,9 @@ def _end_step():
             # np.add.at adds in index order: rank 0's gradients first, then
             # rank 1's, ... (the order of summation is fixed)
             sel = got[:, -1] > 0
-            np.add.at(st.grad, f.owner_pos[sel], got[sel, :-1])
-            st.has_grad[f.owner_pos[sel]] = True
+            pos = np.searchsorted(st.ids, f.owner_ids[sel])
+            np.add.at(st.grad, pos, got[sel, :-1])
+            st.has_grad[pos] = True
             if m.local_cache:
                 # the gradients of rows served from the cache: ids and
                 # gradients to their owners
@@ -735,8 +737,7 @@ class _ShardedTable(torch.nn.Module):
         uu, rinv = np.unique(rids, return_inverse=True)
         self._touched.append(uu)
         if training:
-            rows_uu, pos_uu = self._owner.rows_for(self.conn, self.table, uu)
-            owner_pos = pos_uu[rinv]
+            rows_uu = self._owner.rows_for(self.conn, self.table, uu)
         else:
             rows_uu = np.zeros((len(uu), self.embedding_dim), np.float32)
             held = np.zeros(len(uu), bool)
@@ -750,7 +751,6 @@ class _ShardedTable(torch.nn.Module):
             if len(rest):
                 rows_uu[~held] = embkv.pull(self.conn, self.table, rest, self.embedding_dim)
                 embkv.release(self.conn, self.table, rest)
-            owner_pos = None
         back = self._g.exchange_back(what, rows_uu[rinv], recv_counts, counts, self.embedding_dim)
         # (what crosses to other ranks: ids out, rows back to their requesters)
         self.bytes_sent += 8 * int(counts.sum() - counts[me]) + \
@@ -770,7 +770,7 @@ class _ShardedTable(torch.nn.Module):
             return w, local.reshape(ids.shape), pad_local
         hit_ids = u[~ask]
         ho = owner[~ask]
-        f = _Fwd(self, len(u), ask, order, counts, recv_counts, owner_pos,
+        f = _Fwd(self, len(u), ask, order, counts, recv_counts, rids,
                  (hit_ids, np.argsort(ho, kind="stable"), np.bincount(ho, minlength=self._g.world)))
         _pending.append(f)
         w.requires_grad_(True)

@@ -48,11 +48,30 @@ def batch(step, rank, world):
             torch.from_numpy(target[mine]))
 
 
-def train_step(emb, step, rank, world):
+def train_step(emb, step, rank, world, split=None):
+    """split: the rank's bags in two forwards of the table, with one
+    backward over both ("backward"), or a backward each and emb.step()
+    ("step"): the same gradients as one forward."""
     ids, offs, tgt = batch(step, rank, world)
-    out = emb(ids, offs)
-    loss = ((out - tgt) ** 2).sum()
-    loss.backward()
+    if not split:
+        out = emb(ids, offs)
+        loss = ((out - tgt) ** 2).sum()
+        loss.backward()
+        return
+    h = len(offs) // 2
+    cut = int(offs[h]) if h < len(offs) else len(ids)
+    parts = [(ids[:cut], offs[:h], tgt[:h]), (ids[cut:], offs[h:] - cut, tgt[h:])]
+    loss = 0
+    for i, o, t in parts:
+        part = ((emb(i, o) - t) ** 2).sum()
+        if split == "step":
+            part.backward()
+        else:
+            loss = loss + part
+    if split == "step":
+        emb.step()
+    else:
+        loss.backward()
 
 
 def reference():
@@ -94,6 +113,8 @@ def main():
     mode = "mean" if cfg["mode"] == "bad-mode" and rank == world - 1 else "sum"
     if cfg["mode"] == "bad-buckets":
         opts["buckets"] = 1
+    if cfg.get("split") == "step":
+        opts["update"] = "step"
     try:
         emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode=mode, **opts)
         if cfg["mode"] == "skip-backward":
@@ -126,7 +147,7 @@ def main():
     print("restored", step, flush=True)
     while step < cfg["steps"]:
         step += 1
-        train_step(emb, step, rank, world)
+        train_step(emb, step, rank, world, cfg.get("split"))
         if cfg.get("second_table"):
             ids = torch.arange(step % 7, step % 7 + 5)
             (item(ids).sum() * 1.0).backward()

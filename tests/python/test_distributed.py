@@ -4,7 +4,9 @@ job (gloo on 127.0.0.1), each rank a process of dist_worker.py.
 - Sharded training equals one process training on all ranks' batches
   (embkv.torch): every clock equal, values within 1e-6 with 1 rank
   and within 1e-4 with more (the ranks' gradients of a row are added in
-  rank order, torch adds one process's in bag order: float rounding).
+  rank order, torch adds one process's in bag order: float rounding);
+  also with each rank's batch in two forwards a step (update="backward"
+  with one backward over both, and update="step").
 - SIGKILL of a random rank at a random moment, again and again: the other
   ranks fail within the process group's timeout, naming the dead rank, and
   the job started again resumes from the last checkpoint with every shard
@@ -149,16 +151,20 @@ class Base(TempDirTest):
 
 @unittest.skipIf(SANITIZED, "the protocol's arithmetic, in the plain pass")
 class TestEquality(Base):
-    def compare(self, world, optimizer):
-        cfg = self.cfg(optimizer=optimizer, model_dir=os.path.join(self.dir, "m%d" % world))
+    def compare(self, world, optimizer, split=None):
+        cfg = self.cfg(optimizer=optimizer, model_dir=os.path.join(self.dir, "m%d%s" % (world, split or "")))
+        if split:
+            cfg["split"] = split
+            cfg["dump"] = os.path.join(self.dir, "dump-" + split)
+            os.makedirs(cfg["dump"], exist_ok=True)
         self.ok(run(world, cfg))
-        ref_cfg = dict(cfg, mode="reference", model_dir=self.dir)
+        ref_cfg = dict(cfg, mode="reference", model_dir=self.dir, dump=os.path.join(self.dir, "dump"))
         if not os.path.exists(os.path.join(self.dir, "dump", "step-6.ref.export")):
             r = subprocess.run([sys.executable, WORKER, json.dumps(ref_cfg)], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
         for step in (3, 6):
             ref = rows(os.path.join(self.dir, "dump", "step-%d.ref.export" % step))
-            got, dup = union(self.dumps(step, world))
+            got, dup = union(sorted(glob.glob(os.path.join(cfg["dump"], "step-%d.w%d.rank-*.export" % (step, world)))))
             self.assertEqual(dup, [])
             self.assertEqual(sorted(got), sorted(ref))
             self.assertGreater(len(ref), 200)
@@ -177,7 +183,7 @@ class TestEquality(Base):
             self.assertGreater(exact, len(ref) // 2 if world == 1 else -1)
         self.assertTrue(buckets_ok(cfg["model_dir"], "user", world, os.path.join(self.dir, "dump",
                                                                                "step-6.w%d.rank-*.export" % world)))
-        if world == 2:
+        if world == 2 and not split:
             # sql/shards.sql over the shards, read-only
             from embkv_test import EXT
             with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "sql", "shards.sql")) as f:
@@ -202,6 +208,14 @@ class TestEquality(Base):
     def test_adagrad(self):
         for world in (2, 3):
             self.compare(world, "adagrad")
+
+    def test_two_forwards_a_step(self):
+        # Each rank's bags in two forwards of the table per step (ids new
+        # in the second move the owner's rows of the first): one backward
+        # over both, or one each and step(); the reference takes all the
+        # bags in one forward.
+        for split in ("backward", "step"):
+            self.compare(2, "adagrad", split)
 
 
 class TestLocalCache(Base):
