@@ -233,6 +233,11 @@ class _Group:
                            "torch.distributed.init_process_group('gloo') first (torchrun sets its environment)")
         self.group = group
         self.seconds = 0.0      # spent in collectives
+        # Operations of the table begun on this rank (forwards, gradient
+        # exchanges, look-aheads, stats), counted as they begin, also when
+        # they fail before any collective: ranks in step agree on it, and
+        # one that caught an error and went on does not.
+        self.op = 0
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.where = [None] * self.world
@@ -300,24 +305,32 @@ class _Group:
             r, e = bad[0]
             raise EkdError("embkv.distributed: %s failed on rank %d: %s" % (what, r, e))
 
+    def begin(self):
+        self.op += 1
+
     def counts(self, what, send_counts):
         """The counts each rank sends this one, exchanged with the name of
-        the operation (a tag): every operation of the module begins so, in
-        one shape (two int64 a rank), so that ranks out of step (one skipped
-        a backward, say) fail naming both operations instead of gloo
-        mismatching two payloads."""
+        the operation (a tag) and its number (self.op): every operation of
+        the module begins so, in one shape (three int64 a rank), so that
+        ranks out of step (one skipped a backward, or caught an error and
+        went on) fail naming both operations instead of gloo mismatching
+        two payloads or pairing one rank's step with another's next."""
         tag = zlib.crc32(what.encode()) & 0x7FFFFFFF
         _tags[tag] = what
         sc = torch.as_tensor(np.stack([np.asarray(send_counts, dtype=np.int64),
-                                       np.full(self.world, tag, np.int64)], 1).reshape(-1))
+                                       np.full(self.world, tag, np.int64),
+                                       np.full(self.world, self.op, np.int64)], 1).reshape(-1))
         rc = torch.empty_like(sc)
         self.call(what, dist.all_to_all_single, rc, sc)
-        got = rc.numpy().reshape(self.world, 2)
+        got = rc.numpy().reshape(self.world, 3)
         for r in range(self.world):
-            if got[r, 1] != tag:
-                raise EkdError("embkv.distributed: ranks out of step: rank %d is at %s, rank %d at %s (every rank "
-                               "must run the same forwards, backwards and checkpoints in the same order)"
-                               % (self.rank, what, r, _tags.get(int(got[r, 1]), "another operation")))
+            if got[r, 1] != tag or got[r, 2] != self.op:
+                raise EkdError("embkv.distributed: ranks out of step: rank %d is at %s (operation %d of the table "
+                               "there), rank %d at %s (operation %d) (every rank must run the same forwards, "
+                               "backwards and checkpoints in the same order; a rank that caught an error must "
+                               "stop, as the others do)"
+                               % (self.rank, what, self.op, r, _tags.get(int(got[r, 1]), "another operation"),
+                                  int(got[r, 2])))
         return got[:, 0].copy()
 
     def exchange(self, what, send, send_counts, width=1):
@@ -502,6 +515,7 @@ def _end_step():
                 g = np.zeros((f.n, m.embedding_dim), np.float32)
             gf = np.concatenate([g, flag], axis=1)
             what = "the gradient exchange of table %r" % m.table
+            m._g.begin()
             if not np.array_equal(m._g.counts(what, f.send_counts), f.recv_counts):
                 raise EkdError("embkv.distributed: %s: the ranks' forwards do not match their backwards (ranks out "
                                "of step)" % what)
@@ -570,6 +584,10 @@ class _ShardedTable(torch.nn.Module):
         self._g = _Group(group)
         self.model_dir = os.path.abspath(model_dir)
         self.table = table
+        # (the names of the table's operations, for the other ranks' tags)
+        for fmt in ("the forward of table %r", "the gradient exchange of table %r", "the look-ahead of table %r",
+                    "embkv.distributed.stats of table %r"):
+            _tags[zlib.crc32((fmt % table).encode()) & 0x7FFFFFFF] = fmt % table
         self.update = update
         self.padding_idx = padding_idx
         rank, world = self._g.rank, self._g.world
@@ -714,6 +732,7 @@ class _ShardedTable(torch.nn.Module):
         return order, counts
 
     def _gather(self, ids):
+        self._g.begin()
         flat, is_pad, u, inv = _distinct(ids, self.padding_idx, "embkv.distributed")
         training = torch.is_grad_enabled()
         me = self._g.rank
@@ -800,6 +819,7 @@ class _ShardedTable(torch.nn.Module):
         """Announce coming batches' ids to their owners (collective), which
         read ahead the rows on their SSD tier; returns the rows queued on
         this rank's shard."""
+        self._g.begin()
         a = np.unique(np.ascontiguousarray(np.asarray(ids).reshape(-1), dtype=np.int64))
         order, counts = self._route(a)
         rids, _ = self._g.exchange("the look-ahead of table %r" % self.table, a[order], counts)
@@ -1048,12 +1068,17 @@ def _check_redo(mod, path, rank, t):
 def stats(module):
     """embkv_stats of every shard of the module's table (collective): a list
     of dicts, rank order, each with its "rank"."""
+    what = "embkv.distributed.stats of table %r" % module.table
+    # (An operation of the table as the others: a rank at a forward
+    # meanwhile fails at once, out of step, instead of at the timeout.)
+    module._g.begin()
+    module._g.counts(what, np.zeros(module._g.world, np.int64))
     st = json.loads(module.conn.execute("SELECT embkv_stats(?)", (module.table,)).fetchone()[0])
     st["rank"] = module._g.rank
     st["bytes_sent"] = module.bytes_sent
     st["exchange_seconds"] = module._g.seconds
     st["cache_hits"] = module.cache_hits
-    return module._g.gather("embkv.distributed.stats of table %r" % module.table, st)
+    return module._g.gather(what, st)
 
 
 # ---------------------------------------------------------------- resharding

@@ -120,6 +120,16 @@ def main():
         if cfg["mode"] == "skip-backward":
             train_step(emb, 1, rank, world) if rank == 0 else emb(*batch(1, rank, world)[:2])
             train_step(emb, 2, rank, world)
+        if cfg["mode"] == "caught-error":
+            if rank == 1:
+                try:
+                    emb(torch.tensor([1.5]), torch.tensor([0]))
+                except TypeError:
+                    pass
+            train_step(emb, 1, rank, world)
+            train_step(emb, 2, rank, world)
+        if cfg["mode"] == "stats-vs-forward":
+            ekd.stats(emb) if rank == 1 else train_step(emb, 1, rank, world)
         if cfg["mode"] == "subset":
             item = ekd.ShardedEmbedding(cfg["model_dir"], "item", dim=4, optimizer="sgd", lr=0.1, init="zeros")
             ekd.checkpoint([emb], 1)

@@ -446,13 +446,24 @@ class TestBadInput(Base):
                                                       "to 1048576, not 1")
 
     def test_out_of_step(self):
-        """A rank that skips a backward: both fail naming the operations."""
-        res = run(2, self.cfg(mode="skip-backward"), timeout=120)
-        for rc, out in res:
-            self.assertNotEqual(rc, 0)
-            self.assertIn("embkv.distributed: ranks out of step", out)
-        self.assertIn("rank 0 is at the gradient exchange of table 'user', rank 1 at the forward of table 'user'",
-                      res[0][1])
+        """A rank that skips a backward, one that caught an error and went
+        on, stats on one rank and a forward on the other: both fail at once
+        (the process group's timeout is a minute), naming the operations."""
+        cases = [("skip-backward", "rank 0 is at the gradient exchange of table 'user' (operation 2 of the table "
+                                   "there), rank 1 at the forward of table 'user' (operation 2)"),
+                 ("caught-error", "rank 0 is at the forward of table 'user' (operation 1 of the table there), rank 1 "
+                                  "at the forward of table 'user' (operation 2)"),
+                 ("stats-vs-forward", "rank 0 is at the forward of table 'user' (operation 1 of the table there), "
+                                      "rank 1 at embkv.distributed.stats of table 'user' (operation 1)")]
+        for mode, want in cases:
+            t0 = time.monotonic()
+            res = run(2, self.cfg(mode=mode, timeout=60, model_dir=os.path.join(self.dir, mode)), timeout=120)
+            for rc, out in res:
+                self.assertNotEqual(rc, 0, mode)
+                self.assertIn("embkv.distributed: ranks out of step", out, mode)
+                self.assertNotIn("Timed out", out, mode)
+            self.assertIn(want, res[0][1], mode)
+            self.assertLess(time.monotonic() - t0, 60, mode)
 
     def test_every_table(self):
         res = run(2, self.cfg(mode="subset"), timeout=120)
