@@ -557,6 +557,12 @@ class _ShardedTable(torch.nn.Module):
     def __init__(self, model_dir, table, dim=None, padding_idx=None, update="backward", buckets=None, group=None,
                  local_cache=False, **options):
         super().__init__()
+        if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
+            raise ValueError("embkv.distributed: table %r: model_dir must name a directory (made if missing), "
+                             "not %r" % (table, model_dir))
+        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError("embkv.distributed: table %r: model_dir %s is not a directory: name a directory "
+                             "(made if missing)" % (table, os.path.abspath(model_dir)))
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
         if "durable" in options or "path" in options:
@@ -569,14 +575,15 @@ class _ShardedTable(torch.nn.Module):
         self.local_cache = bool(local_cache)
         self._cache_steps = 0
         if self.local_cache:
-            st = options.get("staleness")
+            given = options.get("staleness")
             try:
-                st = int(str(st), 10)
+                st = int(str(given), 10)
             except ValueError:
                 st = None
             if st is None or st < 1:
                 raise ValueError("embkv.distributed: table %r: local_cache serves a remote row for at most "
-                                 "`staleness` steps: give staleness=N with N >= 1 (not %r)" % (table, st))
+                                 "`staleness` steps: give staleness=N with N >= 1 (%s)"
+                                 % (table, "not %r" % (given,) if given is not None else "it is not given"))
             self._cache_steps = st
         self._cache = {}            # remote id -> (row, step it was read at)
         self._steps = 0             # updates done
@@ -604,6 +611,17 @@ class _ShardedTable(torch.nn.Module):
                 if k == "options" and _norm(w[k]) != _norm(every[0][k]):
                     raise EkdError("embkv.distributed: table %r: ranks disagree on options: %s (rank 0 against rank "
                                    "%d)" % (table, _diff(every[0][k], w[k]), r))
+                if k == "bag" and w[k] != every[0][k]:
+                    # (mode, include_last_offset): named as the arguments
+                    j = 0 if w[k][0] != every[0][k][0] else 1
+                    raise EkdError("embkv.distributed: table %r: ranks disagree on %s: rank 0 has %r, rank %d %r"
+                                   % (table, ("mode", "include_last_offset")[j], every[0][k][j], r, w[k][j]))
+                if k == "buckets" and (w[k] is None) != (every[0][k] is None):
+                    a, b = (0, r) if every[0][k] is None else (r, 0)
+                    raise EkdError("embkv.distributed: table %r: ranks disagree on buckets: rank %d leaves it out "
+                                   "(the checkpoint's, or %d for a new table), rank %d gives %d: give it on every "
+                                   "rank or on none" % (table, a, DEFAULT_BUCKETS, b,
+                                                        every[0][k] if every[0][k] is not None else w[k]))
                 if k != "options" and w[k] != every[0][k]:
                     raise EkdError("embkv.distributed: table %r: ranks disagree on %s: rank 0 has %r, rank %d %r"
                                    % (table, k, every[0][k], r, w[k]))

@@ -113,6 +113,8 @@ def main():
     mode = "mean" if cfg["mode"] == "bad-mode" and rank == world - 1 else "sum"
     if cfg["mode"] == "bad-buckets":
         opts["buckets"] = 1
+    if cfg["mode"] == "buckets-given" and rank == world - 1:
+        opts["buckets"] = 4096
     if cfg.get("split") == "step":
         opts["update"] = "step"
     try:

@@ -440,10 +440,31 @@ class TestBadInput(Base):
         self.failing(2, self.cfg(mode="bad-dim"), "table 'user': ranks disagree on dim: rank 0 has 8, rank 1 9")
         self.failing(2, self.cfg(mode="bad-option"),
                      "table 'user': ranks disagree on options: lr: 0.05 against 0.5 (rank 0 against rank 1)")
-        self.failing(2, self.cfg(mode="bad-mode"), "table 'user': ranks disagree on bag: rank 0 has ('sum', False), "
-                                                   "rank 1 ('mean', False)")
+        self.failing(2, self.cfg(mode="bad-mode"), "table 'user': ranks disagree on mode: rank 0 has 'sum', "
+                                                   "rank 1 'mean'")
+        self.failing(2, self.cfg(mode="buckets-given"), "table 'user': ranks disagree on buckets: rank 0 leaves it "
+                                                        "out (the checkpoint's, or 4096 for a new table), rank 1 "
+                                                        "gives 4096: give it on every rank or on none")
         self.failing(2, self.cfg(mode="bad-buckets"), "table 'user': buckets must be from the number of ranks (2) "
                                                       "to 1048576, not 1")
+
+    def test_arguments(self):
+        """Refused before any collective, naming the argument."""
+        path = os.path.join(self.dir, "afile")
+        write(path, b"x")
+        for md, want in (("", "table 'u': model_dir must name a directory (made if missing), not ''"),
+                         (None, "table 'u': model_dir must name a directory (made if missing), not None"),
+                         (path, "table 'u': model_dir %s is not a directory: name a directory (made if missing)"
+                          % path)):
+            with self.assertRaises(ValueError) as cm:
+                ekd.ShardedEmbedding(md, "u", dim=2)
+            self.assertIn(want, str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            ekd.ShardedEmbedding(self.dir, "u", dim=2, local_cache=True, staleness="unlimited")
+        self.assertIn("give staleness=N with N >= 1 (not 'unlimited')", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            ekd.ShardedEmbedding(self.dir, "u", dim=2, local_cache=True)
+        self.assertIn("give staleness=N with N >= 1 (it is not given)", str(cm.exception))
 
     def test_out_of_step(self):
         """A rank that skips a backward, one that caught an error and went
