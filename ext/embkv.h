@@ -184,6 +184,12 @@ uint32_t embkv_state_floats(const embkv_store *s);
 /* The store's element type (EMBKV_F32 ... EMBKV_I8) and its name ("f32",
  * "f16", "bf16", "i8"). */
 uint32_t embkv_dtype(const embkv_store *s);
+/* A random number made with the store, the same in every copy of it (a
+ * backup, a copied directory); 0 for a store made before stores had one.
+ * A caller that records it beside the store's files (the SQLite binding,
+ * in its options file) tells this store's pool from another's put in its
+ * place. */
+uint64_t embkv_store_id(const embkv_store *s);
 const char *embkv_dtype_name(uint32_t dtype);  /* "unknown" for another value */
 /* The largest magnitude a dtype holds (f16 65504, bf16 about 3.3895e38;
  * f32 and i8 float32's); a larger value is refused, not rounded down. */

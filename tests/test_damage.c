@@ -4,7 +4,8 @@
  *
  *  A. each damaged root field (max_load 0 or 1e300, nbuckets not a power of
  *     two or too large, index_next == index, a chunk outside the pool, a
- *     chunk table elsewhere) is refused at open with EMBKV_CORRUPT;
+ *     chunk table elsewhere, the store id or its check) is refused at open
+ *     with EMBKV_CORRUPT;
  *  B. a flipped byte in a record's vector is EMBKV_CORRUPT naming the id on
  *     embkv_get, embkv_get_batch_at, embkv_scan and embkv_check, and on the
  *     update that reads it, on embkv_knn; a flipped id byte on embkv_get_batch
@@ -143,6 +144,8 @@ static void e_lostbit(store_root *r, PMEMobjpool *pop)
 static void e_magic(store_root *r, PMEMobjpool *pop) { (void)pop; r->magic[1] ^= 0x5a; }
 static void e_nomagic(store_root *r, PMEMobjpool *pop) { (void)pop; memset(r->magic, 0, sizeof r->magic); }
 static void e_blank(store_root *r, PMEMobjpool *pop) { (void)pop; memset(r, 0, sizeof *r); }
+static void e_sid(store_root *r, PMEMobjpool *pop) { (void)pop; r->store_id ^= 1u << 9; }
+static void e_sid0(store_root *r, PMEMobjpool *pop) { (void)pop; r->store_id = 0; }
 static const root_edit edits[] = {
     {"root zeroed", e_blank, "the pool's root object is damaged: it is empty"},
     {"magic flipped", e_magic, "the pool's root object is damaged: its magic is damaged"},
@@ -159,6 +162,8 @@ static const root_edit edits[] = {
     {"index offset 8", e_index, "index object"},
     {"bucket left locked", e_locked, "locked by no writer"},
     {"used bit cleared", e_lostbit, "index holds 399 rows, 400 when it was closed"},
+    {"store id flipped", e_sid, "its store id is damaged"},
+    {"store id zeroed", e_sid0, "its store id is damaged"},
 };
 
 static int open_expect_corrupt(void *arg)

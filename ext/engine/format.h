@@ -266,8 +266,14 @@ typedef struct store_root {
     /* The vectors' element type and dtype ^ DTYPE_CHECK_KEY (both zero in
      * a root from before them: float32). */
     uint32_t dtype, dtype_check;
+    /* A random number made with the store, and it ^ STORE_ID_CHECK_KEY
+     * (both zero in a root from before them: no id).  What tells this
+     * store's pool from another store's copied into its directory: the
+     * binding records it beside the options (embkv_store_id). */
+    uint64_t store_id, store_id_check;
 } store_root;
 #define DTYPE_CHECK_KEY 0x64747970u
+#define STORE_ID_CHECK_KEY 0x73746f7265696421ull
 #define ROWS_CHECK_KEY 0x6b76656d62726f77ull
 /* A row's clock stops at 2^63 - 1, the largest a SQL integer (and an
  * export) holds: past it SQL showed it negative and the table's own export

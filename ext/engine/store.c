@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/mman.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -41,6 +42,7 @@ static embkv_store *registry;
 uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
 uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
 uint32_t embkv_dtype(const embkv_store *s) { return s->dtype; }
+uint64_t embkv_store_id(const embkv_store *s) { return s ? s->store_id : 0; }
 const char *embkv_dtype_name(uint32_t dtype)
 {
     return dtype >= EMBKV_F32 && dtype <= EMBKV_I8 ? dtype_name((int)dtype) : "unknown";
@@ -526,6 +528,12 @@ static int init_root(embkv_store *s, const embkv_options *opt)
     r->state_floats = opt->state_floats;
     r->dtype = opt->dtype ? opt->dtype : EMBKV_F32;
     r->dtype_check = r->dtype ^ DTYPE_CHECK_KEY;
+    uint64_t id = 0;
+    while (id == 0)
+        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+            return embkv__err(EMBKV_IO, "store %s: no random number for its id: %s", s->path, strerror(errno));
+    r->store_id = id;
+    r->store_id_check = id ^ STORE_ID_CHECK_KEY;
     r->record_size = record_size((int)r->dtype, opt->dim, opt->state_floats);
     r->durable_epoch = 0;
     r->clean = 1;
@@ -793,6 +801,12 @@ static int root_geometry(embkv_store *s)
         s->dtype = r->dtype;
     else
         return corrupt_root(s, "its dtype is damaged");
+    if (r->store_id == 0 && r->store_id_check == 0)
+        s->store_id = 0;
+    else if (r->store_id != 0 && r->store_id_check == (r->store_id ^ STORE_ID_CHECK_KEY))
+        s->store_id = r->store_id;
+    else
+        return corrupt_root(s, "its store id is damaged");
     s->vec_bytes = dtype_vec_bytes((int)s->dtype, s->dim);
     if (s->dim == 0 || s->dim > EMBKV_MAX_DIM || s->state_floats > EMBKV_MAX_STATE_FLOATS ||
         s->rec_size != record_size((int)s->dtype, s->dim, s->state_floats))

@@ -475,6 +475,7 @@ static int opt_is_stored(unsigned j)
 /* After the store is open: take its options, or record the table's. */
 /* The check of the stored options: FNV-1a over "name=value;" in order. */
 #define OPTS_SUM_SEED 0xcbf29ce484222325ull
+#define OPTS_STORE_KEY "store"
 static uint64_t opts_sum(uint64_t h, const char *name, const char *value)
 {
     for (const char *parts[] = {name, "=", value, ";"}, **p = parts; p < parts + 4; p++)
@@ -546,6 +547,13 @@ static int store_options(ekvtab *v, const char *dir, char **err)
             cJSON_AddStringToObject(o, ek_options[j].name, buf);
             sum = opts_sum(sum, ek_options[j].name, buf);
         }
+        /* The pool's id beside the options: another store's pool put in
+         * this one's place is refused at the next open. */
+        if (embkv_store_id(v->store)) {
+            snprintf(buf, sizeof buf, "%016llx", (unsigned long long)embkv_store_id(v->store));
+            if (o) cJSON_AddStringToObject(o, OPTS_STORE_KEY, buf);
+            sum = opts_sum(sum, OPTS_STORE_KEY, buf);
+        }
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
         memcpy(v->opts_check, hex, sizeof hex);
@@ -615,6 +623,17 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         snprintf(kv[k], sizeof kv[k], "%s='%s'", ek_options[j].name, e->valuestring);
         args[argc++] = kv[k++];
     }
+    /* The pool's id, in files written since stores had one. */
+    const cJSON *sid = bad ? NULL : cJSON_GetObjectItemCaseSensitive(o, OPTS_STORE_KEY);
+    char recorded_id[17] = "";
+    if (sid) {
+        bad = !cJSON_IsString(sid) || strlen(sid->valuestring) != 16;
+        if (!bad) {
+            sum = opts_sum(sum, OPTS_STORE_KEY, sid->valuestring);
+            memcpy(recorded_id, sid->valuestring, sizeof recorded_id);
+            k++;
+        }
+    }
     const cJSON *chk = bad ? NULL : cJSON_GetObjectItemCaseSensitive(o, "check");
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
@@ -625,6 +644,17 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         /* A whole valid file, but not this store's (copied from another). */
         *err = sqlite3_mprintf("the store's options in %s are not the ones its CREATE recorded: restore the file from "
                                "a backup of the directory", path);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
+    /* (After that check: a foreign options file is named as such, not the
+     * pool it does not match.) */
+    char pool_id[17];
+    snprintf(pool_id, sizeof pool_id, "%016llx", (unsigned long long)embkv_store_id(v->store));
+    if (!bad && recorded_id[0] && strcmp(recorded_id, pool_id) != 0) {
+        *err = sqlite3_mprintf("the pool %s/store.pool is not this store's: its id is %s, and the store's options "
+                               "in %s name %s (a pool copied from another store): restore the directory from a "
+                               "backup", dir, embkv_store_id(v->store) ? pool_id : "none", path, recorded_id);
         sqlite3_free(path);
         return SQLITE_CORRUPT;
     }

@@ -3,6 +3,7 @@ never as data; the other rows stay readable and the damaged one can be
 deleted (existence reads check the record's id only)."""
 import json
 import os
+import re
 import shutil
 import sqlite3
 import unittest
@@ -145,6 +146,35 @@ class TestDamagedStoreFiles(TempDirTest):
         self.assertEqual(c.execute("SELECT count(*) FROM t").fetchone()[0], 1)
         c.close()
         self.assertIsNotNone(attempt()[1])
+
+    def test_another_stores_pool_is_refused(self):
+        # Two stores alike (dim, optimizer); b's pool copied over a's: a's
+        # table refuses it (the options file records the pool's id), and
+        # takes its own back.
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=4, path='a', optimizer='adagrad', init='zeros')")
+        c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=4, path='b', optimizer='adagrad', init='zeros')")
+        c.execute("INSERT INTO a VALUES (1, '[1,2,3,4]')")
+        c.execute("INSERT INTO b VALUES (2, '[5,6,7,8]')")
+        c.close()
+        mine = os.path.join(self.dir, "a", "store.pool")
+        own = os.path.join(self.dir, "a.pool")
+        os.rename(mine, own)
+        shutil.copyfile(os.path.join(self.dir, "b", "store.pool"), mine)
+        c = connect(self.db)
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            c.execute("SELECT count(*) FROM a").fetchone()
+        self.assertRegex(str(cm.exception), r"embkv table a: the pool %s/store.pool is not this store's: its id is "
+                         r"[0-9a-f]{16}, and the store's options in %s/app-sqlite-options name [0-9a-f]{16} \(a pool "
+                         r"copied from another store\): restore the directory from a backup"
+                         % (re.escape(os.path.join(self.dir, "a")), re.escape(os.path.join(self.dir, "a"))))
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_CORRUPT)
+        self.assertEqual(c.execute("SELECT id FROM b").fetchall(), [(2,)])
+        c.close()
+        os.replace(own, mine)
+        c = connect(self.db)
+        self.assertEqual(c.execute("SELECT id, embkv_json(vec) FROM a").fetchall(), [(1, "[1,2,3,4]")])
+        c.close()
 
     def test_grown_pool_file_is_damage_not_an_option(self):
         c = connect(self.db)
