@@ -206,7 +206,10 @@ static void test_store(int dt, const char *name, const embkv_options *extra, siz
     check_reads(s, want, n);
     CHECK_RC(embkv_sync(s), EMBKV_OK);
     check_reads(s, want, n);
-    /* a backup holds the same rows in the same dtype */
+    /* a backup holds the same rows in the same dtype, and is the same
+     * store (its id); a new store has another */
+    uint64_t sid = embkv_store_id(s);
+    CHECK(sid != 0);
     char bdir[800];
     snprintf(bdir, sizeof bdir, "%s.bak", path);
     embkv_backup *b = NULL;
@@ -228,6 +231,13 @@ static void test_store(int dt, const char *name, const embkv_options *extra, siz
     CHECK_RC(embkv_open(bdir, &none, 0, &s), EMBKV_OK);
     if (s) {
         check_reads(s, want, n);
+        CHECK(embkv_store_id(s) == sid);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    snprintf(bdir, sizeof bdir, "%s.fresh", path);
+    CHECK_RC(embkv_open(bdir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_store_id(s) != 0 && embkv_store_id(s) != sid);
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
     free(x);

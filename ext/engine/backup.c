@@ -409,6 +409,15 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
         if (rc != EMBKV_OK)
             rc = embkv__err(rc, "embkv_backup: creating the copy beside %s: %s", dir, embkv_errmsg());
     }
+    if (rc == EMBKV_OK) {
+        /* A copy is the same store: it takes the store's id (what the
+         * application's files beside it, copied with it, may name). */
+        store_root *r = b->dst->root;
+        r->store_id = s->store_id;
+        r->store_id_check = s->store_id ? s->store_id ^ STORE_ID_CHECK_KEY : 0;
+        pmemobj_persist(b->dst->pop, &r->store_id, 2 * sizeof r->store_id);
+        b->dst->store_id = s->store_id;
+    }
     if (rc != EMBKV_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", embkv_errmsg());

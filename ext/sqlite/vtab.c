@@ -189,13 +189,19 @@ static char *opt_value(const char *s)
  * numbers): *v its value when it is whole and fits, *end after it; -2
  * for a number that is not whole, -1 otherwise.  The digits are taken as one integer, then scaled by the
  * exponent less the fraction's length. */
+/* Set while parse_options reads the options of a table that exists (its
+ * CREATE statement, read again at every connect): forms an older build
+ * took ('4.', '.5e6') are read there as they were, so that the table
+ * still opens and drops; a new CREATE gets the strict rule. */
+static _Thread_local int opt_lenient;
+
 static int parse_decimal(const char *p, uint64_t *v, const char **end)
 {
     uint64_t m = 0;
     int frac = 0, in_frac = 0, digits = 0;
     for (;; p++) {
         /* (As JSON writes numbers: digits on both sides of the point.) */
-        if (*p == '.' && !in_frac && digits && p[1] >= '0' && p[1] <= '9') {
+        if (*p == '.' && !in_frac && (opt_lenient || (digits && p[1] >= '0' && p[1] <= '9'))) {
             in_frac = 1;
             continue;
         }
@@ -234,7 +240,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
-    if (*p < '0' || *p > '9') return -1;
+    if ((*p < '0' || *p > '9') && !(opt_lenient && *p == '.')) return -1;
     const char *q = p;
     while (*q >= '0' && *q <= '9') q++;
     if (*q == '.' || *q == 'e' || *q == 'E') {
@@ -280,7 +286,17 @@ static int parse_staleness(const char *val, void *field)
     return 0;
 }
 
-static int parse_options(ekvtab *v, int argc, const char *const *argv, char **err)
+static int parse_options_in(ekvtab *v, int argc, const char *const *argv, char **err);
+
+static int parse_options(ekvtab *v, int argc, const char *const *argv, int create, char **err)
+{
+    opt_lenient = !create;
+    int rc = parse_options_in(v, argc, argv, err);
+    opt_lenient = 0;
+    return rc;
+}
+
+static int parse_options_in(ekvtab *v, int argc, const char *const *argv, char **err)
 {
     uint64_t seen = 0;
     ek_parse_train_begin(&v->opts.train);
@@ -661,7 +677,7 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     ekvtab w;
     memset(&w, 0, sizeof w);
     char *perr = NULL;
-    if (bad || parse_options(&w, argc, args, &perr) != SQLITE_OK) {
+    if (bad || parse_options(&w, argc, args, 0, &perr) != SQLITE_OK) {
         *err = sqlite3_mprintf("the store's options in %s are damaged%s%s%s: restore the file from a backup of the "
                                "directory, or move it aside, DROP TABLE \"%w\" (the store stays) and CREATE it "
                                "again with path= naming the store and the options it was made with",
@@ -879,7 +895,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         rc = err ? SQLITE_ERROR : SQLITE_NOMEM;
         goto fail;
     }
-    rc = parse_options(v, argc, argv, &err);
+    rc = parse_options(v, argc, argv, create, &err);
     if (rc != SQLITE_OK) goto fail;
     if (create) {
         uint64_t r;

@@ -238,3 +238,16 @@ SELECT 'ownlog', id, embkv_json(vec) FROM ownlog;
 CREATE VIRTUAL TABLE longp USING embkv(dim=2, path='nosuch/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb/store');
 -- a pool too small for the index its capacity asks: the message says what to give
 CREATE VIRTUAL TABLE smallpool USING embkv(dim=2, pool_size='16M', capacity=1e6);
+-- a table whose CREATE has a number an older build took ('400.', '.5e3'):
+-- it still opens and drops; a new CREATE of it is refused
+CREATE VIRTUAL TABLE oldnum USING embkv(dim=2, capacity=400, staleness=5);
+INSERT INTO oldnum VALUES (1, '[1,2]');
+PRAGMA writable_schema=ON;
+UPDATE sqlite_schema SET sql = replace(replace(sql, 'capacity=400', 'capacity=400.'), 'staleness=5', 'staleness=.5e1') WHERE name = 'oldnum';
+PRAGMA writable_schema=OFF;
+-- @reopen
+SELECT 'oldnum', id, embkv_json(vec) FROM oldnum;
+SELECT 'oldnum-sql', sql LIKE '%capacity=400.,%staleness=.5e1%' FROM sqlite_schema WHERE name = 'oldnum';
+DROP TABLE oldnum;
+SELECT 'oldnum-dropped', count(*) FROM sqlite_schema WHERE name LIKE 'oldnum%';
+CREATE VIRTUAL TABLE oldnum USING embkv(dim=2, capacity=400.);
