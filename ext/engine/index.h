@@ -314,6 +314,10 @@ int ix_move_home_unpinned(embkv_store *s, index_desc *ix, int64_t id, uint64_t h
 /* n free records into locs, leaving the delete reserve free: EMBKV_OK, or
  * EMBKV_FULL naming the pool (nothing taken).  Takes slab_mu; any thread. */
 int slab_alloc(embkv_store *s, uint64_t *locs, size_t n);
+/* For the SSD tier's moves into the pool (promotions, hot-set moves): as
+ * slab_alloc, and leaves free the records write groups hold
+ * (s->room_held, read under slab_mu, where slab_room_for adds to it). */
+int slab_alloc_move(embkv_store *s, uint64_t *locs, size_t n);
 /* For tombstones: may take the delete reserve that slab_alloc leaves free. */
 int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
 /* Back to the free list at once (pool records) or to the log's live
@@ -321,7 +325,7 @@ int slab_alloc_tombstone(embkv_store *s, uint64_t *loc);
  * (slab_reclaim), or never published. */
 void slab_free(embkv_store *s, const uint64_t *locs, size_t n);
 /* embkv_room_for of the pool alone (write.c adds demotion). */
-int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
+int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes, bool hold);
 /* Free records now (under slab_mu: a moment's figure). */
 size_t slab_free_count(embkv_store *s);
 /* Free records, records in the chunks so far, and whether the pool refused
@@ -415,9 +419,9 @@ int snap_init(embkv_store *s);
 void snap_free(embkv_store *s);
 /* Whether this thread is inside a write group on s. */
 bool group_held(embkv_store *s);
-/* The records this thread's group on s counted on (embkv_room_for), held
- * in s->room_held until the group ends; false outside a group. */
-bool group_hold_room(embkv_store *s, size_t records);
+/* The records this thread's group on s holds (slab_room_for with hold,
+ * which added them to s->room_held): taken off when the group ends. */
+void group_note_hold(embkv_store *s, size_t records);
 /* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
 void groups_quiesce(embkv_store *s);
 /* Lets the groups held off by groups_quiesce go on. */

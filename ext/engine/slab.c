@@ -201,10 +201,13 @@ static int ensure_free(embkv_store *s, size_t want)
     return rc;
 }
 
-/* Take n free records, leaving `keep` free. */
-static int alloc_keeping(embkv_store *s, uint64_t *locs, size_t n, size_t keep)
+/* Take n free records, leaving `keep` free (and what groups hold, when
+ * `held`). */
+static int alloc_keeping(embkv_store *s, uint64_t *locs, size_t n, size_t keep, bool held)
 {
     pthread_mutex_lock(&s->slab_mu);
+    if (held)
+        keep += atomic_load(&s->room_held);
     int rc = ensure_free(s, n + keep);
     if (rc == EMBKV_OK) {
         s->free_locs.n -= n;
@@ -223,20 +226,31 @@ static int alloc_keeping(embkv_store *s, uint64_t *locs, size_t n, size_t keep)
 
 int slab_alloc(embkv_store *s, uint64_t *locs, size_t n)
 {
-    return alloc_keeping(s, locs, n, s->delete_reserve);
+    return alloc_keeping(s, locs, n, s->delete_reserve, false);
+}
+
+int slab_alloc_move(embkv_store *s, uint64_t *locs, size_t n)
+{
+    return alloc_keeping(s, locs, n, s->delete_reserve, true);
 }
 
 int slab_alloc_tombstone(embkv_store *s, uint64_t *loc)
 {
-    return alloc_keeping(s, loc, 1, 0);
+    return alloc_keeping(s, loc, 1, 0, false);
 }
 
-int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes, bool hold)
 {
-    /* Puts leave the delete reserve free; deletes may take it. */
-    uint64_t want = deletes + (puts ? puts + s->delete_reserve : 0);
+    /* Puts leave the delete reserve free; deletes may take it.  (Counts
+     * past any pool's records are refused before they add up.) */
+    const uint64_t most = (uint64_t)1 << 48;
+    uint64_t want = puts > most || deletes > most ? UINT64_MAX : deletes + (puts ? puts + s->delete_reserve : 0);
     pthread_mutex_lock(&s->slab_mu);
     int rc = want > SIZE_MAX ? EMBKV_FULL : ensure_free(s, (size_t)want);
+    /* (Held under slab_mu: a move's allocation reads it there, so none
+     * takes the room between this check and the hold.) */
+    if (rc == EMBKV_OK && hold)
+        atomic_fetch_add(&s->room_held, (size_t)(puts + deletes));
     size_t have = s->free_locs.n;
     pthread_mutex_unlock(&s->slab_mu);
     if (rc == EMBKV_FULL && !puts && have == 0) {

@@ -196,16 +196,11 @@ bool group_held(embkv_store *s)
     return tl_find(s) != NULL;
 }
 
-bool group_hold_room(embkv_store *s, size_t records)
+void group_note_hold(embkv_store *s, size_t records)
 {
     struct tl_group *g = tl_find(s);
-    if (!g)
-        return false;
-    /* (The last count replaces the group's earlier one.) */
-    atomic_fetch_add(&s->room_held, records);
-    atomic_fetch_sub(&s->room_held, g->held);
-    g->held = records;
-    return true;
+    if (g)
+        g->held += records;
 }
 
 bool group_logging(embkv_store *s)

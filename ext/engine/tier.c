@@ -603,8 +603,10 @@ static size_t move_room(embkv_store *s)
     size_t free_recs, total;
     bool exhausted;
     slab_space(s, &free_recs, &total, &exhausted);
-    size_t held = atomic_load(&s->room_held), high = total / 16 + s->delete_reserve + held;
-    return !exhausted && !held ? SIZE_MAX : free_recs > high ? free_recs - high : 0;
+    /* (A pool that may still grow: its moves add chunks, leaving what
+     * groups hold free: slab_alloc_move.) */
+    size_t high = total / 16 + s->delete_reserve + atomic_load(&s->room_held);
+    return !exhausted ? SIZE_MAX : free_recs > high ? free_recs - high : 0;
 }
 
 /* Records the pool can hold at most, less the high watermark's free part:
@@ -685,7 +687,7 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
          * and promotion (which waits for readers) may run between. */
         /* A reopened store learns the pool's limit only when a chunk is
          * refused: its room is asked for first, and made by demotion. */
-        if (k && slab_room_for(s, k, 0) == EMBKV_FULL) {
+        if (k && slab_room_for(s, k, 0, false) == EMBKV_FULL) {
             size_t freed = 0;
             tier_demote(s, k, &freed);
         }
@@ -771,8 +773,8 @@ static int promote_batch(embkv_store *s, int64_t *ids, uint64_t *q, char *recs, 
     }
     if (k > room)
         k = room;
-    if (k && slab_alloc(s, p, k) != EMBKV_OK)
-        k = 0;  /* no room after all: the rows stay in the log */
+    if (k && slab_alloc_move(s, p, k) != EMBKV_OK)
+        k = 0;  /* no room after all (or held by a group): the rows stay in the log */
     size_t m = 0;
     if (k) {
         pthread_rwlock_rdlock(&s->writers);

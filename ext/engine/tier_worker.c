@@ -59,9 +59,10 @@ static bool tw_round(embkv_store *s, uint64_t *tokens)
         slab_space(s, &free_recs, &total, &exhausted);
     }
     if (tier_promote_pending(s)) {
-        /* (Above the mark and the room groups in flight counted on.) */
-        size_t held = atomic_load(&s->room_held), floor = low + held;
-        size_t room = !exhausted && !held ? SIZE_MAX : free_recs > floor ? free_recs - floor : 0;
+        /* (Above the mark and the room groups in flight hold; a pool that
+         * may still grow adds chunks: slab_alloc_move keeps that room.) */
+        size_t floor = low + atomic_load(&s->room_held);
+        size_t room = !exhausted ? SIZE_MAX : free_recs > floor ? free_recs - floor : 0;
         size_t moved = 0;
         if (tier_promote_queued(s, room, exhausted, &moved) == EMBKV_OK && moved)
             busy = true;

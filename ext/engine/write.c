@@ -571,9 +571,9 @@ static int cache_write_locked(embkv_store *s, index_desc *ix, int64_t id, uint64
     return EMBKV_OK;
 }
 
-static int room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
+static int room_for(embkv_store *s, uint64_t puts, uint64_t deletes, bool hold)
 {
-    int rc = slab_room_for(s, puts, deletes);
+    int rc = slab_room_for(s, puts, deletes, hold);
     if (rc != EMBKV_FULL || !s->log)
         return rc;
     /* Room made by moving cold rows to the log: as many as are missing,
@@ -583,20 +583,21 @@ static int room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
     int drc = tier_demote(s, want > have ? (size_t)(want - have) : 256, &moved);
     if (drc != EMBKV_OK)
         return drc;
-    return slab_room_for(s, puts, deletes);
+    return slab_room_for(s, puts, deletes, hold);
 }
 
 int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_room_for: store is NULL");
-    int rc = room_for(s, puts, deletes);
     /* Inside a group the room is the group's until it ends, as far as the
-     * SSD tier's own moves go (promotions, hot-set moves): a COMMIT's
-     * reads of its rows' previous versions queue promotions that would
-     * otherwise take the records its deletes counted on. */
-    if (rc == EMBKV_OK && puts + deletes < SIZE_MAX)
-        group_hold_room(s, (size_t)(puts + deletes));
+     * SSD tier's own moves go (promotions, hot-set moves: slab_alloc_move):
+     * a COMMIT's reads of its rows' previous versions queue promotions
+     * that would otherwise take the records its deletes counted on. */
+    bool hold = group_held(s);
+    int rc = room_for(s, puts, deletes, hold);
+    if (rc == EMBKV_OK && hold)
+        group_note_hold(s, (size_t)(puts + deletes));  /* (slab_room_for bounded both) */
     return rc;
 }
 
