@@ -50,6 +50,9 @@ void embkv_debug_clock_ms(int64_t offset);
 /* Stops (paused != 0) or resumes the store's eviction thread; embkv_evict
  * still runs passes. */
 void embkv_debug_evict_pause(embkv_store *s, int paused);
+/* The checkpoint marks in the pool's root whose check holds, by epoch
+ * (at most cap: epochs[i], times_ms[i]); returns how many there are. */
+size_t embkv_debug_marks(embkv_store *s, uint64_t *epochs, uint64_t *times_ms, size_t cap);
 /* How long a reader process may hold back this process's writers'
  * reclamation before its read is revoked (0: the default, 10 s); taken by
  * stores opened to write from then on. */

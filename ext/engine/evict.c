@@ -116,6 +116,17 @@ static size_t marks_sorted(embkv_store *s, uint64_t upto, evict_mark *out, int *
     return n;
 }
 
+size_t embkv_debug_marks(embkv_store *s, uint64_t *epochs, uint64_t *times_ms, size_t cap)
+{
+    evict_mark m[EVICT_MARKS];
+    size_t n = marks_sorted(s, UINT64_MAX, m, NULL);
+    for (size_t i = 0; i < n && i < cap; i++) {
+        epochs[i] = m[i].epoch;
+        times_ms[i] = m[i].time_ms;
+    }
+    return n;
+}
+
 uint64_t evict_steps_at(embkv_store *s, uint64_t durable)
 {
     evict_mark m[EVICT_MARKS];
