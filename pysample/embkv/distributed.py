@@ -545,11 +545,24 @@ def _end_step():
         for m in mods:
             m._release_owner()
         raise
+    failed = None
     for m in mods:
-        m._push_owner()
+        try:
+            m._push_owner()
+        except BaseException as e:
+            # This shard missed the step's update (the others did not): the
+            # table refuses to go on until the job restarts (every module's
+            # update is still tried, and its permits returned).
+            m._failed = "the update of table %r failed on rank %d at its step %d (%s)" % (
+                m.table, m._g.rank, m._steps + 1, str(e).strip().splitlines()[0] if str(e).strip()
+                else type(e).__name__)
+            failed = failed or e
+            continue
         m._steps += 1
         if m.local_cache:
             m._cache = {k: v for k, v in m._cache.items() if m._steps - v[1] < m._cache_steps}
+    if failed is not None:
+        raise failed
     return mods
 
 
@@ -587,6 +600,7 @@ class _ShardedTable(torch.nn.Module):
             self._cache_steps = st
         self._cache = {}            # remote id -> (row, step it was read at)
         self._steps = 0             # updates done
+        self._failed = None         # what made an update of this rank's shard fail
         self.cache_hits = 0
         self._g = _Group(group)
         self.model_dir = os.path.abspath(model_dir)
@@ -749,8 +763,15 @@ class _ShardedTable(torch.nn.Module):
         counts = np.bincount(owner, minlength=self._g.world)
         return order, counts
 
+    def _refuse_if_failed(self, what):
+        if self._failed:
+            raise EkdError("embkv.distributed: %s of table %r: %s; this rank's shard missed that update, so the "
+                           "ranks are no longer at one step: restart the job (it resumes from the last checkpoint)"
+                           % (what, self.table, self._failed))
+
     def _gather(self, ids):
         self._g.begin()
+        self._refuse_if_failed("the forward")
         flat, is_pad, u, inv = _distinct(ids, self.padding_idx, "embkv.distributed")
         training = torch.is_grad_enabled()
         me = self._g.rank
@@ -922,6 +943,7 @@ def checkpoint(modules, step, extra=None):
                          % (step, last["step"]))
     # 1. redo files and the extra state
     redo = {}
+    failed = next((m._failed for m in modules if m._failed), None)
     err = None
     try:
         d = _redo_dir(model_dir, step)
@@ -943,8 +965,13 @@ def checkpoint(modules, step, extra=None):
             _write_atomic(_extra_file(model_dir, step), buf.getvalue())
     except Exception as e:  # noqa: BLE001  (every rank must learn of it)
         err = "%s: %s" % (type(e).__name__, e)
-    every = g.gather("checkpoint %d (its redo files)" % step, (redo, err))
-    bad = [(r, e) for r, (_, e) in enumerate(every) if e]
+    every = g.gather("checkpoint %d (its redo files)" % step, (redo, err, failed))
+    lost = [f for _, _, f in every if f]
+    if lost:
+        raise EkdError("embkv.distributed.checkpoint: step %d: %s: that shard missed the update, so no checkpoint "
+                       "of the job can be taken; restart the job (it resumes from the last checkpoint)"
+                       % (step, lost[0]))
+    bad = [(r, e) for r, (_, e, _) in enumerate(every) if e]
     if bad:
         raise EkdError("embkv.distributed.checkpoint: step %d: rank %d could not write its redo files: %s"
                        % (step, bad[0][0], bad[0][1]))

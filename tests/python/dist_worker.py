@@ -106,6 +106,8 @@ def main():
         return cache_case(ekd, rank, world)
     if cfg["mode"] == "misc":
         return misc_case(ekd, rank, world)
+    if cfg["mode"] == "failed-update":
+        return failed_update_case(ekd, rank, world)
     if "lr" in cfg:
         opts["lr"] = cfg["lr"]
     if "cache_size" in cfg:
@@ -203,6 +205,33 @@ def misc_case(ekd, rank, world):
     res["la_queued"] = [x["tiers"].get("ssd", {}).get("lookahead", {}).get("queued", 0) for x in st]
     print("misc", json.dumps(res), flush=True)
     dist.destroy_process_group()
+
+
+def failed_update_case(ekd, rank, world):
+    """Rank 1 sends a NaN gradient for a row rank 0 owns: rank 0's update
+    fails; both ranks catch their error (rank 1 has none) and go on to a
+    checkpoint, which both refuse, naming rank 0's failed update; rank 0's
+    next forward is refused too."""
+    emb = ekd.ShardedEmbedding(cfg["model_dir"], "f", dim=2, optimizer="sgd", lr=1, init="zeros")
+    ids = np.arange(100, dtype=np.int64)
+    mine = torch.tensor([int(ids[emb.bucket_map[ekd.bucket_of(ids, emb.buckets)] == 0][0])])
+    out = emb(mine)
+    try:
+        (out * (float("nan") if rank == 1 else 1.0)).sum().backward()
+        print("update ok", flush=True)
+    except Exception as e:
+        print("update failed:", e, flush=True)
+    try:
+        ekd.checkpoint([emb], 1)
+        print("checkpoint ok", flush=True)
+    except Exception as e:
+        print("checkpoint failed:", e, flush=True)
+    if rank == 0:
+        try:
+            emb(mine)
+        except Exception as e:
+            print("forward failed:", e, flush=True)
+    sys.exit(0)
 
 
 def cache_case(ekd, rank, world):

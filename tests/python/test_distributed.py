@@ -486,6 +486,23 @@ class TestBadInput(Base):
             self.assertIn(want, res[0][1], mode)
             self.assertLess(time.monotonic() - t0, 60, mode)
 
+    def test_failed_update(self):
+        """An update that fails on one rank only (a NaN gradient from
+        another rank): that rank's table refuses its next forward, and the
+        checkpoint fails on every rank, naming the update."""
+        res = run(2, self.cfg(mode="failed-update"), timeout=120)
+        out0, out1 = res[0][1], res[1][1]
+        self.assertIn("update failed:", out0)
+        self.assertIn("update ok", out1)
+        want = "the update of table 'f' failed on rank 0 at its step 1 ("
+        for out in (out0, out1):
+            self.assertIn("checkpoint failed: embkv.distributed.checkpoint: step 1: " + want, out)
+            self.assertIn("gradient element 0 is NaN): that shard missed the update, so no checkpoint of the job can "
+                          "be taken; restart the job (it resumes from the last checkpoint)", out)
+        self.assertIn("forward failed: embkv.distributed: the forward of table 'f': " + want, out0)
+        self.assertIn("this rank's shard missed that update, so the ranks are no longer at one step: restart the "
+                      "job (it resumes from the last checkpoint)", out0)
+
     def test_every_table(self):
         res = run(2, self.cfg(mode="subset"), timeout=120)
         for rc, out in res:
