@@ -83,6 +83,10 @@ typedef struct embkv_tabopts {
 /* The store's table options, beside it (vtab.c writes and reads it; an
  * embkv_backup carries it to the copy). */
 #define OPTS_FILE "app-sqlite-options"
+/* The pool's id (embkv_store_id) as the store's first CREATE found it, and
+ * a check: a file of its own, so that a build that does not know it reads
+ * the options file as before. */
+#define STORE_ID_FILE "app-sqlite-store-id"
 
 /* One change of a transaction write buffer (txn.c). */
 enum { EKTXN_PUT = 1, EKTXN_DEL = 2 };

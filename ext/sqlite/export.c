@@ -1280,6 +1280,11 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         snprintf(why, sizeof why, "cannot copy the table's options (%s) into the backup: %s", OPTS_FILE,
                  strerror(errno));
     }
+    if (erc == EMBKV_OK && copy_app_file(ref.dir, embkv_backup_dir(b), STORE_ID_FILE) != 0) {
+        erc = EMBKV_IO;
+        snprintf(why, sizeof why, "cannot copy the store's id (%s) into the backup: %s", STORE_ID_FILE,
+                 strerror(errno));
+    }
     embkv_backup_info info;
     if (b) {
         int frc = embkv_backup_finish(b, &info);

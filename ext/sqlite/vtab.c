@@ -488,10 +488,70 @@ static int opt_is_stored(unsigned j)
            strcmp(ek_options[j].name, "migrate_rate") && strcmp(ek_options[j].name, "durable");
 }
 
+/* The store's id file: "<id> <check>\n", 16 hex digits each. */
+static uint64_t store_id_sum(uint64_t id) { return (id ^ 0x7374696461707073ull) * 0x9e3779b97f4a7c15ull; }
+
+/* Records the pool's id beside it (a new store: the CREATE that made it).
+ * A store made before ids, or a file that cannot be written, goes
+ * unchecked: the file is a guard against a copied pool, not the store. */
+static void store_id_record(ekvtab *v, const char *dir)
+{
+    uint64_t id = embkv_store_id(v->store);
+    if (!id) return;
+    char *path = sqlite3_mprintf("%s/%s", dir, STORE_ID_FILE), *tmp = sqlite3_mprintf("%s.%s.tmp", path, v->tid);
+    FILE *w = path && tmp ? fopen(tmp, "wb") : NULL;
+    int ok = w && fprintf(w, "%016llx %016llx\n", (unsigned long long)id, (unsigned long long)store_id_sum(id)) > 0;
+    if (w && (fflush(w) != 0 || fsync(fileno(w)) != 0)) ok = 0;
+    if (w && fclose(w) != 0) ok = 0;
+    if (ok && link(tmp, path) != 0) ok = 0;  /* (one exists: the first CREATE's stays) */
+    if (tmp) unlink(tmp);
+    sqlite3_free(tmp);
+    sqlite3_free(path);
+}
+
+/* The pool is the one whose id the store's id file records (a file that
+ * is not there: not checked). */
+static int store_id_check(ekvtab *v, const char *dir, char **err)
+{
+    char *path = sqlite3_mprintf("%s/%s", dir, STORE_ID_FILE);
+    if (!path) return SQLITE_NOMEM;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int gone = errno == ENOENT;
+        if (!gone) *err = sqlite3_mprintf("cannot read the store's id in %s: %s", path, strerror(errno));
+        sqlite3_free(path);
+        return gone ? SQLITE_OK : SQLITE_IOERR;
+    }
+    char text[64];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    unsigned long long id = 0, sum = 0;
+    char extra;
+    if (n != 34 || sscanf(text, "%16llx %16llx%c", &id, &sum, &extra) != 3 || extra != '\n' || !id ||
+        sum != store_id_sum(id)) {
+        *err = sqlite3_mprintf("the store's id in %s is damaged: restore the file from a backup of the directory, "
+                               "or remove it (the pool is then not checked against it)", path);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
+    uint64_t mine = embkv_store_id(v->store);
+    if (mine != id) {
+        char have[17] = "none";
+        if (mine) snprintf(have, sizeof have, "%016llx", (unsigned long long)mine);
+        *err = sqlite3_mprintf("the pool %s/store.pool is not this store's: its id is %s, and %s names %016llx (a "
+                               "pool copied from another store): restore the directory from a backup",
+                               dir, have, path, id);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
+    sqlite3_free(path);
+    return SQLITE_OK;
+}
+
 /* After the store is open: take its options, or record the table's. */
 /* The check of the stored options: FNV-1a over "name=value;" in order. */
 #define OPTS_SUM_SEED 0xcbf29ce484222325ull
-#define OPTS_STORE_KEY "store"
 static uint64_t opts_sum(uint64_t h, const char *name, const char *value)
 {
     for (const char *parts[] = {name, "=", value, ";"}, **p = parts; p < parts + 4; p++)
@@ -563,13 +623,6 @@ static int store_options(ekvtab *v, const char *dir, char **err)
             cJSON_AddStringToObject(o, ek_options[j].name, buf);
             sum = opts_sum(sum, ek_options[j].name, buf);
         }
-        /* The pool's id beside the options: another store's pool put in
-         * this one's place is refused at the next open. */
-        if (embkv_store_id(v->store)) {
-            snprintf(buf, sizeof buf, "%016llx", (unsigned long long)embkv_store_id(v->store));
-            if (o) cJSON_AddStringToObject(o, OPTS_STORE_KEY, buf);
-            sum = opts_sum(sum, OPTS_STORE_KEY, buf);
-        }
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
         memcpy(v->opts_check, hex, sizeof hex);
@@ -600,6 +653,8 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         if (!ok) {
             *err = sqlite3_mprintf("cannot record its options in %s: %s", path, strerror(errno));
             rc = SQLITE_ERROR;
+        } else {
+            store_id_record(v, dir);
         }
         sqlite3_free(path);
         return rc;
@@ -639,17 +694,6 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         snprintf(kv[k], sizeof kv[k], "%s='%s'", ek_options[j].name, e->valuestring);
         args[argc++] = kv[k++];
     }
-    /* The pool's id, in files written since stores had one. */
-    const cJSON *sid = bad ? NULL : cJSON_GetObjectItemCaseSensitive(o, OPTS_STORE_KEY);
-    char recorded_id[17] = "";
-    if (sid) {
-        bad = !cJSON_IsString(sid) || strlen(sid->valuestring) != 16;
-        if (!bad) {
-            sum = opts_sum(sum, OPTS_STORE_KEY, sid->valuestring);
-            memcpy(recorded_id, sid->valuestring, sizeof recorded_id);
-            k++;
-        }
-    }
     const cJSON *chk = bad ? NULL : cJSON_GetObjectItemCaseSensitive(o, "check");
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
@@ -665,14 +709,12 @@ static int store_options(ekvtab *v, const char *dir, char **err)
     }
     /* (After that check: a foreign options file is named as such, not the
      * pool it does not match.) */
-    char pool_id[17];
-    snprintf(pool_id, sizeof pool_id, "%016llx", (unsigned long long)embkv_store_id(v->store));
-    if (!bad && recorded_id[0] && strcmp(recorded_id, pool_id) != 0) {
-        *err = sqlite3_mprintf("the pool %s/store.pool is not this store's: its id is %s, and the store's options "
-                               "in %s name %s (a pool copied from another store): restore the directory from a "
-                               "backup", dir, embkv_store_id(v->store) ? pool_id : "none", path, recorded_id);
-        sqlite3_free(path);
-        return SQLITE_CORRUPT;
+    if (!bad) {
+        int irc = store_id_check(v, dir, err);
+        if (irc != SQLITE_OK) {
+            sqlite3_free(path);
+            return irc;
+        }
     }
     ekvtab w;
     memset(&w, 0, sizeof w);

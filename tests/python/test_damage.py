@@ -68,7 +68,8 @@ class TestDamagedStoreFiles(TempDirTest):
         c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, path='s', optimizer='sgd', lr=0.5)")
         c.execute("INSERT INTO t VALUES (1, '[1,2]')")
         c.close()
-        files = {f: read(os.path.join(store, f)) for f in ("app-sqlite-options", "app-sqlite-tables", "LOCK")}
+        files = {f: read(os.path.join(store, f))
+                 for f in ("app-sqlite-options", "app-sqlite-tables", "app-sqlite-store-id", "LOCK")}
 
         def attempt():
             c = connect(self.db)
@@ -95,7 +96,11 @@ class TestDamagedStoreFiles(TempDirTest):
             got, vec = attempt()
             if vec is None:
                 self.assertIn("embkv table t", got)
-                if name == "app-sqlite-tables":  # its list of users no longer names the table
+                if name == "app-sqlite-store-id":
+                    self.assertIn("the store's id in %s/app-sqlite-store-id is damaged: restore the file from a backup "
+                                  "of the directory, or remove it (the pool is then not checked against it)" % store,
+                                  got)
+                elif name == "app-sqlite-tables":  # its list of users no longer names the table
                     self.assertRegex(got, r"does not list this table among its users \(app-sqlite-tables (is "
                                           r"damaged|does not name its table id|names no table)", (name, bad))
                 else:
@@ -165,8 +170,8 @@ class TestDamagedStoreFiles(TempDirTest):
         with self.assertRaises(sqlite3.DatabaseError) as cm:
             c.execute("SELECT count(*) FROM a").fetchone()
         self.assertRegex(str(cm.exception), r"embkv table a: the pool %s/store.pool is not this store's: its id is "
-                         r"[0-9a-f]{16}, and the store's options in %s/app-sqlite-options name [0-9a-f]{16} \(a pool "
-                         r"copied from another store\): restore the directory from a backup"
+                         r"[0-9a-f]{16}, and %s/app-sqlite-store-id names [0-9a-f]{16} \(a pool copied from another "
+                         r"store\): restore the directory from a backup"
                          % (re.escape(os.path.join(self.dir, "a")), re.escape(os.path.join(self.dir, "a"))))
         self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_CORRUPT)
         self.assertEqual(c.execute("SELECT id FROM b").fetchall(), [(2,)])
@@ -174,6 +179,19 @@ class TestDamagedStoreFiles(TempDirTest):
         os.replace(own, mine)
         c = connect(self.db)
         self.assertEqual(c.execute("SELECT id, embkv_json(vec) FROM a").fetchall(), [(1, "[1,2,3,4]")])
+        c.close()
+        # A damaged id file: the advice (remove it) opens the table.
+        idf = os.path.join(self.dir, "a", "app-sqlite-store-id")
+        write_bytes = read(idf)
+        with open(idf, "wb") as fh:
+            fh.write(write_bytes[:10])
+        c = connect(self.db)
+        with self.assertRaisesRegex(sqlite3.DatabaseError, "app-sqlite-store-id is damaged: restore the file"):
+            c.execute("SELECT count(*) FROM a").fetchone()
+        c.close()
+        os.remove(idf)
+        c = connect(self.db)
+        self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 1)
         c.close()
 
     def test_grown_pool_file_is_damage_not_an_option(self):
