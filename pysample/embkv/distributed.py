@@ -573,9 +573,15 @@ class _ShardedTable(torch.nn.Module):
         if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
             raise ValueError("embkv.distributed: table %r: model_dir must name a directory (made if missing), "
                              "not %r" % (table, model_dir))
+        # (Told every rank at the construction's exchange: each host may
+        # have a model_dir of its own, and one rank's refusal alone would
+        # leave the others waiting for it.)
+        dir_error = None
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ValueError("embkv.distributed: table %r: model_dir %s is not a directory: name a directory "
-                             "(made if missing)" % (table, os.path.abspath(model_dir)))
+            dir_error = "model_dir %s is not a directory: name a directory (made if missing)" % (
+                os.path.abspath(model_dir),)
+            if not dist.is_available() or not dist.is_initialized():
+                raise ValueError("embkv.distributed: table %r: %s" % (table, dir_error))
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
         if "durable" in options or "path" in options:
@@ -615,12 +621,15 @@ class _ShardedTable(torch.nn.Module):
         want = {"table": table, "dim": None if dim is None else int(dim), "options": dict(sorted(options.items())),
                 "buckets": None if buckets is None else int(buckets), "update": update,
                 "kind": type(self).__name__, "padding_idx": padding_idx, "local_cache": self.local_cache,
-                "bag": getattr(self, "_bag_args", None), "model_dir": self.model_dir}
+                "bag": getattr(self, "_bag_args", None), "model_dir": self.model_dir, "dir_error": dir_error}
         # The ranks must agree on the table: each compares every rank's.
         every = self._g.gather("the construction of table %r" % table, want)
+        bad_dir = [(r, w["dir_error"]) for r, w in enumerate(every) if w["dir_error"]]
+        if bad_dir:
+            raise ValueError("embkv.distributed: table %r: rank %d: %s" % (table, bad_dir[0][0], bad_dir[0][1]))
         for r, w in enumerate(every):
             for k in want:
-                if k == "model_dir":
+                if k in ("model_dir", "dir_error"):
                     continue  # (each host its own)
                 if k == "options" and _norm(w[k]) != _norm(every[0][k]):
                     raise EkdError("embkv.distributed: table %r: ranks disagree on options: %s (rank 0 against rank "

@@ -120,7 +120,12 @@ def main():
     if cfg.get("split") == "step":
         opts["update"] = "step"
     try:
-        emb = ekd.ShardedEmbeddingBag(cfg["model_dir"], "user", dim=dim, mode=mode, **opts)
+        md = cfg["model_dir"]
+        if cfg["mode"] == "file-model-dir" and rank == world - 1:
+            md = os.path.join(cfg["marks"], "afile")
+            with open(md, "w"):
+                pass
+        emb = ekd.ShardedEmbeddingBag(md, "user", dim=dim, mode=mode, **opts)
         if cfg["mode"] == "skip-backward":
             train_step(emb, 1, rank, world) if rank == 0 else emb(*batch(1, rank, world)[:2])
             train_step(emb, 2, rank, world)

@@ -442,6 +442,11 @@ class TestBadInput(Base):
                      "table 'user': ranks disagree on options: lr: 0.05 against 0.5 (rank 0 against rank 1)")
         self.failing(2, self.cfg(mode="bad-mode"), "table 'user': ranks disagree on mode: rank 0 has 'sum', "
                                                    "rank 1 'mean'")
+        # a model_dir that is a file on one rank only (storage of its own):
+        # every rank refuses, at once
+        self.failing(2, self.cfg(mode="file-model-dir", timeout=60),
+                     "table 'user': rank 1: model_dir %s is not a directory: name a directory (made if missing)"
+                     % os.path.join(self.dir, "marks", "afile"))
         self.failing(2, self.cfg(mode="buckets-given"), "table 'user': ranks disagree on buckets: rank 0 leaves it "
                                                         "out (the checkpoint's, or 4096 for a new table), rank 1 "
                                                         "gives 4096: give it on every rank or on none")
