@@ -185,7 +185,7 @@ uint32_t embkv_state_floats(const embkv_store *s);
  * "f16", "bf16", "i8"). */
 uint32_t embkv_dtype(const embkv_store *s);
 /* A random number made with the store, the same in every copy of it (a
- * backup, a copied directory); 0 for a store made before stores had one.
+ * backup, a copied directory); 0 when the store's root holds none.
  * A caller that records it beside the store's files (the SQLite binding,
  * in its options file) tells this store's pool from another's put in its
  * place. */

@@ -62,7 +62,7 @@ struct embkv_store {
     uint32_t state_floats;
     uint32_t rec_size;         /* bytes per record, multiple of 16 */
     uint32_t dtype;            /* the vectors' element type (EMBKV_F32...) */
-    uint64_t store_id;         /* the root's (0: a store made before ids) */
+    uint64_t store_id;         /* the root's (0: the root holds none) */
     uint32_t vec_bytes;        /* a record's encoded vector: its state follows */
     /* Optimizer updates rounded stochastically (train.c), from a seed of
      * the table's (rounding='stochastic'); other writes round to nearest. */

@@ -119,9 +119,11 @@ int rd_refuse(embkv_store *s, const char *fn);
  * a read is unprotected from the parent's reuse of records.  Every entry
  * point refuses it: EMBKV_READONLY naming fn and both processes. */
 int fork_refused(embkv_store *s, const char *fn);
+/* Whether s was opened by another process (inherited through fork()). */
+static inline bool handle_forked(const embkv_store *s) { return (long)s->pid != proc_pid(); }
 #define FORK_REFUSE(s, fn)                                                                                           \
     do {                                                                                                             \
-        if ((s) && (long)(s)->pid != proc_pid())                                                                     \
+        if ((s) && handle_forked(s))                                                                                 \
             return fork_refused((s), (fn));                                                                          \
     } while (0)
 /* The gate of every function that changes the store. */

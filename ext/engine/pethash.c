@@ -476,7 +476,7 @@ void embkv_scan_pin(embkv_store *s)
     if (s->reader) {
         /* In a fork's child the thread's reader slot is the parent's: no
          * pin (the child's scans are refused, FORK_REFUSE). */
-        if ((long)s->pid != proc_pid())
+        if (handle_forked(s))
             return;
         /* The reader's slot stays entered while pinned (its array cannot
          * go), and the writer moves no row between buckets meanwhile. */
@@ -510,7 +510,7 @@ void embkv_scan_pin(embkv_store *s)
 void embkv_scan_unpin(embkv_store *s)
 {
     if (s->reader) {
-        if ((long)s->pid != proc_pid())
+        if (handle_forked(s))
             return;  /* (the slot is the parent's: see embkv_scan_pin) */
         if (rd_unpin(s))
             rd_leave(s);

@@ -473,7 +473,7 @@ void embkv_snapshot_close(embkv_snapshot *snap)
     if (s->reader) {
         /* (in a fork's child the thread's reader slot is the parent's:
          * left alone, or the parent's read would lose its protection) */
-        if ((long)s->pid == proc_pid())
+        if (!handle_forked(s))
             rd_leave(s);
         free(snap);
         return;

@@ -1441,7 +1441,7 @@ int embkv_close(embkv_store *s)
             break;
         }
     }
-    if (proc_pid() != s->pid) {
+    if (handle_forked(s)) {
         /* A forked child closing what it inherited (its connections are
          * garbage collected): the pool is mapped shared, so a sync or the
          * clean mark would write into the parent's live store.  Close the

@@ -189,19 +189,12 @@ static char *opt_value(const char *s)
  * numbers): *v its value when it is whole and fits, *end after it; -2
  * for a number that is not whole, -1 otherwise.  The digits are taken as one integer, then scaled by the
  * exponent less the fraction's length. */
-/* Set while parse_options reads the options of a table that exists (its
- * CREATE statement, read again at every connect): forms an older build
- * took ('4.', '.5e6') are read there as they were, so that the table
- * still opens and drops; a new CREATE gets the strict rule. */
-static _Thread_local int opt_lenient;
-
 static int parse_decimal(const char *p, uint64_t *v, const char **end)
 {
     uint64_t m = 0;
     int frac = 0, in_frac = 0, digits = 0;
     for (;; p++) {
-        /* (As JSON writes numbers: digits on both sides of the point.) */
-        if (*p == '.' && !in_frac && (opt_lenient || (digits && p[1] >= '0' && p[1] <= '9'))) {
+        if (*p == '.' && !in_frac) {
             in_frac = 1;
             continue;
         }
@@ -240,7 +233,7 @@ static int parse_uint(const char *s, int bytes, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
-    if ((*p < '0' || *p > '9') && !(opt_lenient && *p == '.')) return -1;
+    if ((*p < '0' || *p > '9') && *p != '.') return -1;
     const char *q = p;
     while (*q >= '0' && *q <= '9') q++;
     if (*q == '.' || *q == 'e' || *q == 'E') {
@@ -286,17 +279,20 @@ static int parse_staleness(const char *val, void *field)
     return 0;
 }
 
-static int parse_options_in(ekvtab *v, int argc, const char *const *argv, char **err);
-
-static int parse_options(ekvtab *v, int argc, const char *const *argv, int create, char **err)
+/* A point without a digit on each side ('4.', '.5e1'), which JSON does
+ * not write. */
+static int bare_point(const char *v)
 {
-    opt_lenient = !create;
-    int rc = parse_options_in(v, argc, argv, err);
-    opt_lenient = 0;
-    return rc;
+    for (const char *p = strchr(v, '.'); p; p = strchr(p + 1, '.'))
+        if (p == v || p[-1] < '0' || p[-1] > '9' || p[1] < '0' || p[1] > '9') return 1;
+    return 0;
 }
 
-static int parse_options_in(ekvtab *v, int argc, const char *const *argv, char **err)
+/* create: a new CREATE, whose counts and sizes must be written as JSON
+ * writes numbers; the statement of an existing table, read again at
+ * every connect, is read without that rule (a table that was taken must
+ * still open and drop). */
+static int parse_options(ekvtab *v, int argc, const char *const *argv, int create, char **err)
 {
     uint64_t seen = 0;
     ek_parse_train_begin(&v->opts.train);
@@ -352,12 +348,13 @@ static int parse_options_in(ekvtab *v, int argc, const char *const *argv, char *
             case EKO_U32:
             case EKO_U64:
             case EKO_BYTES:
-                ok = parse_uint(val, d->type == EKO_BYTES, &u) == 0 && u >= d->lo && u <= d->hi;
+                ok = parse_uint(val, d->type == EKO_BYTES, &u) == 0 && u >= d->lo && u <= d->hi &&
+                     !(create && bare_point(val));
                 if (ok && d->type == EKO_U32) *(uint32_t *)(void *)field = (uint32_t)u;
                 else if (ok) *(uint64_t *)(void *)field = u;
                 break;
             case EKO_CUSTOM:
-                ok = d->parse(val, field) == 0;
+                ok = d->parse(val, field) == 0 && !(create && d->parse == parse_staleness && bare_point(val));
                 break;
             case EKO_STR: {
                 /* Each string option has its own storage. */
@@ -488,24 +485,42 @@ static int opt_is_stored(unsigned j)
            strcmp(ek_options[j].name, "migrate_rate") && strcmp(ek_options[j].name, "durable");
 }
 
+/* text written beside path (named with the table's id) and linked into
+ * place: link() never replaces, so of two tables racing for one name
+ * exactly one's file stands.  0 written, 1 the name was taken, -1 an
+ * error (errno). */
+static int link_new_file(const char *path, const char *tid, const char *text)
+{
+    char *tmp = text ? sqlite3_mprintf("%s.%s.tmp", path, tid) : NULL;
+    if (!tmp) {
+        errno = ENOMEM;
+        return -1;
+    }
+    FILE *w = fopen(tmp, "wb");
+    int r = w && fputs(text, w) >= 0 ? 0 : -1;
+    if (w && fclose(w) != 0) r = -1;
+    if (r == 0 && link(tmp, path) != 0) r = errno == EEXIST ? 1 : -1;
+    int e = errno;
+    unlink(tmp);
+    sqlite3_free(tmp);
+    errno = e;
+    return r;
+}
+
 /* The store's id file: "<id> <check>\n", 16 hex digits each. */
 static uint64_t store_id_sum(uint64_t id) { return (id ^ 0x7374696461707073ull) * 0x9e3779b97f4a7c15ull; }
 
 /* Records the pool's id beside it (a new store: the CREATE that made it).
- * A store made before ids, or a file that cannot be written, goes
+ * A pool whose root holds no id, or a file that cannot be written, goes
  * unchecked: the file is a guard against a copied pool, not the store. */
 static void store_id_record(ekvtab *v, const char *dir)
 {
     uint64_t id = embkv_store_id(v->store);
     if (!id) return;
-    char *path = sqlite3_mprintf("%s/%s", dir, STORE_ID_FILE), *tmp = sqlite3_mprintf("%s.%s.tmp", path, v->tid);
-    FILE *w = path && tmp ? fopen(tmp, "wb") : NULL;
-    int ok = w && fprintf(w, "%016llx %016llx\n", (unsigned long long)id, (unsigned long long)store_id_sum(id)) > 0;
-    if (w && (fflush(w) != 0 || fsync(fileno(w)) != 0)) ok = 0;
-    if (w && fclose(w) != 0) ok = 0;
-    if (ok && link(tmp, path) != 0) ok = 0;  /* (one exists: the first CREATE's stays) */
-    if (tmp) unlink(tmp);
-    sqlite3_free(tmp);
+    char *path = sqlite3_mprintf("%s/%s", dir, STORE_ID_FILE);
+    char *text = sqlite3_mprintf("%016llx %016llx\n", (unsigned long long)id, (unsigned long long)store_id_sum(id));
+    if (path) link_new_file(path, v->tid, text);  /* (one there: the first CREATE's stays) */
+    sqlite3_free(text);
     sqlite3_free(path);
 }
 
@@ -629,28 +644,16 @@ static int store_options(ekvtab *v, const char *dir, char **err)
         if (o) cJSON_AddStringToObject(o, "check", hex);
         char *text = o ? cJSON_Print(o) : NULL;
         cJSON_Delete(o);
-        /* Written aside, then linked into place: link() never replaces, so
-         * of two tables racing onto a new store exactly one records its
-         * options and the other compares with them. */
-        char *tmp = sqlite3_mprintf("%s.%s.tmp", path, v->tid);
-        int ok = text && tmp;
-        FILE *w = ok ? fopen(tmp, "wb") : NULL;
-        ok = w && fputs(text, w) >= 0;
-        if (w && fclose(w) != 0) ok = 0;
-        int lost = 0;
-        if (ok && link(tmp, path) != 0) {
-            lost = errno == EEXIST;
-            ok = 0;
-        }
-        if (tmp) unlink(tmp);
+        /* Of two tables racing onto a new store exactly one records its
+         * options, and the other compares with them. */
+        int wr = link_new_file(path, v->tid, text);
         free(text);
-        sqlite3_free(tmp);
-        if (lost) {
+        if (wr == 1) {
             sqlite3_free(path);
             return store_options(v, dir, err);
         }
         int rc = SQLITE_OK;
-        if (!ok) {
+        if (wr != 0) {
             *err = sqlite3_mprintf("cannot record its options in %s: %s", path, strerror(errno));
             rc = SQLITE_ERROR;
         } else {

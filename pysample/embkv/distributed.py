@@ -315,8 +315,7 @@ class _Group:
         ranks out of step (one skipped a backward, or caught an error and
         went on) fail naming both operations instead of gloo mismatching
         two payloads or pairing one rank's step with another's next."""
-        tag = zlib.crc32(what.encode()) & 0x7FFFFFFF
-        _tags[tag] = what
+        tag = _tag(what)
         sc = torch.as_tensor(np.stack([np.asarray(send_counts, dtype=np.int64),
                                        np.full(self.world, tag, np.int64),
                                        np.full(self.world, self.op, np.int64)], 1).reshape(-1))
@@ -397,6 +396,13 @@ def _gone(pid):
 # tag -> the operation it names (this process's; every rank names its
 # operations alike)
 _tags = {}
+
+
+def _tag(what):
+    """The tag of an operation's name, remembered to name it back."""
+    tag = zlib.crc32(what.encode()) & 0x7FFFFFFF
+    _tags[tag] = what
+    return tag
 
 
 # ---------------------------------------------------------------- the owner's step
@@ -614,7 +620,7 @@ class _ShardedTable(torch.nn.Module):
         # (the names of the table's operations, for the other ranks' tags)
         for fmt in ("the forward of table %r", "the gradient exchange of table %r", "the look-ahead of table %r",
                     "embkv.distributed.stats of table %r"):
-            _tags[zlib.crc32((fmt % table).encode()) & 0x7FFFFFFF] = fmt % table
+            _tag(fmt % table)
         self.update = update
         self.padding_idx = padding_idx
         rank, world = self._g.rank, self._g.world
