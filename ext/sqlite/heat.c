@@ -321,8 +321,8 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         while (txt && (*txt == ' ' || *txt == '\t' || *txt == '\n' || *txt == '\r')) txt++;
         if (!txt || *txt != '[') {
             hot_error(ctx, ref.name, SQLITE_ERROR,
-                      "ids must be a JSON array of integers such as '[42]' or an int64 BLOB (an integer is n, "
-                      "the number of hottest rows)");
+                      "argument 2: ids must be a JSON array of integers such as '[42]' or an int64 BLOB (an "
+                      "integer is n, the number of hottest rows)");
             return;
         }
     }
@@ -330,7 +330,17 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     case SQLITE_BLOB:
         ids = ek_parse_ids(argv[1], &n, &err);
         if (!ids) {
-            hot_error(ctx, ref.name, err ? SQLITE_ERROR : SQLITE_NOMEM, err ? err : "out of memory");
+            char *m = err ? sqlite3_mprintf("argument 2: %s", err) : NULL;
+            /* (An empty array: ek_parse_ids' hint at "an INTEGER" would
+             * mislead, an integer being n here.) */
+            if (err && sqlite3_value_type(argv[1]) == SQLITE_TEXT && strncmp(err, "ids must be", 11) == 0) {
+                sqlite3_free(m);
+                m = sqlite3_mprintf("argument 2: ids must be a non-empty JSON array of integers such as '[42]' or "
+                                    "an int64 BLOB (an integer is n, the number of hottest rows), got the text "
+                                    "'%.40s'", (const char *)sqlite3_value_text(argv[1]));
+            }
+            hot_error(ctx, ref.name, m ? SQLITE_ERROR : SQLITE_NOMEM, m ? m : "out of memory");
+            sqlite3_free(m);
             sqlite3_free(err);
             return;
         }

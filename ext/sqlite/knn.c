@@ -275,9 +275,8 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
     int at = 3;
     sqlite3_value *a_metric = (idxNum & KA_METRIC) ? argv[at++] : NULL;
     sqlite3_value *a_ids = (idxNum & KA_IDS) ? argv[at++] : NULL;
-    if (a_ids && !a_metric)
-        return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
-                         sqlite3_mprintf("embkv_knn: ids (argument 5) come after the metric: " USAGE));
+    /* (ids without a metric: the column form, ids = ..., whose metric is
+     * l2 when not given; a call's arguments come in order.) */
 
     bool nul;
     const char *name = ek_name_arg(a_table, &nul);
@@ -295,14 +294,17 @@ static int knn_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, i
         sqlite3_free(err);
         return ekerr_vtab(pc->pVtab, lrc, m);
     }
-    /* (Integer text counts, as ids take it: SQL's own affinity.) */
-    if (sqlite3_value_numeric_type(a_k) != SQLITE_INTEGER || sqlite3_value_int64(a_k) <= 0 ||
-        sqlite3_value_int64(a_k) > EMBKV_KNN_MAX_K)
+    /* (Integer text counts, as ids take it: SQL's own affinity; so does
+     * a REAL with no fraction, as the id column takes it.) */
+    int kt = sqlite3_value_numeric_type(a_k);
+    double kd = kt == SQLITE_INTEGER ? (double)sqlite3_value_int64(a_k) : kt == SQLITE_FLOAT ? sqlite3_value_double(a_k)
+                                                                                            : NAN;
+    if (!(kd >= 1 && kd <= EMBKV_KNN_MAX_K && kd == floor(kd)))
         return ekerr_vtab(pc->pVtab, SQLITE_ERROR,
                          sqlite3_mprintf("embkv_knn: table %s: k (argument 3) must be an integer from 1 to %d, "
                                          "got %s",
                                          ref.name, EMBKV_KNN_MAX_K, describe(a_k)));
-    size_t k = (size_t)sqlite3_value_int64(a_k);
+    size_t k = (size_t)kd;
     int metric = EMBKV_KNN_L2;
     const char *mname = "l2";
     if (a_metric) {

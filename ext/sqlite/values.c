@@ -287,7 +287,10 @@ int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
         cJSON *j = ek_json_parse((const char *)sqlite3_value_text(v), (size_t)sqlite3_value_bytes(v));
         int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
         if (count <= 0) {
-            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers, an int64 BLOB or an integer");
+            const char *txt = (const char *)sqlite3_value_text(v);
+            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers such as '[42]', an int64 BLOB "
+                                   "or an INTEGER, got the text '%.40s%s'",
+                                   txt ? txt : "", sqlite3_value_bytes(v) > 40 ? "..." : "");
             cJSON_Delete(j);
             return NULL;
         }

@@ -34,6 +34,7 @@ SELECT 'err', embkv_hotset('small', NULL);
 SELECT 'err', embkv_hotset('small', '[1, "a"]');
 SELECT 'err', embkv_hotset('small', x'0102');
 SELECT 'err', embkv_hotset('small', '7');
+SELECT 'err', embkv_hotset('small', '[]');
 SELECT 'err', embkv_hotset('nosuch', 1);
 SELECT 'err', embkv_hotset(42, 1);
 CREATE TABLE plain(x);

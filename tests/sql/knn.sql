@@ -12,6 +12,11 @@ INSERT INTO item(id, vec) VALUES (1, '[0,0]'), (2, '[3,4]'), (3, '[0,2]'), (4, '
 -- L2 (the default): Euclidean distance, nearest first; equal distances by smaller id (3 and 6).
 SELECT 'l2', id, distance FROM embkv_knn('item', '[0,0]', 4);
 SELECT 'l2-named', id, distance FROM embkv_knn('item', '[3,4]', 2, 'L2');
+-- k as a REAL with no fraction (a float from Python, 1e1) counts.
+SELECT 'k-real', id, distance FROM embkv_knn('item', '[3,4]', 2.0);
+SELECT 'k-real', count(*) FROM embkv_knn('item', '[3,4]', 1e1);
+-- The column form: ids with no metric is l2.
+SELECT 'col-ids', id, distance FROM embkv_knn WHERE tbl = 'item' AND q = '[3,4]' AND k = 2 AND ids = '[1,2]';
 -- cosine: 1 - cosine similarity; the zero row (id 1) has none and is left out.
 SELECT 'cosine', id, round(distance, 6) FROM embkv_knn('item', '[3,4]', 6, 'cosine');
 -- dot: minus the inner product.
@@ -73,6 +78,7 @@ SELECT * FROM embkv_knn('item', '[0,0]', 0);
 SELECT * FROM embkv_knn('item', '[0,0]', 100001);
 SELECT * FROM embkv_knn('item', '[0,0]', 'ten');
 SELECT * FROM embkv_knn('item', '[0,0]', NULL);
+SELECT * FROM embkv_knn('item', '[0,0]', 2.5);
 SELECT * FROM embkv_knn('item', '[0,0,0]', 1);
 SELECT * FROM embkv_knn('item', '[[0,0],[1]]', 1);
 SELECT * FROM embkv_knn('item', '[0,"a"]', 1);
