@@ -339,7 +339,7 @@ int ekerr_refuse_readonly(sqlite3_context *ctx, const char *fname, const char *s
  * one), -1 when dir has no list, -2 when it could not be updated.
  */
 int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, char **err);
-int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path,
+int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path, int readonly,
                   int trust_copies, int list_copy, char **err);
 int ekusers_remove(const char *dir, const ekuser *self);
 void ekusers_self(sqlite3 *db, const char *zDb, const char *tid, ekuser *out);
@@ -510,6 +510,9 @@ int ekwbuf_unsync(ekwbuf *wb);
 #define EK_JOURNAL_SLOTS 64
 /* Whether v's COMMITs are journaled (not temporary, not read-only). */
 int ekjournal_wanted(const ekvtab *v);
+/* Locks every file the transaction writes in rollback-journal mode
+ * EXCLUSIVE, waiting up to the busy timeout (SQLITE_BUSY with *msg). */
+int ekjournal_lock_files(sqlite3 *db, char **msg);
 /* Takes a slot and writes the commit record into SQLite's transaction. */
 int ekjournal_begin(ekwbuf *wb, ekvtab *v, char **msg);
 /* ektxn_apply's hook (ctx: the ekwbuf): the pre-images, made durable. */
@@ -519,8 +522,10 @@ int ekjournal_write(void *ctx, ektxn *t, char **msg);
 void ekjournal_finish(ekwbuf *wb, int committed, int rows_back);
 /* Lets the slot go without marking the file. */
 void ekjournal_end(ekwbuf *wb);
-/* At connect: resolves the pending journals naming v (an SQLite rc). */
-int ekjournal_recover(ekvtab *v, char **err);
+/* At connect: resolves the pending journals naming v (an SQLite rc); a
+ * connection that may not write (writer 0) refuses a table whose store
+ * shows a COMMIT SQLite never made. */
+int ekjournal_recover(ekvtab *v, int writer, char **err);
 
 /* Writes that no table of the transaction will commit: those of a table
  * dropped in it (SQLite calls no xSync/xCommit on a dropped table).  The

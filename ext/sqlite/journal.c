@@ -53,9 +53,22 @@
  *       its write, as the last writer does everywhere else (txn.c's
  *       still_written for a ROLLBACK, put_back here).
  *
+ * Step 0, before any of it (ekjournal_lock_files): every database file
+ * the transaction writes in rollback-journal mode is locked EXCLUSIVE,
+ * waiting for readers as SQLite's own COMMIT would (the connection's busy
+ * timeout).  SQLite takes that lock only after xSync, so without it the
+ * store would hold the COMMIT's rows while SQLite waited for its readers:
+ * they and everything reading the store meanwhile would see rows SQLite
+ * might never commit, and a push there would train on them.  Holding the
+ * lock first, no connection reads those files between the store's write
+ * and SQLite's commit, and a COMMIT that cannot have the lock fails busy
+ * with nothing written, its transaction still open (as SQLite's does).
+ * In WAL mode a COMMIT waits for no reader: nothing to take.
+ *
  * What it does not cover: tables of temporary and in-memory databases
- * (their store goes with the process) and read-only connections (they
- * write nothing).  A journal whose header is not one (zeros, another
+ * (their store goes with the process); read-only connections write
+ * nothing, and refuse a table whose store shows a cut-off COMMIT, with no
+ * writer process to resolve it (ekjournal_recover, writer 0).  A journal whose header is not one (zeros, another
  * file) is taken as done: J1's header is written last, so a journal cut
  * off before it was complete never saw a store write.
  */
@@ -176,6 +189,60 @@ int ekjournal_wanted(const ekvtab *v)
     int ok = cfg && sqlite3_table_column_metadata(v->db, v->zDb, cfg, "k", NULL, NULL, NULL, NULL, NULL) == SQLITE_OK;
     sqlite3_free(cfg);
     return ok;
+}
+
+/* Step 0.  The VFS lock is taken through the file's own methods: the
+ * pager, asking for EXCLUSIVE later, finds it held (a no-op in every
+ * VFS's xLock), and releases it when the transaction ends, as it does a
+ * PENDING lock left by a wait that timed out. */
+int ekjournal_lock_files(sqlite3 *db, char **msg)
+{
+    *msg = NULL;
+    if (sqlite3_txn_state(db, NULL) != SQLITE_TXN_WRITE) return SQLITE_OK;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db,
+                                "SELECT d.name FROM pragma_database_list d WHERE d.name <> 'temp' AND "
+                                "(SELECT lower(journal_mode) FROM pragma_journal_mode WHERE schema = d.name) <> 'wal'",
+                                -1, &st, NULL);
+    int budget = -1; /* ms, read at the first busy file */
+    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (!name || sqlite3_txn_state(db, name) != SQLITE_TXN_WRITE) continue;
+        const char *file = sqlite3_db_filename(db, name);
+        sqlite3_file *f = NULL;
+        if (!file || !*file || sqlite3_file_control(db, name, SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f ||
+            !f->pMethods)
+            continue;
+        /* SQLite's busy callback's steps, in ms. */
+        static const int step[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
+        int waited = 0;
+        for (int n = 0;; n++) {
+            rc = f->pMethods->xLock(f, SQLITE_LOCK_EXCLUSIVE);
+            if ((rc & 0xff) != SQLITE_BUSY) break;
+            if (budget < 0) budget = ek_pragma_int(db, "busy_timeout", 0);
+            int d = step[n < 12 ? n : 11];
+            if (waited >= budget) break;
+            if (d > budget - waited) d = budget - waited;
+            sqlite3_sleep(d);
+            waited += d;
+        }
+        if (rc != SQLITE_OK) {
+            *msg = (rc & 0xff) == SQLITE_BUSY
+                       ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
+                                         "connection's busy timeout); nothing was written and the transaction is "
+                                         "still open: COMMIT again, or ROLLBACK",
+                                         file, waited)
+                       : sqlite3_mprintf("cannot lock %s to commit: %s; nothing was written", file,
+                                         sqlite3_errstr(rc));
+            break;
+        }
+    }
+    int frc = sqlite3_finalize(st);
+    if (rc == SQLITE_OK && frc != SQLITE_OK) {
+        rc = frc;
+        *msg = sqlite3_mprintf("cannot list the database files to lock for COMMIT: %s", sqlite3_errstr(frc));
+    }
+    return rc;
 }
 
 /* Step 1: a slot of this process whose file holds no pending journal of
@@ -459,6 +526,7 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
 static int record_holds(ekvtab *v, const char *schema, const char *cfg, int k, uint64_t token, int *holds,
                         char **err)
 {
+    int ro = sqlite3_db_readonly(v->db, schema) == 1;
     *holds = 0;
     sqlite3 *db = v->db, *own = NULL;
     int rc = SQLITE_OK;
@@ -466,8 +534,10 @@ static int record_holds(ekvtab *v, const char *schema, const char *cfg, int k, u
      * and another connection could not read past its lock.) */
     if (!sqlite3_get_autocommit(v->db) && sqlite3_txn_state(v->db, schema) != SQLITE_TXN_WRITE) {
         const char *file = sqlite3_db_filename(v->db, schema);
-        /* Read-write, so that it can roll back a hot journal. */
-        rc = file && *file ? sqlite3_open_v2(file, &own, SQLITE_OPEN_READWRITE, NULL) : SQLITE_CANTOPEN;
+        /* Read-write, so that it can roll back a hot journal (a read-only
+         * connection's own is read-only too). */
+        rc = file && *file ? sqlite3_open_v2(file, &own, ro ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE, NULL)
+                           : SQLITE_CANTOPEN;
         if (rc == SQLITE_OK) rc = sqlite3_busy_timeout(own, 5000);
         if (rc != SQLITE_OK) {
             *err = sqlite3_mprintf("cannot read the commit record of the shadow table %s (another "
@@ -574,10 +644,22 @@ static uint64_t journal_files(const char *dir)
     return present;
 }
 
-int ekjournal_recover(ekvtab *v, char **err)
+/* Whether a connection that may not write sees a cut-off COMMIT: on a
+ * store it reads beside no live writer (a writer process resolves its
+ * tables' journals as they connect there; one in flight is its own), in a
+ * database file. */
+static int readonly_checks(const ekvtab *v)
+{
+    if (v->is_tmp || v->gone || v->broken || !v->store || !embkv_readonly(v->store) || embkv_writer_pid(v->store))
+        return 0;
+    const char *file = sqlite3_db_filename(v->db, v->zDb);
+    return file && *file;
+}
+
+int ekjournal_recover(ekvtab *v, int writer, char **err)
 {
     *err = NULL;
-    if (!ekjournal_wanted(v)) return SQLITE_OK;
+    if (writer ? !ekjournal_wanted(v) : !readonly_checks(v)) return SQLITE_OK;
     int rc = SQLITE_OK;
     uint64_t present = journal_files(v->dir);
     for (int k = 0; k < EK_JOURNAL_SLOTS && rc == SQLITE_OK; k++) {
@@ -589,13 +671,15 @@ int ekjournal_recover(ekvtab *v, char **err)
             ekreg_journal_drop(v->store, k);
             return SQLITE_NOMEM;
         }
-        int fd = open(path, O_RDWR | O_CLOEXEC);
+        int fd = open(path, (writer ? O_RDWR : O_RDONLY) | O_CLOEXEC);
         jhead h;
         int pend = fd >= 0 ? read_head(fd, &h) : (errno == ENOENT ? 0 : -1);
         char *schema = NULL, *cfg = NULL;
         if (pend < 0) {
-            *err = sqlite3_mprintf("cannot read its store's commit journal %s: %s (move it away if it is not one)",
-                                   path, strerror(errno));
+            *err = sqlite3_mprintf("cannot %s its store's commit journal %s: %s (give this process %s it: it may "
+                                   "hold the rows of a COMMIT cut off by a crash, which the table puts back)",
+                                   fd < 0 ? "open" : "read", path, strerror(errno),
+                                   writer ? "read and write access to" : "read access to");
             rc = SQLITE_IOERR;
         } else if (pend == 2) {
             rc = damaged(path, "its state is neither done nor pending", err);
@@ -608,6 +692,17 @@ int ekjournal_recover(ekvtab *v, char **err)
             rc = record_holds(v, schema, cfg, k, h.token, &holds, err);
             if (rc != SQLITE_OK) {
                 /* (busy, I/O: an error now, the journal stays) */
+            } else if (!writer) {
+                /* Its rows are what this connection would read (the store
+                 * reads as of its durable epoch), and it cannot put them
+                 * back. */
+                if (!holds && epoch_durable(v->store, h.epoch)) {
+                    *err = sqlite3_mprintf("a COMMIT cut off by a crash left rows that SQLite never committed in "
+                                           "its store (journal %s), and a connection that may not write cannot "
+                                           "put them back: use the table once from a connection that may write "
+                                           "(any statement on it), then read it here", path);
+                    rc = SQLITE_READONLY;
+                }
             } else if (holds) {
                 /* SQLite committed: only the mark was missing. */
                 if (mark_done(fd, 0) != 0) {

@@ -775,9 +775,19 @@ static int shadow_create(ekvtab *v, char **err)
     char *msg = NULL;
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
     sqlite3_free(sql);
+    /* A table of that name already there: the shadow table of an embkv
+     * table no longer in the schema (the sqlite3 shell's .clone copies
+     * ordinary tables only). */
+    char *cfg = sqlite3_mprintf("%s_config", v->zName);
+    int left = rc != SQLITE_OK && cfg &&
+               sqlite3_table_column_metadata(v->db, v->zDb, cfg, "k", NULL, NULL, NULL, NULL, NULL) == SQLITE_OK;
+    sqlite3_free(cfg);
     if (rc != SQLITE_OK)
-        *err = sqlite3_mprintf("cannot create its shadow table %s_config: %s", v->zName,
-                               msg ? msg : sqlite3_errstr(rc));
+        *err = sqlite3_mprintf("cannot create its shadow table %s_config: %s%s%s%s", v->zName,
+                               msg ? msg : sqlite3_errstr(rc),
+                               left ? " (left by an embkv table of that name no longer in the schema, copied by "
+                                      "the sqlite3 shell's .clone, say: DROP TABLE \"" : "",
+                               left ? v->zName : "", left ? "_config\" if it holds nothing you need, then CREATE again)" : "");
     sqlite3_free(msg);
     return rc;
 }
@@ -963,10 +973,11 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * what is wrong with a directory that holds no store). */
     int check_users = !create && !v->is_tmp;
     int trusted = check_users ? ek_pragma_int(db, "trusted_schema", 0) != 0 : 1;
+    int ro = check_users && ekerr_readonly(db, v->zDb) != NULL; /* (for the advice of a refusal) */
     const char *attach_path = v->opts.path ? v->opts.path : dir;
     int admitted = 0;
     if (check_users && has_pool(dir)) {
-        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
+        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 0, &err)) != SQLITE_OK)
             goto broken;
         admitted = 1;
     }
@@ -1085,7 +1096,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         goto fail;
     }
     if (check_users && !admitted &&
-        (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 0, &err)) != SQLITE_OK)
+        (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 0, &err)) != SQLITE_OK)
         goto broken;
     if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
         if (!create) goto broken;
@@ -1109,8 +1120,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     }
     /* A COMMIT of this table cut off by a dead process (journal.c): put
      * back or kept as SQLite's file decided, before anything reads. */
-    if (!create && writer && (rc = ekjournal_recover(v, &err)) != SQLITE_OK) {
-        if (rc == SQLITE_CORRUPT) goto broken;
+    if (!create && (rc = ekjournal_recover(v, writer, &err)) != SQLITE_OK) {
+        if (rc == SQLITE_CORRUPT || rc == SQLITE_READONLY) goto broken;
         goto fail;
     }
     if (ekwbuf_acquire(v) != SQLITE_OK) {
@@ -1160,7 +1171,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * one), unless its database is read-only for this connection for good
      * (query_only can be turned off: not a reason). */
     if (check_users && sqlite3_db_readonly(db, v->zDb) != 1 &&
-        ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, trusted, 1, &err) != SQLITE_OK) {
+        ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 1, &err) != SQLITE_OK) {
         sqlite3_free(err); /* (admitted a moment ago: the list changed meanwhile; the next connect says) */
         err = NULL;
     }

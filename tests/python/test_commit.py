@@ -5,6 +5,10 @@ again; one killed after SQLite committed keeps all of it; a COMMIT that
 writes an embkv table and ordinary tables is atomic across them.
 
 Each test kills a writer process (SIGKILL) and reopens in this one.  The
+window between the store's write and SQLite's commit is short (SQLite's
+lock is taken before the store is written), so the writers stretch it
+with the binding's test seam EMBKV_TEST_COMMIT=pause:<ms>, and
+EMBKV_TEST_COMMIT=busy fails a COMMIT there as a busy lock would.  The
 store's journal file (app-sqlite-commit-<k>) is read to know when the
 writer is in the window (its header's state word is 1 while a COMMIT is
 in flight) and damaged on purpose to check the errors."""
@@ -48,12 +52,13 @@ STEPS = {
     "other": [("UPDATE t2 SET vec = ? WHERE id = 1", (vec(9.0),))],
 }
 if mode == "window":
-    # A COMMIT waits for SQLite's lock; meanwhile a table of another
-    # database file on the same store writes id 1 (in this process: the
-    # store is one process's).
+    # A COMMIT in its window (the test seam's pause); meanwhile a table of
+    # another database file on the same store writes id 1 (in this
+    # process: the store is one process's).
     import os, threading
     def other():
         time.sleep(0.5)
+        del os.environ["EMBKV_TEST_COMMIT"]  # (this COMMIT goes through)
         b = sqlite3.connect(os.path.join(os.path.dirname(db), "b.db"), isolation_level=None, timeout=60)
         b.enable_load_extension(True)
         b.load_extension(ext)
@@ -85,7 +90,7 @@ else:
 """
 
 # A reader holding short read transactions on the database file, so that
-# the writer's COMMITs wait for SQLite's lock after their first phase.
+# the writer's COMMITs wait for SQLite's lock before their first phase.
 READER = r"""
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
@@ -127,9 +132,11 @@ class CommitTest(TempDirTest):
                     f.close()
         super().tearDown()
 
-    def start(self, code, *args):
+    def start(self, code, *args, pause=None):
+        """pause: ms each COMMIT of the process waits in its window."""
+        env = dict(os.environ, EMBKV_TEST_COMMIT=f"pause:{pause}") if pause else None
         p = subprocess.Popen([sys.executable, "-c", code, self.db, *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, env=env)
         self.procs.append(p)
         line = p.stdout.readline()
         self.assertEqual(line, "ready\n", p.stderr.read() if p.poll() is not None else line)
@@ -146,7 +153,8 @@ class CommitTest(TempDirTest):
 
     def hold_read(self):
         """A connection in a read transaction of the database file: a
-        writer's COMMIT then waits for SQLite's lock after its first phase."""
+        writer's COMMIT then waits for SQLite's lock, before its first
+        phase."""
         r = connect(self.db)
         r.execute("BEGIN")
         r.execute("SELECT count(*) FROM log").fetchone()
@@ -156,11 +164,11 @@ class CommitTest(TempDirTest):
         r.execute("ROLLBACK")
         r.close()
 
-    def kill_in_lock_wait(self, mode="one"):
-        """A writer killed while its COMMIT waits for SQLite's lock, after
-        the store was written: the journal is left pending."""
-        reader = self.hold_read()
-        w = self.start(WRITER, EXT, mode)
+    def kill_in_window(self, mode="one"):
+        """A writer killed after its COMMIT wrote the store, before SQLite
+        committed: the journal is left pending."""
+        # (a pause in each xSync: with two stores, st's comes second)
+        w = self.start(WRITER, EXT, mode, pause=5000)
         deadline = time.time() + 30
         while time.time() < deadline:
             if os.path.exists(self.journal) and self.journal_state() == 1:
@@ -168,13 +176,12 @@ class CommitTest(TempDirTest):
             time.sleep(0.01)
         self.assertEqual(self.journal_state(), 1, "the writer never reached its COMMIT's second phase")
         time.sleep(0.2)
-        self.assertIsNone(w.poll(), "the COMMIT returned although a reader held the file")
+        self.assertIsNone(w.poll(), "the COMMIT returned in its window")
         w.send_signal(signal.SIGKILL)
         w.wait()
-        self.release(reader)
 
-    def test_kill_during_lock_wait_leaves_nothing(self):
-        self.kill_in_lock_wait()
+    def test_kill_in_the_window_leaves_nothing(self):
+        self.kill_in_window()
         c = connect(self.db)
         rows = self.rows(c)
         self.assertEqual(len(rows), 50)
@@ -190,29 +197,82 @@ class CommitTest(TempDirTest):
         self.assertEqual(self.rows(c)[1], 0.0)
         c.close()
 
-    def busy_commit(self, c):
-        """c's COMMIT fails on SQLite's lock after its first phase wrote
-        the store (another connection holds a read transaction); returns
-        that connection, still reading."""
-        r = self.hold_read()
+    def test_read_only_connection_refuses_a_cut_off_commit(self):
+        """A connection that may not write reads the store as it is, and
+        cannot put a cut-off COMMIT back: it refuses the table until a
+        connection that may write has used it."""
+        self.kill_in_window()
+
+        def ro_count():
+            r = connect(f"file:{self.db}?mode=ro", uri=True)
+            try:
+                return r.execute("SELECT count(*) FROM t").fetchone()[0]
+            finally:
+                r.close()
         with self.assertRaises(sqlite3.OperationalError) as cm:
-            c.execute("COMMIT")
-        self.assertEqual(str(cm.exception), "database is locked")
+            ro_count()
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_READONLY)
+        self.assertEqual(str(cm.exception),
+                         f"embkv table t: a COMMIT cut off by a crash left rows that SQLite never committed in its "
+                         f"store (journal {os.path.realpath(self.journal)}), and a connection that may not write "
+                         "cannot put them back: use the table once from a connection that may write (any "
+                         "statement on it), then read it here")
+        # Damaged: refused as a writer refuses it.
+        with open(self.journal, "r+b") as f:
+            f.seek(72 + 32 + 2)
+            b = f.read(1)
+            f.seek(72 + 32 + 2)
+            f.write(bytes([b[0] ^ 0x40]))
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            ro_count()
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_CORRUPT)
+        self.assertIn("is damaged (its checksum does not match)", str(cm.exception))
+        with open(self.journal, "r+b") as f:
+            f.seek(72 + 32 + 2)
+            f.write(b)
+        # The advice, followed.
+        c = connect(self.db)
+        self.assertNotIn(5000, self.rows(c))
+        c.close()
+        self.assertEqual(ro_count(), 50)
+
+    def test_journal_that_cannot_be_opened(self):
+        bad = os.path.join(self.dir, "st", "app-sqlite-commit-5")
+        os.mkdir(bad)
+        c = connect(self.db)
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            c.execute("SELECT count(*) FROM t").fetchone()
+        self.assertEqual(str(cm.exception),
+                         f"embkv table t: cannot open its store's commit journal {os.path.realpath(bad)}: Is a "
+                         "directory (give this process read and write access to it: it may hold the rows of a "
+                         "COMMIT cut off by a crash, which the table puts back)")
+        c.close()
+
+    def busy_commit(self, c):
+        """c's COMMIT fails busy after its first phase wrote the store (the
+        test seam); SQLite keeps the transaction."""
+        os.environ["EMBKV_TEST_COMMIT"] = "busy"
+        try:
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                c.execute("COMMIT")
+        finally:
+            del os.environ["EMBKV_TEST_COMMIT"]
+        self.assertEqual(str(cm.exception), "embkv table t: database is locked (EMBKV_TEST_COMMIT=busy)")
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
         self.assertEqual(self.journal_state(), 1)
-        return r
+        self.assertTrue(c.in_transaction)
 
     def test_writes_after_a_busy_commit_are_committed(self):
         c = connect(self.db, timeout=0.2)
         c.execute("BEGIN")
         c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(2.0),))
         c.execute("INSERT INTO log VALUES (2)")
-        r = self.busy_commit(c)
+        self.busy_commit(c)
         # The transaction goes on (SQLite keeps it): more writes, a delete.
         c.execute("INSERT INTO t(id, vec) VALUES (3000, ?)", (vec(3.0),))
         c.execute("DELETE FROM t WHERE id = 50")
         c.execute("INSERT INTO log VALUES (3)")
         self.assertEqual(self.journal_state(), 0, "the store was not put back when the transaction went on")
-        self.release(r)
         c.execute("COMMIT")
         c.close()
         c = connect(self.db)
@@ -228,10 +288,9 @@ class CommitTest(TempDirTest):
         c.execute("SAVEPOINT s")
         c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(9.0),))
         c.execute("INSERT INTO log VALUES (9)")
-        r = self.busy_commit(c)
+        self.busy_commit(c)
         c.execute("ROLLBACK TO s")
         self.assertEqual(self.rows(c)[1], 0.0)
-        self.release(r)
         c.execute("COMMIT")
         c.close()
         c = connect(self.db)
@@ -247,7 +306,7 @@ class CommitTest(TempDirTest):
         c.execute("CREATE VIRTUAL TABLE u USING embkv(dim=4, path='su', pool_size='16M')")
         c.execute("INSERT INTO u(id, vec) VALUES (1, ?)", (vec(1.0),))
         c.close()
-        self.kill_in_lock_wait("drop")
+        self.kill_in_window("drop")
         c = connect(self.db)
         self.assertEqual({i: x for i, x in c.execute("SELECT id, vec FROM u")}, {1: vec(1.0)})
         self.assertEqual(self.rows(c)[2], 0.0)
@@ -261,7 +320,7 @@ class CommitTest(TempDirTest):
         c = connect(self.db)
         c.execute(f"CREATE VIRTUAL TABLE t2 USING embkv({OPTS})")
         c.close()
-        self.kill_in_lock_wait("other")
+        self.kill_in_window("other")
         c = connect(self.db)
         self.assertEqual(c.execute("SELECT vec FROM t WHERE id = 1").fetchone()[0], vec(0.0))
         c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(42.0),))
@@ -275,7 +334,7 @@ class CommitTest(TempDirTest):
         """The recovery of a table first used inside the connection's own
         write transaction reads the record itself (another connection
         could not read past its lock)."""
-        self.kill_in_lock_wait()
+        self.kill_in_window()
         c = connect(self.db, timeout=1)
         c.execute("PRAGMA cache_size=2")
         c.execute("BEGIN")
@@ -308,15 +367,14 @@ class CommitTest(TempDirTest):
         c.execute("UPDATE t SET vec = ? WHERE id IN (1, 2, 3)", (vec(9.0),))
         c.execute("DELETE FROM t WHERE id = 4")
         c.execute("INSERT INTO log VALUES (9)")
-        r = self.busy_commit(c)
+        self.busy_commit(c)
         b.execute("UPDATE f SET vec = ? WHERE id = 1", (vec(42.0),))
         b.execute("INSERT INTO f(id, vec) VALUES (4, ?)", (vec(44.0),))
         embkv.push(b, "f", [3], np.ones((1, 4), np.float32), lr=1.0)
         c.execute("ROLLBACK")
         rows = self.rows(c)
         self.assertEqual((rows[1], rows[2], rows[3], rows[4]), (42.0, 0.0, 8.0, 44.0))
-        r.execute("ROLLBACK")
-        for x in (b, c, r):
+        for x in (b, c):
             x.close()
 
     def test_rollback_of_rounded_rows(self):
@@ -331,24 +389,24 @@ class CommitTest(TempDirTest):
             c.execute(f"UPDATE r_{dtype} SET vec = ? WHERE id = 1", (struct.pack("4f", 0.1, -0.3, 0.77, 1e-3),))
             c.execute(f"INSERT INTO r_{dtype}(id, vec) VALUES (2, ?)", (vec(0.123),))
             c.execute("INSERT INTO log VALUES (1)")
-            r = self.hold_read()
-            with self.assertRaises(sqlite3.OperationalError):
-                c.execute("COMMIT")
+            os.environ["EMBKV_TEST_COMMIT"] = "busy"
+            try:
+                with self.assertRaises(sqlite3.OperationalError):
+                    c.execute("COMMIT")
+            finally:
+                del os.environ["EMBKV_TEST_COMMIT"]
             c.execute("ROLLBACK")
             self.assertEqual(c.execute(f"SELECT id, vec FROM r_{dtype}").fetchall(), [(1, vec(0.5))], dtype)
-            self.release(r)
             c.close()
 
     def test_kill_keeps_what_others_wrote_in_the_window(self):
         b = self.other_db()
         b.close()
-        reader = self.hold_read()
-        w = self.start(WRITER, EXT, "window")
+        w = self.start(WRITER, EXT, "window", pause=60000)
         self.assertEqual(w.stdout.readline(), "other\n")
         self.assertEqual(self.journal_state(), 1)
         w.send_signal(signal.SIGKILL)
         w.wait()
-        self.release(reader)
         c = connect(self.db)
         rows = self.rows(c)
         self.assertEqual((rows[1], rows[2]), (42.0, 0.0))
@@ -400,7 +458,7 @@ class CommitTest(TempDirTest):
         x.close()
 
     def test_damaged_journal_is_an_error_naming_it(self):
-        self.kill_in_lock_wait()
+        self.kill_in_window()
         with open(self.journal, "r+b") as f:
             f.seek(72 + 32 + 2)  # inside the first pre-image's floats
             b = f.read(1)
@@ -450,7 +508,58 @@ class CommitTest(TempDirTest):
         self.assertEqual(c.execute("SELECT count(*) FROM log").fetchone()[0], 0)
         c.close()
 
-    def test_commit_failing_on_the_lock_puts_the_store_back(self):
+    def test_commit_waits_for_readers_before_writing_the_store(self):
+        """While a COMMIT waits for SQLite's lock, readers of the file see
+        none of it, and a push there updates the committed row; a COMMIT
+        that cannot have the lock wrote nothing and keeps its transaction."""
+        import threading
+        reader = self.hold_read()
+        c = connect(self.db, timeout=0.6, check_same_thread=False)
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(9.0),))
+        c.execute("INSERT INTO t(id, vec) VALUES (7000, ?)", (vec(7.0),))
+        c.execute("INSERT INTO log VALUES (1)")
+        failed = []
+
+        def commit():
+            try:
+                c.execute("COMMIT")
+            except sqlite3.OperationalError as e:
+                failed.append(e)
+        th = threading.Thread(target=commit)
+        th.start()
+        time.sleep(0.3)  # (the COMMIT waits)
+        rows = self.rows(reader)
+        self.assertEqual((rows[1], 7000 in rows), (0.0, False), "a reader saw a COMMIT SQLite had not made")
+        embkv.push(reader, "t", [1], np.ones((1, 4), np.float32), lr=1.0)
+        th.join()
+        self.assertEqual(len(failed), 1)
+        self.assertEqual(str(failed[0]),
+                         f"embkv table t: database is locked: other connections are reading {self.db} (waited "
+                         "600 ms, the connection's busy timeout); nothing was written and the transaction is "
+                         "still open: COMMIT again, or ROLLBACK")
+        self.assertEqual(failed[0].sqlite_errorcode, sqlite3.SQLITE_BUSY)
+        self.assertTrue(c.in_transaction)
+        self.assertEqual(self.journal_state(), 0)
+        # The reader goes: the same COMMIT, again, commits.
+        reader.execute("ROLLBACK")
+        c.execute("COMMIT")
+        rows = self.rows(reader)
+        self.assertEqual((rows[1], rows[7000]), (9.0, 7.0))
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id = 2", (vec(5.0),))
+        c.execute("ROLLBACK")
+        reader.close()
+        c.close()
+        c = connect(self.db)
+        rows = self.rows(c)
+        self.assertEqual((rows[1], rows[2], rows[7000]), (9.0, 0.0, 7.0))
+        self.assertEqual(c.execute("SELECT n FROM log").fetchall(), [(1,)])
+        c.close()
+
+    def test_push_during_a_refused_commit_keeps_the_old_row(self):
+        """The push a reader makes while a COMMIT waits applies to the
+        committed row; the COMMIT, refused and rolled back, leaves it."""
         reader = self.hold_read()
         c = connect(self.db, timeout=0.3)
         c.execute("BEGIN")
@@ -458,12 +567,12 @@ class CommitTest(TempDirTest):
         c.execute("INSERT INTO log VALUES (1)")
         with self.assertRaises(sqlite3.OperationalError) as cm:
             c.execute("COMMIT")
-        self.assertEqual(str(cm.exception), "database is locked")
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
+        embkv.push(reader, "t", [1], np.ones((1, 4), np.float32), lr=1.0)
         c.execute("ROLLBACK")
-        self.assertEqual(self.journal_state(), 0)
-        self.assertEqual(self.rows(reader)[1], 0.0)
         reader.execute("ROLLBACK")
-        self.assertEqual(self.rows(c)[1], 0.0)
+        self.assertEqual(c.execute("SELECT vec, clock FROM t WHERE id = 1").fetchone(), (vec(-1.0), 1))
+        self.assertEqual(c.execute("SELECT count(*) FROM log").fetchone()[0], 0)
         c.close()
         reader.close()
 
@@ -475,7 +584,9 @@ class CommitTest(TempDirTest):
         reader = self.start(READER)
         waited = 0
         for rnd_i in range(12):
-            w = self.start(WRITER, EXT, "loop")
+            # (kills in SQLite's lock wait, in the window, and in SQLite's
+            # commit)
+            w = self.start(WRITER, EXT, "loop", pause=3)
             time.sleep(rnd.uniform(0.05, 0.5))
             w.send_signal(signal.SIGKILL)
             w.wait()
