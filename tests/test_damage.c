@@ -819,6 +819,55 @@ static void test_refused_pool(void)
     if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* A file dropped into a store's directory: refused, with advice that
+ * works when followed (a directory of another use keeps its message). */
+static void test_stray_file(void)
+{
+    char d[600], stray[700];
+    snprintf(d, sizeof d, "%s", test_tmpdir("stray"));
+    embkv_options o = {.dim = 4};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    snprintf(stray, sizeof stray, "%s/.DS_Store", d);
+    FILE *f = fopen(stray, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_NOTSTORE);
+    char want[1400];
+    snprintf(want, sizeof want, "store %s holds a file that is not the store's (.DS_Store): move it out of the "
+             "directory (a store's directory holds its own files, and files named app-* of applications), then "
+             "open it again", d);
+    CHECK(strcmp(embkv_errmsg(), want) == 0);
+    CHECK(unlink(stray) == 0);
+    s = NULL;
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_OK);
+    if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
+/* A cp -r of a store, opened beside the original in one process. */
+static void test_byte_copy_open_twice(void)
+{
+    char d[600], copy[700], cmd[1500];
+    snprintf(d, sizeof d, "%s", test_tmpdir("orig"));
+    snprintf(copy, sizeof copy, "%s.copy", d);
+    embkv_options o = {.dim = 4};
+    embkv_store *s = NULL, *c = NULL;
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s) return;
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", d, copy);
+    CHECK(system(cmd) == 0);
+    CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_OK);
+    CHECK_RC(embkv_open(copy, NULL, 0, &c), EMBKV_BUSY);
+    CHECK(strstr(embkv_errmsg(), "store.pool is a copy of a pool this process has open already") != NULL);
+    if (s) CHECK_RC(embkv_close(s), EMBKV_OK);
+    c = NULL;
+    CHECK_RC(embkv_open(copy, NULL, 0, &c), EMBKV_OK);
+    if (c) CHECK_RC(embkv_close(c), EMBKV_OK);
+}
+
 int main(void)
 {
     /* A probe that libpmemobj's damaged metadata sends into a loop must be
@@ -838,5 +887,7 @@ int main(void)
     test_pool_missing();
     test_zeroed_index_after_crash();
     test_damaged_record_after_crash();
+    test_stray_file();
+    test_byte_copy_open_twice();
     return test_summary("test_damage");
 }

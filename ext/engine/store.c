@@ -233,8 +233,18 @@ static int dir_verdict(const char *dir, int state, const char *found, bool creat
         return embkv__err(EMBKV_CORRUPT, "store %s: %s is missing, but the directory holds the rest of a store "
                           "(%s): its rows cannot be read, and no new store is made over them; put the pool file "
                           "back, or remove the directory (embkv_destroy) to start afresh", dir, POOL_FILE, found);
-    default:
+    default: {
+        /* A store with a file dropped into it (a desktop's .DS_Store, an
+         * editor's backup) is told apart from a directory of another
+         * use: the advice differs. */
+        char pool[PATH_MAX + sizeof POOL_FILE + 1];
+        snprintf(pool, sizeof pool, "%s/%s", dir, POOL_FILE);
+        if (access(pool, F_OK) == 0)
+            return embkv__err(EMBKV_NOTSTORE, "store %s holds a file that is not the store's (%s): move it out of "
+                              "the directory (a store's directory holds its own files, and files named %s* of "
+                              "applications), then open it again", dir, found, EMBKV_APP_FILE_PREFIX);
         return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: it holds other files (%s)", dir, found);
+    }
     }
 }
 
@@ -642,6 +652,14 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
         if (!s->pop && errno == EINVAL)
             return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s",
                               s->path, POOL_FILE, pmemobj_errormsg());
+        /* libpmemobj keeps one pool of a UUID per process: a byte copy
+         * (cp -r) of a store this process has open. */
+        if (!s->pop && errno == EEXIST)
+            return embkv__err(EMBKV_BUSY, "store %s: its %s is a copy of a pool this process has open already "
+                              "(libpmemobj opens one pool of an identity per process; cp of a store copies its "
+                              "identity): open the copy in a process of its own, or make copies with "
+                              "embkv_backup, whose pool has an identity of its own",
+                              s->path, POOL_FILE);
         if (!s->pop)
             return embkv__err(EMBKV_IO, "%s: cannot open %s: %s", s->path, POOL_FILE, pmemobj_errormsg());
     } else {

@@ -247,7 +247,7 @@ int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, cha
     return rc;
 }
 
-int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path,
+int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path, int readonly,
                   int trust_copies, int list_copy, char **err)
 {
     userlist l;
@@ -260,8 +260,15 @@ int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsign
         /* (a line without an identity is the first file that connects) */
         same = same_file(&l.u[i], self) || !l.u[i].known;
     }
-    char *attach = sqlite3_mprintf("DROP TABLE \"%w\" (the store stays) and attach it: CREATE VIRTUAL TABLE "
-                                   "\"%w\" USING embkv(dim=%u, path='%q')", table, table, dim, path);
+    /* (A connection that may not write can do neither: it is told where
+     * to, and how to read meanwhile when the schema is to be trusted.) */
+    char *attach = sqlite3_mprintf("%sDROP TABLE \"%w\" (the store stays) and attach it: CREATE VIRTUAL TABLE "
+                                   "\"%w\" USING embkv(dim=%u, path='%q')%s",
+                                   readonly ? "from a connection that may write, " : "", table, table, dim, path,
+                                   readonly && !trust_copies ? "; or, if you trust this database file, read it on a "
+                                                               "connection that sets PRAGMA trusted_schema=ON before "
+                                                               "the table's first use"
+                                                             : "");
     if (!attach) {
         rc = SQLITE_NOMEM;
     } else if (n == -2) {

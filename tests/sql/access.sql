@@ -30,6 +30,7 @@ SELECT 'rows', count(*) FROM item;
 .shell cp test.db readonly-copy.db
 .shell cp test.db untrusted-copy.db
 .shell cp test.db query-only-copy.db
+.shell cp test.db untrusted-ro-copy.db
 -- @reopen
 -- 1. a database opened read-only
 .open --readonly test.db
@@ -66,7 +67,16 @@ SELECT 'query-only-copy', count(*) FROM item;
 .shell wc -l < item.embkv/app-sqlite-tables
 PRAGMA query_only = 0;
 -- with trusted_schema off (files from elsewhere) a copy is refused until it
--- attaches: a file that only knows a table's id cannot pass for a copy
+-- attaches: a file that only knows a table's id cannot pass for a copy;
+-- read-only, the advice says where to attach and how to read meanwhile
+.open --readonly untrusted-ro-copy.db
+.load build/embkv
+PRAGMA trusted_schema = OFF;
+SELECT count(*) FROM item;
+.open --readonly untrusted-ro-copy.db
+.load build/embkv
+PRAGMA trusted_schema = ON;
+SELECT 'untrusted-ro-copy-trusted', count(*) FROM item;
 .open untrusted-copy.db
 .load build/embkv
 PRAGMA trusted_schema = OFF;

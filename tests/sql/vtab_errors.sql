@@ -251,3 +251,10 @@ SELECT 'oldnum-sql', sql LIKE '%capacity=400.,%staleness=.5e1%' FROM sqlite_sche
 DROP TABLE oldnum;
 SELECT 'oldnum-dropped', count(*) FROM sqlite_schema WHERE name LIKE 'oldnum%';
 CREATE VIRTUAL TABLE oldnum USING embkv(dim=2, capacity=400.);
+-- a shadow table left without its table (the shell's .clone copies only
+-- ordinary tables): the message says to drop it, which works
+CREATE TABLE clone_config(k TEXT PRIMARY KEY, v) WITHOUT ROWID;
+CREATE VIRTUAL TABLE clone USING embkv(dim=2);
+DROP TABLE clone_config;
+CREATE VIRTUAL TABLE clone USING embkv(dim=2);
+SELECT 'clone', count(*) FROM clone;
