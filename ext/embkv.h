@@ -155,6 +155,10 @@ typedef struct embkv_options {
 int embkv_readonly(const embkv_store *s);
 /* For such a handle: the live process writing the store (0: none). */
 long embkv_writer_pid(const embkv_store *s);
+/* A live process other than this one reading the store in dir through
+ * EMBKV_OPEN_READONLY (its pid; 0: none): embkv_destroy refuses while
+ * there is one. */
+long embkv_reader_pid(const char *dir);
 
 /* Open (and with EMBKV_OPEN_CREATE, create) the store in directory `dir`.
  * Opening a directory already open in this process returns the same store

@@ -52,6 +52,8 @@ uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 int embkv_readonly(const embkv_store *s) { return s && s->reader; }
 long embkv_writer_pid(const embkv_store *s) { return s && s->reader ? readers_writer_pid(s) : 0; }
 
+long embkv_reader_pid(const char *dir) { return dir ? readers_live_reader(dir) : 0; }
+
 /* Record chunks: about a thousandth of the pool, a power of two from
  * 256 KiB to 64 MiB less 64 bytes (so that with libpmemobj's allocation
  * header a chunk fills whole heap units), and at least 8 records. */

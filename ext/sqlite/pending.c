@@ -263,7 +263,26 @@ static int pend_begin(sqlite3_vtab *pv)
 static int pend_sync(sqlite3_vtab *pv)
 {
     char *msg = NULL;
-    int rc = ekconn_sync_stranded(((pendtab *)pv)->conn, &msg);
+    ekconn *c = ((pendtab *)pv)->conn;
+    /* A removal while another process reads the store would leave the
+     * directory behind, silently (embkv_destroy refuses it then), and a
+     * later CREATE naming it would find the old rows: the COMMIT is
+     * refused, as SQLite refuses one beside its readers.  (Here, not in
+     * xDestroy: SQLite drops xDestroy's message.) */
+    for (int i = 0; i < c->npend; i++) {
+        ekpend *p = &c->pend[i];
+        long reader = (p->when & EK_ON_COMMIT) && (p->unlist ? p->owner : !p->tid[0]) ? embkv_reader_pid(p->dir) : 0;
+        if (reader) {
+            sqlite3_free(pv->zErrMsg);
+            pv->zErrMsg = sqlite3_mprintf("store %s is open for reading in another process (pid %ld), and this "
+                                          "COMMIT removes it (DROP TABLE of its last table): close the table there "
+                                          "(or end that process), then DROP again (in a transaction it stays "
+                                          "open: COMMIT again, or ROLLBACK)",
+                                          p->dir, reader);
+            return SQLITE_BUSY;
+        }
+    }
+    int rc = ekconn_sync_stranded(c, &msg);
     if (rc != SQLITE_OK) {
         sqlite3_free(pv->zErrMsg);
         pv->zErrMsg = msg;

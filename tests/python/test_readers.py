@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import sqlite3
 import time
 import unittest
 
@@ -272,7 +273,10 @@ while not os.path.exists(go):
 
 
 class TestDropBesideAReader(Base):
-    def test_drop_leaves_a_store_another_process_reads(self):
+    def test_drop_is_refused_while_another_process_reads(self):
+        """A DROP that would remove the store another process reads is
+        refused (it would leave the directory, and a later CREATE naming it
+        would find the old rows); once the reader is gone it removes it."""
         w = connect(self.db)
         w.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, path='item.embkv')")
         w.execute("INSERT INTO item(id, vec) VALUES (1, '[1,1,1,1]'), (2, '[2,2,2,2]')")
@@ -281,14 +285,21 @@ class TestDropBesideAReader(Base):
         r = subprocess.Popen([sys.executable, "-c", HOLDER, self.db, EXT, go], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         self.assertEqual(r.stdout.readline().strip(), "2")
-        w.execute("DROP TABLE item")
-        store = os.path.join(self.dir, "item.embkv")
-        # the table is gone; the store another process reads is not
-        self.assertTrue(os.path.isdir(store))
-        self.assertTrue(os.path.exists(os.path.join(store, "store.pool")))
+        store = os.path.realpath(os.path.join(self.dir, "item.embkv"))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            w.execute("DROP TABLE item")
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
+        self.assertEqual(str(cm.exception),
+                         f"store {store} is open for reading in another process (pid {r.pid}), and this COMMIT "
+                         "removes it (DROP TABLE of its last table): close the table there (or end that process), "
+                         "then DROP again (in a transaction it stays open: COMMIT again, or ROLLBACK)")
+        self.assertFalse(w.in_transaction)
+        self.assertEqual(w.execute("SELECT count(*) FROM item").fetchone()[0], 2)
         open(go, "w").close()
         out, err = r.communicate(timeout=60)
         self.assertEqual(r.returncode, 0, err)
+        w.execute("DROP TABLE item")
+        self.assertFalse(os.path.exists(store))
         w.close()
 
 
