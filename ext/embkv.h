@@ -366,7 +366,11 @@ int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap,
  * full, others wait for the last unpin) and no row moves between buckets
  * (embkv_hotset, migration), so a pinned embkv_scan_ids cursor sees every
  * row present throughout exactly once.  embkv_scan pins for its own
- * duration. */
+ * duration.  An insert waiting for the unpin waits inside its write
+ * group, so a thread holding a pin does not wait for write groups then:
+ * its embkv_sync, embkv_snapshot_open, embkv_backup_begin, and a write
+ * while another thread's sync waits for the groups, return EMBKV_BUSY
+ * (call them again after the unpin). */
 void embkv_scan_pin(embkv_store *s);
 void embkv_scan_unpin(embkv_store *s);
 

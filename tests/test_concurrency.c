@@ -15,6 +15,11 @@
  *     index doubles must see every untouched row exactly once (scan_ids may
  *     answer EMBKV_BUSY on a resize, and then starts over).
  *  D. refcounting: threads open and close one directory concurrently.
+ *  E. a pinned thread beside an insert that waits for its pin to grow the
+ *     index: its sync, snapshot open and backup answer EMBKV_BUSY (they
+ *     waited for the insert's group, which waited for the pin: a hang), as
+ *     does its write while another thread's sync waits for that group;
+ *     after the unpin all of them go through.  Under alarm(): a hang fails.
  * Also built under TSan (tests/test_concurrency*.c), where it must be clean.
  */
 #include "embkv.h"
@@ -22,6 +27,7 @@
 #include "check.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
@@ -682,6 +688,109 @@ static void phase_d(void)
     free((void *)d_dir);
 }
 
+/* ---- E: a pinned thread's waits ----------------------------------------- */
+
+#define E_ROWS 5000           /* the index of 1000 expected rows grows at ~1600 */
+static atomic_long e_put;     /* rows the inserter put */
+static atomic_bool e_synced;  /* the other thread's sync returned */
+
+static void *e_inserter(void *arg)
+{
+    (void)arg;
+    float v[DIM];
+    for (long i = 0; i < E_ROWS; i++) {
+        fill(v, (float)i);
+        TCHECK_RC(embkv_put(S, i, v, NULL, EMBKV_PUT_INSERT), EMBKV_OK);
+        atomic_store(&e_put, i + 1);
+    }
+    return NULL;
+}
+
+static void *e_syncer(void *arg)
+{
+    (void)arg;
+    TCHECK_RC(embkv_sync(S), EMBKV_OK);  /* waits for the inserter's group, then goes through */
+    atomic_store(&e_synced, true);
+    return NULL;
+}
+
+void __sanitizer_print_stack_trace(void) __attribute__((weak));
+static void e_on_alarm(int sig)
+{
+    fprintf(stderr, "test_concurrency: phase E hung (a pinned thread waited for its own pin)\n");
+    if (__sanitizer_print_stack_trace) __sanitizer_print_stack_trace();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Calls fn until it answers other than EMBKV_OK, at most 20 s: the resize
+ * may not be waiting yet when the first call is made. */
+static int e_until_busy(int (*fn)(void), double *waited)
+{
+    double t0 = now_s();
+    int rc;
+    while ((rc = fn()) == EMBKV_OK && now_s() - t0 < 20)
+        usleep(1000);
+    *waited = now_s() - t0;
+    return rc;
+}
+
+static int e_sync(void) { return embkv_sync(S); }
+static int e_update(void)
+{
+    float v[DIM];
+    fill(v, -1);
+    return embkv_put(S, 0, v, NULL, 0);
+}
+
+static void phase_e(void)
+{
+    double t0 = now_s();
+    signal(SIGALRM, e_on_alarm);
+    alarm(30);
+    S = open_store(test_tmpdir("conc_e"), 0, 1000);
+    atomic_store(&e_put, 0);
+    atomic_store(&e_synced, false);
+    embkv_scan_pin(S);
+    pthread_t ins, sy;
+    pthread_create(&ins, NULL, e_inserter, NULL);
+    double waited;
+    int rc = e_until_busy(e_sync, &waited);
+    CHECK_RC(rc, EMBKV_BUSY);
+    CHECK(strstr(embkv_errmsg(), "holds a scan pin") && strstr(embkv_errmsg(), "embkv_sync") &&
+          strstr(embkv_errmsg(), "embkv_scan_unpin"));
+    long stalled = atomic_load(&e_put);
+    CHECK(stalled < E_ROWS);  /* the inserter waits for the unpin */
+    embkv_snapshot *snap = NULL;
+    CHECK_RC(embkv_snapshot_open(S, &snap), EMBKV_BUSY);
+    CHECK(snap == NULL && strstr(embkv_errmsg(), "embkv_snapshot_open"));
+    embkv_backup *b = NULL;
+    CHECK_RC(embkv_backup_begin(S, test_tmpdir("conc_e_backup"), &b), EMBKV_BUSY);
+    CHECK(b == NULL && strstr(embkv_errmsg(), "embkv_backup_begin"));
+    /* Another thread's sync waits for the inserter's group and holds new
+     * groups off: this thread's write would wait for it. */
+    pthread_create(&sy, NULL, e_syncer, NULL);
+    double waited2;
+    CHECK_RC(e_until_busy(e_update, &waited2), EMBKV_BUSY);
+    CHECK(strstr(embkv_errmsg(), "a write in a thread that holds a scan pin"));
+    CHECK_RC(e_until_busy(e_sync, &waited2), EMBKV_BUSY);  /* (its sync_mu is held by the other sync) */
+    CHECK(!atomic_load(&e_synced) && atomic_load(&e_put) == stalled);
+    embkv_scan_unpin(S);
+    pthread_join(ins, NULL);
+    pthread_join(sy, NULL);
+    fold_thread_checks();
+    alarm(0);
+    CHECK(atomic_load(&e_synced));
+    CHECK_RC(embkv_sync(S), EMBKV_OK);
+    CHECK_RC(embkv_snapshot_open(S, &snap), EMBKV_OK);
+    if (snap) embkv_snapshot_close(snap);
+    CHECK(embkv_count(S) == E_ROWS);
+    CHECK_RC(embkv_check(S), EMBKV_OK);
+    CHECK_RC(embkv_close(S), EMBKV_OK);
+    printf("  E pinned waits: the insert stopped at %ld rows, BUSY after %.2f s, %.1f s\n", stalled, waited,
+           now_s() - t0);
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -692,11 +801,12 @@ int main(void)
     fflush(stdout);
     /* EMBKV_TEST_PHASES=bd runs only phases B and D (for debugging) */
     const char *ph = getenv("EMBKV_TEST_PHASES");
-    if (!ph || !*ph) ph = "abcd";
+    if (!ph || !*ph) ph = "abcde";
     if (strchr(ph, 'a')) phase_a();
     if (strchr(ph, 'b')) phase_b();
     if (strchr(ph, 'c')) phase_c();
     if (strchr(ph, 'd')) phase_d();
+    if (strchr(ph, 'e')) phase_e();
     printf("test_concurrency: %.1f s\n", now_s() - t0);
     return test_summary("test_concurrency");
 }

@@ -298,6 +298,12 @@ int ix_reader_enter(embkv_store *s);
 bool ix_reader_loc_mapped(embkv_store *s, uint64_t loc);
 /* Pins held by the calling thread (on any store). */
 extern _Thread_local unsigned scan_pins_here;
+/* Takes lock (a pthread mutex, or an rwlock shared or exclusive) as the
+ * blocking call does; in a thread holding a scan pin, EMBKV_BUSY naming
+ * what (the caller's name) instead of waiting on while a resize of s
+ * waits for the pins (the wait could be on this thread itself). */
+enum pin_wait { PIN_WAIT_MUTEX, PIN_WAIT_RDLOCK, PIN_WAIT_WRLOCK };
+int pinned_lock(embkv_store *s, enum pin_wait how, void *lock, const char *what);
 /* Points id's entry at q if it still names p (with s->writers shared) and,
  * was non-NULL (p a pool record), p still holds the version was copies. */
 bool ix_switch(embkv_store *s, int64_t id, uint64_t p, uint64_t q, const rec_hdr *was);
@@ -422,8 +428,10 @@ bool group_held(embkv_store *s);
 /* The records this thread's group on s holds (slab_room_for with hold,
  * which added them to s->room_held): taken off when the group ends. */
 void group_note_hold(embkv_store *s, size_t records);
-/* Wait for the groups in flight and hold new ones off (sync's epoch switch). */
-void groups_quiesce(embkv_store *s);
+/* Wait for the groups in flight and hold new ones off (sync's epoch
+ * switch): EMBKV_OK, or EMBKV_BUSY naming what (the caller) in a thread
+ * holding a scan pin that a group waits for (pinned_lock): nothing held. */
+int groups_quiesce(embkv_store *s, const char *what);
 /* Lets the groups held off by groups_quiesce go on. */
 void groups_resume(embkv_store *s);
 /* A snapshot in two steps, for a caller that must fix it at a moment of

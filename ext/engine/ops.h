@@ -90,9 +90,10 @@ bool write_gate_pass(write_gate *g, int party, bool ok);
  * reached, having been deleted and written again since, gets one then). */
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
                           embkv_update_fn fn, void *ctx, write_gate *gate, int party, size_t *nupdated);
-/* The cache's write-backs.  Quiesces the groups (groups_quiesce) with
- * every dirty row written back; on failure the groups are resumed. */
-int writeback_quiesce(embkv_store *s);
+/* The cache's write-backs.  Quiesces the groups (groups_quiesce, what:
+ * the caller's name) with every dirty row written back; on failure the
+ * groups are resumed (or were never held). */
+int writeback_quiesce(embkv_store *s, const char *what);
 /* Outside any group of the thread: once more than 15/16 of the cache is
  * dirty, quiesces the groups and writes back the rows the CLOCK hands
  * reach next (down to 7/8). */

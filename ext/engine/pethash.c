@@ -19,9 +19,11 @@
  * writer per id), the switch of an entry to a row's new copy, the pins
  * that hold resizes and moves between buckets off a scan, and the resize.
  */
+#include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "index.h"
 
@@ -518,6 +520,50 @@ void embkv_scan_unpin(embkv_store *s)
     }
     scan_pins_here--;
     atomic_fetch_sub(&s->scan_pins, 1);
+}
+
+/* A thread holding a pin must not wait for what waits for the pins: an
+ * insert that found the index full waits, inside its write group, for the
+ * last unpin (ix_grow), so the groups lock, and every lock held by a
+ * thread waiting for the groups (a sync's sync_mu), is out of reach until
+ * this thread unpins.  Such a thread waits in slices instead and gives up
+ * once a resize of s waits for pins.  (scan_pins_here counts pins on any
+ * store, as ix_grow's does: a pin on another store may make this refuse
+ * where waiting would have ended; never the other way round.) */
+#define PIN_WAIT_SLICE_NS 2000000L
+
+int pinned_lock(embkv_store *s, enum pin_wait how, void *lock, const char *what)
+{
+    for (;;) {
+        if (scan_pins_here == 0) {
+            int e = how == PIN_WAIT_MUTEX    ? pthread_mutex_lock(lock)
+                    : how == PIN_WAIT_RDLOCK ? pthread_rwlock_rdlock(lock)
+                                             : pthread_rwlock_wrlock(lock);
+            if (e == 0)
+                return EMBKV_OK;
+            return embkv__err(EMBKV_IO, "store %s: %s: taking a lock failed: %s", s->path, what, strerror(e));
+        }
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);  /* (the timed locks' clock) */
+        t.tv_nsec += PIN_WAIT_SLICE_NS;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        int e = how == PIN_WAIT_MUTEX    ? pthread_mutex_timedlock(lock, &t)
+                : how == PIN_WAIT_RDLOCK ? pthread_rwlock_timedrdlock(lock, &t)
+                                         : pthread_rwlock_timedwrlock(lock, &t);
+        if (e == 0)
+            return EMBKV_OK;
+        if (e != ETIMEDOUT)
+            return embkv__err(EMBKV_IO, "store %s: %s: taking a lock failed: %s", s->path, what, strerror(e));
+        if (atomic_load(&s->grow_pending) > 0)
+            return embkv__err(EMBKV_BUSY,
+                              "store %s: %s in a thread that holds a scan pin (embkv_scan_pin, or inside an "
+                              "embkv_scan callback) would wait for an insert that waits for that pin to grow the "
+                              "index: call it after embkv_scan_unpin (or after the scan returns)",
+                              s->path, what);
+    }
 }
 
 void move_pin(embkv_store *s)

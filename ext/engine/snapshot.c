@@ -163,7 +163,11 @@ int embkv_group_begin(embkv_store *s)
         return embkv__err(EMBKV_BUSY, "store %s: write groups open on more than %d stores in this thread",
                           s->path, TL_GROUPS);
     struct snapstate *st = s->snap;
-    pthread_rwlock_rdlock(&st->groups);
+    /* (A sync waiting for the groups holds new ones off: in a pinned
+     * thread, that sync may wait for a group that waits for this pin.) */
+    int rc = pinned_lock(s, PIN_WAIT_RDLOCK, &st->groups, "a write");
+    if (rc != EMBKV_OK)
+        return rc;
     g->s = s;
     g->depth = 1;
     g->seq = atomic_fetch_add(&st->next_seq, 1);
@@ -247,9 +251,9 @@ void group_leave(embkv_store *s)
     }
 }
 
-void groups_quiesce(embkv_store *s)
+int groups_quiesce(embkv_store *s, const char *what)
 {
-    pthread_rwlock_wrlock(&s->snap->groups);
+    return pinned_lock(s, PIN_WAIT_WRLOCK, &s->snap->groups, what);
 }
 
 void groups_resume(embkv_store *s)

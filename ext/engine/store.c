@@ -127,7 +127,11 @@ static int cache_attach(embkv_store *s, uint64_t bytes)
     if (!c)
         return embkv__err(EMBKV_NOMEM, "store %s: out of memory for a cache of %llu rows (option cache_size)",
                           s->path, (unsigned long long)rows);
-    groups_quiesce(s);
+    int rc = groups_quiesce(s, "embkv_open (option cache_size)");
+    if (rc != EMBKV_OK) {
+        cache_free(c);
+        return rc;
+    }
     s->cache = c;
     s->cache_size = bytes;
     atomic_fetch_or(&s->heat_live, HEAT_FOR_CACHE);

@@ -109,7 +109,12 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
 {
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: embkv_sync inside a write group of the same thread", s->path);
-    pthread_mutex_lock(&s->sync_mu);
+    /* (A sync under way may wait for a group that waits for this
+     * thread's scan pin: pinned_lock.) */
+    const char *what = snap ? "embkv_backup_begin" : "embkv_sync";
+    int lrc = pinned_lock(s, PIN_WAIT_MUTEX, &s->sync_mu, what);
+    if (lrc != EMBKV_OK)
+        return lrc;
     uint64_t t0 = now_ns();
 
     /* Close epoch E between write groups (a crash returns to each group
@@ -119,14 +124,10 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
     /* The cache's dirty rows go home in E (with the groups held for the
      * last of them): the checkpoint holds every change of every group. */
     /* No sync inside a write group (P7): the groups in flight end in E. */
-    if (s->cache) {
-        int frc = writeback_quiesce(s);
-        if (frc != EMBKV_OK) {
-            pthread_mutex_unlock(&s->sync_mu);
-            return frc;
-        }
-    } else {
-        groups_quiesce(s);
+    int frc = s->cache ? writeback_quiesce(s, what) : groups_quiesce(s, what);
+    if (frc != EMBKV_OK) {
+        pthread_mutex_unlock(&s->sync_mu);
+        return frc;
     }
     if (snap)
         snap_fix(snap);
@@ -247,14 +248,10 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
      * cache's dirty rows go home meanwhile: while a snapshot is open no row
      * is dirty (cached rows are written through), so the version log
      * covers every change a snapshot must not see. */
-    if (s->cache) {
-        rc = writeback_quiesce(s);
-        if (rc != EMBKV_OK) {
-            snap_drop(snap);
-            return rc;
-        }
-    } else {
-        groups_quiesce(s);
+    rc = s->cache ? writeback_quiesce(s, "embkv_snapshot_open") : groups_quiesce(s, "embkv_snapshot_open");
+    if (rc != EMBKV_OK) {
+        snap_drop(snap);
+        return rc;
     }
     snap_fix(snap);
     groups_resume(s);

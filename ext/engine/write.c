@@ -426,9 +426,11 @@ static int writeback_ids(embkv_store *s, const int64_t *ids, size_t n)
     return rc;
 }
 
-int writeback_quiesce(embkv_store *s)
+int writeback_quiesce(embkv_store *s, const char *what)
 {
-    groups_quiesce(s);
+    int qrc = groups_quiesce(s, what);
+    if (qrc != EMBKV_OK)
+        return qrc;
     int64_t *ids = NULL;
     size_t n = 0;
     int rc = cache_dirty_ids(s->cache, &ids, &n);
@@ -453,7 +455,13 @@ int writeback_clean(embkv_store *s)
         return EMBKV_OK;
     if (atomic_exchange(&s->cache_cleaning, true))
         return EMBKV_OK;  /* another writer cleans */
-    groups_quiesce(s);
+    if (groups_quiesce(s, "a write") != EMBKV_OK) {
+        /* A scan pin of this thread holds a group off (pinned_lock): the
+         * cleaning is left to a later write (the cache's clean rows last
+         * a while; the write's own room is checked where it is taken). */
+        atomic_store(&s->cache_cleaning, false);
+        return EMBKV_OK;
+    }
     /* Down to 7/8 dirty, taking the rows each shard's CLOCK hand reaches
      * next: eviction takes only clean rows, at the hand, so those are the
      * write-backs it needs, and a hot row behind the hand is left dirty
