@@ -338,7 +338,14 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
  * non-zero skips the row (nothing written).  A missing id is reported through
  * fn with vec == NULL unless EMBKV_UPDATE_CREATE is given, in which case the
  * row starts as zeros (clock 0 after this first write).  *nupdated (may be
- * NULL) counts rows written. */
+ * NULL) counts rows written.  The batch holds its rows' locks while fn
+ * runs, so fn makes no store call that could wait for them: every call
+ * that changes a store (put, delete, update_batch, group_begin, pull,
+ * push, sync, evict, hotset...), and embkv_check, embkv_snapshot_open
+ * and embkv_backup_begin, on any store, return EMBKV_BUSY inside fn
+ * ("inside an embkv_update_batch callback"): note the changes in ctx and
+ * make them after the batch.  Reads (embkv_get, embkv_get_batch, ...),
+ * embkv_scan, embkv_knn and scan pins work. */
 #define EMBKV_UPDATE_CREATE 0x1
 typedef int (*embkv_update_fn)(void *ctx, size_t i, int64_t id, float *vec,
                                float *state);

@@ -9,7 +9,11 @@
  * puts, NaN and infinity in a put, deletes and gets of missing ids, a pool too small for its rows, and a
  * second process opening a store that is open (EMBKV_LOCKED, both ways),
  * the pool file's flock held by a process that is not a writer (waited
- * for a moment, then EMBKV_BUSY naming the file).
+ * for a moment, then EMBKV_BUSY naming the file), store calls from inside
+ * an embkv_update_batch callback (every write, check, sync, snapshot and
+ * backup: EMBKV_BUSY naming the callback, where a write of a row the
+ * batch had locked hung; reads, scans, searches and pins work; under
+ * alarm()).
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -999,6 +1003,121 @@ static void test_destroy(void)
     free((void *)dir);
 }
 
+/* ---- calls from inside an update callback ------------------------------ */
+
+#define CB_CALLS 10
+typedef struct cb_ctx {
+    embkv_store *s;
+    int rc[CB_CALLS];          /* the first row's calls */
+    int got;                   /* embkv_get of the row itself inside its callback */
+    int scanned, searched;     /* embkv_scan and embkv_knn there */
+    float seen0;               /* ...its element 0 */
+    bool bad_msg;              /* a refusal without the callback's message */
+    int calls;
+} cb_ctx;
+
+static int cb_scan_fn(void *ctx, int64_t id, const float *vec, const float *st, const embkv_rowinfo *ri)
+{
+    (void)ctx; (void)id; (void)vec; (void)st; (void)ri;
+    return 0;
+}
+
+static int cb_nested_fn(void *ctx, size_t i, int64_t id, float *vec, float *st)
+{
+    (void)ctx; (void)i; (void)id; (void)vec; (void)st;
+    return 0;
+}
+
+static int cb_writer(void *ctx, size_t i, int64_t id, float *vec, float *state)
+{
+    (void)i; (void)state;
+    cb_ctx *c = ctx;
+    if (c->calls++ || !vec)
+        return 0;
+    embkv_store *s = c->s;
+    float v[DIM] = {0}, q[DIM] = {0};
+    double dist[1];
+    int64_t other = id + 1, kid[1];
+    size_t found, nupd;
+    embkv_snapshot *snap = NULL;
+    embkv_backup *b = NULL;
+    int k = 0;
+    c->rc[k++] = embkv_put(s, id, v, NULL, 0);              /* the row the batch holds */
+    c->rc[k++] = embkv_put(s, other, v, NULL, 0);           /* another row (its stripe may be held) */
+    c->rc[k++] = embkv_put_clock(s, 500, v, NULL, 1);
+    c->rc[k++] = embkv_delete(s, id);
+    c->rc[k++] = embkv_update_batch(s, &other, 1, cb_nested_fn, NULL, 0, &nupd);
+    c->rc[k++] = embkv_group_begin(s);
+    c->rc[k++] = embkv_sync(s);
+    c->rc[k++] = embkv_check(s);
+    c->rc[k++] = embkv_snapshot_open(s, &snap);
+    c->rc[k++] = embkv_backup_begin(s, test_tmpdir("cb_backup"), &b);
+    for (int j = 0; j < k; j++)
+        if (c->rc[j] != EMBKV_OK && !strstr(embkv_errmsg(), "inside an embkv_update_batch callback"))
+            c->bad_msg = true;
+    /* (the last message: the backup's) */
+    if (!strstr(embkv_errmsg(), "embkv_backup_begin inside an embkv_update_batch callback"))
+        c->bad_msg = true;
+    if (snap) embkv_snapshot_close(snap);
+    if (b) embkv_backup_finish(b, NULL);
+    /* Reads and pins do not wait for the batch. */
+    float w[DIM];
+    c->got = embkv_get(s, id, w, NULL, NULL);
+    c->seen0 = w[0];
+    c->scanned = embkv_scan(s, cb_scan_fn, NULL);
+    c->searched = embkv_knn(s, q, 1, 1, NULL, kid, dist, &found);
+    embkv_scan_pin(s);
+    embkv_scan_unpin(s);
+    vec[0] += 1;
+    return 0;
+}
+
+static void test_update_callback(void)
+{
+    /* A hang (the old behaviour of the first put) fails the test. */
+    alarm(20);
+    for (int cached = 0; cached < 2; cached++) {
+        const char *dir = test_tmpdir(cached ? "cb_cached" : "cb_plain");
+        embkv_options o = opts(DIM, 0);
+        o.cache_size = cached ? 1u << 20 : 0;
+        embkv_store *s = NULL;
+        float v[DIM], before[DIM];
+        CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+        if (!s) continue;
+        for (int64_t id = 1; id <= 3; id++) {
+            make_vec(id, 1, v, DIM);
+            CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+        }
+        CHECK_RC(embkv_get(s, 1, before, NULL, NULL), EMBKV_OK);
+        cb_ctx c = {.s = s};
+        int64_t ids[2] = {1, 2};
+        size_t nupd = 0;
+        CHECK_RC(embkv_update_batch(s, ids, 2, cb_writer, &c, 0, &nupd), EMBKV_OK);
+        CHECK(nupd == 2 && c.calls == 2);
+        for (int j = 0; j < CB_CALLS; j++) {
+            CHECK_RC(c.rc[j], EMBKV_BUSY);
+            if (c.rc[j] != EMBKV_BUSY) fprintf(stderr, "    (call %d of the callback)\n", j);
+        }
+        CHECK(!c.bad_msg);
+        CHECK_RC(c.got, EMBKV_OK);
+        CHECK(c.seen0 == before[0]);  /* the row as it was before the batch */
+        CHECK_RC(c.scanned, EMBKV_OK);
+        CHECK_RC(c.searched, EMBKV_OK);
+        /* Nothing the callback tried went in; the batch's own update did. */
+        CHECK_RC(embkv_get(s, 1, v, NULL, NULL), EMBKV_OK);
+        CHECK(v[0] == before[0] + 1);
+        CHECK_RC(embkv_get(s, 500, v, NULL, NULL), EMBKV_NOTFOUND);
+        CHECK(embkv_count(s) == 3);
+        /* Outside the callback all of it works again. */
+        make_vec(4, 1, v, DIM);
+        CHECK_RC(embkv_put(s, 4, v, NULL, 0), EMBKV_OK);
+        CHECK_RC(embkv_sync(s), EMBKV_OK);
+        CHECK_RC(embkv_check(s), EMBKV_OK);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    alarm(0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1013,5 +1132,6 @@ int main(int argc, char **argv)
     test_locked();
     test_pool_flock();
     test_destroy();
+    test_update_callback();
     return test_summary("test_errors");
 }

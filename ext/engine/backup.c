@@ -325,6 +325,7 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     if (!s || !dir || !*dir)
         return embkv__err(EMBKV_INVALID, "embkv_backup_begin: NULL store or empty directory name");
     FORK_REFUSE(s, "embkv_backup_begin");
+    CALLBACK_REFUSE(s, "embkv_backup_begin");
     if (group_held(s))
         return embkv__err(EMBKV_BUSY, "store %s: a backup cannot begin inside a write group of the same thread",
                           s->path);

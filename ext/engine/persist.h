@@ -119,6 +119,20 @@ int rd_refuse(embkv_store *s, const char *fn);
  * a read is unprotected from the parent's reuse of records.  Every entry
  * point refuses it: EMBKV_READONLY naming fn and both processes. */
 int fork_refused(embkv_store *s, const char *fn);
+/* Update callbacks (embkv_update_batch's fn) running in this thread: the
+ * batch holds its rows' key locks (stripes of ids), the writer lock shared,
+ * an epoch and a write group, so a call from the callback that takes a key
+ * lock, the writer lock exclusively, or waits for the epochs or the groups
+ * could wait for its own thread.  write.c counts them around each call. */
+extern _Thread_local unsigned update_fn_depth;
+/* EMBKV_BUSY naming fn: what a store call that could wait for the batch
+ * around it answers inside an update callback (CALLBACK_REFUSE). */
+int callback_refused(embkv_store *s, const char *fn);
+#define CALLBACK_REFUSE(s, fn)                                                                                       \
+    do {                                                                                                             \
+        if (update_fn_depth)                                                                                         \
+            return callback_refused((s), (fn));                                                                      \
+    } while (0)
 /* Whether s was opened by another process (inherited through fork()). */
 static inline bool handle_forked(const embkv_store *s) { return (long)s->pid != proc_pid(); }
 #define FORK_REFUSE(s, fn)                                                                                           \
@@ -126,10 +140,12 @@ static inline bool handle_forked(const embkv_store *s) { return (long)s->pid != 
         if ((s) && handle_forked(s))                                                                                 \
             return fork_refused((s), (fn));                                                                          \
     } while (0)
-/* The gate of every function that changes the store. */
+/* The gate of every function that changes the store (none runs inside an
+ * update callback: CALLBACK_REFUSE). */
 #define RO_REFUSE(s, fn)                                                                                             \
     do {                                                                                                             \
         FORK_REFUSE(s, fn);                                                                                          \
+        CALLBACK_REFUSE(s, fn);                                                                                      \
         if ((s) && (s)->reader)                                                                                      \
             return rd_refuse((s), (fn));                                                                             \
     } while (0)

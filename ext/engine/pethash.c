@@ -491,8 +491,10 @@ void embkv_scan_pin(embkv_store *s)
     for (;;) {
         atomic_fetch_add(&s->scan_pins, 1);
         /* A resize waiting for scans to end must not be starved by new ones
-         * (unless this thread already scans: it could wait for itself). */
-        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0)
+         * (unless this thread already scans, or runs an update callback
+         * whose batch holds the writer lock the resize waits for: it could
+         * wait for itself). */
+        if (!atomic_load(&s->grow_pending) || scan_pins_here > 0 || update_fn_depth)
             break;
         atomic_fetch_sub(&s->scan_pins, 1);
         while (atomic_load(&s->grow_pending))
@@ -504,9 +506,13 @@ void embkv_scan_pin(embkv_store *s)
     while (atomic_load(&s->moves_inflight) > 0)
         sched_yield();
     scan_pins_here++;
-    /* A resize that started before the pin finishes before we go on. */
-    pthread_rwlock_rdlock(&s->writers);
-    pthread_rwlock_unlock(&s->writers);  /* (nothing changed: P11) */
+    /* A resize that started before the pin finishes before we go on.  (An
+     * update callback's batch holds the writer lock shared: no resize
+     * runs, and a second shared lock would wait behind a waiting one.) */
+    if (!update_fn_depth) {
+        pthread_rwlock_rdlock(&s->writers);
+        pthread_rwlock_unlock(&s->writers);  /* (nothing changed: P11) */
+    }
 }
 
 void embkv_scan_unpin(embkv_store *s)

@@ -837,6 +837,17 @@ int fork_refused(embkv_store *s, const char *fn)
                       "here, read-only to read beside the parent)", fn, s->path, (long)s->pid, proc_pid());
 }
 
+_Thread_local unsigned update_fn_depth;
+
+int callback_refused(embkv_store *s, const char *fn)
+{
+    return embkv__err(EMBKV_BUSY, "%s inside an embkv_update_batch callback (store %s): the batch holds its rows' "
+                      "locks until it returns, and this call could wait for them; no call that changes a store "
+                      "(nor a check, snapshot or backup) may be made from the callback: note what to change in "
+                      "the callback's ctx and make the change after embkv_update_batch returns", fn,
+                      s ? s->path : "(NULL)");
+}
+
 int rd_refuse(embkv_store *s, const char *fn)
 {
     long w = readers_writer_pid(s);

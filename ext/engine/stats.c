@@ -16,6 +16,8 @@ int embkv_check(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_check: store is NULL");
+    /* (It takes the writer lock exclusively: a batch around holds it shared.) */
+    CALLBACK_REFUSE(s, "embkv_check");
     if (s->reader)
         return embkv__err(EMBKV_READONLY, "embkv_check: store %s is open read-only in this process: its counts "
                           "are the writer's; check it in the process that writes it (or with none open)", s->path);

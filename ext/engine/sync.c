@@ -225,6 +225,7 @@ int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
     if (!s || !out)
         return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
     FORK_REFUSE(s, "embkv_snapshot_open");
+    CALLBACK_REFUSE(s, "embkv_snapshot_open");
     *out = NULL;
     if (s->reader) {
         /* Held open: what its reads may reach stays unreused (R1). */

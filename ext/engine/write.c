@@ -157,6 +157,17 @@ static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, co
 }
 
 
+/* The update's fn, counted in update_fn_depth while it runs: a store call
+ * from it that could wait for the locks this batch holds is refused
+ * (CALLBACK_REFUSE) rather than deadlocking. */
+static int call_fn(const write_req *w, int64_t id, float *vec, float *state)
+{
+    update_fn_depth++;
+    int r = w->fn(w->ctx, w->index, id, vec, state);
+    update_fn_depth--;
+    return r;
+}
+
 /* An update's fn over a row whose payload (vector as the store's dtype,
  * then state) is at p, about to get clock `clock`: in place for float32;
  * for another dtype through w->rowbuf, decoded, and encoded back unless
@@ -170,12 +181,12 @@ static int run_fn(embkv_store *s, const write_req *w, int64_t id, void *p, uint6
     *err = EMBKV_OK;
     if (s->dtype == EMBKV_F32) {
         float *v = p;
-        return w->fn(w->ctx, w->index, id, v, v + s->dim);
+        return call_fn(w, id, v, v + s->dim);
     }
     float *buf = w->rowbuf, *st = (float *)((char *)p + s->vec_bytes);
     dtype_decode((int)s->dtype, s->dim, p, buf);
     memcpy(buf + s->dim, st, 4 * (size_t)s->state_floats);
-    int r = w->fn(w->ctx, w->index, id, buf, buf + s->dim);
+    int r = call_fn(w, id, buf, buf + s->dim);
     if (r)
         return r;
     uint64_t seed = atomic_load_explicit(&s->round_seed, memory_order_relaxed) ^ ((uint64_t)id * 0xd6e8feb86659fd93ull) ^
@@ -259,7 +270,7 @@ static int write_row(embkv_store *s, index_desc *ix, int64_t id, uint64_t h, uin
         }
     } else {
         if (!live && !(w->flags & EMBKV_UPDATE_CREATE)) {
-            w->fn(w->ctx, w->index, id, NULL, NULL);
+            (void)call_fn(w, id, NULL, NULL);  /* (told only: nothing to skip) */
             return EMBKV_BUSY;
         }
         if (live)
