@@ -511,8 +511,11 @@ int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info);
  * export applies it to its file. */
 int embkv_path_outside(embkv_store *s, const char *path);
 
-/* Verify the index and records (checksums, overflow counters, row count).
- * Returns EMBKV_CORRUPT with a message naming the first problem. */
+/* Verify the index and records (checksums, overflow counters, row count),
+ * the SSD log's records too (each row's read and checked, as embkv_get
+ * does: a missing, truncated or damaged segment is corruption).  Returns
+ * EMBKV_CORRUPT with a message naming the first problem (for a row, the
+ * message embkv_get gives for it).  Writers wait while it runs. */
 int embkv_check(embkv_store *s);
 
 typedef struct embkv_stats {

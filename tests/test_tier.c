@@ -537,6 +537,25 @@ static uint64_t *make_logged_store(const char *root, const char *name, size_t n,
     return gen;
 }
 
+/* embkv_check finds the damage of a log-resident row (it read none and
+ * answered OK): EMBKV_CORRUPT naming the first bad row and its segment
+ * file, with embkv_get's message for that row word for word. */
+static void check_finds_damage(embkv_store *s, const char *seg, const char *what)
+{
+    CHECK_RC(embkv_check(s), EMBKV_CORRUPT);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", embkv_errmsg());
+    const char *p = strstr(msg, "id ");
+    CHECK(p && strstr(msg, seg) && strstr(msg, what));
+    if (!p) {
+        fprintf(stderr, "    embkv_check: %s\n", msg);
+        return;
+    }
+    float v[DIM];
+    CHECK_RC(embkv_get(s, strtoll(p + 3, NULL, 10), v, NULL, NULL), EMBKV_CORRUPT);
+    CHECK(strcmp(embkv_errmsg(), msg) == 0);
+}
+
 static void test_damaged_log(const char *root)
 {
     char dir[600], logdir[700], path[800];
@@ -571,6 +590,7 @@ static void test_damaged_log(const char *root)
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     CHECK(st.rows == n);
     CHECK(st.ssd_damaged_segments == 1);  /* the cut one: a flipped record is found when read */
+    check_finds_damage(s, ".log", "damaged");
     /* Where each row is needs no record: every row found, damaged or not. */
     {
         int64_t *all = malloc(n * sizeof *all);
@@ -644,6 +664,7 @@ static void test_damaged_log(const char *root)
                 CHECK_RC(embkv_sync(s), EMBKV_OK);
         }
     CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_check(s), EMBKV_OK);  /* (every row left reads) */
     CHECK_RC(embkv_close(s), EMBKV_OK);
 
     /* The newest segment's file deleted: the store opens (the checkpoint's
@@ -656,6 +677,7 @@ static void test_damaged_log(const char *root)
     snprintf(path, sizeof path, "%s/%s", logdir, gone);
     CHECK(unlink(path) == 0);
     CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    check_finds_damage(s, gone, "its file is missing");
     int64_t f3 = -1, c3 = -1;
     damage_count e = read_damaged(s, gen, n, segs[0], gone, "missing", &f3, &c3);
     fprintf(stderr, "damaged log: newest segment %s deleted: %zu rows fail, %zu read\n", gone, e.truncated, e.ok);

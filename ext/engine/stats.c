@@ -12,6 +12,27 @@
 
 #include "top.h"
 
+/* Log-resident rows embkv_check reads at a time. */
+#define CHECK_LOG_BATCH 256
+
+/* Reads the n log records of ids at locs, as a read does (inside an epoch,
+ * so no record it may reach is reused meanwhile; tier_read checks each
+ * one's id and checksum): what embkv_get of the first bad row would
+ * report (EMBKV_CORRUPT naming the id and the segment, a missing or
+ * truncated one included), or EMBKV_OK. */
+static int check_log_rows(embkv_store *s, const int64_t *ids, const uint64_t *locs, size_t n)
+{
+    if (n == 0)
+        return EMBKV_OK;
+    rec_hdr *recs[CHECK_LOG_BATCH];
+    char *buf = NULL;
+    ebr_enter();
+    int rc = tier_read(s, ids, locs, n, &buf, recs, false);
+    ebr_leave();
+    free(buf);
+    return rc;
+}
+
 int embkv_check(embkv_store *s)
 {
     if (!s)
@@ -21,10 +42,17 @@ int embkv_check(embkv_store *s)
     if (s->reader)
         return embkv__err(EMBKV_READONLY, "embkv_check: store %s is open read-only in this process: its counts "
                           "are the writer's; check it in the process that writes it (or with none open)", s->path);
+    /* Held exclusively for the whole pass: no index entry changes, so the
+     * log records the index names stay live (no compaction or demotion
+     * switches a row meanwhile; their segments stay). */
     pthread_rwlock_wrlock(&s->writers);
     index_desc *ix = atomic_load(&s->ix);
     int rc = EMBKV_OK;
     uint64_t rows = 0, entries = 0;
+    /* Log-resident rows, read in batches as the pass finds them. */
+    int64_t log_ids[CHECK_LOG_BATCH];
+    uint64_t log_locs[CHECK_LOG_BATCH];
+    size_t nlog = 0;
     uint32_t *want = calloc(ix->nbuckets, sizeof *want);
     size_t total = (size_t)s->nchunks * s->recs_per_chunk;
     uint8_t *seen = calloc(total ? total : 1, 1);
@@ -59,13 +87,22 @@ int embkv_check(embkv_store *s)
             for (uint64_t x = h & ix->mask; x != b; x = (x + step) & ix->mask)
                 want[x]++;
             if (loc & LOC_SSD) {
-                /* Its record is the log's: checked where it is read. */
+                /* Its record is the log's: read and checked as embkv_get
+                 * reads it (a tombstone has none). */
                 if (!s->log || !log_loc_plausible(s->log, loc)) {
                     rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the SSD log", s->path,
                                     (long long)id);
                     break;
                 }
+                if (!(loc & LOC_TOMB)) {
+                    log_ids[nlog] = id;
+                    log_locs[nlog++] = loc;
+                }
                 rows++;
+                if (nlog == CHECK_LOG_BATCH) {
+                    rc = check_log_rows(s, log_ids, log_locs, nlog);
+                    nlog = 0;
+                }
                 continue;
             }
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
@@ -89,6 +126,8 @@ int embkv_check(embkv_store *s)
                 rows++;
         }
     }
+    if (rc == EMBKV_OK)
+        rc = check_log_rows(s, log_ids, log_locs, nlog);
     for (uint64_t b = 0; b < ix->nbuckets && rc == EMBKV_OK; b++)
         if (ix->buckets[b].overflow != want[b])
             rc = embkv__err(EMBKV_CORRUPT, "store %s: bucket %llu: overflow counter %u, expected %u",
