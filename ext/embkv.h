@@ -654,7 +654,9 @@ void embkv_train_defaults(embkv_train_options *o);
  * sgd 0, adagrad dim, adam 2*dim + 1. */
 uint32_t embkv_train_state_floats(const embkv_train_options *o, uint32_t dim);
 /* Validates and installs the training options of an open store (all its
- * handles and sessions share them); may be called again to change them. */
+ * handles and sessions share them); may be called again to change them.
+ * Pulls waiting for a permit then wait under the new staleness bound (a
+ * bound raised or lifted lets them go at once), within their own wait_ms. */
 int embkv_train_configure(embkv_store *s, const embkv_train_options *o);
 
 typedef struct embkv_session embkv_session;

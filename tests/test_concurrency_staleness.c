@@ -24,6 +24,9 @@
  *     stats count every pull and timeout exactly, values and clocks equal the
  *     pushes made, and nothing stays held by timed-out pulls or closed
  *     sessions (a final BSP pull of every id succeeds).
+ *  D. New options wake the waiters: a pull blocked at staleness 0 goes
+ *     through as soon as embkv_train_configure raises the bound (to 1, or
+ *     unlimited), not after its wait_ms with "staleness bound 0 reached".
  * Also built and run under TSan.  Iterations scale with EMBKV_TEST_SCALE.
  */
 #include "embkv.h"
@@ -516,6 +519,53 @@ static void test_timeouts_under_contention(void)
     CHECK_RC(embkv_close(C_store), EMBKV_OK);
 }
 
+/* ================================================================ D */
+
+static void test_reconfigure_wakes(void)
+{
+    const int64_t bounds[2] = {EMBKV_STALENESS_UNLIMITED, 1};
+    for (int k = 0; k < 2; k++) {
+        embkv_store *s = open_store(k ? "reconf1" : "reconf_unlimited", 0, 5000);
+        embkv_session *h, *w;
+        CHECK_RC(embkv_session_open(s, &h), EMBKV_OK);
+        CHECK_RC(embkv_session_open(s, &w), EMBKV_OK);
+        int64_t id = 7;
+        float out[DIM];
+        CHECK_RC(embkv_pull(h, &id, 1, out), EMBKV_OK);
+        b_job j = {.ss = w, .id = id};
+        pthread_t pt;
+        if (pthread_create(&pt, NULL, b_waiter, &j) != 0) {
+            perror("pthread_create");
+            exit(2);
+        }
+        while (atomic_load(&j.phase) < 1)
+            sched_yield();
+        sleep_ms(50);  /* let it block */
+        CHECK(atomic_load(&j.phase) == 1);
+        embkv_train_options o;
+        embkv_train_defaults(&o);
+        o.optimizer = EMBKV_SGD;
+        o.lr = 1.0;
+        o.init = EMBKV_INIT_ZEROS;
+        o.staleness = bounds[k];
+        o.wait_ms = 5000;
+        double t_conf = now_ms();
+        CHECK_RC(embkv_train_configure(s, &o), EMBKV_OK);
+        pthread_join(pt, NULL);
+        CHECK_RC(j.rc, EMBKV_OK);
+        double lat = j.t_ret - t_conf;
+        printf("reconfigure to staleness %lld: the waiter went through after %.3f ms (wait_ms 5000)\n",
+               (long long)bounds[k], lat);
+        CHECK(lat < 1000);
+        size_t nr;
+        CHECK_RC(embkv_release(h, &id, 1, &nr), EMBKV_OK);
+        CHECK_RC(embkv_release(w, &id, 1, &nr), EMBKV_OK);
+        embkv_session_close(h);
+        embkv_session_close(w);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -527,6 +577,7 @@ int main(void)
     test_bounded(3);
     test_wake_latency();
     test_timeouts_under_contention();
+    test_reconfigure_wakes();
     fold_thread_checks();
     printf("test_concurrency_staleness: %.0f ms\n", now_ms() - t0);
     return test_summary("test_concurrency_staleness");

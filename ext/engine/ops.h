@@ -20,8 +20,18 @@ typedef struct permit_table permit_table;
 permit_table *permits_new(void);
 void permits_free(permit_table *pt);
 /* One permit on id while fewer than bound are out, waiting until deadline
- * (CLOCK_MONOTONIC): EMBKV_OK, EMBKV_BUSY (timed out) or EMBKV_NOMEM. */
-int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited);
+ * (CLOCK_MONOTONIC): EMBKV_OK, EMBKV_BUSY (timed out), EMBKV_NOMEM, or
+ * PERMIT_RECHECK (nothing taken) once the table's generation is no longer
+ * gen, the one bound was read under: the options changed, read them and
+ * the generation again and call again. */
+#define PERMIT_RECHECK 0x5052
+int permit_take(permit_table *pt, int64_t id, unsigned bound, unsigned gen, const struct timespec *deadline,
+                bool *waited);
+/* The generation: permits_bump changes it (with new options, under the
+ * lock they are read under), then permits_wake wakes every waiter. */
+unsigned permits_gen(permit_table *pt);
+void permits_bump(permit_table *pt);
+void permits_wake(permit_table *pt);
 void permit_return(permit_table *pt, int64_t id);
 unsigned permit_count(permit_table *pt, int64_t id);
 /* Runs fn(ctx) (its result in *rc) only while id has no permit out, with

@@ -12,6 +12,11 @@
  * not the ids ever pulled.  A returning permit wakes the stripe's waiters
  * only when there are some.  Waits use CLOCK_MONOTONIC deadlines.
  *
+ * The bound is the caller's, from the options as they were when it read
+ * them; new options (embkv_train_configure) bump the table's generation
+ * and wake every waiter, and a waiter that finds the generation moved
+ * returns PERMIT_RECHECK for its caller to read the options again.
+ *
  * Why mutexes and not one atomic per id: an id's counter must come and go
  * with its permits (billions of ids, a few thousand in flight), and a table
  * whose slots move cannot be updated with a lone compare-and-swap; 1024
@@ -44,7 +49,25 @@ typedef struct pstripe {
 
 struct permit_table {
     pstripe stripes[PERMIT_STRIPES];
+    atomic_uint gen;           /* bumped by new options (permits_bump) */
 };
+
+unsigned permits_gen(permit_table *pt) { return atomic_load(&pt->gen); }
+
+void permits_bump(permit_table *pt) { atomic_fetch_add(&pt->gen, 1); }
+
+void permits_wake(permit_table *pt)
+{
+    /* Each stripe's lock is taken: a waiter that read the generation
+     * before the bump is inside its wait by then, and is woken. */
+    for (int i = 0; i < PERMIT_STRIPES; i++) {
+        pstripe *ps = &pt->stripes[i];
+        pthread_mutex_lock(&ps->mu);
+        if (ps->waiters)
+            pthread_cond_broadcast(&ps->cv);
+        pthread_mutex_unlock(&ps->mu);
+    }
+}
 
 permit_table *permits_new(void)
 {
@@ -105,7 +128,8 @@ static int grow(pstripe *ps)
     return EMBKV_OK;
 }
 
-int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct timespec *deadline, bool *waited)
+int permit_take(permit_table *pt, int64_t id, unsigned bound, unsigned gen, const struct timespec *deadline,
+                bool *waited)
 {
     uint64_t h = embkv__hash(id);
     pstripe *ps = stripe_for(pt, h);
@@ -123,6 +147,10 @@ int permit_take(permit_table *pt, int64_t id, unsigned bound, const struct times
                 ps->n++;
             }
             ps->tab[i].count++;
+            break;
+        }
+        if (atomic_load(&pt->gen) != gen) {
+            rc = PERMIT_RECHECK;  /* the bound may be another now */
             break;
         }
         *waited = true;

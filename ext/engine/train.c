@@ -195,6 +195,8 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
     } else {
         pthread_mutex_lock(&t->mu);
         t->opt = *o;
+        /* (With the options, under their lock: a pull reads both at once.) */
+        permits_bump(t->permits);
         pthread_mutex_unlock(&t->mu);
     }
     /* The counts, once admission is asked for (kept if it is turned off
@@ -210,13 +212,28 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
     pthread_mutex_unlock(&s->slab_mu);
     atomic_store(&s->round_seed, o->seed ^ 0x726f756e64696e67ull);
     atomic_store(&s->round_stochastic, o->rounding == EMBKV_ROUND_STOCHASTIC);
-    return evict_configure(s, o, t->permits);
+    rc = evict_configure(s, o, t->permits);
+    /* Pulls waiting for a permit wait under the options they read: they
+     * take the new ones (a bound raised or lifted lets them go at once). */
+    permits_wake(t->permits);
+    return rc;
 }
 
 static embkv_train_options options_now(struct train_state *t)
 {
     pthread_mutex_lock(&t->mu);
     embkv_train_options o = t->opt;
+    pthread_mutex_unlock(&t->mu);
+    return o;
+}
+
+/* The options with the permit table's generation they were read under
+ * (take_permits). */
+static embkv_train_options options_gen(struct train_state *t, unsigned *gen)
+{
+    pthread_mutex_lock(&t->mu);
+    embkv_train_options o = t->opt;
+    *gen = permits_gen(t->permits);
     pthread_mutex_unlock(&t->mu);
     return o;
 }
@@ -586,12 +603,24 @@ int embkv_pull(embkv_session *ss, const int64_t *ids, size_t n, float *out)
     return embkv_pull_ex(ss, ids, n, out, 0);
 }
 
+/* The permits a pull may find out on an id before it waits (0: none
+ * taken).  With eviction on, every pull holds its rows until their push
+ * (a bound of its own that is never reached in practice). */
+static unsigned permit_bound(embkv_store *s, const embkv_train_options *o)
+{
+    return o->staleness != EMBKV_STALENESS_UNLIMITED ? (unsigned)o->staleness + 1
+           : evict_holds_pulls(s)                     ? STALENESS_LIMIT
+                                                      : 0;
+}
+
 /* A pull's permits: one per distinct id of ids (with EMBKV_PULL_ONCE,
- * none on those the session holds one on), waiting up to wait_ms.  On
- * success *st holds the ids this call took one on (*taken of them; NULL
- * without a bound), for a failure later to give back; on failure nothing
- * is held. */
-static int take_permits(embkv_session *ss, struct train_state *t, const embkv_train_options *o,
+ * none on those the session holds one on), waiting up to wait_ms.  o and
+ * gen as options_gen read them; new options installed meanwhile apply
+ * from the next id, and to the id waited on (its wait is woken): a bound
+ * lifted takes no more permits.  On success *st holds the ids this call
+ * took one on (*taken of them; NULL without a bound), for a failure later
+ * to give back; on failure nothing is held. */
+static int take_permits(embkv_session *ss, struct train_state *t, const embkv_train_options *o, unsigned gen,
                         const int64_t *ids, size_t n, unsigned flags, int64_t **st_out, size_t *taken_out)
 {
     embkv_store *s = ss->s;
@@ -599,13 +628,10 @@ static int take_permits(embkv_session *ss, struct train_state *t, const embkv_tr
     size_t nst = 0, taken = 0;
     *st_out = NULL;
     *taken_out = 0;
-    /* With eviction on, every pull holds its rows until their push (a
-     * bound of its own that is never reached in practice). */
-    unsigned bound = o->staleness != EMBKV_STALENESS_UNLIMITED ? (unsigned)o->staleness + 1
-                     : evict_holds_pulls(s)                     ? STALENESS_LIMIT
-                                                                : 0;
+    unsigned bound = permit_bound(s, o);
     if (!bound)
         return EMBKV_OK;
+    embkv_train_options cur = *o;  /* (read again when they change) */
     st = sorted_distinct(ids, n, &nst);
     if (!st)
         return embkv__err(EMBKV_NOMEM, "embkv_pull: out of memory");
@@ -626,7 +652,15 @@ static int take_permits(embkv_session *ss, struct train_state *t, const embkv_tr
         if ((flags & EMBKV_PULL_ONCE) && held_has(ss, id))
             continue;
         bool waited = false;
-        int prc = permit_take(t->permits, id, bound, &deadline, &waited);
+        int prc;
+        while ((prc = permit_take(t->permits, id, bound, gen, &deadline, &waited)) == PERMIT_RECHECK) {
+            cur = options_gen(t, &gen);
+            if (!(bound = permit_bound(s, &cur)))
+                break;
+        }
+        waited_any |= waited;
+        if (prc == PERMIT_RECHECK)
+            break;  /* no bound now: the rest are pulled without a permit */
         if (prc != EMBKV_OK) {
             return_taken(ss, t, st, taken);
             free(st);
@@ -638,9 +672,8 @@ static int take_permits(embkv_session *ss, struct train_state *t, const embkv_tr
             return embkv__err(EMBKV_BUSY,
                               "id %lld: staleness bound %lld reached: still %lld pulls without a push "
                               "after %u ms",
-                              (long long)id, (long long)o->staleness, (long long)o->staleness + 1, o->wait_ms);
+                              (long long)id, (long long)cur.staleness, (long long)cur.staleness + 1, o->wait_ms);
         }
-        waited_any |= waited;
         if (held_add(ss, id) != EMBKV_OK) {
             permit_return(t->permits, id);
             return_taken(ss, t, st, taken);
@@ -747,10 +780,11 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
     FORK_REFUSE(ss->s, "embkv_pull");
     embkv_store *s = ss->s;
     struct train_state *t = train_of(s);
-    embkv_train_options o = options_now(t);
+    unsigned gen;
+    embkv_train_options o = options_gen(t, &gen);
     int64_t *st = NULL;
     size_t taken = 0;
-    if ((rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken)) != EMBKV_OK)
+    if ((rc = take_permits(ss, t, &o, gen, ids, n, flags, &st, &taken)) != EMBKV_OK)
         return rc;
     uint8_t *found = malloc(n);
     size_t missing = 0;
@@ -780,10 +814,11 @@ int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev
     if ((rc = gpu_target_check(s, dev_out)) != EMBKV_OK)
         return rc;
     struct train_state *t = train_of(s);
-    embkv_train_options o = options_now(t);
+    unsigned gen;
+    embkv_train_options o = options_gen(t, &gen);
     int64_t *st = NULL;
     size_t taken = 0;
-    if ((rc = take_permits(ss, t, &o, ids, n, flags, &st, &taken)) != EMBKV_OK)
+    if ((rc = take_permits(ss, t, &o, gen, ids, n, flags, &st, &taken)) != EMBKV_OK)
         return rc;
     uint8_t *found = malloc(n), *given = NULL;
     float *given_rows = NULL;
