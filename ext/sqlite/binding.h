@@ -342,6 +342,8 @@ int ekusers_add(const char *dir, const ekuser *self, int *made, int *listed, cha
 int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsigned dim, const char *path, int readonly,
                   int trust_copies, int list_copy, char **err);
 int ekusers_remove(const char *dir, const ekuser *self);
+/* What ekusers_remove of each of gone would leave, the list unchanged. */
+int ekusers_left_after(const char *dir, const ekuser *const *gone, int ngone);
 void ekusers_self(sqlite3 *db, const char *zDb, const char *tid, ekuser *out);
 
 /* 1 if dir's list names no table but tid (in any file) or dir has no list;
@@ -493,15 +495,16 @@ void ekwbuf_release(ekwbuf *wb, ekconn *c);
 void ekwbuf_begin(ekwbuf *wb);
 /* COMMIT phase one (writes and syncs; SQLite rc, *msg says why it failed),
  * the end of the transaction, and its rollback (undoing phase one). */
-int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg);
+int ekwbuf_sync(ekwbuf *wb, ekconn *c, char **msg);
 void ekwbuf_end(ekwbuf *wb);
 void ekwbuf_rollback(ekwbuf *wb);
 /* Before the transaction changes after a failed second phase: puts the
  * store back (an SQLite rc). */
 int ekwbuf_unsync(ekwbuf *wb);
-/* v: the table whose xSync this is, which keeps the commit record
- * (journal.c), or another table of the connection when it cannot (a
- * dropped table's writes); NULL: no journal. */
+/* Whatever may refuse the COMMIT, before any store is written: the
+ * fork check, a DROP beside a reader, the commit records, SQLite's locks
+ * (every xSync calls it; an SQLite rc, *msg says why). */
+int ekconn_commit_prepare(ekconn *c, char **msg);
 
 /* ========================================================================
  * journal.c: the commit journal (SQLite's file decides a COMMIT; J1-J4
@@ -532,6 +535,9 @@ int ekjournal_recover(ekvtab *v, int writer, char **err);
  * DROP made embkv_pending part of the transaction, and its xSync, xCommit
  * and xRollback call these. */
 int ekconn_sync_stranded(ekconn *c, char **msg);
+/* SQLITE_BUSY with *msg when a COMMIT would remove a store another process
+ * reads (a DROP of its last table). */
+int ekconn_pend_refuse_readers(ekconn *c, char **msg);
 void ekconn_end_stranded(ekconn *c, int commit);
 /* xSavepoint, xRelease or xRollbackTo for every buffer of the transaction,
  * from embkv_pending (idempotent for buffers whose tables heard it too). */

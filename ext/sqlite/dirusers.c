@@ -312,21 +312,44 @@ int ekusers_admit(const char *dir, const ekuser *self, const char *table, unsign
     return rc;
 }
 
+/* U3: takes self's line off l (or the line without an identity that
+ * stands for it); another file's line for the same table stays.  Whether
+ * one went. */
+static int drop_line(userlist *l, const ekuser *self)
+{
+    int w = 0, gone = 0;
+    for (int i = 0; i < l->n; i++) {
+        int match = !gone && strcmp(l->u[i].tid, self->tid) == 0 && (same_file(&l->u[i], self) || !l->u[i].known);
+        if (match) gone = 1;
+        else l->u[w++] = l->u[i];
+    }
+    l->n = w;
+    return gone;
+}
+
+int ekusers_left_after(const char *dir, const ekuser *const *gone, int ngone)
+{
+    userlist l;
+    pthread_mutex_lock(&users_mu);
+    int n = read_users(dir, &l);
+    pthread_mutex_unlock(&users_mu);
+    if (n == 0) {
+        for (int i = 0; i < ngone; i++) drop_line(&l, gone[i]);
+        n = l.n + l.external;
+    } else if (n == -3) {
+        n = -1;
+    }
+    free(l.u);
+    return n;
+}
+
 int ekusers_remove(const char *dir, const ekuser *self)
 {
     userlist l;
     pthread_mutex_lock(&users_mu);
     int n = read_users(dir, &l);
     if (n == 0) {
-        /* U3: this file's line (or the line without an identity that
-         * stands for it); another file's line for the same table stays. */
-        int w = 0, gone = 0;
-        for (int i = 0; i < l.n; i++) {
-            int match = !gone && strcmp(l.u[i].tid, self->tid) == 0 && (same_file(&l.u[i], self) || !l.u[i].known);
-            if (match) gone = 1;
-            else l.u[w++] = l.u[i];
-        }
-        l.n = w;
+        int gone = drop_line(&l, self);
         if (gone && write_users(dir, &l) != 0) {
             sqlite3_log(SQLITE_WARNING, "embkv: cannot update %s/%s: %s", dir, USERS_FILE, strerror(errno));
             n = -2;

@@ -53,10 +53,13 @@
  *       its write, as the last writer does everywhere else (txn.c's
  *       still_written for a ROLLBACK, put_back here).
  *
- * Step 0, before any of it (ekjournal_lock_files): every database file
- * the transaction writes in rollback-journal mode is locked EXCLUSIVE,
- * waiting for readers as SQLite's own COMMIT would (the connection's busy
- * timeout).  SQLite takes that lock only after xSync, so without it the
+ * Step 0, after every buffer's step 1 and before any store is written
+ * (ekconn_commit_prepare, wbuf.c, at the COMMIT's first xSync): every
+ * database file the transaction writes in rollback-journal mode (the
+ * commit records' files among them) is locked EXCLUSIVE, waiting for
+ * readers as SQLite's own COMMIT would (the connection's busy timeout, for
+ * all of them together); a file SQLite does not lock (nolock=1) is left
+ * alone.  SQLite takes that lock only after xSync, so without it the
  * store would hold the COMMIT's rows while SQLite waited for its readers:
  * they and everything reading the store meanwhile would see rows SQLite
  * might never commit, and a push there would train on them.  Holding the
@@ -204,18 +207,19 @@ int ekjournal_lock_files(sqlite3 *db, char **msg)
                                 "SELECT d.name FROM pragma_database_list d WHERE d.name <> 'temp' AND "
                                 "(SELECT lower(journal_mode) FROM pragma_journal_mode WHERE schema = d.name) <> 'wal'",
                                 -1, &st, NULL);
-    int budget = -1; /* ms, read at the first busy file */
+    int budget = -1, waited = 0; /* ms: the busy timeout (read at the first busy file), for the whole COMMIT */
     while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
         const char *name = (const char *)sqlite3_column_text(st, 0);
         if (!name || sqlite3_txn_state(db, name) != SQLITE_TXN_WRITE) continue;
         const char *file = sqlite3_db_filename(db, name);
         sqlite3_file *f = NULL;
-        if (!file || !*file || sqlite3_file_control(db, name, SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f ||
-            !f->pMethods)
+        /* (A file SQLite does not lock, nolock=1, is not locked here: the
+         * pager would never release it.) */
+        if (!file || !*file || sqlite3_uri_boolean(file, "nolock", 0) ||
+            sqlite3_file_control(db, name, SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f || !f->pMethods)
             continue;
         /* SQLite's busy callback's steps, in ms. */
         static const int step[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
-        int waited = 0;
         for (int n = 0;; n++) {
             rc = f->pMethods->xLock(f, SQLITE_LOCK_EXCLUSIVE);
             if ((rc & 0xff) != SQLITE_BUSY) break;
@@ -229,8 +233,8 @@ int ekjournal_lock_files(sqlite3 *db, char **msg)
         if (rc != SQLITE_OK) {
             *msg = (rc & 0xff) == SQLITE_BUSY
                        ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
-                                         "connection's busy timeout); nothing was written and the transaction is "
-                                         "still open: COMMIT again, or ROLLBACK",
+                                         "connection's busy timeout); nothing was written (a COMMIT refused so "
+                                         "keeps its transaction open: COMMIT again, or ROLLBACK)",
                                          file, waited)
                        : sqlite3_mprintf("cannot lock %s to commit: %s; nothing was written", file,
                                          sqlite3_errstr(rc));
@@ -659,6 +663,9 @@ static int readonly_checks(const ekvtab *v)
 int ekjournal_recover(ekvtab *v, int writer, char **err)
 {
     *err = NULL;
+    /* (A connection with PRAGMA query_only on opens the store to read:
+     * one that may not write, here too.) */
+    if (writer && v->store && embkv_readonly(v->store)) writer = 0;
     if (writer ? !ekjournal_wanted(v) : !readonly_checks(v)) return SQLITE_OK;
     int rc = SQLITE_OK;
     uint64_t present = journal_files(v->dir);
@@ -700,7 +707,8 @@ int ekjournal_recover(ekvtab *v, int writer, char **err)
                     *err = sqlite3_mprintf("a COMMIT cut off by a crash left rows that SQLite never committed in "
                                            "its store (journal %s), and a connection that may not write cannot "
                                            "put them back: use the table once from a connection that may write "
-                                           "(any statement on it), then read it here", path);
+                                           "(any statement on it), then open this database again to read it",
+                                           path);
                     rc = SQLITE_READONLY;
                 }
             } else if (holds) {

@@ -1436,7 +1436,7 @@ static int vt_sync(sqlite3_vtab *pv)
     ekvtab *v = (ekvtab *)pv;
     if (!v->wb) return SQLITE_OK;
     char *msg = NULL;
-    int rc = ekwbuf_sync(v->wb, v, &msg);
+    int rc = ekwbuf_sync(v->wb, v->conn, &msg);
     if (rc != SQLITE_OK) ekerr_table(v, "%s", msg ? msg : "COMMIT failed: out of memory");
     sqlite3_free(msg);
     return rc;

@@ -119,37 +119,62 @@ static int test_seam(char **msg)
     return SQLITE_BUSY;
 }
 
-int ekwbuf_sync(ekwbuf *wb, ekvtab *v, char **msg)
+/* The table whose shadow table keeps wb's commit record (journal.c): one
+ * of the connection's tables on wb's store, or another of its tables when
+ * none can (a dropped table's writes); NULL: the COMMIT is not journaled. */
+static ekvtab *record_holder(ekconn *c, ekwbuf *wb)
+{
+    ekvtab *o;
+    for (o = c->tabs; o && !(o->wb == wb && ekjournal_wanted(o)); o = o->next) {}
+    if (!o)
+        for (o = c->tabs; o && !ekjournal_wanted(o); o = o->next) {}
+    return o;
+}
+
+static int pending_writes(const ekwbuf *wb)
+{
+    return wb->in_txn && !wb->synced && ektxn_count(wb->txn) > 0;
+}
+
+/* COMMIT, before any store is written (the first xSync of the COMMIT does
+ * it; the later ones find it done): whatever may refuse the COMMIT refuses
+ * here, so that one refused has written no store, whichever xSync comes
+ * first.  The commit records of every buffer go into SQLite's transaction
+ * first, so that the files they make part of it are locked with the rest
+ * (journal.c, steps 1 and 0). */
+int ekconn_commit_prepare(ekconn *c, char **msg)
 {
     *msg = NULL;
-    if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
-    if (v && v->conn->pid != (long)getpid()) {
+    if (c->pid != (long)getpid()) {
         *msg = sqlite3_mprintf("this connection was opened by process %ld, and this process (%ld) is a fork of it: "
                                "a forked process may not commit through its parent's connection (nor may SQLite's "
                                "own connections be used across fork); open the database in this process",
-                               v->conn->pid, (long)getpid());
+                               c->pid, (long)getpid());
         return SQLITE_READONLY;
     }
-    /* The record goes into the shadow table of v, or of another table of
-     * the connection on this store when v has none (journal.c). */
-    if (v && !ekjournal_wanted(v)) {
-        ekvtab *o;
-        for (o = v->conn->tabs; o && !(o->wb == wb && ekjournal_wanted(o)); o = o->next) {}
-        if (!o)
-            for (o = v->conn->tabs; o && !ekjournal_wanted(o); o = o->next) {}
-        v = o;
+    int rc = ekconn_pend_refuse_readers(c, msg);
+    for (ekwbuf *wb = c->wbufs; wb && rc == SQLITE_OK; wb = wb->next) {
+        if (!pending_writes(wb) || wb->jslot >= 0) continue;
+        ekvtab *o = record_holder(c, wb);
+        if (o) rc = ekjournal_begin(wb, o, msg);
     }
-    int journal = v != NULL;
-    /* (Before the commit lock: a reader this waits for may be a
-     * connection of this process committing to the store too.) */
-    int rc = journal ? ekjournal_lock_files(v->db, msg) : SQLITE_OK;
+    /* (Before any commit lock: a reader this waits for may be a connection
+     * of this process committing to one of the stores.) */
+    if (rc == SQLITE_OK) rc = ekjournal_lock_files(c->db, msg);
+    if (rc != SQLITE_OK)
+        for (ekwbuf *wb = c->wbufs; wb; wb = wb->next)
+            if (pending_writes(wb) && wb->jslot >= 0) ekjournal_end(wb);
+    return rc;
+}
+
+int ekwbuf_sync(ekwbuf *wb, ekconn *c, char **msg)
+{
+    *msg = NULL;
+    if (wb->synced || ektxn_count(wb->txn) == 0) return SQLITE_OK;
+    int rc = ekconn_commit_prepare(c, msg);
     if (rc != SQLITE_OK) return rc;
-    /* The record may make v's file part of the transaction. */
-    int relock = journal && sqlite3_txn_state(v->db, v->zDb) != SQLITE_TXN_WRITE;
     pthread_mutex_t *held = ekreg_commit_lock(wb->store);
-    if (journal) rc = ekjournal_begin(wb, v, msg);
-    if (rc == SQLITE_OK && relock && (rc = ekjournal_lock_files(v->db, msg)) != SQLITE_OK) ekjournal_end(wb);
-    if (rc == SQLITE_OK) rc = wbuf_sync_locked(wb, journal, msg);
+    rc = wbuf_sync_locked(wb, wb->jslot >= 0, msg);
     ekreg_commit_unlock(held);
     return rc == SQLITE_OK ? test_seam(msg) : rc;
 }
@@ -205,13 +230,10 @@ int ekconn_sync_stranded(ekconn *c, char **msg)
     *msg = NULL;
     for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
         if (!stranded(wb, c)) continue;
-        /* The record goes into another table's shadow table (the dropped
-         * table's went with it), whichever store that table uses; with no
-         * such table the COMMIT is not journaled. */
-        ekvtab *o;
-        for (o = c->tabs; o && !ekjournal_wanted(o); o = o->next) {}
+        /* (Its record goes into another table's shadow table, the dropped
+         * table's having gone with it: record_holder.) */
         char *why = NULL;
-        int rc = ekwbuf_sync(wb, o, &why);
+        int rc = ekwbuf_sync(wb, c, &why);
         if (rc != SQLITE_OK) {
             *msg = sqlite3_mprintf("embkv store %s (written through a table dropped in this transaction): %s",
                                    wb->dir, why ? why : "out of memory");

@@ -216,7 +216,14 @@ class CommitTest(TempDirTest):
                          f"embkv table t: a COMMIT cut off by a crash left rows that SQLite never committed in its "
                          f"store (journal {os.path.realpath(self.journal)}), and a connection that may not write "
                          "cannot put them back: use the table once from a connection that may write (any "
-                         "statement on it), then read it here")
+                         "statement on it), then open this database again to read it")
+        # PRAGMA query_only reads the store as a reader too: the same.
+        q = connect(self.db)
+        q.execute("PRAGMA query_only=1")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            q.execute("SELECT count(*) FROM t").fetchone()
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_READONLY)
+        q.close()
         # Damaged: refused as a writer refuses it.
         with open(self.journal, "r+b") as f:
             f.seek(72 + 32 + 2)
@@ -246,6 +253,49 @@ class CommitTest(TempDirTest):
                          f"embkv table t: cannot open its store's commit journal {os.path.realpath(bad)}: Is a "
                          "directory (give this process read and write access to it: it may hold the rows of a "
                          "COMMIT cut off by a crash, which the table puts back)")
+        c.close()
+
+    def test_nolock_connection_keeps_no_lock(self):
+        """A file SQLite does not lock (nolock=1) is not locked by the
+        COMMIT either: another process writes it afterwards."""
+        c = connect(f"file:{self.db}?nolock=1", uri=True)
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(3.0),))
+        out = subprocess.run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], "
+                              "timeout=0); c.execute('INSERT INTO log VALUES (5)'); c.commit(); print('ok')",
+                              self.db], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout, "ok\n", out.stderr)
+        self.assertEqual(self.rows(c)[1], 3.0)
+        c.close()
+
+    def test_refused_commit_of_two_stores_writes_neither(self):
+        """A COMMIT over two stores, the second written through a temporary
+        table whose record goes to another table on its store, in an
+        attached file the transaction did not write otherwise: refused
+        (that file has a reader) before either store is written."""
+        aux = os.path.join(self.dir, "aux.db")
+        b = self.other_db()  # (reads t's store through another file)
+        c = connect(self.db, timeout=0.3)
+        c.execute("ATTACH ? AS aux", (aux,))
+        c.execute(f"CREATE VIRTUAL TABLE aux.u USING embkv(dim=4, path='{self.dir}/sb', pool_size='16M')")
+        c.execute(f"CREATE VIRTUAL TABLE temp.tt USING embkv(dim=4, path='{self.dir}/sb', pool_size='16M')")
+        r = connect(aux)
+        r.execute("BEGIN")
+        r.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        c.execute("BEGIN")
+        c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(4.0),))
+        c.execute("INSERT INTO temp.tt(id, vec) VALUES (2, ?)", (vec(2.0),))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            c.execute("COMMIT")
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
+        self.assertIn(f"other connections are reading {os.path.realpath(aux)}", str(cm.exception))
+        # The stores do not hold the COMMIT's rows meanwhile.
+        self.assertEqual(b.execute("SELECT vec FROM f WHERE id = 1").fetchone()[0], vec(0.0))
+        b.close()
+        c.execute("ROLLBACK")
+        r.execute("ROLLBACK")
+        self.assertEqual(self.rows(c)[1], 0.0)
+        self.assertEqual(c.execute("SELECT count(*) FROM temp.tt").fetchone()[0], 0)
+        r.close()
         c.close()
 
     def busy_commit(self, c):
@@ -536,8 +586,8 @@ class CommitTest(TempDirTest):
         self.assertEqual(len(failed), 1)
         self.assertEqual(str(failed[0]),
                          f"embkv table t: database is locked: other connections are reading {self.db} (waited "
-                         "600 ms, the connection's busy timeout); nothing was written and the transaction is "
-                         "still open: COMMIT again, or ROLLBACK")
+                         "600 ms, the connection's busy timeout); nothing was written (a COMMIT refused so keeps "
+                         "its transaction open: COMMIT again, or ROLLBACK)")
         self.assertEqual(failed[0].sqlite_errorcode, sqlite3.SQLITE_BUSY)
         self.assertTrue(c.in_transaction)
         self.assertEqual(self.journal_state(), 0)

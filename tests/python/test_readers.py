@@ -292,13 +292,43 @@ class TestDropBesideAReader(Base):
         self.assertEqual(str(cm.exception),
                          f"store {store} is open for reading in another process (pid {r.pid}), and this COMMIT "
                          "removes it (DROP TABLE of its last table): close the table there (or end that process), "
-                         "then DROP again (in a transaction it stays open: COMMIT again, or ROLLBACK)")
+                         "then DROP again (a COMMIT refused so keeps its transaction open: COMMIT again, or "
+                         "ROLLBACK)")
         self.assertFalse(w.in_transaction)
         self.assertEqual(w.execute("SELECT count(*) FROM item").fetchone()[0], 2)
         open(go, "w").close()
         out, err = r.communicate(timeout=60)
         self.assertEqual(r.returncode, 0, err)
         w.execute("DROP TABLE item")
+        self.assertFalse(os.path.exists(store))
+        w.close()
+
+    def test_drop_decides_as_the_removal_does(self):
+        """Refused only when the COMMIT removes the store: not for the
+        table that made it while another table still uses it, but for
+        the last table using it, whichever made it."""
+        w = connect(self.db)
+        w.execute("CREATE VIRTUAL TABLE item USING embkv(dim=4, path='item.embkv')")
+        w.execute("CREATE VIRTUAL TABLE item2 USING embkv(dim=4, path='item.embkv')")
+        w.execute("INSERT INTO item2(id, vec) VALUES (1, '[1,1,1,1]')")
+        w.execute("SELECT embkv_checkpoint('item2')").fetchone()
+        go = os.path.join(self.dir, "go")
+        r = subprocess.Popen([sys.executable, "-c", HOLDER.replace("FROM item", "FROM item2"), self.db, EXT, go],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(r.stdout.readline().strip(), "1")
+        w.execute("DROP TABLE item")  # item2 keeps the store
+        store = os.path.realpath(os.path.join(self.dir, "item.embkv"))
+        w.execute("BEGIN")
+        w.execute("DROP TABLE item2")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            w.execute("COMMIT")
+        self.assertIn(f"store {store} is open for reading in another process (pid {r.pid})", str(cm.exception))
+        self.assertTrue(w.in_transaction)
+        w.execute("ROLLBACK")
+        open(go, "w").close()
+        out, err = r.communicate(timeout=60)
+        self.assertEqual(r.returncode, 0, err)
+        w.execute("DROP TABLE item2")
         self.assertFalse(os.path.exists(store))
         w.close()
 
