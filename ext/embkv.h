@@ -167,7 +167,10 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
                embkv_store **out);
 
 /* Drop one reference; the last one syncs (unless an open gave
- * EMBKV_OPEN_NO_CLOSE_SYNC) and closes the pool.  In a child
+ * EMBKV_OPEN_NO_CLOSE_SYNC) and closes the pool.  Inside a write group of
+ * the calling thread on s (embkv_group_begin without its
+ * embkv_group_end), any reference's close is EMBKV_BUSY and changes
+ * nothing: end the group, then close.  In a child
  * forked from the process that opened the store it writes nothing (the
  * pool is shared with the parent): a store is used by one process. */
 int embkv_close(embkv_store *s);

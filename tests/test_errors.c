@@ -14,6 +14,7 @@
  * backup: EMBKV_BUSY naming the callback, where a write of a row the
  * batch had locked hung; reads, scans, searches and pins work; under
  * alarm()).
+ * Misuse of handles: embkv_close inside the thread's write group.
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -1118,6 +1119,45 @@ static void test_update_callback(void)
     alarm(0);
 }
 
+/* ---- misuse of handles ------------------------------------------------ */
+
+/* embkv_close inside the thread's own write group: EMBKV_BUSY for the last
+ * reference and for another, the handle still usable, nothing lost (the
+ * last close used to free the store and report the sync's EMBKV_BUSY: the
+ * unsynced rows were gone and the group's end touched freed memory). */
+static void test_close_in_group(void)
+{
+    const char *dir = strdup(test_tmpdir("close_in_group"));
+    embkv_store *s = create_with_rows(dir, 0, 20);
+    if (!s) return;
+    float v[DIM];
+    make_vec(1000, 1, v, DIM);
+    CHECK_RC(embkv_group_begin(s), EMBKV_OK);
+    CHECK_RC(embkv_put(s, 1000, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_BUSY);  /* the last reference */
+    CHECK_MSG(dir);
+    CHECK_MSG("embkv_group_end");
+    embkv_store *s2 = NULL;  /* another reference: refused the same */
+    CHECK_RC(embkv_open(dir, NULL, 0, &s2), EMBKV_OK);
+    CHECK(s2 == s);
+    CHECK_RC(embkv_close(s2), EMBKV_BUSY);
+    CHECK_RC(embkv_put(s, 1001, v, NULL, 0), EMBKV_OK);  /* still usable */
+    embkv_group_end(s);
+    CHECK(embkv_count(s) == 22);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    if (s) {
+        embkv_stats st;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        CHECK(st.recovered == 0);
+        CHECK(embkv_count(s) == 22);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free((void *)dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1133,5 +1173,6 @@ int main(int argc, char **argv)
     test_pool_flock();
     test_destroy();
     test_update_callback();
+    test_close_in_group();
     return test_summary("test_errors");
 }

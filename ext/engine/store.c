@@ -1455,6 +1455,16 @@ int embkv_close(embkv_store *s)
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_close: store is NULL");
     pthread_mutex_lock(&registry_mu);
+    /* Refused, any reference: the last one's sync would be refused inside
+     * the group (EMBKV_BUSY) after the store was gone, and the caller's
+     * embkv_group_end would then touch freed memory.  One rule for every
+     * reference, so that whether a close inside a group works does not
+     * depend on what other threads hold. */
+    if (group_held(s)) {
+        pthread_mutex_unlock(&registry_mu);
+        return embkv__err(EMBKV_BUSY, "store %s: embkv_close inside a write group of this thread (embkv_group_begin "
+                          "without embkv_group_end): nothing was closed; end the group first, then close", s->path);
+    }
     if (--s->refs > 0) {
         pthread_mutex_unlock(&registry_mu);
         return EMBKV_OK;
