@@ -170,7 +170,11 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags,
  * EMBKV_OPEN_NO_CLOSE_SYNC) and closes the pool.  Inside a write group of
  * the calling thread on s (embkv_group_begin without its
  * embkv_group_end), any reference's close is EMBKV_BUSY and changes
- * nothing: end the group, then close.  In a child
+ * nothing: end the group, then close.  The last reference's close while
+ * sessions (embkv_session_open) or snapshots (embkv_snapshot_open) of the
+ * store are open is EMBKV_BUSY, saying how many, and changes nothing (as
+ * SQLite's sqlite3_close with statements unfinalized): close them first;
+ * another reference's close goes on.  In a child
  * forked from the process that opened the store it writes nothing (the
  * pool is shared with the parent): a store is used by one process. */
 int embkv_close(embkv_store *s);
@@ -305,7 +309,8 @@ uint64_t embkv_group_epoch(embkv_store *s);
  * (waiting for the groups in flight to end); reads through it return each
  * row as of then, whatever is written meanwhile.  While it is open the
  * versions it may read are kept: a long-lived snapshot with heavy writes
- * beside it holds pool space.  Close it when the statement ends. */
+ * beside it holds pool space.  Close it when the statement ends, and
+ * before the store's last embkv_close (which refuses while one is open). */
 typedef struct embkv_snapshot embkv_snapshot;
 int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out);
 void embkv_snapshot_close(embkv_snapshot *snap);
@@ -664,7 +669,8 @@ int embkv_train_configure(embkv_store *s, const embkv_train_options *o);
 
 typedef struct embkv_session embkv_session;
 int embkv_session_open(embkv_store *s, embkv_session **out);
-/* Returns every permit the session still holds. */
+/* Returns every permit the session still holds.  Close every session
+ * before the store's last embkv_close (which refuses while one is open). */
 void embkv_session_close(embkv_session *ss);
 
 /* Pull: n vectors in the order of ids (duplicates allowed: each gets the

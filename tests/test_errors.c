@@ -14,7 +14,8 @@
  * backup: EMBKV_BUSY naming the callback, where a write of a row the
  * batch had locked hung; reads, scans, searches and pins work; under
  * alarm()).
- * Misuse of handles: embkv_close inside the thread's write group.
+ * Misuse of handles: embkv_close inside the thread's write group, and of
+ * the last reference while sessions or snapshots are open.
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -1158,6 +1159,45 @@ static void test_close_in_group(void)
     free((void *)dir);
 }
 
+/* The last reference's close with a session or a snapshot open: EMBKV_BUSY
+ * saying how many, the handle still usable, and once they are closed the
+ * close goes through (it used to free the store under them: their close
+ * read freed memory).  Another reference's close goes on. */
+static void test_close_with_open(void)
+{
+    const char *dir = strdup(test_tmpdir("close_with_open"));
+    embkv_store *s = create_with_rows(dir, 0, 4);
+    if (!s) return;
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.init = EMBKV_INIT_ZEROS;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+    embkv_session *ss = NULL;
+    embkv_snapshot *snap = NULL;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    CHECK_RC(embkv_snapshot_open(s, &snap), EMBKV_OK);
+    embkv_store *s2 = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s2), EMBKV_OK);
+    CHECK_RC(embkv_close(s2), EMBKV_OK);  /* not the last */
+    CHECK_RC(embkv_close(s), EMBKV_BUSY);
+    CHECK_MSG(dir);
+    CHECK_MSG("1 session and 1 snapshot");
+    CHECK_MSG("close them first");
+    int64_t ids[2] = {1, 100};
+    float out[2 * DIM];
+    CHECK_RC(embkv_pull(ss, ids, 2, out), EMBKV_OK);  /* still usable */
+    embkv_session_close(ss);
+    CHECK_RC(embkv_close(s), EMBKV_BUSY);
+    CHECK_MSG("0 sessions and 1 snapshot");
+    uint8_t found[2];
+    CHECK_RC(embkv_get_batch_at(s, snap, ids, 2, out, NULL, found, NULL), EMBKV_OK);
+    CHECK(found[0] == 1 && found[1] == 0);  /* as of the snapshot */
+    embkv_snapshot_close(snap);
+    CHECK(embkv_count(s) == 5);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free((void *)dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1174,5 +1214,6 @@ int main(int argc, char **argv)
     test_destroy();
     test_update_callback();
     test_close_in_group();
+    test_close_with_open();
     return test_summary("test_errors");
 }

@@ -36,6 +36,10 @@ struct embkv_store {
     dev_t dev;
     ino_t ino;
     int refs;
+    /* Sessions and snapshots open on the store (train.c, snapshot.c): the
+     * close of the last reference is refused while any is, their close
+     * reading the handle (store.c, embkv_close). */
+    atomic_uint open_sessions, open_snaps;
     char *path;
     int lockfd;
     pid_t pid;                 /* the opening process (see embkv_close) */

@@ -71,6 +71,7 @@ embkv_snapshot *snap_reader_new(embkv_store *s, uint64_t as_of)
     if (snap) {
         snap->s = s;
         snap->as_of = as_of;
+        atomic_fetch_add(&s->open_snaps, 1);
     }
     return snap;
 }
@@ -449,6 +450,7 @@ int snap_register(embkv_store *s, embkv_snapshot **out)
     recompute_floor(s, NULL);
     atomic_fetch_add(&st->nsnap, 1);
     pthread_mutex_unlock(&st->mu);
+    atomic_fetch_add(&s->open_snaps, 1);
     *out = snap;
     return EMBKV_OK;
 }
@@ -480,6 +482,7 @@ void embkv_snapshot_close(embkv_snapshot *snap)
         if (!handle_forked(s))
             rd_leave(s);
         free(snap);
+        atomic_fetch_sub(&s->open_snaps, 1);
         return;
     }
     struct snapstate *st = s->snap;
@@ -498,6 +501,7 @@ void embkv_snapshot_close(embkv_snapshot *snap)
         log_trim(st, min_seq);
     pthread_mutex_unlock(&st->mu);
     free(snap);
+    atomic_fetch_sub(&s->open_snaps, 1);
 }
 
 uint64_t embkv_snapshot_seq(const embkv_snapshot *snap)

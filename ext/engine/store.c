@@ -1465,6 +1465,19 @@ int embkv_close(embkv_store *s)
         return embkv__err(EMBKV_BUSY, "store %s: embkv_close inside a write group of this thread (embkv_group_begin "
                           "without embkv_group_end): nothing was closed; end the group first, then close", s->path);
     }
+    /* The last reference, with sessions or snapshots open: refused, as
+     * SQLite's sqlite3_close refuses with statements unfinalized (their
+     * close reads the handle, which would be freed; a reference of their
+     * own would move the close's sync to their close, where no one sees
+     * its result).  A fork's child frees nothing: its close goes on. */
+    unsigned nsess = atomic_load(&s->open_sessions), nsnap = atomic_load(&s->open_snaps);
+    if (s->refs == 1 && (nsess || nsnap) && !handle_forked(s)) {
+        pthread_mutex_unlock(&registry_mu);
+        return embkv__err(EMBKV_BUSY, "store %s: embkv_close of its last reference while %u session%s and %u "
+                          "snapshot%s of it are open: nothing was closed; close them first (embkv_session_close, "
+                          "embkv_snapshot_close), then the store", s->path, nsess, nsess == 1 ? "" : "s", nsnap,
+                          nsnap == 1 ? "" : "s");
+    }
     if (--s->refs > 0) {
         pthread_mutex_unlock(&registry_mu);
         return EMBKV_OK;

@@ -282,6 +282,7 @@ int embkv_session_open(embkv_store *s, embkv_session **out)
     if (!ss)
         return embkv__err(EMBKV_NOMEM, "embkv_session_open: out of memory");
     ss->s = s;
+    atomic_fetch_add(&s->open_sessions, 1);
     *out = ss;
     return EMBKV_OK;
 }
@@ -1423,7 +1424,8 @@ void embkv_session_close(embkv_session *ss)
 {
     if (!ss)
         return;
-    struct train_state *t = train_of(ss->s);
+    embkv_store *s = ss->s;
+    struct train_state *t = train_of(s);
     for (size_t i = 0; i < ss->cap; i++)
         for (; ss->counts[i]; ss->counts[i]--)
             permit_return(t->permits, ss->keys[i]);
@@ -1431,4 +1433,5 @@ void embkv_session_close(embkv_session *ss)
     free(ss->counts);
     memo_drop(ss);
     free(ss);
+    atomic_fetch_sub(&s->open_sessions, 1);
 }
