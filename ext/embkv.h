@@ -318,8 +318,9 @@ void embkv_snapshot_close(embkv_snapshot *snap);
  * since (a scan of the index misses the deleted ones).  *ids is malloc'd. */
 int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
 
-/* Batch get as of a snapshot (snap NULL: the current state), each row's
- * columns from one version: out (may be NULL: existence only) gets dim
+/* Batch get as of a snapshot (snap NULL: the current state; one opened on
+ * another store or handle: EMBKV_INVALID naming both, for every *_at
+ * function), each row's columns from one version: out (may be NULL: existence only) gets dim
  * floats per id, info (may be NULL) each row's metadata, found (may be
  * NULL) 1/0 per id. */
 int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,

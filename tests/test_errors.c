@@ -15,7 +15,8 @@
  * batch had locked hung; reads, scans, searches and pins work; under
  * alarm()).
  * Misuse of handles: embkv_close inside the thread's write group, and of
- * the last reference while sessions or snapshots are open.
+ * the last reference while sessions or snapshots are open; another
+ * store's snapshot given to the *_at reads.
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -1198,6 +1199,36 @@ static void test_close_with_open(void)
     free((void *)dir);
 }
 
+/* A snapshot of another store given to the *_at reads: EMBKV_INVALID
+ * naming both stores (it read the current rows of the store given, rc 0). */
+static void test_foreign_snapshot(void)
+{
+    char *da = strdup(test_tmpdir("snap_a")), *db = strdup(test_tmpdir("snap_b"));
+    embkv_store *a = create_with_rows(da, 0, 4), *b = create_with_rows(db, 100, 4);
+    embkv_snapshot *sb = NULL;
+    if (a && b && embkv_snapshot_open(b, &sb) == EMBKV_OK) {
+        int64_t ids[2] = {1, 2};
+        float out[2 * DIM];
+        float state[2];
+        int tier[2];
+        uint8_t found[2] = {9, 9};
+        CHECK_RC(embkv_get_batch_at(a, sb, ids, 2, out, NULL, found, NULL), EMBKV_INVALID);
+        CHECK_MSG(da);
+        CHECK_MSG(db);
+        CHECK(found[0] == 9);  /* nothing written */
+        CHECK_RC(embkv_get_rows_at(a, sb, ids, 2, out, state, NULL, found, NULL), EMBKV_INVALID);
+        CHECK_MSG("embkv_get_rows_at");
+        CHECK_RC(embkv_locate_batch_at(a, sb, ids, 2, tier, found), EMBKV_INVALID);
+        CHECK_MSG("embkv_locate_batch_at");
+        CHECK_RC(embkv_get_batch_at(b, sb, ids, 2, out, NULL, found, NULL), EMBKV_OK);  /* its own */
+        embkv_snapshot_close(sb);
+    }
+    if (a) CHECK_RC(embkv_close(a), EMBKV_OK);
+    if (b) CHECK_RC(embkv_close(b), EMBKV_OK);
+    free(da);
+    free(db);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1215,5 +1246,6 @@ int main(int argc, char **argv)
     test_update_callback();
     test_close_in_group();
     test_close_with_open();
+    test_foreign_snapshot();
     return test_summary("test_errors");
 }

@@ -456,6 +456,9 @@ void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids
  * memory; snap_as_of: that epoch (0 for the writer's snapshots). */
 embkv_snapshot *snap_reader_new(embkv_store *s, uint64_t as_of);
 uint64_t snap_as_of(const embkv_snapshot *snap);
+/* EMBKV_OK when snap is NULL or was opened on s; else EMBKV_INVALID for
+ * function fn naming both stores. */
+int snap_check_store(embkv_store *s, const embkv_snapshot *snap, const char *fn);
 /* Whether the calling thread's group on s logs (a snapshot was open when
  * it began). */
 bool group_logging(embkv_store *s);

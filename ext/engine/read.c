@@ -542,6 +542,9 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
     FORK_REFUSE(s, "embkv_get_batch_at");
+    int rc = snap_check_store(s, snap, "embkv_get_batch_at");
+    if (rc != EMBKV_OK)
+        return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, NULL, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing);
@@ -553,6 +556,9 @@ int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t 
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_get_rows_at: NULL argument");
     FORK_REFUSE(s, "embkv_get_rows_at");
+    int rc = snap_check_store(s, snap, "embkv_get_rows_at");
+    if (rc != EMBKV_OK)
+        return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, state, info, found, nmissing, NULL);
     return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing);
@@ -564,6 +570,9 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
     if (!s || (n && !ids))
         return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
     FORK_REFUSE(s, "embkv_locate_batch_at");
+    int rc = snap_check_store(s, snap, "embkv_locate_batch_at");
+    if (rc != EMBKV_OK)
+        return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, NULL, NULL, NULL, found, NULL, tier);
     return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);

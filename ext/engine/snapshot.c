@@ -78,6 +78,22 @@ embkv_snapshot *snap_reader_new(embkv_store *s, uint64_t as_of)
 
 uint64_t snap_as_of(const embkv_snapshot *snap) { return snap ? snap->as_of : 0; }
 
+int snap_check_store(embkv_store *s, const embkv_snapshot *snap, const char *fn)
+{
+    if (!snap || snap->s == s)
+        return EMBKV_OK;
+    /* Another store's snapshot resolves nothing here (its version log and
+     * epochs are that store's): the read would be of the current rows, or
+     * wrong ones, with nothing to say so. */
+    const char *other = snap->s->path;
+    if (strcmp(other, s->path) == 0)
+        return embkv__err(EMBKV_INVALID, "%s: the snapshot was opened on another handle of store %s (its %s one): "
+                          "read through the handle it was opened on", fn, s->path,
+                          snap->s->reader ? "read-only" : "writer's");
+    return embkv__err(EMBKV_INVALID, "%s: the snapshot belongs to store %s, not %s: open a snapshot of %s "
+                      "(embkv_snapshot_open) to read it", fn, other, s->path, s->path);
+}
+
 struct snapstate {
     pthread_rwlock_t groups;
     atomic_uint_fast64_t next_seq;
