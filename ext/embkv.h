@@ -22,6 +22,18 @@
  * Errors: functions return an embkv_rc.  On failure a message describing it
  * (naming the id, option or path at fault) is kept per thread and returned by
  * embkv_errmsg() until the next failing call on that thread.
+ *
+ * NULL: a pointer argument said "(may be NULL)" below may be NULL, and so
+ * may an array whose count is 0 (and snap, meaning now).  Any other NULL
+ * is EMBKV_INVALID naming the argument from a function returning an rc;
+ * the accessors (embkv_dim, embkv_state_floats, embkv_dtype,
+ * embkv_store_id, embkv_path, embkv_count, embkv_readonly,
+ * embkv_writer_pid, embkv_group_epoch, embkv_backup_dir,
+ * embkv_train_state_floats) give 0 or NULL; the void functions
+ * (embkv_group_end, the closes, embkv_scan_pin/unpin, embkv_heat_touch,
+ * embkv_cache_offer, embkv_train_defaults) do nothing; embkv_exists and
+ * embkv_exists_batch count every id absent and embkv_dtype_round returns
+ * 1 (the last three also set the message).
  */
 #ifndef EMBKV_H
 #define EMBKV_H
@@ -207,7 +219,8 @@ const char *embkv_dtype_name(uint32_t dtype);  /* "unknown" for another value */
 float embkv_dtype_max(uint32_t dtype);
 /* dim float32 from in to out (they may be the same) rounded to nearest as
  * a store of dtype keeps them: 0, or j + 1 for an element j beyond the
- * dtype's range or not finite (out then unchanged). */
+ * dtype's range or not finite (out then unchanged); 1 when in or out is
+ * NULL (dim 0: 0). */
 uint32_t embkv_dtype_round(uint32_t dtype, uint32_t dim, const float *in, float *out);
 const char *embkv_path(const embkv_store *s);  /* canonical directory */
 
@@ -259,7 +272,8 @@ int embkv_room_for(embkv_store *s, uint64_t puts, uint64_t deletes);
 int embkv_capacity_for(embkv_store *s, uint64_t new_rows);
 int embkv_exists(embkv_store *s, int64_t id); /* 1 present, 0 absent */
 /* found[i] = embkv_exists(ids[i]) for a whole batch, with the buckets
- * prefetched ahead; returns the number absent. */
+ * prefetched ahead; returns the number absent.  found may be NULL (the
+ * count alone). */
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found);
 uint64_t embkv_count(embkv_store *s);
 

@@ -16,7 +16,8 @@
  * alarm()).
  * Misuse of handles: embkv_close inside the thread's write group, and of
  * the last reference while sessions or snapshots are open; another
- * store's snapshot given to the *_at reads.
+ * store's snapshot given to the *_at reads; NULL in every function's
+ * pointer arguments (an rc names the argument, accessors give 0 or NULL).
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -1229,6 +1230,63 @@ static void test_foreign_snapshot(void)
     free(db);
 }
 
+/* NULL across the API: an rc names the argument; accessors give 0 or
+ * NULL; embkv_exists_batch's found may be NULL (its count is the answer).
+ * The accessors, embkv_exists_batch with NULL found, ids or store,
+ * embkv_scan_pin, embkv_train_defaults and embkv_dtype_round with NULL
+ * arrays read or wrote through NULL. */
+static void test_nulls(void)
+{
+    const char *dir = strdup(test_tmpdir("nulls"));
+    embkv_store *s = create_with_rows(dir, 0, 4);
+    if (!s) return;
+    int64_t ids[3] = {1, 2, 100};
+    uint8_t found[3] = {9, 9, 9};
+    CHECK(embkv_exists_batch(s, ids, 3, NULL) == 1);  /* the count alone */
+    int64_t many[600];
+    for (int i = 0; i < 600; i++) many[i] = i - 300;  /* (over its buffer of 256) */
+    CHECK(embkv_exists_batch(s, many, 600, NULL) == 596);
+    CHECK(embkv_exists_batch(s, NULL, 3, found) == 3);
+    CHECK_MSG("argument ids is NULL");
+    CHECK(found[0] == 0 && found[2] == 0);
+    CHECK(embkv_exists_batch(s, NULL, 0, NULL) == 0);
+    float out[3 * DIM], one[DIM] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK_RC(embkv_get_batch(s, ids, 3, NULL, NULL, NULL), EMBKV_INVALID);
+    CHECK_MSG("argument out is NULL");
+    int64_t oid[1];
+    size_t nf;
+    CHECK_RC(embkv_knn(s, one, 1, 1, NULL, oid, NULL, &nf), EMBKV_INVALID);
+    CHECK_MSG("embkv_knn: argument out_dist is NULL");
+    CHECK_RC(embkv_pull(NULL, ids, 3, out), EMBKV_INVALID);
+    CHECK_MSG("argument ss is NULL");
+    CHECK(embkv_dtype_round(EMBKV_F16, DIM, NULL, out) == 1);
+    CHECK_MSG("argument in is NULL");
+    CHECK(embkv_dtype_round(EMBKV_F16, DIM, one, NULL) == 1);
+    CHECK(embkv_dtype_round(EMBKV_F16, 0, NULL, NULL) == 0);  /* nothing to round */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        bad |= embkv_dim(NULL) != 0;
+        bad |= (embkv_state_floats(NULL) != 0) << 1;
+        bad |= (embkv_dtype(NULL) != 0) << 2;
+        bad |= (embkv_path(NULL) != NULL) << 3;
+        bad |= (embkv_exists_batch(NULL, ids, 3, found) != 3 || found[1] != 0) << 4;
+        bad |= (embkv_dtype_round(EMBKV_F16, 4, NULL, NULL) != 1) << 5;
+        embkv_scan_pin(NULL);
+        embkv_scan_unpin(NULL);
+        embkv_train_defaults(NULL);
+        bad |= (embkv_train_state_floats(NULL, DIM) != 0) << 6;
+        _exit(bad);
+    }
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst))
+        fprintf(stderr, "    NULL child: status 0x%x\n", wst);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free((void *)dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1247,5 +1305,6 @@ int main(int argc, char **argv)
     test_close_in_group();
     test_close_with_open();
     test_foreign_snapshot();
+    test_nulls();
     return test_summary("test_errors");
 }

@@ -138,8 +138,11 @@ static int outside(embkv_store *s, const char *what, const char *name, const cha
 
 int embkv_path_outside(embkv_store *s, const char *path)
 {
-    if (!s || !path || path[0] != '/')
-        return embkv__err(EMBKV_INVALID, "embkv_path_outside: store NULL or path not absolute");
+    if (!s || !path)
+        return embkv__null_arg("embkv_path_outside", "s", (const void *)s, "path", (const void *)path, (char *)NULL);
+    if (path[0] != '/')
+        return embkv__err(EMBKV_INVALID, "embkv_path_outside: store %s: path %s is not absolute: give the absolute "
+                          "path", s->path, path);
     return outside(s, "embkv", path, path);
 }
 
@@ -322,8 +325,11 @@ int embkv_backup_begin(embkv_store *s, const char *dir, embkv_backup **out)
     if (!out)
         return embkv__err(EMBKV_INVALID, "embkv_backup_begin: out is NULL");
     *out = NULL;
-    if (!s || !dir || !*dir)
-        return embkv__err(EMBKV_INVALID, "embkv_backup_begin: NULL store or empty directory name");
+    if (!s || !dir)
+        return embkv__null_arg("embkv_backup_begin", "s", (const void *)s, "dir", (const void *)dir, (char *)NULL);
+    if (!*dir)
+        return embkv__err(EMBKV_INVALID, "embkv_backup_begin: store %s: dir is empty: name the directory of the copy",
+                          s->path);
     FORK_REFUSE(s, "embkv_backup_begin");
     CALLBACK_REFUSE(s, "embkv_backup_begin");
     if (group_held(s))

@@ -66,6 +66,11 @@ extern atomic_int embkv__fence_dummy;
 /* Records the message of the calling thread's last error (embkv_errmsg)
  * and returns rc. */
 int embkv__err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* EMBKV_INVALID for function fn naming the first of its pointer arguments
+ * that is NULL: pairs of (const char *name, const void *value), ended by
+ * a NULL name.  The caller's test decides which may be NULL; this names
+ * the one at fault. */
+int embkv__null_arg(const char *fn, ...);
 /* ------------------------------------------------------------- epoch.c */
 /* Epoch-based reclamation shared by all stores of the process. */
 void ebr_enter(void);

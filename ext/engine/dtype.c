@@ -367,6 +367,12 @@ uint32_t embkv_dtype_round(uint32_t dtype, uint32_t dim, const float *in, float 
 {
     if (dim > EMBKV_MAX_DIM)
         return 1;
+    /* Nothing to round, or nowhere to put it: refused as element 0 is (out
+     * unchanged), so a caller testing for 0 refuses the row. */
+    if (dim && (!in || !out)) {
+        (void)embkv__null_arg("embkv_dtype_round", "in", (const void *)in, "out", (const void *)out, (char *)NULL);
+        return 1;
+    }
     for (uint32_t j = 0; j < dim; j++)
         if (!isfinite(in[j]))
             return j + 1;

@@ -27,6 +27,19 @@ int embkv__err(int rc, const char *fmt, ...)
     return rc;
 }
 
+int embkv__null_arg(const char *fn, ...)
+{
+    const char *bad = NULL;
+    va_list ap;
+    va_start(ap, fn);
+    for (const char *name; !bad && (name = va_arg(ap, const char *));)
+        if (!va_arg(ap, const void *))
+            bad = name;
+    va_end(ap);
+    return bad ? embkv__err(EMBKV_INVALID, "%s: argument %s is NULL (embkv.h says which arguments may be)", fn, bad)
+               : embkv__err(EMBKV_INVALID, "%s: a NULL argument (embkv.h says which arguments may be)", fn);
+}
+
 const char *embkv_errmsg(void)
 {
     return errbuf;

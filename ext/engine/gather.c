@@ -395,7 +395,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     if (first_missing)
         *first_missing = 0;
     if (n && (!ids || !dev_out))
-        return embkv__err(EMBKV_INVALID, "%s: NULL argument", fn);
+        return embkv__null_arg(fn, "ids", (const void *)ids, "dev_out", (const void *)dev_out, (char *)NULL);
     if (n > UINT32_MAX / 2)
         return embkv__err(EMBKV_INVALID, "%s: %zu ids: at most %u a call", fn, n, UINT32_MAX / 2);
     if (n == 0)
@@ -614,7 +614,7 @@ int embkv_get_batch_device(embkv_store *s, const int64_t *ids, size_t n, void *d
                            size_t *nmissing)
 {
     if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_get_batch_device: NULL argument");
+        return embkv__null_arg("embkv_get_batch_device", "s", (const void *)s, (char *)NULL);
     FORK_REFUSE(s, "embkv_get_batch_device");
     return gpu_gather(s, ids, n, dev_out, stream, NULL, NULL, nmissing, NULL, "embkv_get_batch_device");
 }
@@ -703,7 +703,7 @@ void gpu_sums_release(embkv_store *s, gpu_sums *sums)
 int embkv_gpu_sync(embkv_store *s)
 {
     if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_gpu_sync: NULL argument");
+        return embkv__null_arg("embkv_gpu_sync", "s", (const void *)s, (char *)NULL);
     gpu_state *g = atomic_load(&s->gpu);
     if (!g)
         return EMBKV_OK;

@@ -25,7 +25,7 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
     if (moved)
         *moved = 0;
     if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_hotset: NULL argument");
+        return embkv__null_arg("embkv_hotset", "s", (const void *)s, "ids", (const void *)ids, (char *)NULL);
     size_t m = 0;
     pthread_rwlock_rdlock(&s->writers);
     pthread_mutex_lock(&s->move_mu);
@@ -52,7 +52,7 @@ int embkv_hotset(embkv_store *s, const int64_t *ids, size_t n, size_t *moved)
 int embkv_heat_enable(embkv_store *s)
 {
     if (!s)
-        return embkv__err(EMBKV_INVALID, "embkv_heat_enable: NULL store");
+        return embkv__null_arg("embkv_heat_enable", "s", (const void *)s, (char *)NULL);
     if (s && s->reader)
         return EMBKV_OK; /* (a reader process counts no accesses) */
     atomic_fetch_or_explicit(&s->heat_live, HEAT_ASKED, memory_order_relaxed);
@@ -62,7 +62,8 @@ int embkv_heat_enable(embkv_store *s)
 int embkv_heat_get(embkv_store *s, const int64_t *ids, size_t n, uint32_t *hits)
 {
     if (!s || (n && (!ids || !hits)))
-        return embkv__err(EMBKV_INVALID, "embkv_heat_get: NULL argument");
+        return embkv__null_arg("embkv_heat_get", "s", (const void *)s, "ids", (const void *)ids, "hits",
+                               (const void *)hits, (char *)NULL);
     for (size_t i = 0; i < n; i++)
         hits[i] = heat_estimate(s->heat, embkv__hash(ids[i]));
     return EMBKV_OK;
@@ -133,7 +134,8 @@ int embkv_hottest(embkv_store *s, size_t n, int64_t *ids, uint32_t *hits, size_t
     if (nout)
         *nout = 0;
     if (!s || !nout || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_hottest: NULL argument");
+        return embkv__null_arg("embkv_hottest", "s", (const void *)s, "nout", (const void *)nout, "ids",
+                               (const void *)ids, (char *)NULL);
     if (n == 0)
         return EMBKV_OK;
     hot_ent *heap = malloc(n * sizeof *heap);
@@ -193,7 +195,8 @@ int embkv_hotset_move(embkv_store *s, const int64_t *ids, size_t n, embkv_moves 
     if (moves)
         memset(moves, 0, sizeof *moves);
     if (!s || !moves || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_hotset_move: NULL argument");
+        return embkv__null_arg("embkv_hotset_move", "s", (const void *)s, "moves", (const void *)moves, "ids",
+                               (const void *)ids, (char *)NULL);
     return hotset_move(s, ids, n, moves, true);
 }
 

@@ -1220,7 +1220,9 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
                    int64_t *out_ids, double *out_dist, size_t *found, bool index_order)
 {
     if (!s || !queries || !out_ids || !out_dist || !found)
-        return embkv__err(EMBKV_INVALID, "embkv_knn: NULL argument");
+        return embkv__null_arg("embkv_knn", "s", (const void *)s, "queries", (const void *)queries, "out_ids",
+                               (const void *)out_ids, "out_dist", (const void *)out_dist, "found",
+                               (const void *)found, (char *)NULL);
     embkv_knn_options o = { 0 };
     if (opt)
         o = *opt;

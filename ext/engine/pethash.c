@@ -475,6 +475,8 @@ _Thread_local unsigned scan_pins_here;
 
 void embkv_scan_pin(embkv_store *s)
 {
+    if (!s)
+        return;  /* (nothing to pin; the unpin of NULL is nothing too) */
     if (s->reader) {
         /* In a fork's child the thread's reader slot is the parent's: no
          * pin (the child's scans are refused, FORK_REFUSE). */
@@ -517,6 +519,8 @@ void embkv_scan_pin(embkv_store *s)
 
 void embkv_scan_unpin(embkv_store *s)
 {
+    if (!s)
+        return;
     if (s->reader) {
         if (handle_forked(s))
             return;  /* (the slot is the parent's: see embkv_scan_pin) */

@@ -125,8 +125,10 @@ int get_uncounted(embkv_store *s, int64_t id, float *vec)
 
 int embkv_exists(embkv_store *s, int64_t id)
 {
-    if (!s)
+    if (!s) {
+        (void)embkv__null_arg("embkv_exists", "s", (const void *)s, (char *)NULL);
         return 0;
+    }
     if (s->reader) {
         uint8_t found = 0;
         return ro_read(s, 0, &id, 1, NULL, NULL, NULL, &found, NULL, NULL) == EMBKV_OK && found;
@@ -139,7 +141,25 @@ int embkv_exists(embkv_store *s, int64_t id)
 
 size_t embkv_exists_batch(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found)
 {
-    if (s && s->reader) {
+    if (!n)
+        return 0;
+    if (!s || !ids) {
+        /* A count, not an rc: every id absent, as embkv_exists(NULL) says,
+         * and the message names the argument. */
+        (void)embkv__null_arg("embkv_exists_batch", "s", (const void *)s, "ids", (const void *)ids, (char *)NULL);
+        if (found)
+            memset(found, 0, n);
+        return n;
+    }
+    if (!found) {
+        /* The count alone: found in blocks of a buffer of our own. */
+        uint8_t buf[256];
+        size_t absent = 0;
+        for (size_t lo = 0; lo < n; lo += sizeof buf)
+            absent += embkv_exists_batch(s, ids + lo, n - lo < sizeof buf ? n - lo : sizeof buf, buf);
+        return absent;
+    }
+    if (s->reader) {
         size_t missing = n;
         if (ro_read(s, 0, ids, n, NULL, NULL, NULL, found, &missing, NULL) != EMBKV_OK) {
             if (found)
@@ -239,7 +259,8 @@ int embkv_get_batch(embkv_store *s, const int64_t *ids, size_t n, float *out, ui
                     size_t *nmissing)
 {
     if (!s || (n && (!ids || !out)))
-        return embkv__err(EMBKV_INVALID, "embkv_get_batch: NULL argument");
+        return embkv__null_arg("embkv_get_batch", "s", (const void *)s, "ids", (const void *)ids, "out",
+                               (const void *)out, (char *)NULL);
     FORK_REFUSE(s, "embkv_get_batch");
     if (s->reader)
         return ro_read(s, 0, ids, n, out, NULL, NULL, found, nmissing, NULL);
@@ -540,7 +561,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
                        embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
 {
     if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_get_batch_at: NULL argument");
+        return embkv__null_arg("embkv_get_batch_at", "s", (const void *)s, "ids", (const void *)ids, (char *)NULL);
     FORK_REFUSE(s, "embkv_get_batch_at");
     int rc = snap_check_store(s, snap, "embkv_get_batch_at");
     if (rc != EMBKV_OK)
@@ -554,7 +575,7 @@ int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t 
                       float *state, embkv_rowinfo *info, uint8_t *found, size_t *nmissing)
 {
     if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_get_rows_at: NULL argument");
+        return embkv__null_arg("embkv_get_rows_at", "s", (const void *)s, "ids", (const void *)ids, (char *)NULL);
     FORK_REFUSE(s, "embkv_get_rows_at");
     int rc = snap_check_store(s, snap, "embkv_get_rows_at");
     if (rc != EMBKV_OK)
@@ -568,7 +589,8 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
                           uint8_t *found)
 {
     if (!s || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_locate_batch_at: NULL argument");
+        return embkv__null_arg("embkv_locate_batch_at", "s", (const void *)s, "ids", (const void *)ids,
+                               (char *)NULL);
     FORK_REFUSE(s, "embkv_locate_batch_at");
     int rc = snap_check_store(s, snap, "embkv_locate_batch_at");
     if (rc != EMBKV_OK)

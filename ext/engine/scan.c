@@ -20,7 +20,7 @@
 int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 {
     if (!s || !fn)
-        return embkv__err(EMBKV_INVALID, "embkv_scan: NULL argument");
+        return embkv__null_arg("embkv_scan", "s", (const void *)s, "fn", (const void *)(uintptr_t)fn, (char *)NULL);
     FORK_REFUSE(s, "embkv_scan");
     if (s->reader)
         return ro_scan(s, fn, ctx);
@@ -89,8 +89,12 @@ int embkv_scan(embkv_store *s, embkv_scan_fn fn, void *ctx)
 
 int embkv_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t *n)
 {
-    if (!s || !pos || !ids || !n || cap < 64)
-        return embkv__err(EMBKV_INVALID, "embkv_scan_ids: NULL argument or cap below 64");
+    if (!s || !pos || !ids || !n)
+        return embkv__null_arg("embkv_scan_ids", "s", (const void *)s, "pos", (const void *)pos, "ids",
+                               (const void *)ids, "n", (const void *)n, (char *)NULL);
+    if (cap < 64)
+        return embkv__err(EMBKV_INVALID, "embkv_scan_ids: store %s: cap %zu is below 64: give room for 64 ids at "
+                          "least", s->path, cap);
     FORK_REFUSE(s, "embkv_scan_ids");
     *n = 0;
     if (s->reader)

@@ -549,7 +549,8 @@ void snap_resolve(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids
 int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n)
 {
     if (!snap || !ids || !n)
-        return embkv__err(EMBKV_INVALID, "embkv_snapshot_changed_ids: NULL argument");
+        return embkv__null_arg("embkv_snapshot_changed_ids", "snap", (const void *)snap, "ids", (const void *)ids,
+                               "n", (const void *)n, (char *)NULL);
     *ids = NULL;
     *n = 0;
     if (snap->s->reader)

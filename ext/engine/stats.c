@@ -147,7 +147,7 @@ out:
 int embkv_stats_get(embkv_store *s, embkv_stats *st)
 {
     if (!s || !st)
-        return embkv__err(EMBKV_INVALID, "embkv_stats_get: NULL argument");
+        return embkv__null_arg("embkv_stats_get", "s", (const void *)s, "st", (const void *)st, (char *)NULL);
     memset(st, 0, sizeof *st);
     index_desc *ix;
     ebr_enter();
@@ -223,7 +223,8 @@ int embkv_stats_get(embkv_store *s, embkv_stats *st)
 int embkv_probe_stats(embkv_store *s, double *mean, uint32_t *max)
 {
     if (!s || !mean || !max)
-        return embkv__err(EMBKV_INVALID, "embkv_probe_stats: NULL argument");
+        return embkv__null_arg("embkv_probe_stats", "s", (const void *)s, "mean", (const void *)mean, "max",
+                               (const void *)max, (char *)NULL);
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);

@@ -39,15 +39,16 @@
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static embkv_store *registry;
 
-uint32_t embkv_dim(const embkv_store *s) { return s->dim; }
-uint32_t embkv_state_floats(const embkv_store *s) { return s->state_floats; }
-uint32_t embkv_dtype(const embkv_store *s) { return s->dtype; }
+/* The accessors give 0 (NULL) for a NULL store, as embkv_count does. */
+uint32_t embkv_dim(const embkv_store *s) { return s ? s->dim : 0; }
+uint32_t embkv_state_floats(const embkv_store *s) { return s ? s->state_floats : 0; }
+uint32_t embkv_dtype(const embkv_store *s) { return s ? s->dtype : 0; }
 uint64_t embkv_store_id(const embkv_store *s) { return s ? s->store_id : 0; }
 const char *embkv_dtype_name(uint32_t dtype)
 {
     return dtype >= EMBKV_F32 && dtype <= EMBKV_I8 ? dtype_name((int)dtype) : "unknown";
 }
-const char *embkv_path(const embkv_store *s) { return s->path; }
+const char *embkv_path(const embkv_store *s) { return s ? s->path : NULL; }
 uint64_t embkv_count(embkv_store *s) { return s ? atomic_load(&s->rows) : 0; }
 int embkv_readonly(const embkv_store *s) { return s && s->reader; }
 long embkv_writer_pid(const embkv_store *s) { return s && s->reader ? readers_writer_pid(s) : 0; }

@@ -223,7 +223,7 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable)
 int embkv_snapshot_open(embkv_store *s, embkv_snapshot **out)
 {
     if (!s || !out)
-        return embkv__err(EMBKV_INVALID, "embkv_snapshot_open: NULL argument");
+        return embkv__null_arg("embkv_snapshot_open", "s", (const void *)s, "out", (const void *)out, (char *)NULL);
     FORK_REFUSE(s, "embkv_snapshot_open");
     CALLBACK_REFUSE(s, "embkv_snapshot_open");
     *out = NULL;

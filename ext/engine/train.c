@@ -76,6 +76,8 @@ struct embkv_session {
 
 void embkv_train_defaults(embkv_train_options *o)
 {
+    if (!o)
+        return;  /* (nothing to fill) */
     memset(o, 0, sizeof *o);
     o->optimizer = EMBKV_SGD;
     o->lr = 0.01;
@@ -90,6 +92,8 @@ void embkv_train_defaults(embkv_train_options *o)
 
 uint32_t embkv_train_state_floats(const embkv_train_options *o, uint32_t dim)
 {
+    if (!o)
+        return 0;  /* (an accessor: 0 for no options, as for a NULL store) */
     switch (o->optimizer) {
     case EMBKV_ADAGRAD: return dim;
     case EMBKV_ADAM: return 2 * dim + 1;
@@ -171,7 +175,7 @@ static struct train_state *train_of(embkv_store *s)
 int embkv_train_configure(embkv_store *s, const embkv_train_options *o)
 {
     if (!s || !o)
-        return embkv__err(EMBKV_INVALID, "embkv_train_configure: NULL argument");
+        return embkv__null_arg("embkv_train_configure", "s", (const void *)s, "o", (const void *)o, (char *)NULL);
     FORK_REFUSE(s, "embkv_train_configure");
     if (s && s->reader)
         return EMBKV_OK; /* (a reader process trains nothing: its pulls read, its pushes are refused) */
@@ -252,7 +256,7 @@ void train_free(embkv_store *s)
 int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st)
 {
     if (!s || !st)
-        return embkv__err(EMBKV_INVALID, "embkv_train_stats_get: NULL argument");
+        return embkv__null_arg("embkv_train_stats_get", "s", (const void *)s, "st", (const void *)st, (char *)NULL);
     memset(st, 0, sizeof *st);
     struct train_state *t = train_of(s);
     if (t) {
@@ -274,7 +278,7 @@ int embkv_train_stats_get(embkv_store *s, embkv_train_stats *st)
 int embkv_session_open(embkv_store *s, embkv_session **out)
 {
     if (!s || !out)
-        return embkv__err(EMBKV_INVALID, "embkv_session_open: NULL argument");
+        return embkv__null_arg("embkv_session_open", "s", (const void *)s, "out", (const void *)out, (char *)NULL);
     RO_REFUSE(s, "embkv_pull and embkv_push (training sessions)");
     if (!train_of(s))
         return embkv__err(EMBKV_INVALID, "store %s: not configured for training (embkv_train_configure)", s->path);
@@ -750,11 +754,12 @@ static int pull_missing(embkv_session *ss, struct train_state *t, const embkv_tr
 }
 
 /* A pull's arguments (fn: the function, in errors). */
-static int pull_check(embkv_session *ss, const int64_t *ids, size_t n, const void *out, unsigned flags,
-                      const char *fn)
+static int pull_check(embkv_session *ss, const int64_t *ids, size_t n, const void *out, const char *out_name,
+                      unsigned flags, const char *fn)
 {
     if (!ss || (n && (!ids || !out)))
-        return embkv__err(EMBKV_INVALID, "%s: NULL argument", fn);
+        return embkv__null_arg(fn, "ss", (const void *)ss, "ids", (const void *)ids, out_name, (const void *)out,
+                               (char *)NULL);
     if (flags & ~(unsigned)EMBKV_PULL_ONCE)
         return embkv__err(EMBKV_INVALID, "%s: unknown flags 0x%x", fn, flags & ~(unsigned)EMBKV_PULL_ONCE);
     RO_REFUSE(ss->s, fn);
@@ -775,7 +780,7 @@ static int pull_end(embkv_session *ss, struct train_state *t, int64_t *st, size_
 
 int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
 {
-    int rc = pull_check(ss, ids, n, out, flags, "embkv_pull");
+    int rc = pull_check(ss, ids, n, out, "out", flags, "embkv_pull");
     if (rc != EMBKV_OK || n == 0)
         return rc;
     FORK_REFUSE(ss->s, "embkv_pull");
@@ -806,7 +811,7 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
  * repeated id once, as read_batch does. */
 int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
 {
-    int rc = pull_check(ss, ids, n, dev_out, flags, "embkv_pull_device");
+    int rc = pull_check(ss, ids, n, dev_out, "dev_out", flags, "embkv_pull_device");
     if (rc != EMBKV_OK || n == 0)
         return rc;
     embkv_store *s = ss->s;
@@ -1266,12 +1271,13 @@ static int push_apply(embkv_session *ss, struct train_state *t, const embkv_trai
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
 {
     if (!ss)
-        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+        return embkv__null_arg("embkv_push", "ss", (const void *)ss, (char *)NULL);
     RO_REFUSE(ss->s, "embkv_push");
     if (nupdated)
         *nupdated = 0;
     if (!ss || (n && (!ids || !grads)))
-        return embkv__err(EMBKV_INVALID, "embkv_push: NULL argument");
+        return embkv__null_arg("embkv_push", "ss", (const void *)ss, "ids", (const void *)ids, "grads",
+                               (const void *)grads, (char *)NULL);
     if (n == 0)
         return EMBKV_OK;
     embkv_store *s = ss->s;
@@ -1313,7 +1319,8 @@ int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const voi
     if (nupdated)
         *nupdated = 0;
     if (!ss || (n && (!ids || !dev_grads)))
-        return embkv__err(EMBKV_INVALID, "embkv_push_device: NULL argument");
+        return embkv__null_arg("embkv_push_device", "ss", (const void *)ss, "ids", (const void *)ids, "dev_grads",
+                               (const void *)dev_grads, (char *)NULL);
     RO_REFUSE(ss->s, "embkv_push_device");
     if (n == 0)
         return EMBKV_OK;
@@ -1401,7 +1408,7 @@ int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nrele
     if (nreleased)
         *nreleased = 0;
     if (!ss || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_release: NULL argument");
+        return embkv__null_arg("embkv_release", "ss", (const void *)ss, "ids", (const void *)ids, (char *)NULL);
     FORK_REFUSE(ss->s, "embkv_release");
     if (n && ss->n) {
         int64_t *uniq = malloc(n * sizeof *uniq);

@@ -940,7 +940,8 @@ static int update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_upda
     if (nupdated)
         *nupdated = 0;
     if (!s || !fn || (n && !ids))
-        return embkv__err(EMBKV_INVALID, "embkv_update_batch: NULL argument");
+        return embkv__null_arg("embkv_update_batch", "s", (const void *)s, "fn", (const void *)(uintptr_t)fn, "ids",
+                               (const void *)ids, (char *)NULL);
     if (n == 0)
         return EMBKV_OK;
     int rc = s->cache ? writeback_clean(s) : EMBKV_OK;
