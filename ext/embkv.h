@@ -34,6 +34,10 @@
  * embkv_cache_offer, embkv_train_defaults) do nothing; embkv_exists and
  * embkv_exists_batch count every id absent and embkv_dtype_round returns
  * 1 (the last three also set the message).
+ *
+ * Flags: a bit a function does not define (embkv_open, embkv_put,
+ * embkv_update_batch, embkv_pull_ex, embkv_pull_device) is EMBKV_INVALID
+ * naming the bits, and nothing is done.
  */
 #ifndef EMBKV_H
 #define EMBKV_H

@@ -17,7 +17,8 @@
  * Misuse of handles: embkv_close inside the thread's write group, and of
  * the last reference while sessions or snapshots are open; another
  * store's snapshot given to the *_at reads; NULL in every function's
- * pointer arguments (an rc names the argument, accessors give 0 or NULL).
+ * pointer arguments (an rc names the argument, accessors give 0 or NULL);
+ * flag bits a function does not define.
  * Messages are checked for the word at fault (the id in decimal, "dim", the
  * path).
  *
@@ -1287,6 +1288,51 @@ static void test_nulls(void)
     free((void *)dir);
 }
 
+/* Flag bits a function does not define: EMBKV_INVALID naming them in hex,
+ * nothing done (embkv_open, embkv_put and embkv_update_batch dropped them
+ * and succeeded). */
+static void test_unknown_flags(void)
+{
+    const char *dir = strdup(test_tmpdir("flags"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE | 0x140, &s), EMBKV_INVALID);
+    CHECK_MSG("0x140");
+    CHECK_MSG("embkv_open");
+    CHECK(s == NULL);
+    CHECK(count_entries(dir) == -1);  /* nothing created */
+    s = create_with_rows(dir, 0, 2);
+    if (!s) return;
+    float v[DIM] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK_RC(embkv_put(s, 50, v, NULL, 0x1000), EMBKV_INVALID);
+    CHECK_MSG("0x1000");
+    CHECK_MSG("50");
+    CHECK_RC(embkv_put(s, 50, v, NULL, EMBKV_PUT_INSERT | 0x80), EMBKV_INVALID);
+    CHECK_MSG("0x80");
+    CHECK_RC(embkv_put(s, 50, v, NULL, 0x100), EMBKV_INVALID);  /* (an internal bit) */
+    CHECK(embkv_exists(s, 50) == 0);
+    int64_t ids[1] = {60};
+    size_t nu = 9;
+    CHECK_RC(embkv_update_batch(s, ids, 1, null_vec_fn, (int[2]){0, 0}, EMBKV_UPDATE_CREATE | 0x80, &nu),
+             EMBKV_INVALID);
+    CHECK_MSG("0x80");
+    CHECK(nu == 0 && embkv_exists(s, 60) == 0);
+    embkv_train_options t;
+    embkv_train_defaults(&t);
+    t.init = EMBKV_INIT_ZEROS;
+    CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
+    embkv_session *ss = NULL;
+    CHECK_RC(embkv_session_open(s, &ss), EMBKV_OK);
+    float out[DIM];
+    CHECK_RC(embkv_pull_ex(ss, ids, 1, out, 0x2), EMBKV_INVALID);
+    CHECK_MSG("0x2");
+    CHECK(embkv_exists(s, 60) == 0);
+    embkv_session_close(ss);
+    CHECK(embkv_count(s) == 2);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    free((void *)dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1306,5 +1352,6 @@ int main(int argc, char **argv)
     test_close_with_open();
     test_foreign_snapshot();
     test_nulls();
+    test_unknown_flags();
     return test_summary("test_errors");
 }

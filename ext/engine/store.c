@@ -1262,6 +1262,11 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     *out = NULL;
     if (!dir || !*dir)
         return embkv__err(EMBKV_INVALID, "embkv_open: directory is NULL or empty");
+    unsigned unknown = flags & ~(unsigned)(EMBKV_OPEN_CREATE | EMBKV_OPEN_READONLY | EMBKV_OPEN_NO_CLOSE_SYNC |
+                                           EMBKV_OPEN_ANY_CACHE);
+    if (unknown)
+        return embkv__err(EMBKV_INVALID, "embkv_open: store %s: unknown flags 0x%x (known: EMBKV_OPEN_CREATE, "
+                          "EMBKV_OPEN_READONLY, EMBKV_OPEN_NO_CLOSE_SYNC, EMBKV_OPEN_ANY_CACHE)", dir, unknown);
     int rc = validate_options(opt, flags, dir);
     if (rc != EMBKV_OK)
         return rc;

@@ -761,7 +761,8 @@ static int pull_check(embkv_session *ss, const int64_t *ids, size_t n, const voi
         return embkv__null_arg(fn, "ss", (const void *)ss, "ids", (const void *)ids, out_name, (const void *)out,
                                (char *)NULL);
     if (flags & ~(unsigned)EMBKV_PULL_ONCE)
-        return embkv__err(EMBKV_INVALID, "%s: unknown flags 0x%x", fn, flags & ~(unsigned)EMBKV_PULL_ONCE);
+        return embkv__err(EMBKV_INVALID, "%s: store %s: unknown flags 0x%x (known: EMBKV_PULL_ONCE)", fn, ss->s->path,
+                          flags & ~(unsigned)EMBKV_PULL_ONCE);
     RO_REFUSE(ss->s, fn);
     return EMBKV_OK;
 }

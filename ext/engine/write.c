@@ -727,7 +727,13 @@ static int put_row(embkv_store *s, int64_t id, const float *vec, const float *st
 int embkv_put(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags)
 {
     RO_REFUSE(s, "embkv_put");
-    return put_row(s, id, vec, state, flags & (EMBKV_PUT_INSERT | EMBKV_PUT_UPDATE | EMBKV_PUT_RESET), 0);
+    /* Unknown bits refused, not dropped: a flag of a newer release (or a
+     * mistyped constant) must not be a plain put that says it worked. */
+    unsigned unknown = flags & ~(unsigned)(EMBKV_PUT_INSERT | EMBKV_PUT_UPDATE | EMBKV_PUT_RESET);
+    if (s && unknown)
+        return embkv__err(EMBKV_INVALID, "embkv_put: store %s: id %lld: unknown flags 0x%x (known: EMBKV_PUT_INSERT, "
+                          "EMBKV_PUT_UPDATE, EMBKV_PUT_RESET)", s->path, (long long)id, unknown);
+    return put_row(s, id, vec, state, flags, 0);
 }
 
 int embkv_put_clock(embkv_store *s, int64_t id, const float *vec, const float *state, uint64_t clock)
@@ -919,7 +925,14 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
                        unsigned flags, size_t *nupdated)
 {
     RO_REFUSE(s, "embkv_update_batch");
-    return update_batch(s, ids, n, fn, ctx, flags & EMBKV_UPDATE_CREATE, NULL, nupdated);
+    unsigned unknown = flags & ~(unsigned)EMBKV_UPDATE_CREATE;
+    if (s && unknown) {
+        if (nupdated)
+            *nupdated = 0;
+        return embkv__err(EMBKV_INVALID, "embkv_update_batch: store %s: unknown flags 0x%x (known: "
+                          "EMBKV_UPDATE_CREATE)", s->path, unknown);
+    }
+    return update_batch(s, ids, n, fn, ctx, flags, NULL, nupdated);
 }
 
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
