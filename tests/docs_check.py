@@ -22,7 +22,11 @@ Checks, each failure naming what is at fault:
      file that exists, and every #anchor a heading of the file it names
      (GitHub's anchors).  docs/install.md is written apart: while it is
      missing, links to it are noted, not failed.
-  6. the pages of docs/ that others link to exist.
+  6. the pages of docs/ that others link to exist;
+  7. every C example of docs/c-api.md (an indented block that calls
+     embkv_) compiles against ext/embkv.h with the types it passes checked
+     (-Werror=incompatible-pointer-types and the like): one with a main
+     as it is, another inside a function given the store `s`.
 
 Run by tests/run.sh (group docs) through tests/python_run.sh, which picks a
 Python whose sqlite3 module can load extensions, or by hand:
@@ -328,6 +332,53 @@ def check_pages():
             fail("docs/%s is missing (other pages link to it)" % page)
 
 
+# ------------------------------------------------- 7: c-api.md's C examples
+
+C_STRICT = ["-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror=incompatible-pointer-types",
+            "-Werror=int-conversion", "-Werror=implicit-function-declaration", "-Werror=pointer-sign",
+            "-Werror=format"]
+
+
+def indented_blocks(text):
+    """(line, code) of each block of lines indented by 4 spaces after a blank line."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip()):
+            start, body = i + 1, []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            yield start, "\n".join(body).strip() + "\n"
+        else:
+            i += 1
+
+
+def check_c_examples():
+    page = os.path.join(ROOT, "docs", "c-api.md")
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if not cc:
+        notes.append("no C compiler: docs/c-api.md's C examples not compiled")
+        return
+    for line, code in indented_blocks(read(page)):
+        if "embkv_" not in code or ";" not in code or code.startswith("cc "):
+            continue
+        where = "docs/c-api.md line %d (a C example)" % line
+        if "int main(" not in code:
+            code = ("#include <stdio.h>\n#include <stdint.h>\n#include \"embkv.h\"\n"
+                    "void example(embkv_store *s);\nvoid example(embkv_store *s)\n{\n" + code + "}\n")
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "example.c")
+            with open(src, "w") as f:
+                f.write(code)
+            r = subprocess.run([cc] + C_STRICT + ["-I" + os.path.join(ROOT, "ext"), src],
+                               capture_output=True, text=True)
+        if r.returncode != 0:
+            fail("%s does not compile against ext/embkv.h: %s" % (where, r.stderr.strip()[:800]))
+        else:
+            ok(where + " compiles")
+
+
 def main():
     if not os.path.exists(EXT + ".so"):
         sys.exit("docs_check: %s.so is missing: run make first" % EXT)
@@ -335,6 +386,7 @@ def main():
     check_registry()
     check_links()
     check_readme()
+    check_c_examples()
     for note in notes:
         print("note  " + note)
     print("%d failures" % len(failures))
