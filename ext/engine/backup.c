@@ -302,7 +302,7 @@ static void backup_free(embkv_backup *b)
     if (b->dst)
         embkv_close(b->dst);
     if (b->s)
-        embkv_close(b->s);
+        (void)store_release(b->s);  /* (nobody to report to: the caller's own close reports) */
     pthread_mutex_destroy(&b->step_mu);
     if (b->tmp) {
         (void)embkv_destroy(b->tmp);

@@ -1456,7 +1456,19 @@ unlock:
     return rc;
 }
 
+static int close_ref(embkv_store *s, bool engine_ref);
+
 int embkv_close(embkv_store *s)
+{
+    return close_ref(s, false);
+}
+
+int store_release(embkv_store *s)
+{
+    return close_ref(s, true);
+}
+
+static int close_ref(embkv_store *s, bool engine_ref)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_close: store is NULL");
@@ -1465,8 +1477,10 @@ int embkv_close(embkv_store *s)
      * the group (EMBKV_BUSY) after the store was gone, and the caller's
      * embkv_group_end would then touch freed memory.  One rule for every
      * reference, so that whether a close inside a group works does not
-     * depend on what other threads hold. */
-    if (group_held(s)) {
+     * depend on what other threads hold.  (The engine's own references,
+     * a backup's, are let go inside a group but for the last: a backup
+     * finished in a group must not keep the store open for ever.) */
+    if (group_held(s) && (!engine_ref || s->refs == 1)) {
         pthread_mutex_unlock(&registry_mu);
         return embkv__err(EMBKV_BUSY, "store %s: embkv_close inside a write group of this thread (embkv_group_begin "
                           "without embkv_group_end): nothing was closed; end the group first, then close", s->path);

@@ -33,4 +33,10 @@ int sync_fixing(embkv_store *s, embkv_snapshot *snap, uint64_t *durable);
  * last sync). */
 void sync_purge_deferred(embkv_store *s);
 
+/* ------------------------------------------------------------- store.c */
+/* embkv_close for a reference the engine took itself (a backup's): inside
+ * the calling thread's write group only the last reference is refused, as
+ * dropping another changes nothing the group uses. */
+int store_release(embkv_store *s);
+
 #endif
