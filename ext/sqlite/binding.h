@@ -535,9 +535,6 @@ int ekjournal_recover(ekvtab *v, int writer, char **err);
  * DROP made embkv_pending part of the transaction, and its xSync, xCommit
  * and xRollback call these. */
 int ekconn_sync_stranded(ekconn *c, char **msg);
-/* SQLITE_BUSY with *msg when a COMMIT would remove a store another process
- * reads (a DROP of its last table). */
-int ekconn_pend_refuse_readers(ekconn *c, char **msg);
 void ekconn_end_stranded(ekconn *c, int commit);
 /* xSavepoint, xRelease or xRollbackTo for every buffer of the transaction,
  * from embkv_pending (idempotent for buffers whose tables heard it too). */

@@ -136,6 +136,46 @@ static int pending_writes(const ekwbuf *wb)
     return wb->in_txn && !wb->synced && ektxn_count(wb->txn) > 0;
 }
 
+/* SQLITE_BUSY with *msg when the COMMIT would remove a store another
+ * process reads (a DROP of its last table: pending.c carries it out). */
+static int refuse_readers(ekconn *c, char **msg)
+{
+    /* A removal while another process reads the store would leave the
+     * directory behind, silently (embkv_destroy refuses it then), and a
+     * later CREATE naming it would find the old rows: the COMMIT is
+     * refused, as SQLite refuses one beside its readers.  Removed: as
+     * pend_carry_out decides, with every table of the store this
+     * transaction drops gone from its list. */
+    for (int i = 0; i < c->npend; i++) {
+        ekpend *p = &c->pend[i];
+        if (!(p->when & EK_ON_COMMIT) || (!p->unlist && p->tid[0])) continue; /* (a temporary store) */
+        int removed = !p->unlist, seen = 0;
+        if (p->unlist) {
+            const ekuser *gone[64];
+            int n = 0, owner = 0;
+            for (int j = 0; j < c->npend; j++) {
+                ekpend *q = &c->pend[j];
+                if (!(q->when & EK_ON_COMMIT) || !q->unlist || strcmp(q->dir, p->dir) != 0) continue;
+                seen |= j < i; /* (decided at its first) */
+                owner |= q->owner;
+                if (n < 64) gone[n++] = &q->who;
+            }
+            int left = seen ? 1 : ekusers_left_after(p->dir, gone, n);
+            removed = left == 0 || (left == -1 && owner);
+        }
+        long reader = removed ? embkv_reader_pid(p->dir) : 0;
+        if (reader) {
+            *msg = sqlite3_mprintf("store %s is open for reading in another process (pid %ld), and this COMMIT "
+                                   "removes it (DROP TABLE of its last table): close the table there (or end that "
+                                   "process), then DROP again (a COMMIT refused so keeps its transaction open: "
+                                   "COMMIT again, or ROLLBACK)",
+                                   p->dir, reader);
+            return SQLITE_BUSY;
+        }
+    }
+    return SQLITE_OK;
+}
+
 /* COMMIT, before any store is written (the first xSync of the COMMIT does
  * it; the later ones find it done): whatever may refuse the COMMIT refuses
  * here, so that one refused has written no store, whichever xSync comes
@@ -152,7 +192,7 @@ int ekconn_commit_prepare(ekconn *c, char **msg)
                                c->pid, (long)getpid());
         return SQLITE_READONLY;
     }
-    int rc = ekconn_pend_refuse_readers(c, msg);
+    int rc = refuse_readers(c, msg);
     for (ekwbuf *wb = c->wbufs; wb && rc == SQLITE_OK; wb = wb->next) {
         if (!pending_writes(wb) || wb->jslot >= 0) continue;
         ekvtab *o = record_holder(c, wb);
