@@ -222,6 +222,7 @@ int ekwbuf_sync(ekwbuf *wb, ekconn *c, char **msg)
 void ekwbuf_end(ekwbuf *wb)
 {
     if (wb->synced) ekjournal_finish(wb, 1, 0);
+    else if (wb->jslot >= 0) ekjournal_end(wb); /* (prepared, never written: another part failed first) */
     ektxn_clear(wb->txn);
     wb->synced = 0;
     wb->in_txn = 0;
