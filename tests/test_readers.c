@@ -471,6 +471,7 @@ static void test_forked_child(void)
         bad += embkv_put(w, 9, v, NULL, 0) != EMBKV_READONLY;
         bad += embkv_delete(w, 1) != EMBKV_READONLY;
         bad += embkv_sync(w) != EMBKV_READONLY;
+        bad += embkv_check(w) != EMBKV_READONLY;
         bad += embkv_snapshot_open(w, &sn) != EMBKV_READONLY;
         embkv_backup *bk = NULL;
         char to[512];

@@ -37,6 +37,9 @@ int embkv_check(embkv_store *s)
 {
     if (!s)
         return embkv__err(EMBKV_INVALID, "embkv_check: store is NULL");
+    /* (It reads the pool the parent may be changing, through a copy of
+     * its locks: as any read there.) */
+    FORK_REFUSE(s, "embkv_check");
     /* (It takes the writer lock exclusively: a batch around holds it shared.) */
     CALLBACK_REFUSE(s, "embkv_check");
     if (s->reader)
