@@ -106,7 +106,9 @@ typedef struct embkv_options {
      * files.  ssd_size bounds the files (0: no SSD tier, or at a reopen the
      * store's own), but for compaction after a reopen of a full log: one
      * segment more (ssd_size/16, 1 to 64 MiB) until the next sync.  ssd_path
-     * is their directory (NULL: "log" inside the store directory).  Both
+     * is their directory (NULL or "": "log" inside the store directory; a
+     * relative path is taken from the process's working directory, and
+     * kept as it resolved then: give an absolute one).  Both
      * are kept with the store: a reopen may raise ssd_size (or add a tier
      * to a store without one), never lower it, and may not name another
      * ssd_path. */
