@@ -194,58 +194,81 @@ int ekjournal_wanted(const ekvtab *v)
     return ok;
 }
 
+/* Whether schema name of db is in WAL mode (its COMMIT waits for no
+ * reader), or cannot be told (taken as WAL: nothing is locked). */
+static int wal_mode(sqlite3 *db, const char *name)
+{
+    char *sql = sqlite3_mprintf("PRAGMA \"%w\".journal_mode", name);
+    sqlite3_stmt *st = NULL;
+    int wal = 1;
+    if (sql && sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+        const char *m = (const char *)sqlite3_column_text(st, 0);
+        wal = m && sqlite3_stricmp(m, "wal") == 0;
+    }
+    sqlite3_finalize(st);
+    sqlite3_free(sql);
+    return wal;
+}
+
 /* Step 0.  The VFS lock is taken through the file's own methods: the
  * pager, asking for EXCLUSIVE later, finds it held (a no-op in every
  * VFS's xLock), and releases it when the transaction ends, as it does a
- * PENDING lock left by a wait that timed out. */
+ * PENDING lock left by a wait that timed out.
+ * For one schema: EXCLUSIVE when SQLite's COMMIT of its file would
+ * wait for readers, waiting up to what is left of *budget (ms, read at the
+ * first busy file; *waited counts the whole COMMIT's wait). */
+static int lock_one(sqlite3 *db, const char *name, int *budget, int *waited, char **msg)
+{
+    if (!strcmp(name, "temp") || sqlite3_txn_state(db, name) != SQLITE_TXN_WRITE) return SQLITE_OK;
+    const char *file = sqlite3_db_filename(db, name);
+    sqlite3_file *f = NULL;
+    /* (A file SQLite does not lock, nolock=1, is not locked here: the
+     * pager would never release it.) */
+    if (!file || !*file || sqlite3_uri_boolean(file, "nolock", 0) ||
+        sqlite3_file_control(db, name, SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f || !f->pMethods ||
+        wal_mode(db, name))
+        return SQLITE_OK;
+    /* SQLite's busy callback's steps, in ms. */
+    static const int step[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
+    int rc;
+    for (int n = 0;; n++) {
+        rc = f->pMethods->xLock(f, SQLITE_LOCK_EXCLUSIVE);
+        if ((rc & 0xff) != SQLITE_BUSY) break;
+        if (*budget < 0) *budget = ek_pragma_int(db, "busy_timeout", 0);
+        int d = step[n < 12 ? n : 11];
+        if (*waited >= *budget) break;
+        if (d > *budget - *waited) d = *budget - *waited;
+        sqlite3_sleep(d);
+        *waited += d;
+    }
+    if (rc != SQLITE_OK)
+        *msg = (rc & 0xff) == SQLITE_BUSY
+                   ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
+                                     "connection's busy timeout); nothing was written (a COMMIT refused so keeps "
+                                     "its transaction open: COMMIT again, or ROLLBACK)",
+                                     file, *waited)
+                   : sqlite3_mprintf("cannot lock %s to commit: %s; nothing was written", file, sqlite3_errstr(rc));
+    return rc;
+}
+
 int ekjournal_lock_files(sqlite3 *db, char **msg)
 {
     *msg = NULL;
     if (sqlite3_txn_state(db, NULL) != SQLITE_TXN_WRITE) return SQLITE_OK;
+    int rc = SQLITE_OK, budget = -1, waited = 0;
+    /* The schemas: sqlite3_db_name where the library has it (3.39; no SQL
+     * to prepare), else PRAGMA database_list. */
+    if (sqlite3_libversion_number() >= 3039000) {
+        const char *name;
+        for (int i = 0; rc == SQLITE_OK && (name = sqlite3_db_name(db, i)) != NULL; i++)
+            rc = lock_one(db, name, &budget, &waited, msg);
+        return rc;
+    }
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db,
-                                "SELECT d.name FROM pragma_database_list d WHERE d.name <> 'temp' AND "
-                                "(SELECT lower(journal_mode) FROM pragma_journal_mode WHERE schema = d.name) <> 'wal'",
-                                -1, &st, NULL);
-    int budget = -1, waited = 0; /* ms: the busy timeout (read at the first busy file), for the whole COMMIT */
-    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
-        const char *name = (const char *)sqlite3_column_text(st, 0);
-        if (!name || sqlite3_txn_state(db, name) != SQLITE_TXN_WRITE) continue;
-        const char *file = sqlite3_db_filename(db, name);
-        sqlite3_file *f = NULL;
-        /* (A file SQLite does not lock, nolock=1, is not locked here: the
-         * pager would never release it.) */
-        if (!file || !*file || sqlite3_uri_boolean(file, "nolock", 0) ||
-            sqlite3_file_control(db, name, SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f || !f->pMethods)
-            continue;
-        /* SQLite's busy callback's steps, in ms. */
-        static const int step[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
-        for (int n = 0;; n++) {
-            rc = f->pMethods->xLock(f, SQLITE_LOCK_EXCLUSIVE);
-            if ((rc & 0xff) != SQLITE_BUSY) break;
-            if (budget < 0) budget = ek_pragma_int(db, "busy_timeout", 0);
-            int d = step[n < 12 ? n : 11];
-            if (waited >= budget) break;
-            if (d > budget - waited) d = budget - waited;
-            sqlite3_sleep(d);
-            waited += d;
-        }
-        if (rc != SQLITE_OK) {
-            *msg = (rc & 0xff) == SQLITE_BUSY
-                       ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
-                                         "connection's busy timeout); nothing was written (a COMMIT refused so "
-                                         "keeps its transaction open: COMMIT again, or ROLLBACK)",
-                                         file, waited)
-                       : sqlite3_mprintf("cannot lock %s to commit: %s; nothing was written", file,
-                                         sqlite3_errstr(rc));
-            break;
-        }
-    }
-    int frc = sqlite3_finalize(st);
-    if (rc == SQLITE_OK && frc != SQLITE_OK) {
-        rc = frc;
-        *msg = sqlite3_mprintf("cannot list the database files to lock for COMMIT: %s", sqlite3_errstr(frc));
-    }
+    rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_database_list", -1, &st, NULL);
+    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        rc = lock_one(db, (const char *)sqlite3_column_text(st, 0), &budget, &waited, msg);
+    sqlite3_finalize(st);
     return rc;
 }
 
