@@ -312,6 +312,10 @@ int ekerr_unusable(ekvtab *v);
  * busy_timeout, query_only: settings SQLite has no C getter for), or
  * fallback when it cannot be read. */
 int ek_pragma_int(sqlite3 *db, const char *name, int fallback);
+/* Whether db's COMMIT in progress ends an autocommit statement that writes
+ * (its failure undoes the statement) rather than a COMMIT (whose failure
+ * keeps the transaction). */
+int ek_in_write_statement(sqlite3 *db);
 /* Why this connection may not change the tables of schema zDb (opened
  * read-only, a read-only attached file, PRAGMA query_only), or NULL. */
 const char *ekerr_readonly(sqlite3 *db, const char *zDb);

@@ -81,6 +81,16 @@ int ek_pragma_int(sqlite3 *db, const char *name, int fallback)
     return v;
 }
 
+int ek_in_write_statement(sqlite3 *db)
+{
+    /* (A COMMIT statement is read-only to SQLite, and no write statement
+     * may run beside it: a busy one that writes is the autocommit
+     * statement whose commit this is.) */
+    for (sqlite3_stmt *st = sqlite3_next_stmt(db, NULL); st; st = sqlite3_next_stmt(db, st))
+        if (sqlite3_stmt_busy(st) && !sqlite3_stmt_readonly(st)) return 1;
+    return 0;
+}
+
 const char *ekerr_readonly(sqlite3 *db, const char *zDb)
 {
     if (sqlite3_db_readonly(db, zDb) == 1) return "the database is open read-only";

@@ -244,9 +244,11 @@ static int lock_one(sqlite3 *db, const char *name, int *budget, int *waited, cha
     if (rc != SQLITE_OK)
         *msg = (rc & 0xff) == SQLITE_BUSY
                    ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
-                                     "connection's busy timeout); nothing was written (a COMMIT refused so keeps "
-                                     "its transaction open: COMMIT again, or ROLLBACK)",
-                                     file, *waited)
+                                     "connection's busy timeout); nothing was written, %s",
+                                     file, *waited, ek_in_write_statement(db)
+                                                        ? "and the statement is undone: run it again"
+                                                        : "and the transaction is still open: COMMIT again, or "
+                                                          "ROLLBACK")
                    : sqlite3_mprintf("cannot lock %s to commit: %s; nothing was written", file, sqlite3_errstr(rc));
     return rc;
 }

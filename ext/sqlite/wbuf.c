@@ -192,7 +192,11 @@ int ekconn_commit_prepare(ekconn *c, char **msg)
                                c->pid, (long)getpid());
         return SQLITE_READONLY;
     }
-    int rc = refuse_readers(c, msg);
+    /* (Once a store of this COMMIT is written, a reader that came since
+     * leaves the directory behind rather than a refusal after the write.) */
+    int written = 0;
+    for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) written |= wb->in_txn && wb->synced;
+    int rc = written ? SQLITE_OK : refuse_readers(c, msg);
     for (ekwbuf *wb = c->wbufs; wb && rc == SQLITE_OK; wb = wb->next) {
         if (!pending_writes(wb) || wb->jslot >= 0) continue;
         ekvtab *o = record_holder(c, wb);
@@ -234,6 +238,11 @@ void ekwbuf_end(ekwbuf *wb)
  * on, is applied whole by the next COMMIT. */
 int ekwbuf_unsync(ekwbuf *wb)
 {
+    /* Prepared, not written: the slot goes, for the next COMMIT writes a
+     * record of its own (a ROLLBACK TO may take this one's record out of
+     * SQLite's transaction, and a journal under a token no record holds
+     * would be put back after SQLite committed). */
+    if (wb && !wb->synced && wb->jslot >= 0) ekjournal_end(wb);
     if (!wb || !wb->synced) return SQLITE_OK;
     pthread_mutex_t *held = ekreg_commit_lock(wb->store);
     int erc = ektxn_unapply(wb->txn, wb->store);

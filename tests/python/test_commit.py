@@ -298,6 +298,46 @@ class CommitTest(TempDirTest):
         r.close()
         c.close()
 
+    def test_rollback_to_after_a_refused_commit_of_two_stores(self):
+        """A COMMIT refused after its first store was written, its second
+        prepared (a slot and a record) but not written; a ROLLBACK TO
+        takes that record out of SQLite's transaction: the next COMMIT's
+        journal of the second store names the record SQLite commits (a
+        lost done mark then keeps the rows)."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=4, path='sa', pool_size='16M')")
+        c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=4, path='sb', pool_size='16M')")
+        c.execute("INSERT INTO b(id, vec) VALUES (1, ?)", (vec(1.0),))
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT s")
+        c.execute("INSERT INTO a(id, vec) VALUES (5, ?)", (vec(5.0),))
+        c.execute("INSERT INTO b(id, vec) VALUES (5, ?)", (vec(5.0),))
+        os.environ["EMBKV_TEST_COMMIT"] = "busy"
+        try:
+            with self.assertRaises(sqlite3.OperationalError):
+                c.execute("COMMIT")
+        finally:
+            del os.environ["EMBKV_TEST_COMMIT"]
+        c.execute("ROLLBACK TO s")
+        c.execute("INSERT INTO b(id, vec) VALUES (7, ?)", (vec(7.0),))
+        c.execute("INSERT INTO log VALUES (7)")
+        c.execute("RELEASE s")
+        c.execute("COMMIT")
+        token = c.execute("SELECT v FROM b_config WHERE k = 'commit-0'").fetchone()[0]
+        c.close()
+        journal = os.path.join(self.dir, "sb", "app-sqlite-commit-0")
+        with open(journal, "rb") as f:
+            head = f.read(72)
+        self.assertIn(struct.pack("<q", token), head, "the journal's token is not the committed record's")
+        # A done mark lost: the record decides, and the rows stay.
+        with open(journal, "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<I", 1))
+        c = connect(self.db)
+        self.assertEqual([r[0] for r in c.execute("SELECT id FROM b ORDER BY id")], [1, 7])
+        self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 0)
+        c.close()
+
     def busy_commit(self, c):
         """c's COMMIT fails busy after its first phase wrote the store (the
         test seam); SQLite keeps the transaction."""
@@ -586,8 +626,8 @@ class CommitTest(TempDirTest):
         self.assertEqual(len(failed), 1)
         self.assertEqual(str(failed[0]),
                          f"embkv table t: database is locked: other connections are reading {self.db} (waited "
-                         "600 ms, the connection's busy timeout); nothing was written (a COMMIT refused so keeps "
-                         "its transaction open: COMMIT again, or ROLLBACK)")
+                         "600 ms, the connection's busy timeout); nothing was written, and the transaction is "
+                         "still open: COMMIT again, or ROLLBACK")
         self.assertEqual(failed[0].sqlite_errorcode, sqlite3.SQLITE_BUSY)
         self.assertTrue(c.in_transaction)
         self.assertEqual(self.journal_state(), 0)
@@ -612,6 +652,11 @@ class CommitTest(TempDirTest):
         committed row; the COMMIT, refused and rolled back, leaves it."""
         reader = self.hold_read()
         c = connect(self.db, timeout=0.3)
+        # An autocommit statement refused so is undone.
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(8.0),))
+        self.assertTrue(str(cm.exception).endswith("nothing was written, and the statement is undone: run it again"))
+        self.assertFalse(c.in_transaction)
         c.execute("BEGIN")
         c.execute("UPDATE t SET vec = ? WHERE id = 1", (vec(9.0),))
         c.execute("INSERT INTO log VALUES (1)")
