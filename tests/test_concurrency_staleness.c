@@ -343,6 +343,18 @@ static void *b_waiter(void *arg)
     return NULL;
 }
 
+/* Starts b_waiter on j and gives its pull ms to block. */
+static void start_waiter(b_job *j, pthread_t *pt, int ms)
+{
+    if (pthread_create(pt, NULL, b_waiter, j) != 0) {
+        perror("pthread_create");
+        exit(2);
+    }
+    while (atomic_load(&j->phase) < 1)
+        sched_yield();
+    sleep_ms(ms);
+}
+
 static void test_wake_latency(void)
 {
     embkv_store *s = open_store("wake", 0, 5000);
@@ -360,13 +372,7 @@ static void test_wake_latency(void)
         float before = out[0];
         b_job j = {.ss = w, .id = id};
         pthread_t pt;
-        if (pthread_create(&pt, NULL, b_waiter, &j) != 0) {
-            perror("pthread_create");
-            exit(2);
-        }
-        while (atomic_load(&j.phase) < 1)
-            sched_yield();
-        sleep_ms(25);  /* let it block */
+        start_waiter(&j, &pt, 25);
         early += atomic_load(&j.phase) == 2;
         double t_push = now_ms();
         CHECK_RC(embkv_push(h, &id, 1, minus1, 0, NULL), EMBKV_OK);
@@ -534,13 +540,7 @@ static void test_reconfigure_wakes(void)
         CHECK_RC(embkv_pull(h, &id, 1, out), EMBKV_OK);
         b_job j = {.ss = w, .id = id};
         pthread_t pt;
-        if (pthread_create(&pt, NULL, b_waiter, &j) != 0) {
-            perror("pthread_create");
-            exit(2);
-        }
-        while (atomic_load(&j.phase) < 1)
-            sched_yield();
-        sleep_ms(50);  /* let it block */
+        start_waiter(&j, &pt, 50);
         CHECK(atomic_load(&j.phase) == 1);
         embkv_train_options o;
         embkv_train_defaults(&o);

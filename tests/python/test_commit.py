@@ -312,12 +312,7 @@ class CommitTest(TempDirTest):
         c.execute("SAVEPOINT s")
         c.execute("INSERT INTO a(id, vec) VALUES (5, ?)", (vec(5.0),))
         c.execute("INSERT INTO b(id, vec) VALUES (5, ?)", (vec(5.0),))
-        os.environ["EMBKV_TEST_COMMIT"] = "busy"
-        try:
-            with self.assertRaises(sqlite3.OperationalError):
-                c.execute("COMMIT")
-        finally:
-            del os.environ["EMBKV_TEST_COMMIT"]
+        self.seam_refused_commit(c)
         c.execute("ROLLBACK TO s")
         c.execute("INSERT INTO b(id, vec) VALUES (7, ?)", (vec(7.0),))
         c.execute("INSERT INTO log VALUES (7)")
@@ -338,17 +333,22 @@ class CommitTest(TempDirTest):
         self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 0)
         c.close()
 
-    def busy_commit(self, c):
-        """c's COMMIT fails busy after its first phase wrote the store (the
-        test seam); SQLite keeps the transaction."""
+    def seam_refused_commit(self, c):
+        """c's COMMIT fails busy after its first phase (the test seam)."""
         os.environ["EMBKV_TEST_COMMIT"] = "busy"
         try:
             with self.assertRaises(sqlite3.OperationalError) as cm:
                 c.execute("COMMIT")
         finally:
             del os.environ["EMBKV_TEST_COMMIT"]
-        self.assertEqual(str(cm.exception), "embkv table t: database is locked (EMBKV_TEST_COMMIT=busy)")
-        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY)
+        return cm.exception
+
+    def busy_commit(self, c):
+        """c's COMMIT fails busy after its first phase wrote the store (the
+        test seam); SQLite keeps the transaction."""
+        e = self.seam_refused_commit(c)
+        self.assertEqual(str(e), "embkv table t: database is locked (EMBKV_TEST_COMMIT=busy)")
+        self.assertEqual(e.sqlite_errorcode, sqlite3.SQLITE_BUSY)
         self.assertEqual(self.journal_state(), 1)
         self.assertTrue(c.in_transaction)
 
@@ -479,12 +479,7 @@ class CommitTest(TempDirTest):
             c.execute(f"UPDATE r_{dtype} SET vec = ? WHERE id = 1", (struct.pack("4f", 0.1, -0.3, 0.77, 1e-3),))
             c.execute(f"INSERT INTO r_{dtype}(id, vec) VALUES (2, ?)", (vec(0.123),))
             c.execute("INSERT INTO log VALUES (1)")
-            os.environ["EMBKV_TEST_COMMIT"] = "busy"
-            try:
-                with self.assertRaises(sqlite3.OperationalError):
-                    c.execute("COMMIT")
-            finally:
-                del os.environ["EMBKV_TEST_COMMIT"]
+            self.seam_refused_commit(c)
             c.execute("ROLLBACK")
             self.assertEqual(c.execute(f"SELECT id, vec FROM r_{dtype}").fetchall(), [(1, vec(0.5))], dtype)
             c.close()
