@@ -378,6 +378,10 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out);
  * *err (sqlite3_malloc'd) when it is not one of the forms, NULL with *err
  * NULL when out of memory. */
 int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err);
+/* The same, naming the other forms the caller takes after the JSON array
+ * in the message for a text that is not one (ek_parse_ids: ", an int64
+ * BLOB or an INTEGER"). */
+int64_t *ek_parse_ids_or(sqlite3_value *v, size_t *n, char **err, const char *others);
 /* The text of a name argument (a table, a file) when it is TEXT with no
  * NUL character inside (as a C string it would name a prefix of itself);
  * NULL otherwise, *nul telling which. */

@@ -328,17 +328,10 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     }
     /* fall through */
     case SQLITE_BLOB:
-        ids = ek_parse_ids(argv[1], &n, &err);
+        /* (An integer is n here, not an id.) */
+        ids = ek_parse_ids_or(argv[1], &n, &err, " or an int64 BLOB (an integer is n, the number of hottest rows)");
         if (!ids) {
             char *m = err ? sqlite3_mprintf("argument 2: %s", err) : NULL;
-            /* (An empty array: ek_parse_ids' hint at "an INTEGER" would
-             * mislead, an integer being n here.) */
-            if (err && sqlite3_value_type(argv[1]) == SQLITE_TEXT && strncmp(err, "ids must be", 11) == 0) {
-                sqlite3_free(m);
-                m = sqlite3_mprintf("argument 2: ids must be a non-empty JSON array of integers such as '[42]' or "
-                                    "an int64 BLOB (an integer is n, the number of hottest rows), got the text "
-                                    "'%.40s'", (const char *)sqlite3_value_text(argv[1]));
-            }
             hot_error(ctx, ref.name, m ? SQLITE_ERROR : SQLITE_NOMEM, m ? m : "out of memory");
             sqlite3_free(m);
             sqlite3_free(err);

@@ -179,13 +179,18 @@ static int sync_dir(const char *dir)
     return rc;
 }
 
+/* A usable table of a database file (one of a temporary or in-memory
+ * database, with a path, has no file to keep a record in). */
+static int in_a_file(const ekvtab *v)
+{
+    if (!v || v->is_tmp || v->gone || v->broken || !v->store) return 0;
+    const char *file = sqlite3_db_filename(v->db, v->zDb);
+    return file && *file;
+}
+
 int ekjournal_wanted(const ekvtab *v)
 {
-    if (!v || v->is_tmp || v->gone || v->broken || !v->store || embkv_readonly(v->store)) return 0;
-    /* A table of a temporary or in-memory database (with a path) has no
-     * file to keep the record in. */
-    const char *file = sqlite3_db_filename(v->db, v->zDb);
-    if (!file || !*file) return 0;
+    if (!in_a_file(v) || embkv_readonly(v->store)) return 0;
     /* A table whose CREATE was rolled back to a savepoint still gets
      * xSync, without its shadow table. */
     char *cfg = sqlite3_mprintf("%s_config", v->zName);
@@ -679,18 +684,12 @@ static uint64_t journal_files(const char *dir)
  * database file. */
 static int readonly_checks(const ekvtab *v)
 {
-    if (v->is_tmp || v->gone || v->broken || !v->store || !embkv_readonly(v->store) || embkv_writer_pid(v->store))
-        return 0;
-    const char *file = sqlite3_db_filename(v->db, v->zDb);
-    return file && *file;
+    return in_a_file(v) && embkv_readonly(v->store) && !embkv_writer_pid(v->store);
 }
 
 int ekjournal_recover(ekvtab *v, int writer, char **err)
 {
     *err = NULL;
-    /* (A connection with PRAGMA query_only on opens the store to read:
-     * one that may not write, here too.) */
-    if (writer && v->store && embkv_readonly(v->store)) writer = 0;
     if (writer ? !ekjournal_wanted(v) : !readonly_checks(v)) return SQLITE_OK;
     int rc = SQLITE_OK;
     uint64_t present = journal_files(v->dir);

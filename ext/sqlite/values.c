@@ -258,6 +258,11 @@ int parse_vec(ekvtab *v, int64_t id, sqlite3_value *val, float *out)
 
 int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
 {
+    return ek_parse_ids_or(v, n, err, ", an int64 BLOB or an INTEGER");
+}
+
+int64_t *ek_parse_ids_or(sqlite3_value *v, size_t *n, char **err, const char *others)
+{
     *n = 0;
     *err = NULL;
     switch (sqlite3_value_type(v)) {
@@ -288,9 +293,9 @@ int64_t *ek_parse_ids(sqlite3_value *v, size_t *n, char **err)
         int count = j && cJSON_IsArray(j) ? cJSON_GetArraySize(j) : -1;
         if (count <= 0) {
             const char *txt = (const char *)sqlite3_value_text(v);
-            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers such as '[42]', an int64 BLOB "
-                                   "or an INTEGER, got the text '%.40s%s'",
-                                   txt ? txt : "", sqlite3_value_bytes(v) > 40 ? "..." : "");
+            *err = sqlite3_mprintf("ids must be a non-empty JSON array of integers such as '[42]'%s, got the text "
+                                   "'%.40s%s'",
+                                   others, txt ? txt : "", sqlite3_value_bytes(v) > 40 ? "..." : "");
             cJSON_Delete(j);
             return NULL;
         }

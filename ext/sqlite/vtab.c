@@ -973,11 +973,13 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * what is wrong with a directory that holds no store). */
     int check_users = !create && !v->is_tmp;
     int trusted = check_users ? ek_pragma_int(db, "trusted_schema", 0) != 0 : 1;
-    int ro = check_users && ekerr_readonly(db, v->zDb) != NULL; /* (for the advice of a refusal) */
+    /* (It opens the store to read, and the advice of a refusal says where
+     * to attach.) */
+    int may_not_write = !create && ekerr_readonly(db, v->zDb) != NULL;
     const char *attach_path = v->opts.path ? v->opts.path : dir;
     int admitted = 0;
     if (check_users && has_pool(dir)) {
-        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 0, &err)) != SQLITE_OK)
+        if ((rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, may_not_write, trusted, 0, &err)) != SQLITE_OK)
             goto broken;
         admitted = 1;
     }
@@ -1034,7 +1036,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * another process's writer, rows as of its last checkpoint, and it
      * never keeps a trainer out; in a process that has the store open to
      * write, it shares that handle (the rows committed there). */
-    unsigned oflags = create ? EMBKV_OPEN_CREATE : ekerr_readonly(db, v->zDb) ? EMBKV_OPEN_READONLY : 0;
+    unsigned oflags = create ? EMBKV_OPEN_CREATE : may_not_write ? EMBKV_OPEN_READONLY : 0;
     /* The tables of a store share one DRAM cache in a process, sized by
      * the first open: a table that reconnects asking for another size
      * shares it.  Its CREATE met the cache of its time; the order in which
@@ -1096,7 +1098,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         goto fail;
     }
     if (check_users && !admitted &&
-        (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 0, &err)) != SQLITE_OK)
+        (rc = ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, may_not_write, trusted, 0, &err)) != SQLITE_OK)
         goto broken;
     if ((rc = store_options(v, dir, &err)) != SQLITE_OK) {
         if (!create) goto broken;
@@ -1120,7 +1122,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     }
     /* A COMMIT of this table cut off by a dead process (journal.c): put
      * back or kept as SQLite's file decided, before anything reads. */
-    if (!create && (rc = ekjournal_recover(v, writer, &err)) != SQLITE_OK) {
+    if (!create && (rc = ekjournal_recover(v, writer && !may_not_write, &err)) != SQLITE_OK) {
         if (rc == SQLITE_CORRUPT || rc == SQLITE_READONLY) goto broken;
         goto fail;
     }
@@ -1171,7 +1173,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
      * one), unless its database is read-only for this connection for good
      * (query_only can be turned off: not a reason). */
     if (check_users && sqlite3_db_readonly(db, v->zDb) != 1 &&
-        ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, ro, trusted, 1, &err) != SQLITE_OK) {
+        ekusers_admit(dir, &v->who, v->zName, v->opts.dim, attach_path, may_not_write, trusted, 1, &err) != SQLITE_OK) {
         sqlite3_free(err); /* (admitted a moment ago: the list changed meanwhile; the next connect says) */
         err = NULL;
     }

@@ -192,11 +192,12 @@ int ekconn_commit_prepare(ekconn *c, char **msg)
                                c->pid, (long)getpid());
         return SQLITE_READONLY;
     }
-    /* (Once a store of this COMMIT is written, a reader that came since
-     * leaves the directory behind rather than a refusal after the write.) */
-    int written = 0;
-    for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) written |= wb->in_txn && wb->synced;
-    int rc = written ? SQLITE_OK : refuse_readers(c, msg);
+    /* Once a store of this COMMIT is written, all of it was decided (and
+     * a reader that came since leaves the directory behind rather than a
+     * refusal after the write). */
+    for (ekwbuf *wb = c->wbufs; wb; wb = wb->next)
+        if (wb->in_txn && wb->synced) return SQLITE_OK;
+    int rc = refuse_readers(c, msg);
     for (ekwbuf *wb = c->wbufs; wb && rc == SQLITE_OK; wb = wb->next) {
         if (!pending_writes(wb) || wb->jslot >= 0) continue;
         ekvtab *o = record_holder(c, wb);

@@ -148,6 +148,21 @@ class CommitTest(TempDirTest):
         self.assertEqual(head[:8], b"EKVJRNL1")
         return struct.unpack_from("<I", head, 8)[0]
 
+    def flip_journal(self, off=72 + 32 + 2, mask=0x40):
+        """Toggles bits of the journal's byte at off (by default inside the
+        first pre-image's floats); a second call puts it back."""
+        with open(self.journal, "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ mask]))
+
+    def use_error(self, c):
+        """The error c's first use of t gives."""
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            c.execute("SELECT count(*) FROM t").fetchone()
+        return cm.exception
+
     def rows(self, c):
         return {i: struct.unpack("4f", v)[0] for i, v in c.execute("SELECT id, vec FROM t")}
 
@@ -225,18 +240,12 @@ class CommitTest(TempDirTest):
         self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_READONLY)
         q.close()
         # Damaged: refused as a writer refuses it.
-        with open(self.journal, "r+b") as f:
-            f.seek(72 + 32 + 2)
-            b = f.read(1)
-            f.seek(72 + 32 + 2)
-            f.write(bytes([b[0] ^ 0x40]))
+        self.flip_journal()
         with self.assertRaises(sqlite3.DatabaseError) as cm:
             ro_count()
         self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_CORRUPT)
         self.assertIn("is damaged (its checksum does not match)", str(cm.exception))
-        with open(self.journal, "r+b") as f:
-            f.seek(72 + 32 + 2)
-            f.write(b)
+        self.flip_journal()
         # The advice, followed.
         c = connect(self.db)
         self.assertNotIn(5000, self.rows(c))
@@ -247,9 +256,9 @@ class CommitTest(TempDirTest):
         bad = os.path.join(self.dir, "st", "app-sqlite-commit-5")
         os.mkdir(bad)
         c = connect(self.db)
-        with self.assertRaises(sqlite3.OperationalError) as cm:
-            c.execute("SELECT count(*) FROM t").fetchone()
-        self.assertEqual(str(cm.exception),
+        e = self.use_error(c)
+        self.assertIsInstance(e, sqlite3.OperationalError)
+        self.assertEqual(str(e),
                          f"embkv table t: cannot open its store's commit journal {os.path.realpath(bad)}: Is a "
                          "directory (give this process read and write access to it: it may hold the rows of a "
                          "COMMIT cut off by a crash, which the table puts back)")
@@ -544,15 +553,9 @@ class CommitTest(TempDirTest):
 
     def test_damaged_journal_is_an_error_naming_it(self):
         self.kill_in_window()
-        with open(self.journal, "r+b") as f:
-            f.seek(72 + 32 + 2)  # inside the first pre-image's floats
-            b = f.read(1)
-            f.seek(72 + 32 + 2)
-            f.write(bytes([b[0] ^ 0x40]))
+        self.flip_journal()
         c = connect(self.db)
-        with self.assertRaises(sqlite3.DatabaseError) as cm:
-            c.execute("SELECT count(*) FROM t").fetchone()
-        self.assertEqual(str(cm.exception),
+        self.assertEqual(str(self.use_error(c)),
                          f"embkv table t: its store's commit journal {os.path.realpath(self.journal)} is damaged "
                          "(its checksum does not match): a COMMIT was cut off and its rows cannot be put back. "
                          "Restore the store from a backup, or remove that file to keep the rows as they are (that "
@@ -560,30 +563,19 @@ class CommitTest(TempDirTest):
         c.close()
         # The table id or the state word damaged: the same error, not a
         # journal taken for another table's or for done.
-        for off, byte in ((24, None), (8, 0xfe)):
-            with open(self.journal, "r+b") as f:
-                f.seek(64 + 24 + 2)
-                f.write(b)  # (the record back as it was)
-                f.seek(off)
-                old = f.read(1)
-                f.seek(off)
-                f.write(bytes([byte if byte is not None else old[0] ^ 0x01]))
+        self.flip_journal()  # (the record back as it was)
+        for off, mask in ((24, 0x01), (8, 0xff)):  # (state 1 ^ 0xff: 0xfe)
+            self.flip_journal(off, mask)
             c = connect(self.db)
-            with self.assertRaises(sqlite3.DatabaseError) as cm:
-                c.execute("SELECT count(*) FROM t").fetchone()
             why = "its checksum does not match" if off == 24 else "its state is neither done nor pending"
-            self.assertIn(f"is damaged ({why})", str(cm.exception))
+            self.assertIn(f"is damaged ({why})", str(self.use_error(c)))
             c.close()
-            with open(self.journal, "r+b") as f:
-                f.seek(off)
-                f.write(old)
+            self.flip_journal(off, mask)
         # Truncated: another reason, the same advice.
         with open(self.journal, "r+b") as f:
             f.truncate(72 + 30)
         c = connect(self.db)
-        with self.assertRaises(sqlite3.DatabaseError) as cm:
-            c.execute("SELECT count(*) FROM t").fetchone()
-        self.assertIn("is damaged (it ends before its last record)", str(cm.exception))
+        self.assertIn("is damaged (it ends before its last record)", str(self.use_error(c)))
         c.close()
         # The advice, followed: the cut-off COMMIT's store rows stay.
         os.remove(self.journal)
