@@ -120,7 +120,7 @@ def connect(database, **kw):
         raise
     try:
         with _open_lock:
-            _open[conn] = (str(database), threading.current_thread().name)
+            _open[conn] = (str(database), threading.current_thread())
     except TypeError:
         pass  # a factory of the caller's whose connections take no weak reference
     return conn
@@ -146,11 +146,14 @@ def _close_at_exit():
             c.close()
         except sqlite3.ProgrammingError:
             # Made in another thread with check_same_thread (sqlite3's
-            # default): only that thread may close it, and it has ended.
-            sys.stderr.write("embkv: the connection to %s made in thread %r was still open at exit, and only that "
-                             "thread may close it (sqlite3's check_same_thread): its stores keep what their last "
-                             "checkpoint holds; close it in its thread (or checkpoint there) to keep the rest\n"
-                             % (database, thread))
+            # default): only that thread may close it.  One whose thread has
+            # ended is closed when the interpreter frees it, after this hook
+            # (as at any close); one a running daemon thread holds is not.
+            if thread.is_alive():
+                sys.stderr.write("embkv: the connection to %s made in thread %r, which still runs, was open at exit; "
+                                 "only that thread may close it (sqlite3's check_same_thread), so its stores keep what "
+                                 "their last checkpoint holds: close it in its thread (or checkpoint there) before "
+                                 "the exit to keep the rest\n" % (database, thread.name))
         except Exception:  # pragma: no cover - already gone
             pass
 
@@ -295,12 +298,54 @@ def _fits(conn, fname, table, nids, nbytes, verb):
         raise e
 
 
+# ------------------------------------------------------------ permits freed elsewhere
+
+_deferred = {}  # id(conn) -> (a weak reference to conn, or None where it takes none; [(table, int64 ids)])
+_deferred_lock = threading.Lock()
+
+
+def _defer_release(conn, table, ids):
+    """Keeps the permits of ids for conn's own thread (their batch tensor
+    was freed by the garbage collector on another, where sqlite3 refuses
+    the connection): its next pull, push or release returns them first."""
+    try:
+        ref = weakref.ref(conn)
+    except TypeError:
+        ref = None
+    with _deferred_lock:
+        got = _deferred.get(id(conn))
+        if got is None or (got[0] is not None and got[0]() is not conn):
+            got = _deferred[id(conn)] = (ref, [])  # (a list of a connection gone is dropped: its permits went with it)
+        got[1].append((table, ids))
+
+
+def _flush_deferred(conn):
+    """Returns the permits kept for conn by _defer_release."""
+    if not _deferred:
+        return
+    with _deferred_lock:
+        ref, todo = _deferred.pop(id(conn), (None, []))
+    if ref is not None and ref() is not conn:
+        return
+    for k, (table, ids) in enumerate(todo):
+        try:
+            conn.execute("SELECT embkv_release(?, ?)", (table, _ids_bytes(ids)[1])).fetchone()
+        except sqlite3.ProgrammingError:
+            # (not the connection's thread: the caller's own call says so)
+            for t, i in todo[k:]:
+                _defer_release(conn, t, i)
+            return
+        except sqlite3.Error:
+            pass  # (a table dropped meanwhile: nothing to return)
+
+
 def pull(conn, table, ids, dim_=None, once=False):
     """Vectors of ids (any int64 array-like, taken flat), shape (number of ids, dim), float32:
     a new array (read-only, a view of the result BLOB, where the direct call
     is not possible).  Takes the staleness permits of the table; push or
     release returns them.  once=True: ids on which this connection holds a
     permit already take no other (embkv_pull's 'once')."""
+    _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return np.zeros((0, dim_ or dim(conn, table)), np.float32)
@@ -326,6 +371,7 @@ def pull(conn, table, ids, dim_=None, once=False):
 def push(conn, table, ids, grads, lr=None):
     """Apply gradients (len(ids) x dim float32) with the table's optimizer;
     returns the number of rows updated."""
+    _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     g = np.ascontiguousarray(grads, dtype=np.float32)
     if g.ndim != 2 or g.shape[0] != len(a):
@@ -351,6 +397,7 @@ def push(conn, table, ids, grads, lr=None):
 
 def release(conn, table, ids):
     """Return the permits of ids without an update; returns how many went back."""
+    _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
         return 0

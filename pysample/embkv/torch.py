@@ -56,6 +56,7 @@ table's optimizer (embkv_push_device): the same values as on the CPU.  Ids
 may be on either device.  It needs a CUDA build of PyTorch and an embkv
 built with CUDA (SELECT embkv_gpu() says whether a GPU is usable).
 """
+import contextlib
 import json
 import numbers
 import re
@@ -90,7 +91,7 @@ class _Step:
     state: "open", "closed" (pushed) or "released"."""
 
     __slots__ = ("conn", "table", "key", "dim", "mode", "pulled", "grads", "extra", "state", "lock", "queued",
-                 "leaves", "owner", "__weakref__")
+                 "raised", "leaves", "owner", "__weakref__")
 
     def __init__(self, conn, table, key, dim, mode):
         self.conn, self.table, self.key, self.dim, self.mode = conn, table, key, dim, mode
@@ -100,6 +101,7 @@ class _Step:
         self.state = "open"
         self.lock = threading.RLock()
         self.queued = False                        # its end is queued on the running backward pass
+        self.raised = False                        # a backward pass raised in one of its hooks (a NaN gradient)
         self.leaves = 0                            # batch tensors alive that may still get a gradient
         self.owner = threading.get_ident()         # the thread whose forwards make the step
 
@@ -176,16 +178,16 @@ class _Step:
             # Another thread than the connection's (a finalizer run by the
             # garbage collector): the connection's next forward, step or
             # release() returns them.
-            with _deferred_lock:
-                _deferred.setdefault(id(self.conn), []).append((self.table, ids))
+            embkv._defer_release(self.conn, self.table, ids)
         except sqlite3.Error:
             pass  # the connection is closed: its permits went with it
 
     def failed(self):
-        """Whether the backward pass that queued this step's end is over
-        without running it: it raised (torch drops the callbacks of a pass
-        that fails)."""
-        return self.queued and self.state == "open" and not _backward_running()
+        """Whether the backward pass that would have ended this step is over
+        without ending it: it raised, after queueing the end (torch drops
+        the callbacks of a pass that fails) or in a hook of the step's
+        before that (a NaN gradient)."""
+        return (self.queued or self.raised) and self.state == "open" and not _backward_running()
 
     def leaf_freed(self):
         with self.lock:
@@ -278,8 +280,6 @@ def _backward_running():
 
 _steps = {}                    # (id(conn), table key) -> the open _Step
 _steps_lock = threading.Lock()
-_deferred = {}                 # id(conn) -> [(table, ids)] whose release must run on the connection's thread
-_deferred_lock = threading.Lock()
 
 
 def _forget_step(step):
@@ -299,19 +299,22 @@ def _open_step(conn, table, key, dim, mode):
         return st
 
 
+@contextlib.contextmanager
+def _current_step(conn, table, key, dim, mode):
+    """The open step of the table on conn (made if there is none), locked,
+    and still the open one once locked (a step ended or forgotten while
+    this thread waited for its lock is not joined)."""
+    while True:
+        st = _open_step(conn, table, key, dim, mode)
+        with st.lock:
+            if _peek_step(conn, key) is st:
+                yield st
+                return
+
+
 def _peek_step(conn, key):
     with _steps_lock:
         return _steps.get((id(conn), key))
-
-
-def _flush_deferred(conn):
-    with _deferred_lock:
-        todo = _deferred.pop(id(conn), [])
-    for table, ids in todo:
-        try:
-            embkv.release(conn, table, ids)
-        except sqlite3.Error:
-            pass
 
 
 class _TableModule(torch.nn.Module):
@@ -427,7 +430,7 @@ class _TableModule(torch.nn.Module):
         """Return the permits of the open step of this table (forwards not
         followed by their update; a backward after release() pushes
         nothing)."""
-        _flush_deferred(self.conn)
+        embkv._flush_deferred(self.conn)
         st = _peek_step(self.conn, self._key)
         if st is not None:
             st.release()
@@ -436,7 +439,7 @@ class _TableModule(torch.nn.Module):
         """Apply the gradients summed since the last update (update="step":
         torch's accumulate-then-step; with update="backward" the end of each
         backward pass does it).  Returns the rows updated."""
-        _flush_deferred(self.conn)
+        embkv._flush_deferred(self.conn)
         st = _peek_step(self.conn, self._key)
         return st.end() if st is not None else 0
 
@@ -468,7 +471,7 @@ class _TableModule(torch.nn.Module):
         # (a copy: the caller may reuse its ids tensor before the backward)
         real = np.array((flat[~is_pad] if is_pad is not None else flat).numpy(), copy=True)
         dev = self.device if self.device.type == "cuda" else None
-        _flush_deferred(self.conn)
+        embkv._flush_deferred(self.conn)
         prev = _peek_step(self.conn, self._key)
         if prev is not None and prev.failed():
             prev.release()  # its backward raised: no update, its permits back
@@ -485,16 +488,9 @@ class _TableModule(torch.nn.Module):
             if pad is not None:
                 w = torch.cat([w, torch.zeros(1, self.embedding_dim, device=self.device)])
             return w, local.reshape(ids.shape).to(self.device), pad
-        st = _open_step(self.conn, self.table, self._key, self.embedding_dim, self.update)
-        with st.lock:
+        with _current_step(self.conn, self.table, self._key, self.embedding_dim, self.update) as st:
             me = threading.get_ident()
-            if st.pulled and st.owner != me and st.state == "open":
-                # A step is one thread's: another thread's forwards would
-                # join it, and its update would end the other's half-way.
-                raise RuntimeError("embkv.torch: table %r: a training step on this connection is open in another "
-                                   "thread (its forward is not updated yet), and this thread makes a forward: "
-                                   "threads that train at once need a connection each (embkv.connect in each "
-                                   "thread)" % self.table)
+            _not_another_threads(st, self.table, me)
             if not st.pulled:
                 st.owner = me
             rows, k = st.pull(real, dev)
@@ -514,6 +510,9 @@ class _TableModule(torch.nn.Module):
                 first = bad.nonzero()[0].tolist() if grad.is_cuda else [int(x[0]) for x in np.nonzero(bad)]
                 row, col = first[0], first[1]
                 v = float(g[row, col])
+                if st.mode == "backward":
+                    with st.lock:
+                        st.raised = True  # (its permits go back at the next forward: failed())
                 raise ValueError("embkv.torch: table %r: id %d: gradient element %d is %s: the backward pass "
                                  "updated no table" % (self.table, int(real[row]), col,
                                                        "NaN" if v != v else "infinite"))
@@ -560,15 +559,32 @@ class _TableModule(torch.nn.Module):
                 return _pull_cuda(self.conn, self.table, real, self.embedding_dim, dev, once=once)
             return torch.from_numpy(_writable(embkv.pull(self.conn, self.table, real, self.embedding_dim,
                                                          once=once)))
-        st = _peek_step(self.conn, self._key)
-        if st is None:
-            rows = pull(False)
-            embkv.release(self.conn, self.table, real)
-            return rows
-        with st.lock:
-            rows = pull(True)
-            embkv.release(self.conn, self.table, np.setdiff1d(real, st.held()))
-            return rows
+        # Under the step's lock, so that another thread's forward on this
+        # connection waits for the read instead of taking permits the read
+        # would wait for while holding the connection.
+        with _current_step(self.conn, self.table, self._key, self.embedding_dim, self.update) as st:
+            try:
+                _not_another_threads(st, self.table, threading.get_ident())
+                held = st.held()
+                rows = pull(bool(len(held)))
+                embkv.release(self.conn, self.table, np.setdiff1d(real, held) if len(held) else real)
+                return rows
+            finally:
+                if not st.pulled:
+                    _forget_step(st)  # (made for the read alone: it must not keep the connection)
+
+
+def _not_another_threads(st, table, me):
+    """Refuses a forward of this thread while another thread's step of the
+    table is open on the connection (called under st.lock)."""
+    if st.pulled and st.owner != me and st.state == "open":
+        # A step is one thread's: another thread's forwards would join it,
+        # and its update would end the other's half-way; a pull waiting for
+        # the other's permits would hold the connection its update needs.
+        raise RuntimeError("embkv.torch: table %r: a training step on this connection is open in another "
+                           "thread (its forward is not updated yet), and this thread makes a forward: "
+                           "threads that train at once need a connection each (embkv.connect in each "
+                           "thread)" % table)
 
 
 class _Rows(torch.autograd.Function):

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import sys
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -484,6 +485,23 @@ class TestPermits(Base):
         self.pull_again()
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
 
+    def test_a_nan_returns_the_permits_at_the_next_forward(self):
+        """The pass raised in the step's own hook, the batch tensor still
+        alive: the table's next forward returns the failed step's permits
+        (not its backward), and the failed step updates nothing."""
+        out = self.emb(self.ids, self.offsets)
+        with self.assertRaisesRegex(ValueError, "id 5: gradient element 0 is NaN"):
+            (out * float("nan")).sum().backward()
+        nxt = self.emb(torch.tensor([8]), torch.tensor([0]))
+        other = embkv.connect(self.db)
+        self.addCleanup(other.close)
+        ids = np.array([5, 6, 7], dtype=np.int64)
+        embkv.pull(other, "s", ids)  # at staleness 0: would wait 300 ms and fail if one were out
+        self.assertEqual(embkv.release(other, "s", ids), 3)
+        nxt.sum().backward()
+        self.assertEqual(dict(self.conn.execute("SELECT id, clock FROM s").fetchall()), {5: 0, 6: 0, 7: 0, 8: 1})
+        del out
+
     def test_a_nan_in_one_table_updates_no_table_of_the_pass(self):
         """One backward over three tables, one gradient NaN: the pass
         raises naming the table and the id, no table is updated, and each
@@ -536,8 +554,49 @@ class TestPermits(Base):
         out.sum().backward()
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 1)
 
+    def test_freed_on_another_thread_then_a_plain_pull(self):
+        """A plain embkv.pull on the connection returns the permits the
+        collector could not return on its thread before it pulls."""
+        box = [self.emb(self.ids, self.offsets)]
+        t = threading.Thread(target=lambda: (box.clear(), gc.collect()))
+        t.start()
+        t.join()
+        self.pull_again()
+
 
 class TestThreads(Base):
+    def test_a_no_grad_forward_of_another_thread_is_refused(self):
+        """Inference in one thread beside a step open in another, on one
+        connection: refused at once (its pull would wait for the step's
+        permits holding the connection the step's update needs, until
+        wait_ms), and the step still trains."""
+        conn = embkv.connect(self.db, check_same_thread=False)
+        self.addCleanup(conn.close)
+        emb = ekt.Embedding(conn, "th", dim=1, init="zeros", lr=1.0, staleness=0, wait_ms=5000)
+        out = emb(torch.tensor([1, 2]))
+        caught = []
+
+        def infer():
+            try:
+                with torch.no_grad():
+                    emb(torch.tensor([2]))
+            except RuntimeError as e:
+                caught.append(str(e))
+        t = threading.Thread(target=infer)
+        t0 = time.monotonic()
+        t.start()
+        t.join()
+        self.assertLess(time.monotonic() - t0, 4.0)  # (not the 5 s of wait_ms)
+        self.assertEqual(caught, ["embkv.torch: table 'th': a training step on this connection is open in another "
+                                  "thread (its forward is not updated yet), and this thread makes a forward: threads "
+                                  "that train at once need a connection each (embkv.connect in each thread)"])
+        out.sum().backward()
+        t = threading.Thread(target=infer)  # (taking turns: fine)
+        t.start()
+        t.join()
+        self.assertEqual(len(caught), 1)
+        self.assertEqual(conn.execute("SELECT id, clock FROM th ORDER BY id").fetchall(), [(1, 1), (2, 1)])
+
     def test_a_connection_trains_in_one_thread_at_a_time(self):
         """A forward while another thread's step is open on the connection
         raises (it would join that step, whose update would end the other's
@@ -583,29 +642,51 @@ pred = emb(torch.tensor([1, 2]))  # alive at exit: its step holds the connection
 EXIT_WITH_A_THREADS_CONNECTION = r"""
 import sys, threading, embkv, numpy as np
 keep = []
+started, never = threading.Event(), threading.Event()
 def work():
     c = embkv.connect(sys.argv[1])
     c.execute("CREATE VIRTUAL TABLE user USING embkv(dim=2, init='zeros', lr=1)")
     embkv.push(c, "user", [7], np.ones((1, 2), np.float32))
+    embkv.checkpoint(c, "user")
+    embkv.push(c, "user", [7], np.ones((1, 2), np.float32))
     keep.append(c)
-t = threading.Thread(target=work, name="trainer")
+    started.set()
+    if sys.argv[2] == "runs":
+        never.wait()  # (a daemon thread still running at exit)
+t = threading.Thread(target=work, name="trainer", daemon=True)
 t.start()
-t.join()
+started.wait()
+if sys.argv[2] == "ended":
+    t.join()
 """
 
 
 class TestExit(Base):
-    def test_a_connection_of_another_thread_is_named_at_exit(self):
-        """Only its thread may close it (check_same_thread): the exit says
-        so, naming the database and the thread."""
+    def exit_with_a_threads_connection(self, how):
         import subprocess
-        out = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREADS_CONNECTION, self.db], capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREADS_CONNECTION, self.db, how],
+                             capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertEqual(out.stderr, "embkv: the connection to %s made in thread 'trainer' was still open at exit, "
-                                     "and only that thread may close it (sqlite3's check_same_thread): its stores "
-                                     "keep what their last checkpoint holds; close it in its thread (or checkpoint "
-                                     "there) to keep the rest\n" % self.db)
+        got = self.conn.execute("SELECT clock, embkv_json(vec) FROM user WHERE id = 7").fetchone()
+        recovered = json.loads(self.conn.execute("SELECT embkv_stats('user')").fetchone()[0])["durability"]["recovered"]
+        return out.stderr, got, recovered
+
+    def test_a_connection_of_an_ended_thread_closes_at_exit(self):
+        """Only its thread may close it (check_same_thread), but once the
+        thread has ended the interpreter's exit frees it: a close as any,
+        the push after the checkpoint kept, nothing said."""
+        self.assertEqual(self.exit_with_a_threads_connection("ended"), ("", (2, "[-2,-2]"), False))
+
+    def test_a_connection_of_a_running_thread_is_named_at_exit(self):
+        """A daemon thread still running at exit holds its connection: the
+        exit names it (database and thread), and its store is as of its
+        last checkpoint, as the message says."""
+        err, got, recovered = self.exit_with_a_threads_connection("runs")
+        self.assertEqual(err, "embkv: the connection to %s made in thread 'trainer', which still runs, was open at "
+                              "exit; only that thread may close it (sqlite3's check_same_thread), so its stores keep "
+                              "what their last checkpoint holds: close it in its thread (or checkpoint there) before "
+                              "the exit to keep the rest\n" % self.db)
+        self.assertEqual((got, recovered), ((1, "[-1,-1]"), True))
 
     def test_a_normal_exit_closes_the_connection(self):
         """Training since the last checkpoint is kept at a normal exit,
