@@ -657,8 +657,10 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
         nb <<= 1;
         if (nb > s->pool_size / BUCKET_BYTES) {  /* bounded whatever need_entries says */
             writers_unlock(s);
-            return embkv__err(EMBKV_FULL, "store %s: an index for %llu entries does not fit the pool", s->path,
-                              (unsigned long long)need_entries);
+            return embkv__err(EMBKV_FULL, "store %s: an index for %llu entries does not fit the pool (pool_size "
+                              "%llu bytes): create fewer rows, or copy the rows into a store with a larger pool_size "
+                              "(a pool does not grow)", s->path, (unsigned long long)need_entries,
+                              (unsigned long long)s->pool_size);
         }
     }
     if (nb == old->nbuckets) {

@@ -106,12 +106,14 @@ static int validate(embkv_store *s, const embkv_train_options *o)
     if (o->optimizer < EMBKV_SGD || o->optimizer > EMBKV_ADAM)
         return embkv__err(EMBKV_INVALID, "store %s: option optimizer: unknown optimizer %d", s->path, o->optimizer);
     if (!(o->lr > 0) || !isfinite(o->lr))
-        return embkv__err(EMBKV_INVALID, "store %s: option lr must be a positive number, got %g", s->path, o->lr);
+        return embkv__err(EMBKV_INVALID, "store %s: option lr must be a positive finite number, got %g", s->path,
+                          o->lr);
     if (embkv_train_state_floats(o, s->dim) > s->state_floats)
         return embkv__err(EMBKV_INVALID, "store %s: the optimizer needs %u state floats per row, the store has %u",
                           s->path, embkv_train_state_floats(o, s->dim), s->state_floats);
     if (!(o->eps > 0) || !isfinite(o->eps))
-        return embkv__err(EMBKV_INVALID, "store %s: option eps must be a positive number, got %g", s->path, o->eps);
+        return embkv__err(EMBKV_INVALID, "store %s: option eps must be a positive finite number, got %g", s->path,
+                          o->eps);
     if (!(o->initial_accumulator >= 0) || !isfinite(o->initial_accumulator))
         return embkv__err(EMBKV_INVALID, "store %s: option initial_accumulator must be >= 0, got %g", s->path,
                           o->initial_accumulator);

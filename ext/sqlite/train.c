@@ -32,6 +32,11 @@ SQLITE_EXTENSION_INIT3
 /* Result error "fname: table T: message" with the engine's code mapped. */
 static void train_error(sqlite3_context *ctx, const char *fname, const char *table, int rc, const char *msg)
 {
+    /* (the engine's message may name the C function the SQL one calls:
+     * the SQL function's name is said once) */
+    size_t fl = strlen(fname);
+    if (strncmp(msg, fname, fl) == 0 && msg[fl] == ':' && msg[fl + 1] == ' ')
+        msg += fl + 2;
     char *m = table ? sqlite3_mprintf("%s: table %s: %s", fname, table, msg) : sqlite3_mprintf("%s: %s", fname, msg);
     sqlite3_result_error(ctx, m ? m : msg, -1);
     sqlite3_free(m);
@@ -328,7 +333,7 @@ static int lr_arg(sqlite3_context *ctx, const char *fname, const char *table, sq
     int t = sqlite3_value_type(v);
     *lr = sqlite3_value_double(v);
     if ((t != SQLITE_INTEGER && t != SQLITE_FLOAT) || !(*lr > 0) || !isfinite(*lr)) {
-        char *m = sqlite3_mprintf("lr (argument %d) must be a positive number", pos);
+        char *m = sqlite3_mprintf("lr (argument %d) must be a positive finite number", pos);
         train_error(ctx, fname, table, EMBKV_INVALID, m ? m : "bad lr");
         sqlite3_free(m);
         return SQLITE_ERROR;

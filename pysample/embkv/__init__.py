@@ -298,6 +298,15 @@ def _fits(conn, fname, table, nids, nbytes, verb):
         raise e
 
 
+def _usable(conn, fname, table):
+    """sqlite3's own checks of conn (closed; another thread than its own,
+    with check_same_thread), raised naming the call and the table."""
+    try:
+        conn.total_changes
+    except sqlite3.ProgrammingError as e:
+        raise sqlite3.ProgrammingError("%s: table %s: %s" % (fname, table, e)) from None
+
+
 # ------------------------------------------------------------ permits freed elsewhere
 
 _deferred = {}  # id(conn) -> (a weak reference to conn, or None where it takes none; [(table, int64 ids)])
@@ -345,6 +354,7 @@ def pull(conn, table, ids, dim_=None, once=False):
     is not possible).  Takes the staleness permits of the table; push or
     release returns them.  once=True: ids on which this connection holds a
     permit already take no other (embkv_pull's 'once')."""
+    _usable(conn, "embkv.pull", table)
     _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     if len(a) == 0:
@@ -371,6 +381,7 @@ def pull(conn, table, ids, dim_=None, once=False):
 def push(conn, table, ids, grads, lr=None):
     """Apply gradients (len(ids) x dim float32) with the table's optimizer;
     returns the number of rows updated."""
+    _usable(conn, "embkv.push", table)
     _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     g = np.ascontiguousarray(grads, dtype=np.float32)
@@ -381,7 +392,7 @@ def push(conn, table, ids, grads, lr=None):
     _fits(conn, "embkv_push", table, len(a), max(8 * len(a), g.nbytes), "push")
     if lr is not None:
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-            raise TypeError("embkv.push: table %s: lr must be a positive number, or None for the table's own, "
+            raise TypeError("embkv.push: table %s: lr must be a positive finite number, or None for the table's own, "
                             "not %r" % (table, lr))
         lr = float(lr)
     done = _direct_push(conn, table, a, g, lr)
@@ -397,6 +408,7 @@ def push(conn, table, ids, grads, lr=None):
 
 def release(conn, table, ids):
     """Return the permits of ids without an update; returns how many went back."""
+    _usable(conn, "embkv.release", table)
     _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
     if len(a) == 0:

@@ -349,6 +349,7 @@ class _TableModule(torch.nn.Module):
         if want is not None:
             _check_device(conn, want)
         schema, name = _split_table(conn, table)
+        _not_a_missing_schema(conn, table, schema)
         exists = conn.execute("SELECT 1 FROM %s.sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE"
                               % _quote(schema or "main"), (name,)).fetchone()
         quoted = _quote(name) if schema is None else "%s.%s" % (_quote(schema), _quote(name))
@@ -369,6 +370,8 @@ class _TableModule(torch.nn.Module):
                 if "cannot create or drop embkv tables" not in str(e):
                     # The refusal names the probe's table: say the user's.
                     why = str(e).replace("embkv table %s: " % probe, "")
+                    if why.startswith("unknown option"):
+                        raise ValueError("embkv.torch: table %r: %s" % (table, why)) from None
                     raise ValueError("embkv.torch: table %r exists with other options: %s" % (table, why)) from None
                 # A read-only connection cannot make the probe; it cannot
                 # train either, so the training options do not matter.
@@ -424,6 +427,12 @@ class _TableModule(torch.nn.Module):
                                          "" if self.padding_idx is None else ", padding_idx=%d" % self.padding_idx,
                                          "" if self.device.type == "cpu" else ", device=%r" % str(self.device))
 
+    def __getstate__(self):
+        raise TypeError("embkv.torch: a module over table %r holds its database connection, which cannot be "
+                        "pickled or copied (torch.save of the module, copy.deepcopy): its rows are the table's "
+                        "(durable with embkv.checkpoint); save the rest of the model with state_dict() and make "
+                        "the module again over the same database when loading" % self.table)
+
     # -- permits
 
     def release(self):
@@ -451,6 +460,8 @@ class _TableModule(torch.nn.Module):
         if isinstance(ids, torch.Tensor):
             ids = ids.detach().cpu().numpy()
         a, buf = embkv._ids_bytes(ids)  # (as embkv.pull takes them: integers, int64)
+        if len(a) == 0:
+            return 0
         try:
             return self.conn.execute("SELECT embkv_lookahead(?, ?)", (self.table, buf)).fetchone()[0]
         except Exception as e:
@@ -700,6 +711,23 @@ def _split_table(conn, table):
         return None, a
     schemas = {r[1].lower() for r in conn.execute("PRAGMA database_list")} | {"temp"}
     return (a, b) if a.lower() in schemas else (None, table)
+
+
+def _not_a_missing_schema(conn, table, schema):
+    """Refuses a name that reads as schema.name of a database this
+    connection has not attached (a typo, or an ATTACH not made yet), where
+    the whole text would otherwise name a new table of main."""
+    if schema is not None:
+        return
+    a, i = _ident(table, 0)
+    if a is None or table[i:i + 1] != "." or _ident(table, i + 1)[1] != len(table):
+        return
+    if conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                    (table,)).fetchone():
+        return  # (a table of main whose name holds a dot)
+    raise ValueError("embkv.torch: table %r: no database %r is attached to this connection: ATTACH it first, or, "
+                     "for a table of main whose name holds the dot, quote the name as SQL does (%r)"
+                     % (table, a, _quote(table)))
 
 
 def _sql_option(v):

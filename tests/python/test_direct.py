@@ -127,7 +127,7 @@ class DirectPath(TempDirTest):
         self.assertEqual(e.exception.sqlite_errorname, "SQLITE_ERROR")
         with self.assertRaises(sqlite3.OperationalError) as e:
             embkv.push(self.conn, "a", [1], np.ones((1, 3), np.float32), lr=-1.0)
-        self.assertEqual(str(e.exception), "embkv_push: table a: lr (argument 4) must be a positive number")
+        self.assertEqual(str(e.exception), "embkv_push: table a: lr (argument 4) must be a positive finite number")
         with self.assertRaises(sqlite3.OperationalError) as e:
             embkv.pull(self.conn, "a", [1], 4)  # a dim that is not the table's
         self.assertEqual(str(e.exception), "embkv_pull: table a: the output array holds 16 bytes, and 1 ids of "
@@ -171,11 +171,11 @@ class DirectPath(TempDirTest):
                     with self.assertRaises(sqlite3.OperationalError) as e:
                         embkv.push(self.conn, "a", [1], one, lr=lr)
                     self.assertEqual(str(e.exception), "embkv_push: table a: lr (argument 4) must be a positive "
-                                                       "number", (path, lr))
+                                                       "finite number", (path, lr))
                 for lr in ("0.5", True, b"1", [0.5]):
                     with self.assertRaises(TypeError) as e:
                         embkv.push(self.conn, "a", [1], one, lr=lr)
-                    self.assertEqual(str(e.exception), "embkv.push: table a: lr must be a positive number, or None "
+                    self.assertEqual(str(e.exception), "embkv.push: table a: lr must be a positive finite number, or None "
                                                        "for the table's own, not %r" % (lr,))
                 self.assertEqual(embkv.push(self.conn, "a", [1], one, lr=np.float32(0.5)), 1)
             finally:
@@ -403,7 +403,7 @@ class WhatSqlCannotDo(TempDirTest):
         rc = self.lib.embkv_direct_push(h, b"a", ids.ctypes.data, 2, out.ctypes.data, 16, ctypes.byref(nan),
                                         ctypes.byref(updated), err, 512)
         self.assertEqual((rc, err.value.decode()), (sqlite3.SQLITE_ERROR, "embkv_push: table a: lr (argument 4) "
-                                                    "must be a positive number"))
+                                                    "must be a positive finite number"))
         self.assertEqual(self.conn.execute("SELECT count(*) FROM a").fetchone()[0], 0)  # no row made
         # ids over the connection's SQLITE_LIMIT_LENGTH: said with the figures, from C and from the package
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)

@@ -96,8 +96,8 @@ class GpuWithoutDevice(Base):
                                                             "stream) as an INTEGER, not TEXT 'x'"),
             ("SELECT embkv_pull_device('t', ?, 4096, 1.5)", "argument 4 must be a CUDA stream"),
             ("SELECT embkv_pull_device('t', ?, 4096, 0, 'twice')", "argument 5 must be 'once'"),
-            ("SELECT embkv_push_device('t', ?, 4096, 0, -1)", "lr (argument 5) must be a positive number"),
-            ("SELECT embkv_push_device('t', ?, 4096, 0, 'fast')", "lr (argument 5) must be a positive number"),
+            ("SELECT embkv_push_device('t', ?, 4096, 0, -1)", "lr (argument 5) must be a positive finite number"),
+            ("SELECT embkv_push_device('t', ?, 4096, 0, 'fast')", "lr (argument 5) must be a positive finite number"),
             ("SELECT embkv_pull_device('nope', ?, 4096, 0)", "no such"),
             ("SELECT embkv_get_device('t', x'0102', 4096, 0)", "ids"),
         ]

@@ -799,6 +799,48 @@ class TestErrors(Base):
             ekt.Embedding(self.conn, "t", lr=0.5)
         self.assertEqual(self.conn.execute("SELECT count(*) FROM temp.sqlite_schema").fetchone()[0], 0)
 
+    def test_an_unknown_option_is_named_as_such(self):
+        self.conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=3)")
+        with self.assertRaises(ValueError) as cm:
+            ekt.Embedding(self.conn, "t", dim=3, weight_decay=0.1)
+        self.assertTrue(str(cm.exception).startswith("embkv.torch: table 't': unknown option 'weight_decay' "
+                                                     "(options: dim, path, "), str(cm.exception))
+
+    def test_a_schema_not_attached(self):
+        """schema.name of a database not attached is refused (it would
+        make a table of main named with the dot), naming the schema; the
+        quoted name makes that table when it is meant."""
+        with self.assertRaises(ValueError) as cm:
+            ekt.Embedding(self.conn, "nosch.tt", dim=2)
+        self.assertEqual(str(cm.exception), "embkv.torch: table 'nosch.tt': no database 'nosch' is attached to this "
+                                            "connection: ATTACH it first, or, for a table of main whose name holds "
+                                            "the dot, quote the name as SQL does ('\"nosch.tt\"')")
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0], 0)
+        ekt.Embedding(self.conn, '"nosch.tt"', dim=2)
+        ekt.Embedding(self.conn, "nosch.tt", dim=2)  # (now a table of main: found as it is)
+        self.conn.execute("ATTACH ? AS nosch", (self.db + "-other",))
+        self.assertEqual(ekt.Embedding(self.conn, "nosch.tt", dim=2)._key, ("nosch", "tt"))
+
+    def test_a_module_is_not_pickled(self):
+        import copy
+        import pickle
+        emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
+        for f in (copy.deepcopy, pickle.dumps):
+            with self.assertRaises(TypeError) as cm:
+                f(emb)
+            self.assertTrue(str(cm.exception).startswith("embkv.torch: a module over table 't' holds its database "
+                                                         "connection, which cannot be pickled or copied"))
+        self.assertEqual(list(torch.nn.Sequential(emb).state_dict()), [])
+
+    def test_a_closed_connection_is_named_with_the_table(self):
+        emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
+        out = emb(torch.tensor([1]))
+        self.conn.close()
+        with self.assertRaises(sqlite3.ProgrammingError) as cm:
+            out.sum().backward()
+        self.assertEqual(str(cm.exception), "embkv.push: table t: Cannot operate on a closed database.")
+        self.conn = embkv.connect(self.db)  # (for tearDown)
+
     def test_ids_must_be_integers(self):
         emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
         for bad in (torch.tensor([1.7]), torch.tensor([True])):
@@ -864,6 +906,7 @@ class TestErrors(Base):
     def test_lookahead_without_an_ssd_tier_queues_nothing(self):
         emb = ekt.Embedding(self.conn, "t", dim=3, init="zeros")
         self.assertEqual(emb.lookahead(torch.tensor([1, 2, 3])), 0)
+        self.assertEqual(emb.lookahead(torch.tensor([], dtype=torch.int64)), 0)  # (as embkv.pull takes no ids)
 
     def test_bad_mode(self):
         with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'mean'"):

@@ -574,6 +574,18 @@ class TestFullPool(Base):
         self.assertEqual(training_stats(conn, "big")["rows_created"], 150)
         conn.close()
 
+    def test_an_index_past_the_pool_says_what_to_do(self):
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, init='zeros', pool_size='16M')")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            pull(conn, "t", list(range(2000000)), 4)
+        self.assertRegex(str(cm.exception), r"^embkv_pull: table t: cannot create 2000000 missing row\(s\), the first "
+                                            r"id 0: store .*: an index for 2000000 entries does not fit the pool "
+                                            r"\(pool_size 16777216 bytes\): create fewer rows, or copy the rows into a "
+                                            r"store with a larger pool_size \(a pool does not grow\)$")
+        self.assertEqual(conn.execute("SELECT count(*) FROM t").fetchone(), (0,))
+        conn.close()
+
     def test_large_push_without_room_changes_nothing(self):
         """A push of 20,000 rows (updated on two threads, half each) into a
         pool with room for one half's new versions: it fails whole, every

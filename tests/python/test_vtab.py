@@ -437,6 +437,8 @@ class TestInheritedConnection(Base):
         tail = " was opened by process %d, and this process (" % pid
         for line in lines[:6]:
             self.assertTrue(line.startswith("child refused: 8 ") and tail in line, line)
+        # (the function is named once, not again by the engine's message)
+        self.assertTrue(lines[0].startswith("child refused: 8 embkv_pull: table t: store "), lines[0])
         self.assertEqual(lines[6], "1:[-1,-1]:2 2:[-1,-1]:1")
 
 
