@@ -461,6 +461,27 @@ static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_
             locs[j] = LOC_CACHED;
 }
 
+/* Lookups by id at a snapshot (SQL's point and IN reads) offer the rows
+ * they read from the log to promotion, as embkv_get does: a row read
+ * often is hot whatever call reads it.  A version the snapshot's log gave
+ * is not the row's current one, whose place the promotion would take. */
+static void offer_promotion(embkv_store *s, const int64_t *bid, size_t m, const uint64_t *locs,
+                            const uint8_t *logged, rec_hdr *const *recs)
+{
+    int64_t ids[AT_BLOCK];
+    uint64_t at[AT_BLOCK];
+    rec_hdr *rs[AT_BLOCK];
+    size_t k = 0;
+    for (size_t j = 0; j < m; j++)
+        if (!logged[j] && (locs[j] & LOC_SSD) && !(locs[j] & LOC_TOMB)) {
+            ids[k] = bid[j];
+            at[k] = locs[j];
+            rs[k++] = recs[j];
+        }
+    if (k)
+        tier_note_read(s, ids, at, rs, k);
+}
+
 /* get_batch_at, get_rows_at and locate_batch_at: with neither out, state
  * nor info, rows in the log are not read (the index says where they are). */
 static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
@@ -547,6 +568,8 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
                 found[lo + j] = ok;
             missing += !ok;
         }
+        if (ssd_buf)
+            offer_promotion(s, bid, m, locs, logged, recs);
     }
     ebr_leave();
     free(ssd_buf);

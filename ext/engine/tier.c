@@ -32,9 +32,9 @@
  *
  * Reads of log-resident rows go out as one batch per call (log_read: one
  * io_uring submission, O_DIRECT), after look-ahead's stage (lookahead.c).
- * Writes bring a row back to the pool.  Reads offer the rows they read
- * (embkv_get, embkv_get_batch: point reads and pulls, not scans or
- * snapshot reads) to promotion; admission (PROMOTE_MIN_HEAT) keeps those
+ * Writes bring a row back to the pool.  Reads by id offer the rows they
+ * read (embkv_get, embkv_get_batch and their snapshot forms: point reads,
+ * IN lists and pulls, not scans) to promotion; admission (PROMOTE_MIN_HEAT) keeps those
  * read at least twice lately and hotter than what demotion last evicted,
  * and the thread copies them into the pool (the same switch as demotion,
  * the other way round).

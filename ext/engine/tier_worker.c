@@ -32,6 +32,20 @@
 #define COMPACT_URGENT_RATE (256ull << 20)
 #define COMPACT_PART (1ull << 20)
 
+/* Counting starts well before demotion does (at half the room): by the
+ * time rows must leave, the statistics have seen the workload. */
+static void count_for_tier(embkv_store *s, size_t total, bool exhausted)
+{
+    bool live = exhausted || atomic_load(&s->rows_ssd) > 0 ||
+                2 * (uint64_t)total >= (uint64_t)s->chunk_limit * s->recs_per_chunk;
+    if (live != ((atomic_load_explicit(&s->heat_live, memory_order_relaxed) & HEAT_FOR_TIER) != 0)) {
+        if (live)
+            atomic_fetch_or_explicit(&s->heat_live, HEAT_FOR_TIER, memory_order_relaxed);
+        else
+            atomic_fetch_and_explicit(&s->heat_live, ~HEAT_FOR_TIER, memory_order_relaxed);
+    }
+}
+
 /* One round of the thread's work; returns whether it did anything. */
 static bool tw_round(embkv_store *s, uint64_t *tokens)
 {
@@ -41,16 +55,7 @@ static bool tw_round(embkv_store *s, uint64_t *tokens)
     size_t free_recs, total;
     bool exhausted;
     slab_space(s, &free_recs, &total, &exhausted);
-    /* Counting starts well before demotion does (at half the room): by the
-     * time rows must leave, the statistics have seen the workload. */
-    bool live = exhausted || atomic_load(&s->rows_ssd) > 0 ||
-                2 * (uint64_t)total >= (uint64_t)s->chunk_limit * s->recs_per_chunk;
-    if (live != ((atomic_load_explicit(&s->heat_live, memory_order_relaxed) & HEAT_FOR_TIER) != 0)) {
-        if (live)
-            atomic_fetch_or_explicit(&s->heat_live, HEAT_FOR_TIER, memory_order_relaxed);
-        else
-            atomic_fetch_and_explicit(&s->heat_live, ~HEAT_FOR_TIER, memory_order_relaxed);
-    }
+    count_for_tier(s, total, exhausted);
     size_t low = total / 32 + s->delete_reserve, high = total / 16 + s->delete_reserve;
     if (exhausted && free_recs < low) {
         size_t moved = 0;
@@ -114,6 +119,12 @@ int tier_worker_start(embkv_store *s)
 {
     if (!s->log || s->tw_started)
         return EMBKV_OK;
+    /* (a store opened with rows in the log counts its first reads, not
+     * only those after the thread's first round) */
+    size_t free_recs, total;
+    bool exhausted;
+    slab_space(s, &free_recs, &total, &exhausted);
+    count_for_tier(s, total, exhausted);
     s->tw_stop = false;
     int e = pthread_create(&s->tw_thread, NULL, tw_main, s);
     if (e != 0)

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 import unittest
 
 import numpy as np
@@ -152,6 +153,29 @@ class TierTest(Base):
         self.assertEqual(sum(tiers2.values()), N - 100)
         self.assertGreater(tiers2.get("ssd", 0), N * 7 // 10)
         self.check_all(conn, expect)
+        conn.close()
+
+    def test_reads_by_id_promote(self):
+        """Rows read from the log by SQL point reads and IN lists, as by
+        pulls, go back to the pool once read often; rows not read stay."""
+        self.create().close()
+        conn = self.open()  # (the access statistics start from zero, and count from the open on)
+        self.assertTrue(self.stats(conn)["heat"]["counting"])
+        deadline = time.monotonic() + 20
+        cold = [i for (i,) in conn.execute("SELECT id FROM item WHERE tier = 'ssd' ORDER BY id LIMIT 300")]
+        point, listed, unread = cold[:100], cold[100:200], cold[200:]
+        for _ in range(4):
+            for i in point:
+                conn.execute("SELECT vec FROM item WHERE id = ?", (i,)).fetchone()
+            conn.execute("SELECT count(vec) FROM item WHERE id IN (%s)" % ",".join(map(str, listed))).fetchone()
+
+        def tiers_of(ids):
+            return dict(conn.execute("SELECT tier, count(*) FROM item WHERE id IN (%s) GROUP BY tier"
+                                     % ",".join(map(str, ids))).fetchall())
+        while tiers_of(point + listed) != {"pm": 200} and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the tier's thread promotes in the background)
+        self.assertEqual((tiers_of(point), tiers_of(listed), tiers_of(unread)), ({"pm": 100}, {"pm": 100},
+                                                                                  {"ssd": 100}))
         conn.close()
 
     def test_lost_segment_stats(self):
