@@ -138,6 +138,40 @@ static void *block_alloc(size_t bytes)
     return p;
 }
 
+static bool parse_segment_name(const char *name, uint32_t *id);
+
+/* Whether dir holds an entry named as a segment. */
+static bool holds_segments(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool any = false;
+    uint32_t id;
+    struct dirent *e;
+    while (!any && (e = readdir(d)))
+        any = parse_segment_name(e->d_name, &id);
+    closedir(d);
+    return any;
+}
+
+bool log_dir_above(const char *abs, char *found, size_t len)
+{
+    char real[PATH_MAX];
+    if (!path_resolve(abs, real, sizeof real))
+        return false;
+    for (;;) {
+        char *slash = strrchr(real, '/');
+        if (!slash || slash == real)
+            return false;
+        *slash = 0;
+        if (holds_segments(real)) {
+            snprintf(found, len, "%s", real);
+            return true;
+        }
+    }
+}
+
 const char *log_segment_name(uint64_t loc, char *buf, size_t len)
 {
     snprintf(buf, len, "seg-%010u.log", log_loc_seg(loc));

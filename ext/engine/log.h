@@ -54,6 +54,10 @@ typedef struct log_options {
                                  kernel refuses io_uring) */
 } log_options;
 
+/* Whether a directory above abs (which need not exist yet) holds log
+ * segments, and which (found): the nearest.  A directory made there would
+ * make that log refuse to open (log_open: files that are not segments). */
+bool log_dir_above(const char *abs, char *found, size_t len);
 /* Opens the directory and every segment in it (files seg-NNNNNNNNNN.log).
  * A segment whose header is damaged or belongs to another store or record
  * size stays listed as damaged: reads of it fail, the rest works.  Files

@@ -1252,6 +1252,10 @@ static int refuse_nested(const char *dir)
     if (path_below_file(abs, POOL_FILE, found, sizeof found))
         return embkv__err(EMBKV_INVALID, "store %s: the directory would be inside the embkv store %s, whose "
                           "directory holds only its own files: put the new store beside it", dir, found);
+    if (log_dir_above(abs, found, sizeof found))
+        return embkv__err(EMBKV_INVALID, "store %s: the directory would be inside %s, the SSD log of an embkv "
+                          "store (its ssd_path), which holds only that store's segments: put the new store beside "
+                          "it", dir, found);
     return EMBKV_OK;
 }
 

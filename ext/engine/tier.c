@@ -179,6 +179,10 @@ static int tier_check(embkv_store *s, const embkv_options *opt, char *given, cha
             return embkv__err(EMBKV_INVALID, "store %s: option ssd_path %s is inside the embkv store %s, whose "
                               "directory holds only its own files: name a directory outside it (or leave "
                               "ssd_path out: the log goes to %s/%s)", s->path, path, found, s->path, LOG_DIR);
+        if (!in_own && log_dir_above(at, found, sizeof found))
+            return embkv__err(EMBKV_INVALID, "store %s: option ssd_path %s is inside %s, the SSD log of another "
+                              "store, which holds only that store's segments: name a directory outside it (or "
+                              "leave ssd_path out: the log goes to %s/%s)", s->path, path, found, s->path, LOG_DIR);
     }
     if (r->ssd_size) {
         log_dir_of(s, dir, len);

@@ -231,6 +231,12 @@ CREATE VIRTUAL TABLE logged2 USING embkv(dim=2, path='logged2.store', ssd_size='
 CREATE VIRTUAL TABLE ownlog USING embkv(dim=2, path='ownlog.store', ssd_size='8M', ssd_path='ownlog.store/log');
 INSERT INTO ownlog(id, vec) VALUES (2, '[3,4]');
 .shell ls outer.store; ls -d logged.store logged2.store 2>&1 | sed 's/.*cannot access/cannot access/'
+-- Nor inside a store's external SSD log (a directory holding segments),
+-- whichever option names it.
+.shell mkdir extlog && : > extlog/seg-0000000001.log
+CREATE VIRTUAL TABLE in_log USING embkv(dim=2, path='extlog/inner');
+CREATE VIRTUAL TABLE log_in_log USING embkv(dim=2, path='lil.store', ssd_size='8M', ssd_path='extlog/sub/log');
+.shell ls extlog; ls -d lil.store 2>&1 | sed 's/.*cannot access/cannot access/'
 -- @reopen
 SELECT 'outer', id, embkv_json(vec) FROM outer_t;
 SELECT 'ownlog', id, embkv_json(vec) FROM ownlog;
