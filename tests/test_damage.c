@@ -160,7 +160,8 @@ static const root_edit edits[] = {
     {"chunk outside the pool", e_chunk, "record chunk lies outside"},
     {"chunk table outside the pool", e_table, "bad chunk table"},
     {"index offset 8", e_index, "index object"},
-    {"bucket left locked", e_locked, "locked by no writer"},
+    {"bucket left locked", e_locked,
+     "locked by no writer): the store does not open with its index damaged: restore it from a backup"},
     {"used bit cleared", e_lostbit, "index holds 399 rows, 400 when it was closed"},
     {"store id flipped", e_sid, "its store id is damaged"},
     {"store id zeroed", e_sid0, "its store id is damaged"},
@@ -718,7 +719,7 @@ static void test_zeroed_index_after_crash(void)
     pmemobj_close(pop);
     zero_bytes(pool, at, 4096);
     CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_CORRUPT);
-    CHECK(strstr(embkv_errmsg(), " at that checkpoint: the index is damaged") != NULL);
+    CHECK(strstr(embkv_errmsg(), " at that checkpoint: the index is damaged; restore the store from a backup") != NULL);
     printf("D: a zeroed index page after a crash: %s\n", embkv_errmsg());
     /* (and again: the refusal is not a one-off) */
     CHECK_RC(embkv_open(d, NULL, 0, &s), EMBKV_CORRUPT);
@@ -810,6 +811,7 @@ static void test_refused_pool(void)
         found = 1;
         CHECK_RC(rc, EMBKV_CORRUPT);
         CHECK(strstr(embkv_errmsg(), "store.pool is damaged") != NULL);
+        CHECK(strstr(embkv_errmsg(), ": restore the store from a backup") != NULL);
     }
     CHECK(found);
     write_file(pool_path, orig, len);

@@ -459,8 +459,8 @@ int log_open(const log_options *o, embkv_log **out)
             continue;
         uint32_t id;
         if (!parse_segment_name(de->d_name, &id))
-            rc = embkv__err(EMBKV_NOTSTORE, "%s: %s holds %s, which is not a log segment", what, o->dir,
-                            de->d_name);
+            rc = embkv__err(EMBKV_NOTSTORE, "%s: %s holds %s, which is not a log segment: move it out of the "
+                            "directory (it holds only the log's segments)", what, o->dir, de->d_name);
         else {
             if (log_listed)
                 log_listed(l->dirfd, de->d_name);

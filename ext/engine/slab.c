@@ -321,6 +321,10 @@ void slab_map_chunks(embkv_store *s)
     }
 }
 
+/* Damage met while the index is walked at the open: nothing of the store
+ * can be trusted to be found, so it does not open. */
+#define REBUILD_ADVICE ": the store does not open with its index damaged: restore it from a backup"
+
 int slab_rebuild(embkv_store *s)
 {
     slab_map_chunks(s);
@@ -335,8 +339,9 @@ int slab_rebuild(embkv_store *s)
          * a cleanly closed store with one is damaged (readers would spin). */
         if (bk->version & 1) {
             free(inuse);
-            return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (locked by no writer)",
-                              s->path, (unsigned long long)b);
+            return embkv__err(EMBKV_CORRUPT,
+                              "store %s: index bucket %llu is damaged (locked by no writer)" REBUILD_ADVICE, s->path,
+                              (unsigned long long)b);
         }
         for (unsigned i = 0; i < BUCKET_SLOTS; i++) {
             if (!(bk->used & (1u << i)))
@@ -345,22 +350,23 @@ int slab_rebuild(embkv_store *s)
             if (!slot_placed(ix, bk, i, b)) {
                 free(inuse);
                 return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld: its "
-                                  "fingerprint or its place does not match)", s->path, (unsigned long long)b,
-                                  (long long)bk->slots[i].key);
+                                  "fingerprint or its place does not match)" REBUILD_ADVICE, s->path,
+                                  (unsigned long long)b, (long long)bk->slots[i].key);
             }
             if ((loc & LOC_SSD) && (!s->log || (loc & LOC_TOMB) || !log_loc_plausible(s->log, loc))) {
                 free(inuse);
-                return embkv__err(EMBKV_CORRUPT, "store %s: index bucket %llu is damaged (id %lld points %s)",
-                                  s->path, (unsigned long long)b, (long long)bk->slots[i].key,
-                                  s->log ? "outside the SSD log" : "to an SSD tier this store does not have");
+                return embkv__err(EMBKV_CORRUPT,
+                                  "store %s: index bucket %llu is damaged (id %lld points %s)" REBUILD_ADVICE, s->path,
+                                  (unsigned long long)b, (long long)bk->slots[i].key, s->log ? "outside the SSD log" : "to an SSD tier this store does not have");
             }
             if (loc & LOC_SSD)
                 continue;  /* the log's, not the record space's */
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
             if (c >= s->nchunks || r >= s->recs_per_chunk) {
                 free(inuse);
-                return embkv__err(EMBKV_CORRUPT, "store %s: id %lld points outside the record space",
-                                  s->path, (long long)bk->slots[i].key);
+                return embkv__err(EMBKV_CORRUPT,
+                                  "store %s: id %lld points outside the record space" REBUILD_ADVICE, s->path,
+                                  (long long)bk->slots[i].key);
             }
             inuse[(size_t)c * s->recs_per_chunk + r] = 1;
         }

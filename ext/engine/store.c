@@ -657,8 +657,8 @@ static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
          * libpmemobj then refuses is damaged, not someone else's file (a
          * path option at fault, as the SQLite binding reported it). */
         if (!s->pop && errno == EINVAL)
-            return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s",
-                              s->path, POOL_FILE, pmemobj_errormsg());
+            return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s: "
+                              "restore the store from a backup", s->path, POOL_FILE, pmemobj_errormsg());
         /* libpmemobj keeps one pool of a UUID per process: a byte copy
          * (cp -r) of a store this process has open. */
         if (!s->pop && errno == EEXIST)
@@ -946,8 +946,8 @@ static int load_store(embkv_store *s, const embkv_options *opt, unsigned flags)
     if (!was_clean && r->durable_rows_check == durable_rows_check(r->durable_rows, r->durable_epoch) &&
         (rows < r->durable_rows || rows - unknown > r->durable_rows))
         return embkv__err(EMBKV_CORRUPT, "store %s: recovered to its last checkpoint (epoch %llu), its index holds "
-                          "%llu rows, %llu at that checkpoint: the index is damaged", s->path,
-                          (unsigned long long)r->durable_epoch, (unsigned long long)rows,
+                          "%llu rows, %llu at that checkpoint: the index is damaged; restore the store from a backup",
+                          s->path, (unsigned long long)r->durable_epoch, (unsigned long long)rows,
                           (unsigned long long)r->durable_rows);
     dirtymap_reset(s);  /* the pool is as of its durable epoch */
     tier_sync_done(s);  /* segments no row points at any more */

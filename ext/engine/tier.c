@@ -340,7 +340,8 @@ static int log_rec_damaged(embkv_store *s, int64_t id, uint64_t loc)
     char name[32];
     log_segment_name(loc_plain(loc), name, sizeof name);
     return embkv__err(EMBKV_CORRUPT, "store %s: id %lld: its record in the SSD log is damaged (checksum mismatch "
-                      "in %s at offset %llu)", s->path, (long long)id, name,
+                      "in %s at offset %llu): delete the row (it can be deleted) and write it again, or restore "
+                      "the store from a backup", s->path, (long long)id, name,
                       (unsigned long long)log_loc_off(loc_plain(loc)));
 }
 

@@ -312,6 +312,9 @@ int ekerr_unusable(ekvtab *v);
  * busy_timeout, query_only: settings SQLite has no C getter for), or
  * fallback when it cannot be read. */
 int ek_pragma_int(sqlite3 *db, const char *name, int fallback);
+/* fn for each schema of db (main, temp, the attached ones) until one
+ * returns other than SQLITE_OK; that code, or SQLITE_OK. */
+int ek_each_schema(sqlite3 *db, int (*fn)(sqlite3 *db, const char *schema, void *arg), void *arg);
 /* Whether db's COMMIT in progress ends an autocommit statement that writes
  * (its failure undoes the statement) rather than a COMMIT (whose failure
  * keeps the transaction). */

@@ -62,13 +62,6 @@ int ekerr_unusable(ekvtab *v)
     return v->broken_rc ? v->broken_rc : SQLITE_ERROR;
 }
 
-/* Why a connection may not change the tables of schema zDb (the access
- * model, docs/sql.md "Who may touch a store"), or NULL when it may.  A
- * connection opened read-only, a read-only attached file and PRAGMA
- * query_only all refuse SQL writes in SQLite itself; the functions that
- * change a store (pull creating rows, push, import, checkpoint, hot set)
- * follow the same rule, so that a serving process opened read-only cannot
- * change the model through them either. */
 int ek_pragma_int(sqlite3 *db, const char *name, int fallback)
 {
     char sql[64];
@@ -91,6 +84,30 @@ int ek_in_write_statement(sqlite3 *db)
     return 0;
 }
 
+int ek_each_schema(sqlite3 *db, int (*fn)(sqlite3 *db, const char *schema, void *arg), void *arg)
+{
+    /* sqlite3_db_name where the library has it (3.39; no SQL to prepare),
+     * else PRAGMA database_list. */
+    int rc = SQLITE_OK;
+    if (sqlite3_libversion_number() >= 3039000) {
+        const char *name;
+        for (int i = 0; rc == SQLITE_OK && (name = sqlite3_db_name(db, i)) != NULL; i++) rc = fn(db, name, arg);
+        return rc;
+    }
+    sqlite3_stmt *st = NULL;
+    rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_database_list", -1, &st, NULL);
+    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) rc = fn(db, (const char *)sqlite3_column_text(st, 0), arg);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Why a connection may not change the tables of schema zDb (the access
+ * model, docs/sql.md "Who may touch a store"), or NULL when it may.  A
+ * connection opened read-only, a read-only attached file and PRAGMA
+ * query_only all refuse SQL writes in SQLite itself; the functions that
+ * change a store (pull creating rows, push, import, checkpoint, hot set)
+ * follow the same rule, so that a serving process opened read-only cannot
+ * change the model through them either. */
 const char *ekerr_readonly(sqlite3 *db, const char *zDb)
 {
     if (sqlite3_db_readonly(db, zDb) == 1) return "the database is open read-only";

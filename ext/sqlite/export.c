@@ -218,6 +218,56 @@ static int args(sqlite3_context *ctx, const char *fname, sqlite3_value **argv, e
     return 0;
 }
 
+/* The names SQLite gives the files of a database beside its own: a backup
+ * or an export under one would be taken for that file (a rollback journal
+ * SQLite plays back or deletes, a WAL it reads). */
+typedef struct sqlite_name {
+    const char *abs;  /* the name asked for (absolute) */
+    char *said;       /* what it is to SQLite, when it is one */
+} sqlite_name;
+
+/* Whether a and b name one place: the same parent directory (links
+ * resolved) and the same last name. */
+static bool same_place(const char *a, const char *b)
+{
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    if (!sa || !sb || strcmp(sa, sb) != 0) return false;
+    char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+    snprintf(da, sizeof da, "%.*s", (int)(sa - a), a);
+    snprintf(db, sizeof db, "%.*s", (int)(sb - b), b);
+    if (!realpath(*da ? da : "/", ra) || !realpath(*db ? db : "/", rb)) return !strcmp(da, db);
+    return !strcmp(ra, rb);
+}
+
+static int sqlite_file_named(sqlite3 *db, const char *schema, void *arg)
+{
+    sqlite_name *n = arg;
+    const char *f = sqlite3_db_filename(db, schema);
+    if (!f || !*f) return SQLITE_OK;
+    static const char *const suffix[] = {"", "-journal", "-wal", "-shm"};
+    static const char *const what[] = {"the database file", "the rollback journal", "the write-ahead log",
+                                       "the shared-memory file"};
+    for (int k = 0; k < 4; k++) {
+        char *p = sqlite3_mprintf("%s%s", f, suffix[k]);
+        if (!p) return SQLITE_NOMEM;
+        bool hit = same_place(p, n->abs);
+        sqlite3_free(p);
+        if (hit) {
+            n->said = sqlite3_mprintf("%s of database %s (%s)", what[k], schema, f);
+            return n->said ? SQLITE_DONE : SQLITE_NOMEM;
+        }
+    }
+    return SQLITE_OK;
+}
+
+/* What SQLite would take the file abs for, in db (sqlite3_free it), or NULL. */
+static char *sqlite_file_at(sqlite3 *db, const char *abs)
+{
+    sqlite_name n = {abs, NULL};
+    ek_each_schema(db, sqlite_file_named, &n);
+    return n.said;
+}
+
 static const char *const optimizer_names[] = {"sgd", "adagrad", "adam"};
 
 static const char *optimizer_name(int o)
@@ -669,7 +719,14 @@ static int open_out(exporter *e)
               : getcwd(cwd, sizeof cwd) ? sqlite3_mprintf("%s/%s", cwd, e->file) : NULL;
     if (!abs) return ex_fail(e, SQLITE_ERROR, "cannot create file '%s': %s", e->file, strerror(errno));
     int orc = embkv_path_outside(e->ref.store, abs);
+    char *said = orc == EMBKV_OK ? sqlite_file_at(sqlite3_context_db_handle(e->ctx), abs) : NULL;
     sqlite3_free(abs);
+    if (said) {
+        ex_fail(e, SQLITE_ERROR, "file '%s' is the name SQLite gives %s, which would take the export for it: "
+                "name another", e->file, said);
+        sqlite3_free(said);
+        return -1;
+    }
     if (orc != EMBKV_OK)
         return ex_fail(e, SQLITE_ERROR, "cannot create file '%s' there: %s; name a file outside every store",
                        e->file, embkv_errmsg());
@@ -1263,6 +1320,14 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
                                          : sqlite3_mprintf("%.*s/%s", (int)(slash - dbfile), dbfile, dir);
     if (!full) {
         sqlite3_result_error_nomem(ctx);
+        return;
+    }
+    char *said = full[0] == '/' ? sqlite_file_at(sqlite3_context_db_handle(ctx), full) : NULL;
+    if (said) {
+        fail(ctx, "embkv_backup", ref.name, SQLITE_ERROR, "directory '%s' is the name SQLite gives %s, which "
+             "would take the backup for it: name another", dir, said);
+        sqlite3_free(said);
+        sqlite3_free(full);
         return;
     }
     struct timespec t0, t1;

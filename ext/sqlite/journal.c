@@ -222,8 +222,14 @@ static int wal_mode(sqlite3 *db, const char *name)
  * For one schema: EXCLUSIVE when SQLite's COMMIT of its file would
  * wait for readers, waiting up to what is left of *budget (ms, read at the
  * first busy file; *waited counts the whole COMMIT's wait). */
-static int lock_one(sqlite3 *db, const char *name, int *budget, int *waited, char **msg)
+typedef struct lock_wait {
+    int budget, waited;  /* ms: the busy timeout (-1: not read yet), and the COMMIT's wait so far */
+    char **msg;
+} lock_wait;
+
+static int lock_one(sqlite3 *db, const char *name, void *arg)
 {
+    lock_wait *lw = arg;
     if (!strcmp(name, "temp") || sqlite3_txn_state(db, name) != SQLITE_TXN_WRITE) return SQLITE_OK;
     const char *file = sqlite3_db_filename(db, name);
     sqlite3_file *f = NULL;
@@ -239,18 +245,18 @@ static int lock_one(sqlite3 *db, const char *name, int *budget, int *waited, cha
     for (int n = 0;; n++) {
         rc = f->pMethods->xLock(f, SQLITE_LOCK_EXCLUSIVE);
         if ((rc & 0xff) != SQLITE_BUSY) break;
-        if (*budget < 0) *budget = ek_pragma_int(db, "busy_timeout", 0);
+        if (lw->budget < 0) lw->budget = ek_pragma_int(db, "busy_timeout", 0);
         int d = step[n < 12 ? n : 11];
-        if (*waited >= *budget) break;
-        if (d > *budget - *waited) d = *budget - *waited;
+        if (lw->waited >= lw->budget) break;
+        if (d > lw->budget - lw->waited) d = lw->budget - lw->waited;
         sqlite3_sleep(d);
-        *waited += d;
+        lw->waited += d;
     }
     if (rc != SQLITE_OK)
-        *msg = (rc & 0xff) == SQLITE_BUSY
+        *lw->msg = (rc & 0xff) == SQLITE_BUSY
                    ? sqlite3_mprintf("database is locked: other connections are reading %s (waited %d ms, the "
                                      "connection's busy timeout); nothing was written, %s",
-                                     file, *waited, ek_in_write_statement(db)
+                                     file, lw->waited, ek_in_write_statement(db)
                                                         ? "and the statement is undone: run it again"
                                                         : "and the transaction is still open: COMMIT again, or "
                                                           "ROLLBACK")
@@ -262,21 +268,8 @@ int ekjournal_lock_files(sqlite3 *db, char **msg)
 {
     *msg = NULL;
     if (sqlite3_txn_state(db, NULL) != SQLITE_TXN_WRITE) return SQLITE_OK;
-    int rc = SQLITE_OK, budget = -1, waited = 0;
-    /* The schemas: sqlite3_db_name where the library has it (3.39; no SQL
-     * to prepare), else PRAGMA database_list. */
-    if (sqlite3_libversion_number() >= 3039000) {
-        const char *name;
-        for (int i = 0; rc == SQLITE_OK && (name = sqlite3_db_name(db, i)) != NULL; i++)
-            rc = lock_one(db, name, &budget, &waited, msg);
-        return rc;
-    }
-    sqlite3_stmt *st = NULL;
-    rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_database_list", -1, &st, NULL);
-    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        rc = lock_one(db, (const char *)sqlite3_column_text(st, 0), &budget, &waited, msg);
-    sqlite3_finalize(st);
-    return rc;
+    lock_wait lw = {-1, 0, msg};
+    return ek_each_schema(db, lock_one, &lw);
 }
 
 /* Step 1: a slot of this process whose file holds no pending journal of

@@ -244,7 +244,8 @@ class TierTest(Base):
             except sqlite3.DatabaseError as e:
                 msg = str(e)
                 self.assertIn("id %d: its record in the SSD log is damaged" % i, msg)
-                m = re.search(r"in seg-\d{10}\.log at offset (\d+)\)", msg)
+                m = re.search(r"in seg-\d{10}\.log at offset (\d+)\): delete the row \(it can be deleted\) and "
+                              r"write it again, or restore the store from a backup$", msg)
                 self.assertTrue(m, msg)
                 self.assertTrue(4096 <= int(m.group(1)) < 8192, msg)  # the damaged block
                 damaged.append(i)

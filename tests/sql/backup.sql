@@ -43,6 +43,10 @@ SELECT embkv_backup('t', 3);
 SELECT embkv_backup('t', 'cut' || char(0) || 'here');
 SELECT embkv_backup('nosuch', 'x');
 SELECT embkv_backup('t');
+-- not under a name SQLite gives a file of the database (it would take the
+-- copy for its journal, and the database would not open)
+SELECT embkv_backup('t', 'test.db-journal');
+SELECT embkv_backup('t', './test.db-wal');
 .shell ls
 -- an empty directory is fine
 .shell mkdir empty

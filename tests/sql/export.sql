@@ -178,6 +178,7 @@ SELECT 't-unchanged', count(*), group_concat(id), embkv_json((SELECT vec FROM t 
 SELECT embkv_export('t', 's1.export');
 SELECT embkv_export('t', 'adir');
 SELECT embkv_export('t', 'nodir/t.export');
+SELECT embkv_export('t', 'test.db-journal');
 SELECT 'still-s1', (SELECT count(*) FROM s2) = embkv_import('s2', 's1.export');
 .shell set -- *embkv-tmp*; test -e "$1" && echo "temporary files left: $*" || echo "no temporary files left"
 
