@@ -52,8 +52,13 @@ extern "C" __global__ void embkv_gather(const unsigned long long *desc, const lo
     const char *src = (const char *)(uintptr_t)(d & ~GPU_ROW_FLAGS);
     unsigned kind = (unsigned)d & GPU_ROW_KIND;
     bool ok = src != NULL;
-    if (ok && (d & GPU_ROW_RECORD))
-        ok = *(const long long *)(src - 32) == ids[row];
+    /* The header read once, by lane 0, for the whole warp: ok stays one
+     * value across it (the f32 path returns on it, and __all_sync below
+     * needs every lane), even if the record were rewritten meanwhile. */
+    if (ok && (d & GPU_ROW_RECORD)) {
+        long long h = lane == 0 ? *(const long long *)(src - 32) : 0;
+        ok = __shfl_sync(0xffffffffu, h, 0) == ids[row];
+    }
     if (ok && kind == GPU_ROW_F32) {
         const float *v = (const float *)src;
         for (unsigned j = lane; j < dim; j += 32)

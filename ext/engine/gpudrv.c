@@ -54,7 +54,8 @@ bool gpu_compiled(void) { return true; }
     X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)                       \
     X(cuModuleGetFunction) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)              \
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuLaunchKernel) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)       \
-    X(cuEventSynchronize) X(cuEventDestroy) X(cuStreamSynchronize) X(cuCtxGetCurrent) X(cuDriverGetVersion)
+    X(cuEventSynchronize) X(cuEventDestroy) X(cuStreamSynchronize) X(cuCtxGetCurrent) X(cuDriverGetVersion)      \
+    X(cuCtxGetDevice) X(cuDeviceGetAttribute)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 DRIVER_FUNCS(DECLARE)
@@ -222,13 +223,19 @@ static void drv_leave(void)
 
 static int drv_host_register(void *p, size_t n, uint64_t *dev, char *why, size_t cap)
 {
-    /* Read-only first: the GPU only reads the pool, and a kernel from 6.5
-     * on refuses to pin a writable shared mapping of a disk file's pages
-     * for long; not every GPU offers it. */
-    CUresult r = p_cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
-                                               CU_MEMHOSTREGISTER_READ_ONLY);
-    if (r != CUDA_SUCCESS)
-        r = p_cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    /* Read-only where the device offers it: the GPU only reads the pool,
+     * and a kernel from 6.5 on refuses to pin a writable shared mapping of
+     * a disk file's pages for long.  (Asked first: the flag on a device
+     * without it is an API error, which compute-sanitizer reports.) */
+    CUdevice d0;
+    int ro = 0;
+    if (p_cuCtxGetDevice(&d0) != CUDA_SUCCESS ||
+        p_cuDeviceGetAttribute(&ro, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, d0) != CUDA_SUCCESS)
+        ro = 0;
+    unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+    CUresult r = p_cuMemHostRegister(p, n, flags | (ro ? CU_MEMHOSTREGISTER_READ_ONLY : 0));
+    if (r != CUDA_SUCCESS && ro)
+        r = p_cuMemHostRegister(p, n, flags);
     if (r != CUDA_SUCCESS)
         return fail(why, cap, "cuMemHostRegister", r);
     CUdeviceptr d;

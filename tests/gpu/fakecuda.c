@@ -132,11 +132,32 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     return CUDA_SUCCESS;
 }
 
+/* FAKECUDA_NO_READONLY: a device without read-only registration (the
+ * flag is then an API error, as compute-sanitizer reports it). */
+CUresult cuCtxGetDevice(CUdevice *d)
+{
+    if (!current())
+        complain("cuCtxGetDevice with no context current");
+    *d = 0;
+    return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+    if (d != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *v = a == CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED ? !getenv("FAKECUDA_NO_READONLY") : 0;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemHostRegister(void *p, size_t n, unsigned flags)
 {
     (void)p, (void)n;
     if (!(flags & CU_MEMHOSTREGISTER_DEVICEMAP))
         complain("cuMemHostRegister without DEVICEMAP: the kernels could not reach it");
+    if ((flags & CU_MEMHOSTREGISTER_READ_ONLY) && getenv("FAKECUDA_NO_READONLY")) {
+        complain("cuMemHostRegister with READ_ONLY on a device without it (an API error)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (getenv("FAKECUDA_NO_REGISTER"))
         return CUDA_ERROR_NOT_SUPPORTED;
     return CUDA_SUCCESS;

@@ -38,21 +38,25 @@ export EMBKV_EXT=$kit/embkv
 export EMBKV_LIB=$kit/libembkv.so
 export PYTHONPATH=$root/pysample${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
-# Where the stores go: /dev/shm with 6 GiB free (the benchmark's two
-# pools of 2M rows take about 4.5), else the temporary directory.
+# Where the stores go: /dev/shm where it has room (a tmpfs mapping
+# registers with or without read-only registration; a disk file's
+# writable mapping may not), else the temporary directory.  The tests
+# need under 400 MiB, the benchmark's pools of 2M rows about 3 GiB.
 free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
-if [[ -n $free_kb && $free_kb -gt $((6 << 20)) ]]; then
-    export EMBKV_GPU_DIR=/dev/shm
-else
-    export EMBKV_GPU_DIR=${TMPDIR:-/tmp}
-fi
+dir_for() {  # dir_for KIB: /dev/shm when it has KIB free, else $TMPDIR
+    if [[ -n $free_kb && $free_kb -gt $1 ]]; then echo /dev/shm; else echo "${TMPDIR:-/tmp}"; fi
+}
+export EMBKV_GPU_DIR=$(dir_for $((1 << 20)))
+bench_dir=$(dir_for $((4 << 20)))
 summary=()
 step() {  # step NAME TIMEOUT CMD...: runs it, logs to $out/NAME.log, records the result
     local name=$1 limit=$2
     shift 2
     local t0=$SECONDS rc
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
+    # (what a step killed at its limit left behind)
+    rm -rf "$EMBKV_GPU_DIR"/embkv-gpu-* "$bench_dir"/embkv-bench-gpu-* 2>/dev/null
     local verdict=ok
     [[ $rc -ne 0 ]] && verdict="FAILED (exit $rc)"
     [[ $rc -eq 124 ]] && verdict="FAILED (over ${limit}s)"
@@ -64,26 +68,38 @@ skip() {
     summary+=("$(printf '%-16s %-22s        %s' "$1" "skipped" "$2")")
     echo "== $1: skipped: $2"
 }
+refuse() {  # a step that should run here and cannot: a failure, with why
+    summary+=("$(printf '%-16s %-22s        %s' "$1" "FAILED (cannot run)" "$2")")
+    echo "== $1: FAILED: $2"
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 || true
-echo "stores in $EMBKV_GPU_DIR"
+echo "stores in $EMBKV_GPU_DIR, the benchmark's in $bench_dir"
 step test_gpu_real 120 "$kit/test_gpu_real"
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
+      /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 if [[ -n $san && -x $san ]]; then
     step memcheck 90 "$san" --tool memcheck --error-exitcode 9 --leak-check no "$kit/test_gpu_real" --short
 else
     skip memcheck "no compute-sanitizer on this machine"
 fi
+# Python: skipped only where this machine's PyTorch has no CUDA (nothing
+# of the device path can run from it then); with CUDA, whatever else is
+# missing (numpy, a sqlite3 that loads extensions) fails the steps.
 pyok=$("$py" - <<'EOF' 2>&1
 import sqlite3, sys
+try:
+    import torch
+except ImportError:
+    print("skip: no torch for %s" % sys.executable); sys.exit()
+if not torch.cuda.is_available():
+    print("skip: this PyTorch has no CUDA"); sys.exit()
 if sqlite3.sqlite_version_info < (3, 38, 0):
     print("%s's sqlite3 is SQLite %s: embkv needs 3.38 or later" % (sys.executable, sqlite3.sqlite_version)); sys.exit()
 try:
-    import numpy, torch
-except ImportError as e:
-    print("no %s for %s" % (e.name, sys.executable)); sys.exit()
-if not torch.cuda.is_available():
-    print("this PyTorch has no CUDA"); sys.exit()
+    import numpy
+except ImportError:
+    print("no numpy for %s" % sys.executable); sys.exit()
 c = sqlite3.connect(":memory:")
 if not hasattr(c, "enable_load_extension"):
     print("%s's sqlite3 cannot load extensions" % sys.executable); sys.exit()
@@ -92,13 +108,13 @@ EOF
 )
 if [[ $pyok == ok ]]; then
     step torch_cuda 90 "$py" -u tests/gpu/test_torch_cuda.py
+    step bench_gpu 180 "$py" -u bench/bench_gpu.py --dir "$bench_dir" --out "$out/bench_gpu.json"
+elif [[ $pyok == skip:* ]]; then
+    skip torch_cuda "${pyok#skip: }"
+    skip bench_gpu "${pyok#skip: }"
 else
-    skip torch_cuda "$pyok"
-fi
-if "$py" -c 'import numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    step bench_gpu 180 "$py" -u bench/bench_gpu.py --dir "$EMBKV_GPU_DIR" --out "$out/bench_gpu.json"
-else
-    skip bench_gpu "needs numpy and a CUDA build of PyTorch for $py"
+    refuse torch_cuda "$pyok"
+    refuse bench_gpu "$pyok"
 fi
 echo
 echo "== summary (logs in $out)"

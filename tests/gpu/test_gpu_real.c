@@ -188,10 +188,12 @@ static void test_load(const char *root)
         cdf[i] = (sum += 1.0 / pow(i + 1, 0.99));
     enum { B = 4096, FLIGHT = 4 };
     CUdeviceptr d[FLIGHT];
+    CUevent done[FLIGHT];  /* each batch's own end: the later ones stay in flight */
     int64_t *ids[FLIGHT];
     float *host = malloc((size_t)B * LDIM * 4);
     for (int k = 0; k < FLIGHT; k++) {
         CK(cuMemAlloc(&d[k], (size_t)B * LDIM * 4));
+        CK(cuEventCreate(&done[k], 0));
         ids[k] = malloc(B * sizeof **ids);
     }
     pthread_t th[3];
@@ -203,8 +205,8 @@ static void test_load(const char *root)
     for (int b = 0; b < batches; b++) {
         int k = b % FLIGHT;
         if (b >= FLIGHT) {
-            /* the batch launched FLIGHT ago: complete by now in stream order */
-            CK(cuStreamSynchronize(stream));
+            /* the batch launched FLIGHT ago, waited for alone */
+            CK(cuEventSynchronize(done[k]));
             CK(cuMemcpyDtoH(host, d[k], (size_t)B * LDIM * 4));
             for (int i = 0; i < B; i++) {
                 const float *row = host + (size_t)i * LDIM;
@@ -234,6 +236,7 @@ static void test_load(const char *root)
             bad++;
             break;
         }
+        CK(cuEventRecord(done[k], stream));
     }
     atomic_store(&load_stop, 1);
     for (int i = 0; i < 3; i++)
@@ -252,6 +255,7 @@ static void test_load(const char *root)
     CHECK_RC(embkv_close(ls), EMBKV_OK);
     for (int k = 0; k < FLIGHT; k++) {
         CK(cuMemFree(d[k]));
+        CK(cuEventDestroy(done[k]));
         free(ids[k]);
     }
     free(host);
