@@ -90,6 +90,10 @@ if want c; then
     if [[ -x build/fakecuda/test_gpu_real ]]; then
         run_one "fakecuda/test_gpu_real" env LD_LIBRARY_PATH="$PWD/build/fakecuda" FAKECUDA_REPORT=1 \
             build/fakecuda/test_gpu_real
+        # (launches run later on the stand-in's device thread: events,
+        # waits and the rows' protection meet asynchrony)
+        run_one "fakecuda/test_gpu_real-async" env LD_LIBRARY_PATH="$PWD/build/fakecuda" FAKECUDA_REPORT=1 \
+            FAKECUDA_ASYNC_US=2000 build/fakecuda/test_gpu_real
         # (a device without read-only registration: the flag is not used)
         run_one "fakecuda/test_gpu_real-no-readonly" env LD_LIBRARY_PATH="$PWD/build/fakecuda" FAKECUDA_REPORT=1 \
             FAKECUDA_NO_READONLY=1 build/fakecuda/test_gpu_real --short

@@ -378,13 +378,32 @@ def pull(conn, table, ids, dim_=None, once=False):
     return np.frombuffer(blob, dtype=np.float32).reshape(len(a), d)
 
 
+def _float32_grads(grads, table, ids):
+    """grads as float32, contiguous; a finite value float32 cannot hold is
+    an error naming it (numpy's cast would make it an infinity, which the
+    push would then report as if given)."""
+    g0 = np.asarray(grads)
+    if g0.dtype.kind == "f" and g0.dtype.itemsize > 4 and g0.size:
+        lim = float(np.finfo(np.float32).max)
+        big = np.isfinite(g0) & (np.abs(g0) > lim)
+        if big.any():
+            at = tuple(int(k) for k in np.argwhere(big)[0])
+            row = at[0] if g0.ndim == 2 else None
+            raise ValueError("embkv.push: table %s: %sgradient element %s is %r, beyond float32's range (%g): "
+                             "scale the gradients (or clip them) to float32's range"
+                             % (table, "id %d: " % int(ids[row]) if row is not None and row < len(ids) else "",
+                                at[-1] if row is not None else at, float(g0[at]), lim))
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(g0, dtype=np.float32)
+
+
 def push(conn, table, ids, grads, lr=None):
     """Apply gradients (len(ids) x dim float32) with the table's optimizer;
     returns the number of rows updated."""
     _usable(conn, "embkv.push", table)
     _flush_deferred(conn)
     a, buf = _ids_bytes(ids)
-    g = np.ascontiguousarray(grads, dtype=np.float32)
+    g = _float32_grads(grads, table, a)
     if g.ndim != 2 or g.shape[0] != len(a):
         raise ValueError("embkv.push: grads must have shape (%d, dim), not %s" % (len(a), g.shape))
     if len(a) == 0:

@@ -14,9 +14,11 @@
  * cuModuleLoadData is one (its magic), launches cover every row with the
  * block size the kernels assume, calls that need a context have one
  * current, and every event and pinned block is freed (counted; reported
- * at exit when FAKECUDA_REPORT is set).  It says nothing of timing or of
- * real asynchrony: tests/test_gpu.c's fake device covers completions that
- * come later.
+ * at exit when FAKECUDA_REPORT is set).  With FAKECUDA_ASYNC_US=N the
+ * launches run later, in order, on a "device" thread, each after a random
+ * 0 to N microseconds, so that the caller's events, waits and protection
+ * of the rows a launch reads meet real asynchrony; otherwise a launch runs
+ * at once.  Timing says nothing of a GPU's.
  */
 #include <cuda.h>
 #include <float.h>
@@ -34,6 +36,8 @@ static _Thread_local int depth;          /* contexts pushed on this thread */
 static _Thread_local int set_current;    /* cuCtxSetCurrent was called here */
 static atomic_long events, pinned, allocs, launches, bad_calls;
 
+static void device_drain(void);
+
 static void complain(const char *what)
 {
     atomic_fetch_add(&bad_calls, 1);
@@ -45,6 +49,7 @@ static int current(void) { return depth > 0 || set_current; }
 /* At exit: what is left, and a failing status if a call was wrong. */
 __attribute__((destructor)) static void report(void)
 {
+    device_drain();
     if (getenv("FAKECUDA_REPORT"))
         fprintf(stderr, "fakecuda: %ld launches; left: %ld events, %ld pinned blocks, %ld allocations; %ld bad calls\n",
                 atomic_load(&launches), atomic_load(&events), atomic_load(&pinned), atomic_load(&allocs),
@@ -181,6 +186,7 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
 }
 CUresult cuMemFreeHost(void *p)
 {
+    device_drain();
     free(p);
     atomic_fetch_sub(&pinned, 1);
     return CUDA_SUCCESS;
@@ -196,25 +202,39 @@ CUresult cuMemAlloc(CUdeviceptr *d, size_t n)
 }
 CUresult cuMemFree(CUdeviceptr d)
 {
+    device_drain();
     free((void *)(uintptr_t)d);
     atomic_fetch_sub(&allocs, 1);
     return CUDA_SUCCESS;
 }
+/* (copies and sets wait for the launches before them: stream order) */
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
     (void)s;
+    device_drain();
     memset((void *)(uintptr_t)d, v, n);
     return CUDA_SUCCESS;
 }
-CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
+CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
+{
+    device_drain();
+    memcpy(dst, (void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
     (void)s;
+    device_drain();
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
 }
 CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; *s = (CUstream)&the_context; return CUDA_SUCCESS; }
-CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s)
+{
+    (void)s;
+    device_drain();
+    return CUDA_SUCCESS;
+}
 
 /* ---- the kernels' model */
 
@@ -302,6 +322,94 @@ static void grad_sum(const float *g, const uint32_t *occ, const uint32_t *start,
         }
 }
 
+/* ---- the device's queue (FAKECUDA_ASYNC_US) */
+
+typedef struct launch {
+    CUfunction f;
+    uint64_t ptr[6];  /* the kernel's pointer parameters, as given */
+    uint32_t n, dim;
+} launch;
+#define QUEUE 1024
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dev_work = PTHREAD_COND_INITIALIZER, dev_ran = PTHREAD_COND_INITIALIZER;
+static launch queue[QUEUE];
+static uint64_t queued, ran;  /* launches queued, launches run (the next one's number) */
+static int async_us = -1;     /* FAKECUDA_ASYNC_US; 0: at once */
+static pthread_once_t async_once = PTHREAD_ONCE_INIT;
+
+static void run_launch(const launch *l)
+{
+    if (l->f == (CUfunction)(uintptr_t)GATHER)
+        gather((const uint64_t *)l->ptr[0], (const int64_t *)l->ptr[1], (float *)l->ptr[2], (uint32_t *)l->ptr[3],
+               l->n, l->dim);
+    else
+        grad_sum((const float *)l->ptr[0], (const uint32_t *)l->ptr[1], (const uint32_t *)l->ptr[2],
+                 (const uint32_t *)l->ptr[3], (float *)l->ptr[4], (double *)l->ptr[5], l->n, l->dim);
+}
+
+static void *device_main(void *arg)
+{
+    (void)arg;
+    unsigned seed = 7;
+    pthread_mutex_lock(&dev_mu);
+    for (;;) {
+        while (ran == queued)
+            pthread_cond_wait(&dev_work, &dev_mu);
+        launch l = queue[ran % QUEUE];
+        pthread_mutex_unlock(&dev_mu);
+        usleep((useconds_t)(rand_r(&seed) % (unsigned)(async_us + 1)));
+        run_launch(&l);
+        pthread_mutex_lock(&dev_mu);
+        ran++;
+        pthread_cond_broadcast(&dev_ran);
+    }
+    return NULL;
+}
+
+static void async_start(void)
+{
+    const char *e = getenv("FAKECUDA_ASYNC_US");
+    async_us = e ? atoi(e) : 0;
+    pthread_t t;
+    if (async_us > 0 && pthread_create(&t, NULL, device_main, NULL) != 0)
+        async_us = 0;
+}
+
+/* The number the next launch will have: an event recorded now completes
+ * once every launch before it has run. */
+static uint64_t device_now(void)
+{
+    pthread_mutex_lock(&dev_mu);
+    uint64_t q = queued;
+    pthread_mutex_unlock(&dev_mu);
+    return q;
+}
+
+static void device_wait(uint64_t upto)
+{
+    pthread_mutex_lock(&dev_mu);
+    while (ran < upto)
+        pthread_cond_wait(&dev_ran, &dev_mu);
+    pthread_mutex_unlock(&dev_mu);
+}
+
+static void device_drain(void) { device_wait(device_now()); }
+
+static void device_launch(const launch *l)
+{
+    pthread_once(&async_once, async_start);
+    if (async_us <= 0) {
+        run_launch(l);
+        return;
+    }
+    pthread_mutex_lock(&dev_mu);
+    while (queued - ran == QUEUE)
+        pthread_cond_wait(&dev_ran, &dev_mu);
+    queue[queued++ % QUEUE] = *l;
+    pthread_cond_signal(&dev_work);
+    pthread_mutex_unlock(&dev_mu);
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream s, void **p, void **extra)
 {
@@ -317,13 +425,17 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         uint32_t n = *(uint32_t *)p[4], dim = *(uint32_t *)p[5];
         if ((uint64_t)gx * bx / 32 < n)
             complain("gather launch: fewer warps than rows");
-        gather(*(uint64_t **)p[0], *(int64_t **)p[1], *(float **)p[2], *(uint32_t **)p[3], n, dim);
+        launch l = {f, {*(uint64_t *)p[0], *(uint64_t *)p[1], *(uint64_t *)p[2], *(uint64_t *)p[3]}, n, dim};
+        device_launch(&l);
     } else if (f == (CUfunction)(uintptr_t)SUM) {
         uint32_t nu = *(uint32_t *)p[6], dim = *(uint32_t *)p[7];
         if ((uint64_t)gx * bx < (uint64_t)nu * dim)
             complain("sum launch: fewer threads than elements");
-        grad_sum(*(float **)p[0], *(uint32_t **)p[1], *(uint32_t **)p[2], *(uint32_t **)p[3], *(float **)p[4],
-                 *(double **)p[5], nu, dim);
+        launch l = {f,
+                    {*(uint64_t *)p[0], *(uint64_t *)p[1], *(uint64_t *)p[2], *(uint64_t *)p[3], *(uint64_t *)p[4],
+                     *(uint64_t *)p[5]},
+                    nu, dim};
+        device_launch(&l);
     } else {
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -334,24 +446,31 @@ CUresult cuEventCreate(CUevent *e, unsigned flags)
 {
     if (!current())
         complain("cuEventCreate without a current context");
-    *e = (CUevent)malloc(8);
+    *e = (CUevent)calloc(1, sizeof(uint64_t));  /* the launch it waits for */
     atomic_fetch_add(&events, 1);
     (void)flags;
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
+CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)s;
+    *(uint64_t *)e = device_now();
+    return CUDA_SUCCESS;
+}
 CUresult cuEventQuery(CUevent e)
 {
     if (!current())
         complain("cuEventQuery without a current context");
-    (void)e;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&dev_mu);
+    int done = ran >= *(uint64_t *)e;
+    pthread_mutex_unlock(&dev_mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 CUresult cuEventSynchronize(CUevent e)
 {
     if (!current())
         complain("cuEventSynchronize without a current context");
-    (void)e;
+    device_wait(*(uint64_t *)e);
     return CUDA_SUCCESS;
 }
 CUresult cuEventDestroy(CUevent e)

@@ -263,11 +263,23 @@ class DirectPath(TempDirTest):
         finally:
             ro.close()
 
+    def test_float64_gradients_past_float32(self):
+        """A finite float64 gradient float32 cannot hold is named as such
+        (the cast would make it an infinity), and nothing is updated."""
+        with self.assertRaises(ValueError) as cm:
+            embkv.push(self.conn, "a", [1, 2], np.array([[0.5, 0, 0], [0, 0, -1e300]]))
+        self.assertEqual(str(cm.exception), "embkv.push: table a: id 2: gradient element 2 is -1e+300, beyond "
+                                            "float32's range (3.40282e+38): scale the gradients (or clip them) to "
+                                            "float32's range")
+        self.assertEqual(self.conn.execute("SELECT count(*) FROM a WHERE clock > 0").fetchone()[0], 0)
+        self.assertEqual(embkv.push(self.conn, "a", [1], np.array([[0.5, 0, 0]])), 1)  # (float64 in range: fine)
+
     def test_closed_connection_and_other_thread(self):
         other = connect(self.db)
         other.close()
-        with self.assertRaises(sqlite3.ProgrammingError):
+        with self.assertRaises(sqlite3.ProgrammingError) as cm:
             embkv.pull(other, "a", [1], 3)
+        self.assertEqual(str(cm.exception), "embkv.pull: table a: Cannot operate on a closed database.")
         with self.assertRaises(sqlite3.ProgrammingError):
             embkv.push(other, "a", [1], np.zeros((1, 3), np.float32), lr=0.1)
         errors = []
