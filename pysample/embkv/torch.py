@@ -303,12 +303,18 @@ def _open_step(conn, table, key, dim, mode):
 def _current_step(conn, table, key, dim, mode):
     """The open step of the table on conn (made if there is none), locked,
     and still the open one once locked (a step ended or forgotten while
-    this thread waited for its lock is not joined)."""
+    this thread waited for its lock is not joined).  One that pulled
+    nothing by the end (a read under no_grad, a pull that failed) is
+    forgotten: it must not keep the connection."""
     while True:
         st = _open_step(conn, table, key, dim, mode)
         with st.lock:
             if _peek_step(conn, key) is st:
-                yield st
+                try:
+                    yield st
+                finally:
+                    if not st.pulled:
+                        _forget_step(st)
                 return
 
 
@@ -574,15 +580,11 @@ class _TableModule(torch.nn.Module):
         # connection waits for the read instead of taking permits the read
         # would wait for while holding the connection.
         with _current_step(self.conn, self.table, self._key, self.embedding_dim, self.update) as st:
-            try:
-                _not_another_threads(st, self.table, threading.get_ident())
-                held = st.held()
-                rows = pull(bool(len(held)))
-                embkv.release(self.conn, self.table, np.setdiff1d(real, held) if len(held) else real)
-                return rows
-            finally:
-                if not st.pulled:
-                    _forget_step(st)  # (made for the read alone: it must not keep the connection)
+            _not_another_threads(st, self.table, threading.get_ident())
+            held = st.held()
+            rows = pull(bool(len(held)))
+            embkv.release(self.conn, self.table, np.setdiff1d(real, held) if len(held) else real)
+            return rows
 
 
 def _not_another_threads(st, table, me):

@@ -565,6 +565,23 @@ class TestPermits(Base):
 
 
 class TestThreads(Base):
+    def test_no_step_keeps_its_connection(self):
+        """A no_grad forward, and a forward whose pull failed, leave no
+        step behind: the connection goes when the program lets it go."""
+        import weakref
+        conn = embkv.connect(self.db)
+        emb = ekt.Embedding(conn, "t", dim=2, init="zeros", staleness=0, wait_ms=50)
+        with torch.no_grad():
+            emb(torch.tensor([1]))
+        embkv.pull(self.conn, "t", [2])  # (another connection holds 2's permit)
+        with self.assertRaisesRegex(sqlite3.OperationalError, "staleness bound 0 reached"):
+            emb(torch.tensor([2]))
+        ref = weakref.ref(conn)
+        del emb, conn
+        gc.collect()
+        self.assertIsNone(ref())
+        embkv.release(self.conn, "t", [2])
+
     def test_a_no_grad_forward_of_another_thread_is_refused(self):
         """Inference in one thread beside a step open in another, on one
         connection: refused at once (its pull would wait for the step's
