@@ -227,17 +227,24 @@ static void test_to_pm(const char *root)
         in_pm += count_tier(s, many + i, 200, EMBKV_TIER_PM);
     CHECK(in_pm == MANY);
 
-    /* More rows than the pool holds: the first ids win, and the moves do
-     * not push each other out (the pool's rows number about a tenth of n). */
+    /* More rows than the pool holds: the first ids win, those the pool
+     * holds already (the MANY just moved, their heat at the top as the
+     * promoted rows' is) included, and the moves do not push each other
+     * out (the pool's rows number about a tenth of n). */
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     size_t want = (size_t)st.rows_pm * 3;
-    int64_t *lots = malloc(want * sizeof *lots);
-    size_t got = ssd_rows(s, n, 0, want, lots);
-    CHECK(got > st.rows_pm);
+    int64_t *lots = malloc((MANY + want) * sizeof *lots);
+    memcpy(lots, many, MANY * sizeof *lots);
+    size_t got = MANY + ssd_rows(s, n, 0, want, lots + MANY);
+    CHECK(got > MANY + st.rows_pm);
     uint64_t dem0 = st.demotions;
     CHECK_RC(embkv_hotset_move(s, lots, got, &mv), EMBKV_OK);
     CHECK(mv.to_pm > 0 && mv.to_pm < got);
-    CHECK(count_tier(s, lots, 200, EMBKV_TIER_PM) == 200);                 /* the first */
+    in_pm = 0;
+    for (size_t i = 0; i < MANY; i += 200)
+        in_pm += count_tier(s, many + i, 200, EMBKV_TIER_PM);
+    CHECK(in_pm == MANY);                                                     /* the first, in the pool already */
+    CHECK(count_tier(s, lots + MANY, 200, EMBKV_TIER_PM) == 200);            /* the first of the log's */
     CHECK(count_tier(s, lots + got - 200, 200, EMBKV_TIER_SSD) == 200);    /* the last */
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     CHECK(st.demotions - dem0 <= 2 * st.rows_pm);  /* no churn through the log */

@@ -166,6 +166,13 @@ struct embkv_store {
     atomic_uint heat_live;
     pthread_mutex_t demote_mu; /* one log appender (demotion, compaction); the cursor */
     uint64_t demote_cursor;
+    /* Rows no demotion takes while an explicit promotion runs (sorted; under
+     * demote_mu): the rows it was asked to bring up, which rows it promotes
+     * after them would otherwise push out, their heat tied at the top.
+     * keep_mu: one explicit promotion at a time. */
+    const int64_t *demote_keep;
+    size_t demote_keep_n;
+    pthread_mutex_t keep_mu;
     _Atomic unsigned evicted_heat; /* hottest row of the last demotion (admission's bar) */
     atomic_uint_fast64_t rows_ssd;
     atomic_uint_fast64_t st_demotions, st_promotions, st_compactions, st_compact_rows;

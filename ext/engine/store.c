@@ -475,6 +475,7 @@ static void free_store(embkv_store *s)
     pthread_mutex_destroy(&s->sync_mu);
     pthread_mutex_destroy(&s->move_mu);
     pthread_mutex_destroy(&s->demote_mu);
+    pthread_mutex_destroy(&s->keep_mu);
     pthread_mutex_destroy(&s->compact_mu);
     pthread_mutex_destroy(&s->promo_mu);
     pthread_mutex_destroy(&s->tw_mu);
@@ -507,6 +508,7 @@ static embkv_store *alloc_store(void)
     pthread_mutex_init(&s->sync_mu, NULL);
     pthread_mutex_init(&s->move_mu, NULL);
     pthread_mutex_init(&s->demote_mu, NULL);
+    pthread_mutex_init(&s->keep_mu, NULL);
     pthread_mutex_init(&s->compact_mu, NULL);
     pthread_mutex_init(&s->promo_mu, NULL);
     pthread_mutex_init(&s->tw_mu, NULL);

@@ -462,6 +462,18 @@ static int cmp_cand(const void *a, const void *b)
     return (x->heat > y->heat) - (x->heat < y->heat);
 }
 
+static int cmp_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether an explicit promotion running now keeps id (under demote_mu). */
+static bool kept(const embkv_store *s, int64_t id)
+{
+    return s->demote_keep_n && bsearch(&id, s->demote_keep, s->demote_keep_n, sizeof id, cmp_id);
+}
+
 /* Up to cap pool-resident rows from the cursor on, with their heat. */
 static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
 {
@@ -507,6 +519,8 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
     size_t k = 0;
     ebr_enter();
     for (size_t i = 0; i < n && k < want; i++) {
+        if (kept(s, c[i].id))
+            continue;
         rec_hdr *r = rec_at(s, c[i].loc);
         char *to = buf + k * s->rec_size;
         memcpy(to, r, s->rec_size);
@@ -644,9 +658,22 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
     int64_t *cid = malloc(per * sizeof *cid);
     uint64_t *loc = malloc(per * sizeof *loc);
     rec_hdr **recs = malloc(per * sizeof *recs);
+    int64_t *keep = malloc((n ? n : 1) * sizeof *keep);
     int rc = EMBKV_OK;
-    if (!cid || !loc || !recs)
+    if (!cid || !loc || !recs || !keep)
         rc = embkv__err(EMBKV_NOMEM, "store %s: out of memory promoting %zu rows", s->path, n);
+    /* The demotions that make room for these rows take none of them,
+     * those in the pool already included (their heat ties with the
+     * promoted ones' at the top). */
+    pthread_mutex_lock(&s->keep_mu);
+    if (keep) {
+        memcpy(keep, ids, n * sizeof *keep);
+        qsort(keep, n, sizeof *keep, cmp_id);
+        pthread_mutex_lock(&s->demote_mu);
+        s->demote_keep = keep;
+        s->demote_keep_n = n;
+        pthread_mutex_unlock(&s->demote_mu);
+    }
     for (size_t i = 0; i < n && rc == EMBKV_OK;) {
         size_t k = 0;
         ebr_enter();
@@ -721,6 +748,12 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
         }
         free(buf);
     }
+    pthread_mutex_lock(&s->demote_mu);
+    s->demote_keep = NULL;
+    s->demote_keep_n = 0;
+    pthread_mutex_unlock(&s->demote_mu);
+    pthread_mutex_unlock(&s->keep_mu);
+    free(keep);
     free(cid);
     free(loc);
     free(recs);
