@@ -342,7 +342,8 @@ int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
  * another store or handle: EMBKV_INVALID naming both, for every *_at
  * function), each row's columns from one version: out (may be NULL: existence only) gets dim
  * floats per id, info (may be NULL) each row's metadata, found (may be
- * NULL) 1/0 per id. */
+ * NULL) 1/0 per id.  A row read from the SSD log is offered to promotion,
+ * as by embkv_get (embkv_locate_batch_at reads nothing). */
 int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
                        float *out, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
 /* embkv_get_batch_at with the optimizer state: state (may be NULL) gets

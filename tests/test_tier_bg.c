@@ -59,14 +59,12 @@ static size_t log_ids(embkv_store *s, const uint64_t *gen, size_t n, size_t from
     for (size_t id = from; id < n && k < want; id++) {
         if (!gen[id])
             continue;
-        embkv_rowinfo info;
-        /* embkv_get of a log row would offer it for promotion: ask the
-         * batch path's found/tier through get_batch_at instead. */
-        float v[DIM];
+        /* A read of a log row would offer it for promotion: where it is
+         * comes from the index alone (embkv_locate_batch_at reads nothing). */
+        int tier;
         uint8_t f;
         int64_t i64 = (int64_t)id;
-        if (embkv_get_batch_at(s, NULL, &i64, 1, v, &info, &f, NULL) == EMBKV_OK && f &&
-            info.tier == EMBKV_TIER_SSD)
+        if (embkv_locate_batch_at(s, NULL, &i64, 1, &tier, &f) == EMBKV_OK && f && tier == EMBKV_TIER_SSD)
             out[k++] = (int64_t)id;
     }
     return k;
