@@ -131,7 +131,9 @@ int get_batch_rows(embkv_store *s, const int64_t *ids, size_t n, float *out, con
 int get_uncounted(embkv_store *s, int64_t id, float *vec);
 /* embkv_exists_batch noting too, when in_slot and in_dirty are not
  * NULL (a store with a cache only), each row's cache slot (-1: not cached)
- * and whether it is dirty. */
+ * and whether it is dirty; with them, it counts the cached rows' access
+ * (a push's: update_batch_in_place then counts the others), skipping a
+ * row its stamp shows saturated, as a batch get does. */
 size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t *found, int64_t *in_slot,
                           uint8_t *in_dirty);
 

@@ -178,6 +178,9 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
     uint8_t cached[RING];
     size_t absent = 0;
     cache *c = s->cache;
+    heat_buf hb;
+    heat_buf_init(s, &hb, true);
+    bool count = in_slot && c && heat_counting(s);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -194,11 +197,21 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
         if (c && i >= PF_CACHE && i - PF_CACHE < n) {
             size_t j = i - PF_CACHE;
             bool d = false;
-            int64_t si = cache_find(c, ids[j], hs[j % RING], &d);
+            uint32_t stamp = 0;
+            int64_t si = count ? cache_find_heat(c, ids[j], hs[j % RING], &stamp)
+                               : cache_find(c, ids[j], hs[j % RING], &d);
+            if (count && si >= 0)
+                d = cache_slot_dirty(c, si);
             cached[j % RING] = si >= 0;
             if (in_slot) {
                 in_slot[j] = si;
                 in_dirty[j] = si >= 0 && d;
+            }
+            if (count && si >= 0) {
+                if (stamp && stamp == heat_stamp(s->heat, &hb.clk, hs[j % RING]))
+                    heat_skip(s, &hb);
+                else
+                    heat_add(s, &hb, hs[j % RING], ids[j]);
             }
             if (!cached[j % RING])
                 PREFETCH_BUCKET(&ix->buckets[hs[j % RING] & ix->mask], 0);
@@ -216,6 +229,8 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
         }
     }
     ebr_leave();
+    if (count)
+        heat_flush(s, &hb);
     return absent;
 }
 

@@ -1029,6 +1029,8 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     /* Per row: its slot, or -1; found here, or by the caller earlier in
      * this group (the existence check of a push). */
     int64_t *own = c && !logging && !(given && given->slot) ? malloc(n * sizeof *own) : NULL;
+    /* (with own: each row's stamp in the sketch, 0: none; see the count below) */
+    uint32_t *stamps = own && heat_counting(s) ? calloc(n, sizeof *stamps) : NULL;
     const int64_t *hint = own;
     size_t want = n;
     if (c && !logging && given && given->slot) {
@@ -1044,7 +1046,12 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             if (j + 8 < n)
                 cache_prefetch(c, embkv__hash(ids[j + 8]));
             bool dirty = false;
-            own[j] = cache_find(c, ids[j], embkv__hash(ids[j]), &dirty);
+            if (stamps) {
+                own[j] = cache_find_heat(c, ids[j], embkv__hash(ids[j]), &stamps[j]);
+                dirty = own[j] >= 0 && cache_slot_dirty(c, own[j]);
+            } else {
+                own[j] = cache_find(c, ids[j], embkv__hash(ids[j]), &dirty);
+            }
             want += !dirty;
         }
     } else if (c && !logging) {
@@ -1054,6 +1061,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
     uint64_t *fresh = malloc(n * sizeof *fresh);
     if (!fresh || (want && (rc = alloc_records(s, fresh, want, false)) != EMBKV_OK)) {
         free(own);
+        free(stamps);
         free(row);
         free(fresh);
         return fresh ? rc : embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory for %zu rows", n);
@@ -1077,6 +1085,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         free(rb);
         free(row);
         free(own);
+        free(stamps);
         free(w.rowbuf);
         pre_read_free(&pre);
         return nomem ? embkv__err(EMBKV_NOMEM, "embkv_update_batch: out of memory") : WRITE_CANCELLED;
@@ -1086,7 +1095,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
 
     /* The whole batch lands in one epoch: a sync waits for it. */
     heat_buf hb;
-    heat_buf_init(s, &hb, false);
+    heat_buf_init(s, &hb, stamps != NULL);  /* (the clock, and skips counted; no stamp filed: ids -1) */
     pthread_rwlock_rdlock(&s->writers);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
@@ -1096,10 +1105,17 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             hs[i % RING] = h;
             if (!hint || hint[i] < 0)
                 PREFETCH_BUCKET(&ix->buckets[h & ix->mask], 1);
-            /* A cached row's update is not counted again: its read was (a
-             * pull before the push), and its slot's reference bit is set. */
-            if (heat_counting(s) && (!hint || hint[i] < 0))
-                heat_add(s, &hb, h, -1);
+            /* Every update counts, cached or not (the rows the cache holds
+             * would look half as hot as the others if its pushes did not):
+             * a cached row of a push was counted by its existence check
+             * (exists_batch_hints); one found saturated under the current
+             * stamp changes nothing when touched. */
+            if (heat_counting(s) && (!hint || hint[i] < 0 || hint == own)) {
+                if (stamps && stamps[i] && stamps[i] == heat_stamp(s->heat, &hb.clk, h))
+                    heat_skip(s, &hb);
+                else
+                    heat_add(s, &hb, h, -1);
+            }
         }
         if (i >= PF_BUCKET - PF_RECORD && i - (PF_BUCKET - PF_RECORD) < n) {
             size_t j = i - (PF_BUCKET - PF_RECORD);
@@ -1198,6 +1214,7 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
         cache_count(c, hits, n - hits);
     free(row);
     free(own);
+    free(stamps);
     free(w.rowbuf);
     if (next_fresh < nfresh)
         slab_free(s, fresh + next_fresh, nfresh - next_fresh);

@@ -293,6 +293,11 @@ int ektxn_pre(ektxn *t, embkv_store *s, size_t k, int64_t *id, uint64_t *clock, 
               uint64_t *whash);
 uint64_t ek_vec_hash(const float *v, uint32_t dim);
 int ektxn_unapply(ektxn *t, embkv_store *s);
+/* A row as embkv_get reads it (vec, state and info may be NULL; its rc,
+ * EMBKV_NOTFOUND for an absent one), for the transaction's own
+ * bookkeeping: not an access, so not counted in the access statistics nor
+ * in the cache's hits and misses (a pre-image, a put-back's check). */
+int ek_get_quiet(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info);
 
 /* ========================================================================
  * errors.c

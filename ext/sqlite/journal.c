@@ -514,7 +514,7 @@ static int put_back(ekvtab *v, int fd, const jhead *h, const char *path, int app
             if (pass == 0) continue;
             /* Only a row still as the COMMIT left it (the last writer
              * wins, as in ROLLBACK: txn.c's still_written). */
-            int grc = embkv_get(v->store, id, cur, NULL, NULL);
+            int grc = ek_get_quiet(v->store, id, cur, NULL, NULL);
             int mine = kind == EKTXN_DEL ? grc == EMBKV_NOTFOUND
                                          : grc == EMBKV_OK && ek_vec_hash(cur, h->dim) == whash;
             int erc = EMBKV_OK;

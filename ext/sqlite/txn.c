@@ -386,12 +386,19 @@ static uint64_t written_hash(ektxn *t, embkv_store *s, const ektxn_entry *e)
     return ek_vec_hash(r, t->dim);
 }
 
+int ek_get_quiet(embkv_store *s, int64_t id, float *vec, float *state, embkv_rowinfo *info)
+{
+    uint8_t found = 0;
+    int rc = embkv_get_rows_at(s, NULL, &id, 1, vec, state, info, &found, NULL);
+    return rc != EMBKV_OK ? rc : found ? EMBKV_OK : EMBKV_NOTFOUND;
+}
+
 /* Whether e's row is still as the apply left it (nobody wrote it since:
  * a push, a COMMIT of another database file on the store): only such a
  * row is put back, so that the last writer wins, as everywhere else. */
 static int still_written(ektxn *t, embkv_store *s, const ektxn_entry *e)
 {
-    int rc = embkv_get(s, e->id, t->cmpbuf, NULL, NULL);
+    int rc = ek_get_quiet(s, e->id, t->cmpbuf, NULL, NULL);
     if (e->kind == EKTXN_DEL) return rc == EMBKV_NOTFOUND;
     return rc == EMBKV_OK && ek_vec_hash(t->cmpbuf, t->dim) == written_hash(t, s, e);
 }
@@ -508,7 +515,7 @@ static int apply_in_group(ektxn *t, embkv_store *s, int64_t *fail_id, char **msg
         p->clock = 0;
         p->data = NULL;
         embkv_rowinfo info;
-        int rc = embkv_get(s, e->id, t->rowbuf, state, &info);
+        int rc = ek_get_quiet(s, e->id, t->rowbuf, state, &info);
         if (rc == EMBKV_OK) {
             p->clock = info.clock;
             p->data = arena_take(t, rowbytes);

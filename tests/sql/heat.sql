@@ -19,6 +19,15 @@ SELECT 'in', count(*) FROM small WHERE id IN (6, 7);
 -- scans and counts do not count
 SELECT 'scan', count(*), sum(json_extract(embkv_json(vec), '$[0]')) FROM small;
 SELECT 'scan', count(*) FROM small WHERE tier = 'pm';
+-- an UPDATE by id counts its lookup and its write (the COMMIT's reading of
+-- the row's previous version, its own bookkeeping, does not); two in one
+-- transaction, the store's lookup (the second finds the row in the
+-- transaction) and the one write
+UPDATE small SET vec = '[8, 1, 2, 3]' WHERE id = 8;
+BEGIN;
+UPDATE small SET vec = '[9, 1, 2, 3]' WHERE id = 9;
+UPDATE small SET vec = '[9, 1, 2, 4]' WHERE id = 9;
+COMMIT;
 SELECT 'heat', id, hits, tier FROM embkv_heat('small') WHERE hits > 0 ORDER BY hits DESC, id;
 SELECT 'heat-join', s.id, h.hits FROM small s JOIN embkv_heat('small') h ON h.id = s.id WHERE h.hits >= 3;
 SELECT 'hotset-n', embkv_hotset('small', 2);
