@@ -532,8 +532,14 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
     ebr_leave();
     if (k == 0)
         goto out;
-    if ((rc = log_append(s->log, buf, k, q, false)) != EMBKV_OK)
+    if ((rc = log_append(s->log, buf, k, q, false)) != EMBKV_OK) {
+        /* (the log knows no snapshot: what it says of checkpoints holds
+         * only once they end) */
+        if (rc == EMBKV_FULL && atomic_load(&s->snap_floor) != UINT64_MAX)
+            rc = embkv__err(rc, "%s; open snapshots (a long SELECT, an export, an online backup) keep what "
+                            "compaction emptied until they end: end them first", embkv_errmsg());
         goto out;
+    }
     /* Durable before any index entry points at it (P1). */
     if ((rc = log_sync(s->log)) != EMBKV_OK) {
         for (size_t i = 0; i < k; i++)

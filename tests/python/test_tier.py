@@ -270,6 +270,44 @@ class TierTest(Base):
 
 
 
+class FullLogTest(Base):
+    def test_a_full_log_beside_an_open_select_says_so(self):
+        """A SELECT left open keeps what compaction emptied: the full log's
+        message says to end it (a checkpoint alone frees too little), and
+        once it is closed a checkpoint makes the room."""
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE t USING embkv(dim=8, init='zeros', pool_size='16M', capacity=20000, "
+                     "ssd_size='64M')")
+        n = 60000
+        for lo in range(0, n, 5000):
+            ids = np.arange(lo, lo + 5000, dtype=np.int64)
+            conn.execute("SELECT embkv_pull('t', ?)", (blob(ids),)).fetchone()
+            conn.execute("SELECT embkv_push('t', ?, ?)", (blob(ids), np.ones((5000, 8), np.float32).tobytes()))
+        conn.execute("SELECT embkv_checkpoint('t')")
+        reader = connect(self.db)
+        cur = reader.execute("SELECT id, vec FROM t")
+        cur.fetchone()
+        rng = np.random.default_rng(0)
+
+        def step():
+            ids = np.unique(rng.integers(0, n, 2000)).astype(np.int64)
+            conn.execute("SELECT embkv_hotset('t', ?)", (blob(ids),)).fetchone()
+            conn.execute("SELECT embkv_pull('t', ?)", (blob(ids),)).fetchone()
+            conn.execute("SELECT embkv_push('t', ?, ?)", (blob(ids), np.zeros((len(ids), 8), np.float32).tobytes()))
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            for _ in range(2000):
+                step()
+        self.assertRegex(str(cm.exception), r"ssd_size reached: .*; open snapshots \(a long SELECT, an export, an "
+                                            r"online backup\) keep what compaction emptied until they end: end them "
+                                            r"first$")
+        cur.close()
+        reader.close()
+        conn.execute("SELECT embkv_checkpoint('t')")
+        for _ in range(5):
+            step()  # (the advice followed: room again)
+        conn.close()
+
+
 class BigDeleteTest(Base):
     def test_delete_half_in_one_commit(self):
         dim = 256
