@@ -677,9 +677,10 @@ static int take_permits(embkv_session *ss, struct train_state *t, const embkv_tr
             atomic_fetch_add(&t->waits, 1);
             atomic_fetch_add(&t->timeouts, 1);
             return embkv__err(EMBKV_BUSY,
-                              "id %lld: staleness bound %lld reached: still %lld pulls without a push "
+                              "id %lld: staleness bound %lld reached: still %lld pull%s without a push "
                               "after %u ms",
-                              (long long)id, (long long)cur.staleness, (long long)cur.staleness + 1, o->wait_ms);
+                              (long long)id, (long long)cur.staleness, (long long)cur.staleness + 1,
+                              cur.staleness ? "s" : "", o->wait_ms);
         }
         if (held_add(ss, id) != EMBKV_OK) {
             permit_return(t->permits, id);

@@ -22,6 +22,7 @@
 SQLITE_EXTENSION_INIT3
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -292,9 +293,24 @@ static void fn_hotset(sqlite3_context *ctx, int argc, sqlite3_value **argv)
     int64_t *ids = NULL;
     size_t n = 0;
     int erc = embkv_heat_enable(ref.store);
-    switch (sqlite3_value_type(argv[1])) {
+    int vt = sqlite3_value_type(argv[1]);
+    if (vt == SQLITE_FLOAT) {
+        /* A REAL with no fraction is n, as embkv_knn's k takes it (a
+         * Python float, 1e4). */
+        double d = sqlite3_value_double(argv[1]);
+        if (!(d == floor(d) && fabs(d) < 9.2e18)) {
+            char *m = sqlite3_mprintf("n (argument 2) must be an integer (the number of hottest rows to move), "
+                                      "got %!.15g", d);
+            hot_error(ctx, ref.name, m ? SQLITE_ERROR : SQLITE_NOMEM, m ? m : "out of memory");
+            sqlite3_free(m);
+            return;
+        }
+        vt = SQLITE_INTEGER;
+    }
+    switch (vt) {
     case SQLITE_INTEGER: {
-        sqlite3_int64 want = sqlite3_value_int64(argv[1]);
+        sqlite3_int64 want = sqlite3_value_type(argv[1]) == SQLITE_FLOAT ? (sqlite3_int64)sqlite3_value_double(argv[1])
+                                                                         : sqlite3_value_int64(argv[1]);
         if (want < 0) {
             char *m = sqlite3_mprintf("n must be 0 or more (the number of hottest rows to move), got %lld", want);
             hot_error(ctx, ref.name, m ? SQLITE_ERROR : SQLITE_NOMEM, m ? m : "out of memory");

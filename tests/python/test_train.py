@@ -430,7 +430,7 @@ class TestStaleness(Base):
         pull(conn, "emb", [7], 4)
         e, elapsed = self.busy(conn, [7])
         self.assertEqual(e.sqlite_errorcode, sqlite3.SQLITE_BUSY)
-        self.assertEqual(str(e), "embkv_pull: table emb: id 7: staleness bound 0 reached: still 1 pulls "
+        self.assertEqual(str(e), "embkv_pull: table emb: id 7: staleness bound 0 reached: still 1 pull "
                                  "without a push after 300 ms")
         self.assertGreaterEqual(elapsed, 0.28)
         self.assertLess(elapsed, 5)

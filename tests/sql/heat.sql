@@ -34,11 +34,14 @@ SELECT 'hotset-n', embkv_hotset('small', 2);
 SELECT 'hotset-ids', embkv_hotset('small', '[5, 6, 5, 123456]');
 SELECT 'hotset-blob', embkv_hotset('small', x'0500000000000000');
 SELECT 'hotset-zero', embkv_hotset('small', 0);
+SELECT 'hotset-real', embkv_hotset('small', 2.0);  -- (a REAL with no fraction is n)
 SELECT 'stats', json_extract(embkv_stats('small'), '$.heat.counting'), json_extract(embkv_stats('small'), '$.heat.touches'),
        json_extract(embkv_stats('small'), '$.ops.hotset_to_pm');
 -- bad arguments
 SELECT 'err', embkv_hotset('small', -1);
 SELECT 'err', embkv_hotset('small', 2.5);
+SELECT 'err', embkv_hotset('small', -2.0);
+SELECT 'err', embkv_hotset('small', 1e300);
 SELECT 'err', embkv_hotset('small', NULL);
 SELECT 'err', embkv_hotset('small', '[1, "a"]');
 SELECT 'err', embkv_hotset('small', x'0102');
