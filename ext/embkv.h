@@ -346,7 +346,9 @@ int embkv_snapshot_changed_ids(embkv_snapshot *snap, int64_t **ids, size_t *n);
  * as by embkv_get (embkv_locate_batch_at reads nothing). */
 int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n,
                        float *out, embkv_rowinfo *info, uint8_t *found, size_t *nmissing);
-/* embkv_get_batch_at with the optimizer state: state (may be NULL) gets
+/* embkv_get_batch_at with the optimizer state, for reads that copy rows
+ * rather than use them (a scan, an export): it offers no row to promotion.
+ * state (may be NULL) gets
  * state_floats floats per id (zeros for an absent one), from the same
  * version as the row's vector and info; a record read for its vector or
  * state is verified whole (id and checksum).  With embkv_put_clock it

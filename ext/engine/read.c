@@ -178,9 +178,9 @@ size_t exists_batch_hints(embkv_store *s, const int64_t *ids, size_t n, uint8_t 
     uint8_t cached[RING];
     size_t absent = 0;
     cache *c = s->cache;
-    heat_buf hb;
-    heat_buf_init(s, &hb, true);
     bool count = in_slot && c && heat_counting(s);
+    heat_buf hb;
+    heat_buf_init(s, &hb, count);
     ebr_enter();
     index_desc *ix = atomic_load(&s->ix);
     for (size_t i = 0; i < n + PF_BUCKET; i++) {
@@ -476,10 +476,12 @@ static void cached_rows(embkv_store *s, const embkv_snapshot *snap, const int64_
             locs[j] = LOC_CACHED;
 }
 
-/* Lookups by id at a snapshot (SQL's point and IN reads) offer the rows
- * they read from the log to promotion, as embkv_get does: a row read
- * often is hot whatever call reads it.  A version the snapshot's log gave
- * is not the row's current one, whose place the promotion would take. */
+/* Lookups by id at a snapshot (embkv_get_batch_at: SQL's point and IN
+ * reads) offer the rows they read from the log to promotion, as embkv_get
+ * does: a row read often is hot whatever call reads it.  Copies' reads
+ * (embkv_get_rows_at: scans, exports, backups, a COMMIT's pre-images)
+ * offer nothing.  A version the snapshot's log gave is not the row's
+ * current one, whose place the promotion would take. */
 static void offer_promotion(embkv_store *s, const int64_t *bid, size_t m, const uint64_t *locs,
                             const uint8_t *logged, rec_hdr *const *recs)
 {
@@ -500,7 +502,7 @@ static void offer_promotion(embkv_store *s, const int64_t *bid, size_t m, const 
 /* get_batch_at, get_rows_at and locate_batch_at: with neither out, state
  * nor info, rows in the log are not read (the index says where they are). */
 static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
-                     float *state, embkv_rowinfo *info, int *tiers, uint8_t *found, size_t *nmissing)
+                     float *state, embkv_rowinfo *info, int *tiers, uint8_t *found, size_t *nmissing, bool offer)
 {
     uint64_t locs[AT_BLOCK];
     rec_hdr *recs[AT_BLOCK];
@@ -583,7 +585,7 @@ static int get_batch(embkv_store *s, const embkv_snapshot *snap, const int64_t *
                 found[lo + j] = ok;
             missing += !ok;
         }
-        if (ssd_buf)
+        if (ssd_buf && offer)
             offer_promotion(s, bid, m, locs, logged, recs);
     }
     ebr_leave();
@@ -606,7 +608,7 @@ int embkv_get_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t
         return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, NULL, info, found, nmissing, NULL);
-    return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing);
+    return get_batch(s, snap, ids, n, out, NULL, info, NULL, found, nmissing, true);
 }
 
 int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, float *out,
@@ -620,7 +622,7 @@ int embkv_get_rows_at(embkv_store *s, const embkv_snapshot *snap, const int64_t 
         return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, out, state, info, found, nmissing, NULL);
-    return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing);
+    return get_batch(s, snap, ids, n, out, state, info, NULL, found, nmissing, false);
 }
 
 int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int64_t *ids, size_t n, int *tier,
@@ -635,5 +637,5 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
         return rc;
     if (s->reader)
         return ro_read(s, snap_as_of(snap), ids, n, NULL, NULL, NULL, found, NULL, tier);
-    return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL);
+    return get_batch(s, snap, ids, n, NULL, NULL, NULL, tier, found, NULL, false);
 }

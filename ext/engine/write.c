@@ -1108,9 +1108,10 @@ static int update_batch_in_group(embkv_store *s, const int64_t *ids, size_t n, e
             /* Every update counts, cached or not (the rows the cache holds
              * would look half as hot as the others if its pushes did not):
              * a cached row of a push was counted by its existence check
-             * (exists_batch_hints); one found saturated under the current
-             * stamp changes nothing when touched. */
-            if (heat_counting(s) && (!hint || hint[i] < 0 || hint == own)) {
+             * (exists_batch_hints: given->slot, used or not, a snapshot
+             * open); one found saturated under the current stamp changes
+             * nothing when touched. */
+            if (heat_counting(s) && !(given && given->slot && given->slot[i] >= 0)) {
                 if (stamps && stamps[i] && stamps[i] == heat_stamp(s->heat, &hb.clk, h))
                     heat_skip(s, &hb);
                 else

@@ -320,6 +320,17 @@ static int chunk_reserve(ekcur *c, ekvtab *v, size_t rows)
     return SQLITE_OK;
 }
 
+/* Committed rows by id, as of the cursor's snapshot: a lookup's read
+ * offers the rows it finds in the SSD log to promotion
+ * (embkv_get_batch_at); a scan's is a copy's (embkv_get_rows_at), since a
+ * pass over every row says nothing of which are hot. */
+static int read_rows(ekcur *c, ekvtab *v, const int64_t *ids, size_t n, float *vecs, embkv_rowinfo *infos,
+                     uint8_t *found)
+{
+    return c->plan == PLAN_SCAN ? embkv_get_rows_at(v->store, c->snap, ids, n, vecs, NULL, infos, found, NULL)
+                                : embkv_get_batch_at(v->store, c->snap, ids, n, vecs, infos, found, NULL);
+}
+
 /* Loads ids[lo..lo+chunk): which rows exist and, if wanted, their vectors:
  * the transaction's own rows from its buffer, the others with one
  * embkv_get_batch. */
@@ -340,6 +351,11 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
         }
     }
     if (m > 0) {
+        /* Lookups by id count in the access statistics (whatever columns
+         * they read), before the read, whose offer to promotion weighs
+         * them; a scan visits every row once and would only flatten the
+         * counts. */
+        if (c->plan != PLAN_SCAN) embkv_heat_touch(v->store, ids, n);
         /* Committed rows as of the cursor's snapshot: vectors (when the
          * plan uses them) and metadata from one version of each row. */
         int erc;
@@ -356,7 +372,7 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
                 c->b.infos[j].tier = c->b.tiers[k];
             }
         } else if (m == n) {
-            erc = embkv_get_batch_at(v->store, c->snap, ids, n, vecs, c->b.infos, c->b.found, NULL);
+            erc = read_rows(c, v, ids, n, vecs, c->b.infos, c->b.found);
             if (erc == EMBKV_OK)
                 for (size_t j = 0; j < n; j++) c->b.st[j] = c->b.found[j] ? 1 : 0;
         } else {
@@ -364,8 +380,7 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
                 !(c->b.evecs = sqlite3_malloc64((uint64_t)c->b.capchunk * dim * sizeof(float))))
                 return SQLITE_NOMEM;
             for (size_t k = 0; k < m; k++) c->b.eids[k] = ids[c->b.eidx[k]];
-            erc = embkv_get_batch_at(v->store, c->snap, c->b.eids, m, c->want_vec ? c->b.evecs : NULL,
-                                     c->b.einfos, c->b.found, NULL);
+            erc = read_rows(c, v, c->b.eids, m, c->want_vec ? c->b.evecs : NULL, c->b.einfos, c->b.found);
             if (erc == EMBKV_OK) {
                 for (size_t k = 0; k < m; k++) {
                     size_t j = c->b.eidx[k];
@@ -379,14 +394,9 @@ static int load_chunk(ekcur *c, ekvtab *v, size_t lo)
             ekerr_table(v, "read failed: %s", embkv_errmsg());
             return ekerr_rc(erc);
         }
-        /* Lookups by id count in the access statistics (whatever columns
-         * they read) and offer their rows to the DRAM cache; a scan visits
-         * every row once and would only flatten the one and flush the
-         * other. */
-        if (c->plan != PLAN_SCAN) {
-            embkv_heat_touch(v->store, ids, n);
-            embkv_cache_offer(v->store, ids, n);
-        }
+        /* Lookups offer their rows to the DRAM cache; a scan would only
+         * flush it. */
+        if (c->plan != PLAN_SCAN) embkv_cache_offer(v->store, ids, n);
     }
     c->lo = lo;
     c->hi = hi;
@@ -503,7 +513,7 @@ static int load_info(ekcur *c, ekvtab *v, int clock)
         }
         /* Planned without the clock: read it now, as of the snapshot. */
         uint8_t found = 0;
-        erc = embkv_get_batch_at(v->store, c->snap, &id, 1, NULL, &c->info, &found, NULL);
+        erc = read_rows(c, v, &id, 1, NULL, &c->info, &found);
         if (erc != EMBKV_OK) goto fail;
     }
     c->info_state = 1;
