@@ -309,8 +309,11 @@ def _usable(conn, fname, table):
 
 # ------------------------------------------------------------ permits freed elsewhere
 
-_deferred = {}  # id(conn) -> (a weak reference to conn, or None where it takes none; [(table, int64 ids)])
-_deferred_lock = threading.Lock()
+_deferred = {}  # id(conn) -> (a callable giving conn while it lives, [(table, int64 ids)])
+# (An RLock, and nothing allocated under it: a finalizer run by a collection
+# that an allocation starts may call _defer_release in the same thread.)
+_deferred_lock = threading.RLock()
+_NOTHING = (None, ())
 
 
 def _defer_release(conn, table, ids):
@@ -320,28 +323,34 @@ def _defer_release(conn, table, ids):
     try:
         ref = weakref.ref(conn)
     except TypeError:
-        ref = None
+        # (a connection that takes no weak reference is held until then:
+        # an id() alone could name a later connection)
+        ref = (lambda c: lambda: c)(conn)
+    k, new, item = id(conn), (ref, []), (table, ids)
     with _deferred_lock:
-        got = _deferred.get(id(conn))
-        if got is None or (got[0] is not None and got[0]() is not conn):
-            got = _deferred[id(conn)] = (ref, [])  # (a list of a connection gone is dropped: its permits went with it)
-        got[1].append((table, ids))
+        got = _deferred.get(k)
+        if got is None or got[0]() is not conn:
+            got = _deferred[k] = new  # (a list of a connection gone is dropped: its permits went with it)
+        got[1].append(item)
 
 
 def _flush_deferred(conn):
     """Returns the permits kept for conn by _defer_release."""
     if not _deferred:
         return
+    k = id(conn)
     with _deferred_lock:
-        ref, todo = _deferred.pop(id(conn), (None, []))
-    if ref is not None and ref() is not conn:
+        ref, todo = _deferred.pop(k, _NOTHING)
+    if ref is None or ref() is not conn:
         return
-    for k, (table, ids) in enumerate(todo):
+    for n, (table, ids) in enumerate(todo):
         try:
             conn.execute("SELECT embkv_release(?, ?)", (table, _ids_bytes(ids)[1])).fetchone()
-        except sqlite3.ProgrammingError:
+        except sqlite3.ProgrammingError as e:
+            if "closed database" in str(e):
+                return  # (its permits went with it)
             # (not the connection's thread: the caller's own call says so)
-            for t, i in todo[k:]:
+            for t, i in todo[n:]:
                 _defer_release(conn, t, i)
             return
         except sqlite3.Error:

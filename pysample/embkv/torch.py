@@ -174,7 +174,9 @@ class _Step:
             return
         try:
             embkv.release(self.conn, self.table, ids)
-        except sqlite3.ProgrammingError:
+        except sqlite3.ProgrammingError as e:
+            if "closed database" in str(e):
+                return  # the connection is closed: its permits went with it
             # Another thread than the connection's (a finalizer run by the
             # garbage collector): the connection's next forward, step or
             # release() returns them.
@@ -192,7 +194,9 @@ class _Step:
     def leaf_freed(self):
         with self.lock:
             self.leaves -= 1
-            if self.leaves == 0 and self.state == "open" and (not self.grads or self.failed()):
+            # (failed() asked in the owner's thread only: see _gather)
+            if self.leaves == 0 and self.state == "open" and (
+                    not self.grads or (threading.get_ident() == self.owner and self.failed())):
                 self.release()
 
 
@@ -279,35 +283,44 @@ def _backward_running():
 
 
 _steps = {}                    # (id(conn), table key) -> the open _Step
-_steps_lock = threading.Lock()
+# (An RLock, and nothing allocated under it: a collection run by an
+# allocation calls finalizers, leaf_freed, which take it in the same thread.)
+_steps_lock = threading.RLock()
 
 
 def _forget_step(step):
+    k = (id(step.conn), step.key)
     with _steps_lock:
-        if _steps.get((id(step.conn), step.key)) is step:
-            del _steps[(id(step.conn), step.key)]
+        if _steps.get(k) is step:
+            del _steps[k]
 
 
-def _open_step(conn, table, key, dim, mode):
-    with _steps_lock:
-        st = _steps.get((id(conn), key))
-        if st is not None and st.mode != mode:
-            raise ValueError("embkv.torch: modules of table %r on one connection disagree: update=%r and %r"
-                             % (table, st.mode, mode))
-        if st is None:
-            st = _steps[(id(conn), key)] = _Step(conn, table, key, dim, mode)
-        return st
+def _open_step(conn, table, key, dim, mode, check_mode=True):
+    k = (id(conn), key)
+    new = None
+    while True:
+        with _steps_lock:
+            st = _steps.get(k)
+            if st is None and new is not None:
+                _steps[k] = st = new
+        if st is not None:
+            break
+        new = _Step(conn, table, key, dim, mode)  # (made outside the lock, then put in if still none)
+    if check_mode and st.mode != mode:
+        raise ValueError("embkv.torch: modules of table %r on one connection disagree: update=%r and %r"
+                         % (table, st.mode, mode))
+    return st
 
 
 @contextlib.contextmanager
-def _current_step(conn, table, key, dim, mode):
+def _current_step(conn, table, key, dim, mode, check_mode=True):
     """The open step of the table on conn (made if there is none), locked,
     and still the open one once locked (a step ended or forgotten while
     this thread waited for its lock is not joined).  One that pulled
     nothing by the end (a read under no_grad, a pull that failed) is
     forgotten: it must not keep the connection."""
     while True:
-        st = _open_step(conn, table, key, dim, mode)
+        st = _open_step(conn, table, key, dim, mode, check_mode)
         with st.lock:
             if _peek_step(conn, key) is st:
                 try:
@@ -319,8 +332,9 @@ def _current_step(conn, table, key, dim, mode):
 
 
 def _peek_step(conn, key):
+    k = (id(conn), key)
     with _steps_lock:
-        return _steps.get((id(conn), key))
+        return _steps.get(k)
 
 
 class _TableModule(torch.nn.Module):
@@ -490,8 +504,11 @@ class _TableModule(torch.nn.Module):
         dev = self.device if self.device.type == "cuda" else None
         embkv._flush_deferred(self.conn)
         prev = _peek_step(self.conn, self._key)
-        if prev is not None and prev.failed():
-            prev.release()  # its backward raised: no update, its permits back
+        if prev is not None and prev.owner == threading.get_ident() and prev.failed():
+            # Its backward raised: no update, its permits back.  (Its own
+            # thread only: failed() can tell whether a backward pass runs
+            # only in the thread that runs it.)
+            prev.release()
         n = len(real)
         # As torch's: eval mode changes nothing here, only torch.no_grad() does.
         training = torch.is_grad_enabled()
@@ -578,8 +595,9 @@ class _TableModule(torch.nn.Module):
                                                          once=once)))
         # Under the step's lock, so that another thread's forward on this
         # connection waits for the read instead of taking permits the read
-        # would wait for while holding the connection.
-        with _current_step(self.conn, self.table, self._key, self.embedding_dim, self.update) as st:
+        # would wait for while holding the connection.  (A read joins no
+        # step: its module's update mode need not be the step's.)
+        with _current_step(self.conn, self.table, self._key, self.embedding_dim, self.update, False) as st:
             _not_another_threads(st, self.table, threading.get_ident())
             held = st.held()
             rows = pull(bool(len(held)))

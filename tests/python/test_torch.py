@@ -678,6 +678,90 @@ if sys.argv[2] == "ended":
 """
 
 
+# A collection started by an allocation inside the package's locked
+# sections runs finalizers (a batch tensor's, returning its step's permits)
+# that take the same locks in the same thread: argv[2] says where.
+COLLECTION_INSIDE_A_LOCK = r"""
+import faulthandler, gc, sys, torch, numpy as np, embkv, embkv.torch as ekt
+conn = embkv.connect(sys.argv[1])
+emb = ekt.Embedding(conn, "t", dim=2, init="zeros")
+emb2 = ekt.Embedding(conn, "u", dim=2, init="zeros")
+gc.disable()
+out = emb(torch.tensor([1]))
+box = [out]
+box.append(box)  # (a cycle: only a collection frees it)
+del out, box
+fired = []
+def at(frame, event, arg):
+    if fired:
+        return
+    if sys.argv[2] == "deferred":
+        hit = event == "c_call" and frame.f_code.co_name == "_flush_deferred" and getattr(arg, "__name__", "") == "pop"
+    else:
+        hit = event == "call" and frame.f_code.co_name == "__init__" and type(frame.f_locals.get("self")).__name__ == "_Step"
+    if hit:
+        fired.append(1)
+        sys.setprofile(None)
+        gc.collect()
+faulthandler.dump_traceback_later(20, exit=True)
+if sys.argv[2] == "deferred":
+    embkv._defer_release(conn, "t", np.array([99], np.int64))
+    sys.setprofile(at)
+    embkv.pull(conn, "t", [5])
+else:
+    sys.setprofile(at)
+    with torch.no_grad():
+        emb2(torch.tensor([7]))
+sys.setprofile(None)
+print("done", fired)
+"""
+
+
+class TestFinalizers(Base):
+    def test_a_collection_inside_a_lock(self):
+        """No deadlock when a finalizer runs inside the package's own
+        locked sections (the deferred permits', a step's making)."""
+        import subprocess
+        for where in ("deferred", "step"):
+            out = subprocess.run([sys.executable, "-c", COLLECTION_INSIDE_A_LOCK, self.db + where, where],
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual((out.returncode, out.stdout), (0, "done [1]\n"), (where, out.stderr[-2000:]))
+
+    def test_another_threads_forward_during_a_backward(self):
+        """A forward of another thread in the middle of the owner's
+        backward pass is refused, and leaves the owner's update whole (it
+        once took the step for a failed one and dropped it)."""
+        conn = embkv.connect(self.db, check_same_thread=False)
+        self.addCleanup(conn.close)
+        emb = ekt.Embedding(conn, "t", dim=2, init="zeros", lr=1.0, staleness=0, wait_ms=200)
+        caught = []
+
+        class Meanwhile(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 1
+
+            @staticmethod
+            def backward(ctx, g):
+                def other():
+                    try:
+                        with torch.no_grad():
+                            emb(torch.tensor([9]))
+                    except RuntimeError as e:
+                        caught.append(str(e))
+                t = threading.Thread(target=other)
+                t.start()
+                t.join()
+                return g
+        x = torch.ones(1, requires_grad=True)
+        y = Meanwhile.apply(x)  # (made first: the pass reaches it after the embedding's hook)
+        out = emb(torch.tensor([1, 2]))
+        (out.sum() + y.sum()).backward()
+        self.assertEqual(len(caught), 1)
+        self.assertIn("a training step on this connection is open in another thread", caught[0])
+        self.assertEqual(conn.execute("SELECT id, clock FROM t ORDER BY id").fetchall(), [(1, 1), (2, 1)])
+
+
 class TestExit(Base):
     def exit_with_a_threads_connection(self, how):
         import subprocess
@@ -856,6 +940,7 @@ class TestErrors(Base):
         with self.assertRaises(sqlite3.ProgrammingError) as cm:
             out.sum().backward()
         self.assertEqual(str(cm.exception), "embkv.push: table t: Cannot operate on a closed database.")
+        self.assertNotIn(id(self.conn), embkv._deferred)  # (nothing kept for it: its permits went with it)
         self.conn = embkv.connect(self.db)  # (for tearDown)
 
     def test_ids_must_be_integers(self):
