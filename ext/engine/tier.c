@@ -474,6 +474,10 @@ static bool kept(const embkv_store *s, int64_t id)
     return s->demote_keep_n && bsearch(&id, s->demote_keep, s->demote_keep_n, sizeof id, cmp_id);
 }
 
+/* This thread runs an explicit promotion (tier_promote_ids): its own
+ * demotions take none of the rows it keeps. */
+static _Thread_local bool promoting_here;
+
 /* Up to cap pool-resident rows from the cursor on, with their heat. */
 static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
 {
@@ -500,7 +504,7 @@ static size_t sample_rows(embkv_store *s, cand *c, size_t cap)
     return n;
 }
 
-static int demote_batch(embkv_store *s, size_t want, size_t *moved)
+static int demote_batch(embkv_store *s, size_t want, size_t *moved, bool use_keep)
 {
     size_t cap = want * DEMOTE_SAMPLE + BUCKET_SLOTS;
     cand *c = malloc(cap * sizeof *c);
@@ -519,7 +523,7 @@ static int demote_batch(embkv_store *s, size_t want, size_t *moved)
     size_t k = 0;
     ebr_enter();
     for (size_t i = 0; i < n && k < want; i++) {
-        if (kept(s, c[i].id))
+        if (use_keep && kept(s, c[i].id))
             continue;
         rec_hdr *r = rec_at(s, c[i].loc);
         char *to = buf + k * s->rec_size;
@@ -587,10 +591,15 @@ int tier_demote(embkv_store *s, size_t want, size_t *moved)
     compact_pay(s, want);
     int rc = EMBKV_OK;
     pthread_mutex_lock(&s->demote_mu);
+    bool use_keep = true;
     for (int empty = 0; *moved < want && rc == EMBKV_OK && empty < 2;) {
         size_t before = *moved, b = want - *moved < DEMOTE_BATCH ? want - *moved : DEMOTE_BATCH;
-        rc = demote_batch(s, b, moved);
+        rc = demote_batch(s, b, moved, use_keep);
         empty = *moved == before ? empty + 1 : 0;
+        /* A writer (or the tier's thread) that finds only rows a promotion
+         * keeps takes them rather than fail: the promotion gives way. */
+        if (empty && use_keep && s->demote_keep_n && !promoting_here)
+            use_keep = false;
     }
     pthread_mutex_unlock(&s->demote_mu);
     return rc;
@@ -672,6 +681,7 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
      * those in the pool already included (their heat ties with the
      * promoted ones' at the top). */
     pthread_mutex_lock(&s->keep_mu);
+    promoting_here = true;
     if (keep) {
         memcpy(keep, ids, n * sizeof *keep);
         qsort(keep, n, sizeof *keep, cmp_id);
@@ -758,6 +768,7 @@ int tier_promote_ids(embkv_store *s, const int64_t *ids, size_t n, size_t *moved
     s->demote_keep = NULL;
     s->demote_keep_n = 0;
     pthread_mutex_unlock(&s->demote_mu);
+    promoting_here = false;
     pthread_mutex_unlock(&s->keep_mu);
     free(keep);
     free(cid);

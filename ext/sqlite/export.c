@@ -260,10 +260,19 @@ static int sqlite_file_named(sqlite3 *db, const char *schema, void *arg)
     return SQLITE_OK;
 }
 
-/* What SQLite would take the file abs for, in db (sqlite3_free it), or NULL. */
+/* What SQLite would take the file abs for, in db (sqlite3_free it), or NULL.
+ * (Trailing "/" and "/." name the same place: "x.db-journal/" is the
+ * journal's name as much as "x.db-journal".) */
 static char *sqlite_file_at(sqlite3 *db, const char *abs)
 {
-    sqlite_name n = {abs, NULL};
+    char name[PATH_MAX];
+    if (snprintf(name, sizeof name, "%s", abs) >= (int)sizeof name) return NULL;
+    for (size_t len = strlen(name); len > 1;) {
+        if (name[len - 1] == '/') name[--len] = 0;
+        else if (len > 2 && name[len - 1] == '.' && name[len - 2] == '/') name[len -= 2] = 0;
+        else break;
+    }
+    sqlite_name n = {name, NULL};
     ek_each_schema(db, sqlite_file_named, &n);
     return n.said;
 }

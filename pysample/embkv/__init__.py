@@ -392,18 +392,18 @@ def _float32_grads(grads, table, ids):
     an error naming it (numpy's cast would make it an infinity, which the
     push would then report as if given)."""
     g0 = np.asarray(grads)
+    with np.errstate(over="ignore"):
+        g = np.ascontiguousarray(g0, dtype=np.float32)
     if g0.dtype.kind == "f" and g0.dtype.itemsize > 4 and g0.size:
-        lim = float(np.finfo(np.float32).max)
-        big = np.isfinite(g0) & (np.abs(g0) > lim)
+        big = np.isinf(g) & np.isfinite(g0)  # (what rounds to float32's largest is fine)
         if big.any():
             at = tuple(int(k) for k in np.argwhere(big)[0])
             row = at[0] if g0.ndim == 2 else None
             raise ValueError("embkv.push: table %s: %sgradient element %s is %r, beyond float32's range (%g): "
                              "scale the gradients (or clip them) to float32's range"
                              % (table, "id %d: " % int(ids[row]) if row is not None and row < len(ids) else "",
-                                at[-1] if row is not None else at, float(g0[at]), lim))
-    with np.errstate(over="ignore"):
-        return np.ascontiguousarray(g0, dtype=np.float32)
+                                at[-1] if row is not None else at, float(g0[at]), float(np.finfo(np.float32).max)))
+    return g
 
 
 def push(conn, table, ids, grads, lr=None):

@@ -46,8 +46,11 @@ free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
 dir_for() {  # dir_for KIB: /dev/shm when it has KIB free, else $TMPDIR
     if [[ -n $free_kb && $free_kb -gt $1 ]]; then echo /dev/shm; else echo "${TMPDIR:-/tmp}"; fi
 }
-export EMBKV_GPU_DIR=$(dir_for $((1 << 20)))
-bench_dir=$(dir_for $((4 << 20)))
+# (directories of this run's own, removed at its end: another run's stores
+# beside them are not touched)
+export EMBKV_GPU_DIR=$(mktemp -d "$(dir_for $((1 << 20)))/embkv-gpu-run.XXXXXX")
+bench_dir=$(mktemp -d "$(dir_for $((4 << 20)))/embkv-gpu-bench.XXXXXX")
+trap 'rm -rf "$EMBKV_GPU_DIR" "$bench_dir"' EXIT
 summary=()
 step() {  # step NAME TIMEOUT CMD...: runs it, logs to $out/NAME.log, records the result
     local name=$1 limit=$2
@@ -56,7 +59,7 @@ step() {  # step NAME TIMEOUT CMD...: runs it, logs to $out/NAME.log, records th
     timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
     # (what a step killed at its limit left behind)
-    rm -rf "$EMBKV_GPU_DIR"/embkv-gpu-* "$bench_dir"/embkv-bench-gpu-* 2>/dev/null
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then rm -rf "${EMBKV_GPU_DIR:?}"/* "${bench_dir:?}"/*; fi
     local verdict=ok
     [[ $rc -ne 0 ]] && verdict="FAILED (exit $rc)"
     [[ $rc -eq 124 ]] && verdict="FAILED (over ${limit}s)"

@@ -47,6 +47,8 @@ SELECT embkv_backup('t');
 -- copy for its journal, and the database would not open)
 SELECT embkv_backup('t', 'test.db-journal');
 SELECT embkv_backup('t', './test.db-wal');
+SELECT embkv_backup('t', 'test.db-journal/');
+SELECT embkv_backup('t', 'test.db-shm/.');
 .shell ls
 -- an empty directory is fine
 .shell mkdir empty
