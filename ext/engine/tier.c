@@ -33,8 +33,9 @@
  * Reads of log-resident rows go out as one batch per call (log_read: one
  * io_uring submission, O_DIRECT), after look-ahead's stage (lookahead.c).
  * Writes bring a row back to the pool.  Reads by id offer the rows they
- * read (embkv_get, embkv_get_batch and their snapshot forms: point reads,
- * IN lists and pulls, not scans) to promotion; admission (PROMOTE_MIN_HEAT) keeps those
+ * read to promotion (embkv_get, embkv_get_batch, embkv_get_batch_at: point
+ * reads, IN lists and pulls; not embkv_get_rows_at, the reads of scans,
+ * exports and backups); admission (PROMOTE_MIN_HEAT) keeps those
  * read at least twice lately and hotter than what demotion last evicted,
  * and the thread copies them into the pool (the same switch as demotion,
  * the other way round).
