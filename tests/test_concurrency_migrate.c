@@ -45,14 +45,11 @@ static size_t wait_tier(embkv_store *s, const int64_t *ids, size_t k, int want, 
 
 static void test_to_dram(const char *root)
 {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/dram", root);
     embkv_options o = {.dim = DIM, .expected_rows = 4000, .cache_size = 64u << 10, .migrate_rate = 100000};
-    embkv_store *s;
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     uint64_t gen[2000] = {0};
-    int rc;
-    CHECK(load_rows(s, gen, 2000, &rc) == 2000);
+    embkv_store *s = open_with_rows(root, "dram", &o, gen, 2000);
+    if (!s)
+        return;
     embkv_stats st;
     CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
     CHECK(st.migrate_rate == 100000 && st.heat_counting == 1);

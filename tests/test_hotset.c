@@ -114,14 +114,11 @@ static int add_one(void *ctx, size_t i, int64_t id, float *vec, float *state)
 
 static void test_counts_cached(const char *root)
 {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/counts-cached", root);
     embkv_options o = {.dim = DIM, .expected_rows = 4000, .cache_size = 1u << 20};
-    embkv_store *s;
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     uint64_t gen[1000] = {0};
-    int rc;
-    CHECK(load_rows(s, gen, 1000, &rc) == 1000);
+    embkv_store *s = open_with_rows(root, "counts-cached", &o, gen, 1000);
+    if (!s)
+        return;
     embkv_train_options t;
     embkv_train_defaults(&t);
     CHECK_RC(embkv_train_configure(s, &t), EMBKV_OK);
@@ -319,14 +316,11 @@ static void test_to_pm(const char *root)
 /* With a DRAM cache: the n hottest go into it, each counted once. */
 static void test_to_dram(const char *root)
 {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/dram", root);
     embkv_options o = {.dim = DIM, .expected_rows = 4000, .cache_size = 1u << 20};
-    embkv_store *s;
-    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
     uint64_t gen[2000] = {0};
-    int rc;
-    CHECK(load_rows(s, gen, 2000, &rc) == 2000);
+    embkv_store *s = open_with_rows(root, "dram", &o, gen, 2000);
+    if (!s)
+        return;
     /* Loading admitted nothing: puts do not. */
     int64_t hot[40];
     for (int i = 0; i < 40; i++)

@@ -108,6 +108,21 @@ static size_t load_rows(embkv_store *s, uint64_t *gen, size_t n, int *rc)
     return id;
 }
 
+/* A new store in root/name with options o, rows 0..n-1 put at generation
+ * 1 (gen records them). */
+static inline embkv_store *open_with_rows(const char *root, const char *name, const embkv_options *o, uint64_t *gen,
+                                         size_t n)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    int rc;
+    if (s)
+        CHECK(load_rows(s, gen, n, &rc) == n);
+    return s;
+}
+
 /* After a crash: how many of the n rows equal model a, and how many model b
  * (gen 0: absent), the clocks too where a_clk / b_clk are given.  Read in
  * batches (one io_uring submission for a batch's log rows): a read that

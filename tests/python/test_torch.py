@@ -564,6 +564,20 @@ class TestPermits(Base):
         self.pull_again()
 
 
+def no_grad_forward_in_a_thread(emb, ids, caught):
+    """A torch.no_grad() forward of ids in a thread of its own, waited for;
+    the RuntimeError it raises, if any, goes to caught."""
+    def forward():
+        try:
+            with torch.no_grad():
+                emb(torch.tensor(ids))
+        except RuntimeError as e:
+            caught.append(str(e))
+    t = threading.Thread(target=forward)
+    t.start()
+    t.join()
+
+
 class TestThreads(Base):
     def test_no_step_keeps_its_connection(self):
         """A no_grad forward, and a forward whose pull failed, leave no
@@ -592,25 +606,14 @@ class TestThreads(Base):
         emb = ekt.Embedding(conn, "th", dim=1, init="zeros", lr=1.0, staleness=0, wait_ms=5000)
         out = emb(torch.tensor([1, 2]))
         caught = []
-
-        def infer():
-            try:
-                with torch.no_grad():
-                    emb(torch.tensor([2]))
-            except RuntimeError as e:
-                caught.append(str(e))
-        t = threading.Thread(target=infer)
         t0 = time.monotonic()
-        t.start()
-        t.join()
+        no_grad_forward_in_a_thread(emb, [2], caught)
         self.assertLess(time.monotonic() - t0, 4.0)  # (not the 5 s of wait_ms)
         self.assertEqual(caught, ["embkv.torch: table 'th': a training step on this connection is open in another "
                                   "thread (its forward is not updated yet), and this thread makes a forward: threads "
                                   "that train at once need a connection each (embkv.connect in each thread)"])
         out.sum().backward()
-        t = threading.Thread(target=infer)  # (taking turns: fine)
-        t.start()
-        t.join()
+        no_grad_forward_in_a_thread(emb, [2], caught)  # (taking turns: fine)
         self.assertEqual(len(caught), 1)
         self.assertEqual(conn.execute("SELECT id, clock FROM th ORDER BY id").fetchall(), [(1, 1), (2, 1)])
 
@@ -743,15 +746,7 @@ class TestFinalizers(Base):
 
             @staticmethod
             def backward(ctx, g):
-                def other():
-                    try:
-                        with torch.no_grad():
-                            emb(torch.tensor([9]))
-                    except RuntimeError as e:
-                        caught.append(str(e))
-                t = threading.Thread(target=other)
-                t.start()
-                t.join()
+                no_grad_forward_in_a_thread(emb, [9], caught)
                 return g
         x = torch.ones(1, requires_grad=True)
         y = Meanwhile.apply(x)  # (made first: the pass reaches it after the embedding's hook)
