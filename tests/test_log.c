@@ -194,7 +194,7 @@ static void test_full(void)
     log_stats_get(l, &before);
     CHECK_RC(append_n(l, rec, per_seg + 10, per_seg, locs + per_seg + 10, 7), EMBKV_FULL);
     CHECK(has(embkv_errmsg(), "test log: ssd_size reached"));
-    CHECK(has(embkv_errmsg(), "records to append; open the store with a larger ssd_size (it may grow, not shrink)"));
+    CHECK(has(embkv_errmsg(), "records to append; open the store with a larger ssd_size (it may grow, not shrink; in SQL, "));
     log_stats_get(l, &after);
     CHECK(after.writes == before.writes && after.segments == 2 && after.file_bytes == 2ull * SEG);
     /* What still fits goes in: every append starts on a new block, so the

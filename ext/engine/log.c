@@ -804,7 +804,7 @@ int log_append(embkv_log *l, const void *recs, size_t n, uint64_t *locs, bool fo
                                     "(embkv_sync; embkv_checkpoint in SQL) and write again, checkpoint more "
                                     "often, or give a larger "
                                     "ssd_size (about 3x the live rows)"
-                                  : "open the store with a larger ssd_size (it may grow, not shrink)");
+                                  : LOG_GROW_ADVICE);
     }
     const char *p = recs;
     size_t done = 0;

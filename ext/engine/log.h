@@ -36,6 +36,13 @@ static inline uint64_t log_loc_off(uint64_t loc) { return (uint64_t)(uint32_t)lo
  * the devices embkv meets (512 or 4096); records of up to a block never
  * straddle one, so a record read is one block read. */
 #define LOG_BLOCK 4096u
+
+/* What a log too small for its live rows tells the user: the size is the
+ * store's, raised by an open; SQL opens a store only through a table, so
+ * its way is a table made for the purpose (sql.md's options). */
+#define LOG_GROW_ADVICE "open the store with a larger ssd_size (it may grow, not shrink; in SQL, while no " \
+    "connection of the process has the store open: CREATE VIRTUAL TABLE of one more table with " \
+    "path= the store directory and the larger ssd_size, then DROP TABLE of it, which leaves the store)"
 #define LOG_DEFAULT_SEGMENT (64u << 20)
 
 typedef struct embkv_log embkv_log;

@@ -642,7 +642,7 @@ int embkv_capacity_for(embkv_store *s, uint64_t new_rows)
     if (new_rows <= room)
         return EMBKV_OK;
     return embkv__err(EMBKV_FULL, "store %s: %llu more rows do not fit: the pool and the SSD log together have room "
-                      "for at most %llu more (ssd_size %llu, records of %u bytes); give the table a larger ssd_size",
+                      "for at most %llu more (ssd_size %llu, records of %u bytes): " LOG_GROW_ADVICE,
                       s->path, (unsigned long long)new_rows, (unsigned long long)room,
                       (unsigned long long)s->root->ssd_size, s->rec_size);
 }

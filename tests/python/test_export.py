@@ -385,8 +385,22 @@ class TestTiers(TempDirTest):
                       str(e.exception))
         self.assertIn("more rows do not fit: the pool and the SSD log together have room for at most",
                       str(e.exception))
-        self.assertIn("give the table a larger ssd_size", str(e.exception))
+        self.assertIn("records of 192 bytes): open the store with a larger ssd_size (it may grow, not shrink; in "
+                      "SQL, while no connection of the process has the store open: CREATE VIRTUAL TABLE of one "
+                      "more table with path= the store directory and the larger ssd_size, then DROP TABLE of it, which "
+                      "leaves the store)", str(e.exception))
         self.assertEqual(c.execute("SELECT id FROM small").fetchall(), [(-1,)])
+        # The advice followed, in a process that has not opened the store.
+        small = json.loads(c.execute("SELECT embkv_stats('small')").fetchone()[0])["path"]
+        c.close()
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE grow USING embkv(dim=%d, path='%s', ssd_size='64M')"
+                  % (dim, small.replace("'", "''")))
+        c.execute("DROP TABLE grow")
+        self.assertEqual(c.execute("SELECT embkv_import('small', ?)", (f,)).fetchone()[0], n)
+        self.assertEqual(c.execute("SELECT count(*) FROM small").fetchone()[0], n + 1)
+        self.assertEqual(json.loads(c.execute("SELECT embkv_stats('small')").fetchone()[0])["tiers"]["ssd"]
+                         ["capacity_bytes"], 64 << 20)
         c.execute("CREATE VIRTUAL TABLE big USING embkv(dim=%d, pool_size='16M', ssd_size='64M')" % dim)
         self.assertEqual(c.execute("SELECT embkv_import('big', ?)", (f,)).fetchone()[0], n)
         self.assertEqual(c.execute("SELECT count(*) FROM big").fetchone()[0], n)
