@@ -882,8 +882,19 @@ static void test_locked(void)
     s = NULL;
     CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_LOCKED);
     CHECK_MSG(dir);
+    char pid_advice[200];
+    snprintf(pid_advice, sizeof pid_advice, "is open in another process (pid %ld): one process at a time may write "
+             "a store: close it there first, or read it beside that process with EMBKV_OPEN_READONLY", (long)h.pid);
+    CHECK(strstr(embkv_errmsg(), pid_advice) != NULL);
     CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_LOCKED);
     CHECK(dir_hash(dir) == dh);
+    /* the advice followed: a reader beside the writer */
+    CHECK_RC(embkv_open(dir, NULL, EMBKV_OPEN_READONLY, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == 50);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        s = NULL;
+    }
     CHECK(stop_holder(h) == 0);
 
     /* released: open again, everything as it was */

@@ -628,6 +628,11 @@ static void advise_pool(embkv_store *s)
  * reported after this) */
 #define POOL_FLOCK_WAIT_MS 3000
 
+/* The way on for a second writer; the SQL binding replaces it with SQL's
+ * own ways, cutting at its first words. */
+#define SECOND_WRITER_ADVICE ": one process at a time may write a store: close it there first, or read it " \
+    "beside that process with EMBKV_OPEN_READONLY (the rows of its last checkpoint)"
+
 static int open_pool(embkv_store *s, const embkv_options *opt, bool exists)
 {
     char pool[PATH_MAX];
@@ -1120,8 +1125,9 @@ int embkv_destroy(const char *dir)
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         long holder = errno == EWOULDBLOCK ? lock_holder(fd) : 0;
         rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", dir, strerror(errno))
-             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", dir, holder)
-                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process", dir);
+             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld): close it there first",
+                                 dir, holder)
+                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process: close it there first", dir);
         goto out;
     }
     /* Nor may another process be reading it (readers take no lock). */
@@ -1378,8 +1384,9 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
     if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
         long holder = errno == EWOULDBLOCK ? lock_holder(s->lockfd) : 0;
         rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", s->path, strerror(errno))
-             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)", s->path, holder)
-                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process", s->path);
+             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)" SECOND_WRITER_ADVICE,
+                                 s->path, holder)
+                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process" SECOND_WRITER_ADVICE, s->path);
         close(s->lockfd);
         free_store(s);
         goto unlock;

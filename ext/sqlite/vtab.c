@@ -1057,6 +1057,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         erc = ekreg_open(dir, &eo, oflags, &v->store, &emsg);
     }
     if (erc == EMBKV_LOCKED && emsg && strstr(emsg, "another process")) {
+        char *c_advice = strstr(emsg, ": one process at a time may write a store");
+        if (c_advice)
+            *c_advice = 0;  /* (the C API's ways; SQL's follow) */
         char *m = sqlite3_mprintf("%s: one process at a time may write a store (waited %d ms, the "
                                   "connection's busy timeout): to read it beside that process, open this database "
                                   "read-only (sqlite3 -readonly, a file:...?mode=ro URI, or PRAGMA query_only=1 "
