@@ -1,7 +1,8 @@
 /*
  * test_tier_bg.c - the SSD tier's background work through the C API:
  * look-ahead (queued counts, pulls served from the stage without log reads,
- * rows changed after they were staged, the stage's bound), promotion of rows
+ * rows changed after they were staged, the stage's bound, a full stage
+ * keeping the next batch's rows), promotion of rows
  * reads keep hot, compaction of a log that deletes left mostly garbage (the
  * files shrink, every row survives, reopen), and SIGKILL while look-ahead,
  * promotion, compaction and demotion run: the reopened store equals the
@@ -214,6 +215,64 @@ static void test_lookahead(const char *root)
     free(big);
     free(out);
     free(gen);
+}
+
+/* With the stage full, the rows a pull offers (for the push that follows
+ * it) never take the buffers of rows look-ahead staged for a later batch:
+ * that batch's pull still finds every one of them staged. */
+static void test_lookahead_full_stage(const char *root)
+{
+    enum { WIDE = 8192, ROWS = 2400, NEXT = 600, NOW = 800 };
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/la-wide", root);
+    embkv_options o = {.dim = WIDE, .expected_rows = ROWS, .pool_size = 16u << 20, .ssd_size = 160u << 20};
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    if (!s)
+        return;
+    float *v = malloc((size_t)NOW * WIDE * sizeof *v);
+    for (int64_t id = 0; id < ROWS; id++) {
+        for (int i = 0; i < WIDE; i++)
+            v[i] = (float)id + (float)i / WIDE;
+        CHECK_RC(embkv_put(s, id, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_tier_idle(s, 60000), EMBKV_OK);
+    int64_t in_log[ROWS];
+    size_t k = 0;
+    for (int64_t id = 0; id < ROWS; id++) {
+        int tier;
+        uint8_t f;
+        if (embkv_locate_batch_at(s, NULL, &id, 1, &tier, &f) == EMBKV_OK && f && tier == EMBKV_TIER_SSD)
+            in_log[k++] = id;
+    }
+    CHECK(k >= NEXT + NOW);
+    const int64_t *next = in_log, *now = in_log + NEXT;
+    uint64_t r0 = ssd_reads(s);
+    size_t q = 0;
+    CHECK_RC(embkv_lookahead(s, next, NEXT, &q), EMBKV_OK);
+    CHECK(q == NEXT);
+    for (int i = 0; i < 5000 && ssd_reads(s) < r0 + NEXT; i++)
+        usleep(1000);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.lookahead_capacity < NEXT + NOW);  /* the pull below fills the stage */
+    uint8_t found[NOW];
+    CHECK_RC(embkv_get_batch(s, now, NOW, v, found, NULL), EMBKV_OK);
+    uint64_t r1 = ssd_reads(s);
+    CHECK_RC(embkv_get_batch(s, next, NEXT, v, found, NULL), EMBKV_OK);
+    size_t wrong = 0;
+    for (size_t j = 0; j < NEXT; j++)
+        wrong += !found[j] || v[j * WIDE] != (float)next[j] || v[j * WIDE + WIDE - 1] != (float)next[j] +
+                 (float)(WIDE - 1) / WIDE;
+    CHECK(wrong == 0);
+    CHECK(ssd_reads(s) == r1);  /* every announced row came from the stage */
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    CHECK(st.lookahead_hits + st.lookahead_late == NEXT);
+    CHECK(st.lookahead_wasted == 0);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    embkv_destroy(dir);
+    free(v);
 }
 
 static void test_promotion(const char *root)
@@ -457,6 +516,7 @@ int main(void)
     mkdir(root, 0755);
     double t0 = now_s();
     test_lookahead(root);
+    test_lookahead_full_stage(root);
     double t1 = now_s();
     test_promotion(root);
     double t2 = now_s();

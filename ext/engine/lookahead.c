@@ -25,7 +25,9 @@
  * oldest READY row and a new one needs its buffer; rows in flight are never
  * dropped, so a look-ahead that finds the stage full of them queues fewer
  * rows (the count returned says how many).  Rows dropped unread count as
- * wasted.  Look-ahead takes no permits and touches no access statistics.
+ * wasted.  A pull's copies kept for its push (KEPT) are the stage's
+ * leftovers: they take free buffers or other KEPT ones, never a READY
+ * row's, so a large pull does not undo the look-ahead of the next batch.  Look-ahead takes no permits and touches no access statistics.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -143,9 +145,12 @@ static void la_drop(struct lookahead *la, uint32_t b, bool wasted)
         la->wasted++;
 }
 
-/* A free buffer, dropping the oldest READY or FAILED row if none is free;
- * UINT32_MAX when every buffer holds a row in flight. */
-static uint32_t la_buffer(struct lookahead *la)
+/* A free buffer, dropping the oldest READY, FAILED or KEPT row if none is
+ * free; UINT32_MAX when every buffer holds a row in flight.  For a pull's
+ * offer (keep_ready), a READY row is as good as in flight: it was staged
+ * for a batch still to come, which a copy kept for the push that follows
+ * this one must not cost its read. */
+static uint32_t la_buffer(struct lookahead *la, bool keep_ready)
 {
     while (la->nfree == 0 && la->ohead != la->otail) {
         uint32_t b = la->order[la->ohead & la->omask];
@@ -157,6 +162,8 @@ static uint32_t la_buffer(struct lookahead *la)
         }
         if (sl->state == LA_QUEUED || sl->state == LA_READING)
             return UINT32_MAX; /* the oldest is in flight: so is all behind it */
+        if (keep_ready && sl->state == LA_READY)
+            return UINT32_MAX; /* (the rest behind it: not worth a search) */
         la->ohead++;
         la_drop(la, b, sl->state == LA_READY);
     }
@@ -350,7 +357,7 @@ int embkv_lookahead(embkv_store *s, const int64_t *ids, size_t n, size_t *queued
                 continue;      /* an older copy in flight: let it land, the pull drops it */
             la_drop(la, b, la->slots[b].state == LA_READY);
         }
-        if ((b = la_buffer(la)) == UINT32_MAX)
+        if ((b = la_buffer(la, false)) == UINT32_MAX)
             break;             /* the stage is full of rows in flight */
         la_slot *sl = &la->slots[b];
         sl->id = ids[i];
@@ -448,7 +455,7 @@ void la_offer(embkv_store *s, const int64_t *ids, const uint64_t *locs, rec_hdr 
                 continue;
             la_drop(la, b, la->slots[b].state == LA_READY);
         }
-        if ((b = la_buffer(la)) == UINT32_MAX)
+        if ((b = la_buffer(la, true)) == UINT32_MAX)
             break;
         la_slot *sl = &la->slots[b];
         sl->id = ids[i];
