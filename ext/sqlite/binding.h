@@ -605,6 +605,9 @@ int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, c
 /* The same for taking table tid off the list of dir's tables (removing dir
  * when that leaves none; see ekpend.unlist). */
 int ekconn_defer_unlist(ekconn *c, int when, const char *dir, const ekuser *who, int owner, char **err);
+/* Whether the open transaction removes dir whatever its outcome: a CREATE
+ * of it that a ROLLBACK TO took back (its directory waits for the end). */
+int ekconn_removing(const ekconn *c, const char *dir);
 
 /* ========================================================================
  * vecfn.c: vector functions, aggregates, embkv_version/embkv_build.

@@ -67,6 +67,15 @@ static int defer(ekconn *c, int when, const char *dir, const char *tid, const ek
     return SQLITE_OK; /* xUpdate took ownership of p.dir */
 }
 
+int ekconn_removing(const ekconn *c, const char *dir)
+{
+    for (int i = 0; i < c->npend; i++)
+        if (c->pend[i].when == (EK_ON_COMMIT | EK_ON_ROLLBACK) && (!c->pend[i].unlist || c->pend[i].owner) &&
+            strcmp(c->pend[i].dir, dir) == 0)
+            return 1;
+    return 0;
+}
+
 int ekconn_defer_remove(ekconn *c, int when, const char *dir, const char *tid, char **err)
 {
     return defer(c, when, dir, tid, NULL, 0, err);

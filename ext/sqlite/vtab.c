@@ -1088,11 +1088,15 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         struct stat gone;
         int renamed = !create && !v->opts.path && !v->is_tmp && erc == EMBKV_NOTSTORE && stat(dir, &gone) != 0 &&
                       errno == ENOENT;
-        err = sqlite3_mprintf("%s%s%s", dtype_fault ? "option dtype: " : path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
+        int taken_back = create && v->opts.path && ekconn_removing(v->conn, dir);
+        err = sqlite3_mprintf("%s%s%s%s", dtype_fault ? "option dtype: " : path_fault ? "option path: " : sized_by ? sized_by : "cannot open its store: ",
                               emsg ? emsg : "out of memory",
                               renamed ? " (a table created without path keeps its store beside the database file it "
                                         "was created in, named after that file and the table's id: if this file was "
-                                        "copied or renamed, copy or move that directory to this name)" : "");
+                                        "copied or renamed, copy or move that directory to this name)" : "",
+                              taken_back ? " (that store was made by a CREATE in this transaction that ROLLBACK TO "
+                                           "took back, and it is removed when the transaction ends: end it (COMMIT "
+                                           "or ROLLBACK), then CREATE the table again, or name another path)" : "");
         sqlite3_free(emsg);
         rc = ekerr_rc(erc);
         /* Another process holding the store, or a passing condition, is an

@@ -262,3 +262,15 @@ ROLLBACK TO a;
 COMMIT;
 SELECT 'create-rolled-back', count(*) FROM sqlite_schema WHERE name = 'c5';
 .shell ls -d c5.embkv 2>/dev/null | wc -l
+-- A CREATE that ROLLBACK TO took back leaves its directory until the
+-- transaction ends: a CREATE of another dim there says so, and the advice
+-- (end the transaction, CREATE again) works.
+BEGIN;
+SAVEPOINT b;
+CREATE VIRTUAL TABLE c6 USING embkv(dim=2, path='c6.embkv');
+ROLLBACK TO b;
+CREATE VIRTUAL TABLE c6 USING embkv(dim=3, path='c6.embkv');
+COMMIT;
+CREATE VIRTUAL TABLE c6 USING embkv(dim=3, path='c6.embkv');
+INSERT INTO c6 VALUES (1, '[1,2,3]');
+SELECT 'recreated', id, embkv_json(vec) FROM c6;
