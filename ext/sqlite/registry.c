@@ -84,12 +84,20 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
     *err = NULL;
     pthread_mutex_lock(&ek_mu);
     int rc = embkv_open(dir, o, flags, &s);
-    if (rc != EMBKV_OK) {
-        *err = sqlite3_mprintf("%s", embkv_errmsg());
-        pthread_mutex_unlock(&ek_mu);
-        return rc;
-    }
     ekopen *e;
+    if (rc != EMBKV_OK) {
+        /* (a store a dropped table still holds refuses options it was not
+         * made with, too: the way on is the same as below) */
+        char *canon = realpath(dir, NULL);
+        for (e = ek_open_list; e && !(canon && e->discard && strcmp(e->dir, canon) == 0); e = e->next) {}
+        free(canon);
+        *err = e ? sqlite3_mprintf("%s (that store belongs to a dropped table and is still open in this process: a "
+                                   "prepared statement may still hold that table: finalize it, or close the "
+                                   "connection)", embkv_errmsg())
+                 : sqlite3_mprintf("%s", embkv_errmsg());
+        pthread_mutex_unlock(&ek_mu);
+        return e ? EMBKV_BUSY : rc;
+    }
     for (e = ek_open_list; e && e->s != s; e = e->next) {}
     if (e && e->discard) {
         *err = sqlite3_mprintf("%s belongs to a dropped table and is still open in this process (a prepared "

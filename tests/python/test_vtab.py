@@ -142,6 +142,30 @@ class TestRolledBackCreate(Base):
             self.assertEqual(c.execute("SELECT id FROM embkv_knn('g', '[0,0]', 5)").fetchall(), [(5,)])
             c.close()
 
+    def test_same_path_with_other_options(self):
+        """A CREATE with path= rolled back while a cached statement keeps
+        its store open: a CREATE of the same path with another dim is told
+        that store belongs to a dropped table (not only that the dims
+        differ), and once the connection closes the CREATE works."""
+        db = os.path.join(self.dir, "f.db")
+        c = connect(db)
+        c.execute("BEGIN")
+        c.execute("CREATE VIRTUAL TABLE f USING embkv(dim=2, path='fdir')")
+        c.execute("INSERT INTO f VALUES (1, '[1,1]')")
+        c.execute("ROLLBACK")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            c.execute("CREATE VIRTUAL TABLE f USING embkv(dim=3, path='fdir')")
+        self.assertEqual(str(cm.exception), "embkv table f: cannot open its store: store %s: has dim 2, dim 3 "
+                         "requested (that store belongs to a dropped table and is still open in this process: a "
+                         "prepared statement may still hold that table: finalize it, or close the connection)"
+                         % os.path.realpath(os.path.join(self.dir, "fdir")))
+        c.close()
+        c = connect(db)
+        c.execute("CREATE VIRTUAL TABLE f USING embkv(dim=3, path='fdir')")
+        c.execute("INSERT INTO f VALUES (1, '[1,2,3]')")
+        self.assertEqual(c.execute("SELECT embkv_json(vec) FROM f").fetchone(), ("[1,2,3]",))
+        c.close()
+
 
 def with_tx(conn, fn):
     conn.execute("BEGIN")
