@@ -20,6 +20,8 @@
  *     waited for the insert's group, which waited for the pin: a hang), as
  *     does its write while another thread's sync waits for that group;
  *     after the unpin all of them go through.  Under alarm(): a hang fails.
+ *  F. 1,100 threads alive at once, each reading and writing (more than a
+ *     chunk of epoch slots), while the main thread writes and syncs.
  * Also built under TSan (tests/test_concurrency*.c), where it must be clean.
  */
 #include "embkv.h"
@@ -791,6 +793,77 @@ static void phase_e(void)
            now_s() - t0);
 }
 
+/* F. more live threads than a chunk of epoch slots (1,024): each writes
+ * and reads its row, then all stay alive while the main thread rewrites
+ * every row and syncs (reclamation scans every slot), then read again.
+ * The thread after the 1,024th used to wait for another to exit: for ever,
+ * spinning. */
+enum { F_THREADS = 1100 };
+static pthread_barrier_t f_in, f_out;
+
+static void *f_thread(void *arg)
+{
+    long id = (long)(intptr_t)arg;
+    float v[DIM];
+    fill(v, (float)id);
+    TCHECK_RC(embkv_put(S, id, v, NULL, 0), EMBKV_OK);
+    TCHECK_RC(embkv_get(S, id, v, NULL, NULL), EMBKV_OK);
+    TCHECK(v[0] == (float)id && uniform(v));
+    pthread_barrier_wait(&f_in);
+    pthread_barrier_wait(&f_out);
+    TCHECK_RC(embkv_get(S, id, v, NULL, NULL), EMBKV_OK);
+    TCHECK(v[0] == (float)id + 0.5f && uniform(v));
+    return NULL;
+}
+
+static void f_on_alarm(int sig)
+{
+    fprintf(stderr, "test_concurrency: phase F hung (a thread past the epoch slots waited for one)\n");
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void phase_f(void)
+{
+    double t0 = now_s();
+    signal(SIGALRM, f_on_alarm);
+    alarm(120);
+    S = open_store(test_tmpdir("conc_f"), 0, F_THREADS);
+    pthread_barrier_init(&f_in, NULL, F_THREADS + 1);
+    pthread_barrier_init(&f_out, NULL, F_THREADS + 1);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 512u << 10);
+    pthread_t *t = calloc(F_THREADS, sizeof *t);
+    int made = 0;
+    for (long i = 0; i < F_THREADS; i++)
+        made += pthread_create(&t[i], &a, f_thread, (void *)(intptr_t)i) == 0;
+    CHECK(made == F_THREADS);
+    if (made != F_THREADS)
+        exit(test_summary("test_concurrency"));  /* (the barriers would wait for ever) */
+    pthread_barrier_wait(&f_in);
+    float v[DIM];
+    for (long i = 0; i < F_THREADS; i++) {
+        fill(v, (float)i + 0.5f);
+        CHECK_RC(embkv_put(S, i, v, NULL, 0), EMBKV_OK);
+    }
+    CHECK_RC(embkv_sync(S), EMBKV_OK);
+    CHECK_RC(embkv_sync(S), EMBKV_OK);
+    pthread_barrier_wait(&f_out);
+    for (long i = 0; i < F_THREADS; i++)
+        pthread_join(t[i], NULL);
+    fold_thread_checks();
+    alarm(0);
+    free(t);
+    pthread_attr_destroy(&a);
+    pthread_barrier_destroy(&f_in);
+    pthread_barrier_destroy(&f_out);
+    CHECK(embkv_count(S) == F_THREADS);
+    CHECK_RC(embkv_check(S), EMBKV_OK);
+    CHECK_RC(embkv_close(S), EMBKV_OK);
+    printf("  F %d live threads: %.1f s\n", F_THREADS, now_s() - t0);
+}
+
 int main(void)
 {
     const char *e = getenv("EMBKV_TEST_SCALE");
@@ -801,12 +874,13 @@ int main(void)
     fflush(stdout);
     /* EMBKV_TEST_PHASES=bd runs only phases B and D (for debugging) */
     const char *ph = getenv("EMBKV_TEST_PHASES");
-    if (!ph || !*ph) ph = "abcde";
+    if (!ph || !*ph) ph = "abcdef";
     if (strchr(ph, 'a')) phase_a();
     if (strchr(ph, 'b')) phase_b();
     if (strchr(ph, 'c')) phase_c();
     if (strchr(ph, 'd')) phase_d();
     if (strchr(ph, 'e')) phase_e();
+    if (strchr(ph, 'f')) phase_f();
     printf("test_concurrency: %.1f s\n", now_s() - t0);
     return test_summary("test_concurrency");
 }

@@ -14,11 +14,13 @@
  * that batch.  Then readers and the writer are killed (SIGKILL): readers
  * left keep reading, the writer's reclamation does not wait for the dead,
  * and a new writer reopens at the last checkpoint while readers go on.
- * Refusals and the writer-side limits (a revoked read) are checked too.
+ * Refusals and the writer-side limits (a revoked read) are checked too, and
+ * the reader table's bound (1,023 reading threads beside the process's slot).
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -529,12 +531,76 @@ static void test_forked_child(void)
     free((void *)dir);
 }
 
+/* A reading thread of test_full_reader_table: reads, then stays alive
+ * (its reader slot held) until released. */
+enum { FULL_THREADS = 1023 };
+static embkv_store *full_store;
+static pthread_barrier_t full_in, full_out;
+static atomic_int full_ok;
+
+static void *full_reader(void *arg)
+{
+    (void)arg;
+    float v[DIM];
+    if (embkv_get(full_store, 1, v, NULL, NULL) == EMBKV_OK && v[0] == 5.0f)
+        atomic_fetch_add(&full_ok, 1);
+    pthread_barrier_wait(&full_in);
+    pthread_barrier_wait(&full_out);
+    return NULL;
+}
+
+/* The reader table's bound: the process's presence and 1,023 reading
+ * threads fill its 1,024 slots; the next thread is refused, the message
+ * saying what a slot is and the way on, and reads once they exit. */
+static void test_full_reader_table(void)
+{
+    const char *d = strdup(test_tmpdir("full_readers"));
+    embkv_options o = {.dim = DIM, .pool_size = 16 << 20};
+    embkv_store *w = NULL;
+    float v[DIM] = {5};
+    CHECK_RC(embkv_open(d, &o, EMBKV_OPEN_CREATE, &w), EMBKV_OK);
+    CHECK_RC(embkv_put(w, 1, v, NULL, 0), EMBKV_OK);
+    CHECK_RC(embkv_close(w), EMBKV_OK);
+    CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &full_store), EMBKV_OK);
+    pthread_barrier_init(&full_in, NULL, FULL_THREADS + 1);
+    pthread_barrier_init(&full_out, NULL, FULL_THREADS + 1);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 512u << 10);
+    pthread_t *t = calloc(FULL_THREADS, sizeof *t);
+    int made = 0;
+    for (int i = 0; i < FULL_THREADS; i++)
+        made += pthread_create(&t[i], &a, full_reader, NULL) == 0;
+    CHECK(made == FULL_THREADS);
+    if (made != FULL_THREADS)
+        exit(test_summary("test_readers"));  /* (the barriers would wait for ever) */
+    pthread_barrier_wait(&full_in);
+    CHECK(atomic_load(&full_ok) == FULL_THREADS);
+    CHECK_RC(embkv_get(full_store, 1, v, NULL, NULL), EMBKV_BUSY);
+    CHECK(strstr(embkv_errmsg(), "its reader table is full (1024 slots: one for each process that has the store "
+                                 "open to read, one for each of their threads reading it;") != NULL);
+    pthread_barrier_wait(&full_out);
+    for (int i = 0; i < FULL_THREADS; i++)
+        pthread_join(t[i], NULL);
+    v[0] = 0;
+    CHECK_RC(embkv_get(full_store, 1, v, NULL, NULL), EMBKV_OK);
+    CHECK(v[0] == 5.0f);
+    CHECK_RC(embkv_close(full_store), EMBKV_OK);
+    CHECK_RC(embkv_destroy(d), EMBKV_OK);
+    pthread_attr_destroy(&a);
+    pthread_barrier_destroy(&full_in);
+    pthread_barrier_destroy(&full_out);
+    free(t);
+    free((void *)d);
+}
+
 int main(void)
 {
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
     test_forked_child();
     test_log_files_changing();
+    test_full_reader_table();
     const char *dir = strdup(test_tmpdir("rd"));  /* (test_tmpdir reuses its buffer) */
 
     /* A: a reader with no writer ever: refused on a missing store, then

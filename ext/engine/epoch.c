@@ -4,7 +4,8 @@
  * Readers announce the global epoch they entered in; a record replaced
  * copy-on-write is tagged with the epoch of its retirement and freed only
  * when every reader still inside started after it.  One domain serves every
- * store of the process, so a reader thread owns one announcement slot.
+ * store of the process, so a reader thread owns one announcement slot, from
+ * its first read to its exit, and there are as many as threads.
  *
  * Readers in other processes (a store's reader table, readers.c) take
  * part through hooks: each reclamation publishes its epoch to them and
@@ -13,10 +14,18 @@
  */
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base.h"
 
-#define EBR_SLOTS 1024
+/* Slots come in chunks, linked as threads need them and never freed: a
+ * thread that used a store keeps its slot until it exits, and a process
+ * may keep any number of threads alive (a server's pool, a loader's
+ * workers), so a fixed table would make the thread after it wait for an
+ * exit that may never come.  A chunk is published (its link) before any
+ * of its slots counts in high_water, so a scan up to high_water finds
+ * every link it walks. */
+#define EBR_CHUNK 1024
 
 typedef struct ebr_slot {
     atomic_uint_fast64_t epoch;  /* 0 when the owning thread is outside */
@@ -24,9 +33,14 @@ typedef struct ebr_slot {
     char pad[64 - sizeof(atomic_uint_fast64_t) - sizeof(atomic_int)];
 } ebr_slot;
 
-static ebr_slot slots[EBR_SLOTS] __attribute__((aligned(64)));
+typedef struct ebr_chunk {
+    ebr_slot slots[EBR_CHUNK];
+    _Atomic(struct ebr_chunk *) next;
+} ebr_chunk;
+
+static ebr_chunk first_chunk __attribute__((aligned(64)));
 static atomic_uint_fast64_t global_epoch = 1;
-static atomic_uint high_water;  /* slots ever handed out: scans stop there */
+static atomic_uint high_water;  /* slots ever handed out, over all chunks: scans stop there */
 
 static pthread_mutex_t foreign_mu = PTHREAD_MUTEX_INITIALIZER;
 #ifdef EMBKV_TSAN
@@ -53,22 +67,47 @@ static void make_key(void)
         abort();  /* cannot happen with the process's first key */
 }
 
+/* Slot i of the scan order, c the chunk of slot i - 1 (or NULL for i 0). */
+static ebr_slot *scan_slot(ebr_chunk **c, unsigned i)
+{
+    if (i == 0)
+        *c = &first_chunk;
+    else if (i % EBR_CHUNK == 0)
+        *c = atomic_load(&(*c)->next);
+    return *c ? &(*c)->slots[i % EBR_CHUNK] : NULL;
+}
+
 static ebr_slot *claim_slot(void)
 {
     pthread_once(&key_once, make_key);
     for (;;) {
-        for (unsigned i = 0; i < EBR_SLOTS; i++) {
-            int expect = 0;
-            if (atomic_load_explicit(&slots[i].owned, memory_order_relaxed) == 0 &&
-                atomic_compare_exchange_strong(&slots[i].owned, &expect, 1)) {
-                unsigned hw = atomic_load(&high_water);
-                while (hw < i + 1 && !atomic_compare_exchange_weak(&high_water, &hw, i + 1)) {
+        ebr_chunk *c = &first_chunk;
+        for (unsigned base = 0;; base += EBR_CHUNK) {
+            for (unsigned i = 0; i < EBR_CHUNK; i++) {
+                int expect = 0;
+                if (atomic_load_explicit(&c->slots[i].owned, memory_order_relaxed) == 0 &&
+                    atomic_compare_exchange_strong(&c->slots[i].owned, &expect, 1)) {
+                    unsigned hw = atomic_load(&high_water);
+                    while (hw < base + i + 1 && !atomic_compare_exchange_weak(&high_water, &hw, base + i + 1)) {
+                    }
+                    pthread_setspecific(exit_key, &c->slots[i]);
+                    return &c->slots[i];
                 }
-                pthread_setspecific(exit_key, &slots[i]);
-                return &slots[i];
             }
+            ebr_chunk *next = atomic_load(&c->next);
+            if (!next) {
+                void *mem = NULL;
+                if (posix_memalign(&mem, 64, sizeof(ebr_chunk)) != 0)
+                    break;  /* no memory for more: wait for a thread to exit */
+                ebr_chunk *n = mem;
+                memset(n, 0, sizeof *n);
+                if (atomic_compare_exchange_strong(&c->next, &next, n))
+                    next = n;
+                else
+                    free(n);  /* another thread linked one: use that */
+            }
+            c = next;
         }
-        /* More live threads than slots: wait for one to exit. */
         sched_yield();
     }
 }
@@ -150,8 +189,10 @@ uint64_t ebr_safe_epoch(void)
     }
     pthread_mutex_unlock(&foreign_mu);
     unsigned hw = atomic_load(&high_water);
-    for (unsigned i = 0; i < hw; i++) {
-        uint64_t e = atomic_load(&slots[i].epoch);
+    ebr_chunk *c = NULL;
+    ebr_slot *sl;
+    for (unsigned i = 0; i < hw && (sl = scan_slot(&c, i)); i++) {
+        uint64_t e = atomic_load(&sl->epoch);
         if (e != 0 && e < oldest)
             oldest = e;
     }
@@ -162,11 +203,13 @@ void ebr_synchronize(void)
 {
     uint64_t target = atomic_fetch_add(&global_epoch, 1) + 1;
     unsigned hw = atomic_load(&high_water);
-    for (unsigned i = 0; i < hw; i++) {
-        if (&slots[i] == my_slot && depth > 0)
+    ebr_chunk *c = NULL;
+    ebr_slot *sl;
+    for (unsigned i = 0; i < hw && (sl = scan_slot(&c, i)); i++) {
+        if (sl == my_slot && depth > 0)
             continue;  /* the caller itself */
         for (;;) {
-            uint64_t e = atomic_load(&slots[i].epoch);
+            uint64_t e = atomic_load(&sl->epoch);
             if (e == 0 || e >= target)
                 break;
             sched_yield();

@@ -227,8 +227,10 @@ static int slot_take(embkv_store *s, struct readers *r, int tid)
         if (!sweep_dead(r, true))
             break;
     }
-    embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d reader threads in all processes)", s->path,
-               RD_SLOTS);
+    embkv__err(EMBKV_BUSY, "store %s: its reader table is full (%d slots: one for each process that has the "
+               "store open to read, one for each of their threads reading it; a slot goes when its thread exits "
+               "or its process closes the store): read from fewer threads, or close the store in idle processes",
+               s->path, RD_SLOTS);
     return -1;
 }
 
