@@ -367,7 +367,9 @@ int embkv_locate_batch_at(embkv_store *s, const embkv_snapshot *snap, const int6
 /* Batch read-modify-write.  For each ids[i] in order, fn is called with a
  * private copy of the row's vector and state, which it modifies in place; the
  * result is published copy-on-write and the clock incremented.  fn returning
- * non-zero skips the row (nothing written).  A missing id is reported through
+ * non-zero skips the row (nothing written).  A row fn leaves with a NaN or
+ * an infinity is not written either: the batch stops there, EMBKV_INVALID
+ * naming the id (the rows before it are written and counted).  A missing id is reported through
  * fn with vec == NULL unless EMBKV_UPDATE_CREATE is given, in which case the
  * row starts as zeros (clock 0 after this first write).  *nupdated (may be
  * NULL) counts rows written.  The batch holds its rows' locks while fn

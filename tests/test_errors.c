@@ -497,6 +497,20 @@ static int null_vec_fn(void *ctx, size_t i, int64_t id, float *vec, float *state
     return 1;
 }
 
+/* Row 0 of the batch: its vector's first element plus one; row 1: a NaN
+ * in its vector (ctx 0) or an infinity in its state (ctx 1). */
+static int not_finite_fn(void *ctx, size_t i, int64_t id, float *vec, float *state)
+{
+    (void)id;
+    if (i == 0)
+        vec[0] += 1;
+    else if (*(int *)ctx == 0)
+        vec[3] = NAN;
+    else
+        state[1] = INFINITY;
+    return 0;
+}
+
 static void test_rows(void)
 {
     const char *dir = strdup(test_tmpdir("rows"));
@@ -571,6 +585,26 @@ static void test_rows(void)
     CHECK(nupd == 0);                       /* the real one skipped itself */
     CHECK(embkv_exists(s, miss) == 0);
     CHECK_RC(embkv_update_batch(s, ids, 2, NULL, NULL, 0, &nupd), EMBKV_INVALID);  /* fn NULL */
+
+    /* a callback that leaves a NaN or an infinity: refused naming the id,
+     * the row as it was; the row before it in the batch is written */
+    float base[DIM] = {10};
+    CHECK_RC(embkv_put(s, 31338, base, NULL, 0), EMBKV_OK);
+    int64_t pair[2] = {31338, id};
+    for (int which = 0; which < 2; which++) {
+        nupd = 99;
+        CHECK_RC(embkv_update_batch(s, pair, 2, not_finite_fn, &which, 0, &nupd), EMBKV_INVALID);
+        char want[200];
+        snprintf(want, sizeof want, "id %lld: the callback left %s: rows hold finite values only; the row is left "
+                 "as it was", (long long)id, which == 0 ? "vector element 3 NaN" : "state element 1 infinite");
+        CHECK(strstr(embkv_errmsg(), want) != NULL);
+        CHECK(nupd == 1);
+        CHECK_RC(embkv_get(s, 31338, w, NULL, NULL), EMBKV_OK);
+        CHECK(w[0] == 11 + which);
+        CHECK_RC(embkv_get(s, id, w, st2, &info), EMBKV_OK);
+        CHECK(memcmp(v, w, sizeof v) == 0 && info.clock == 1 && st2[1] == -2.5f);
+    }
+    CHECK_RC(embkv_delete(s, 31338), EMBKV_OK);
 
     /* NULL arguments on a live store */
     CHECK_RC(embkv_put(s, 5, NULL, NULL, 0), EMBKV_INVALID);

@@ -138,6 +138,7 @@ typedef struct write_req {
 #define PUT_NOLOG 0x200        /* internal: a cached row's write-back (its content does not change) */
 #define UPDATE_IN_PLACE 0x400  /* internal: fn may change a cached row's slot in place (update_batch_in_place) */
 #define PUT_RAW 0x800          /* internal: w->vec is a record's payload, encoded (a write-back) */
+#define UPDATE_FINITE 0x1000   /* internal: fn is the caller's: what it leaves must be finite (the optimizers check their own) */
 /* cache_write_locked: the row is turning dirty and *spare is LOC_NONE (no
  * message set; a batch whose count fell short takes one more record). */
 #define NEED_RECORD 0x4e52
@@ -157,6 +158,15 @@ static uint64_t displace(embkv_store *s, retire_buf *rb, const found_slot *f, co
 }
 
 
+/* The first element of v[0..n) that is NaN or infinite, or n. */
+static uint32_t first_not_finite(const float *v, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return n;
+}
+
 /* The update's fn, counted in update_fn_depth while it runs: a store call
  * from it that could wait for the locks this batch holds is refused
  * (CALLBACK_REFUSE) rather than deadlocking. */
@@ -166,6 +176,23 @@ static int call_fn(const write_req *w, int64_t id, float *vec, float *state)
     int r = w->fn(w->ctx, w->index, id, vec, state);
     update_fn_depth--;
     return r;
+}
+
+/* Rows hold finite values only (what put refuses, a caller's fn may not
+ * leave either): nonzero with *err naming the id and the element when
+ * fn left a NaN or an infinity in row (vector, then state). */
+static int not_finite(const embkv_store *s, const write_req *w, int64_t id, const float *row, int *err)
+{
+    if (!(w->flags & UPDATE_FINITE))
+        return 0;
+    uint32_t n = s->dim + s->state_floats, bad = first_not_finite(row, n);
+    if (bad == n)
+        return 0;
+    *err = embkv__err(EMBKV_INVALID, "embkv_update_batch: store %s: id %lld: the callback left %s element %u %s: "
+                      "rows hold finite values only; the row is left as it was, and the batch stops there (the rows "
+                      "before it are written)", s->path, (long long)id, bad < s->dim ? "vector" : "state",
+                      bad < s->dim ? bad : bad - s->dim, isnan(row[bad]) ? "NaN" : "infinite");
+    return 1;
 }
 
 /* An update's fn over a row whose payload (vector as the store's dtype,
@@ -181,13 +208,14 @@ static int run_fn(embkv_store *s, const write_req *w, int64_t id, void *p, uint6
     *err = EMBKV_OK;
     if (s->dtype == EMBKV_F32) {
         float *v = p;
-        return call_fn(w, id, v, v + s->dim);
+        int r = call_fn(w, id, v, v + s->dim);
+        return r ? r : not_finite(s, w, id, v, err);
     }
     float *buf = w->rowbuf, *st = (float *)((char *)p + s->vec_bytes);
     dtype_decode((int)s->dtype, s->dim, p, buf);
     memcpy(buf + s->dim, st, 4 * (size_t)s->state_floats);
     int r = call_fn(w, id, buf, buf + s->dim);
-    if (r)
+    if (r || (r = not_finite(s, w, id, buf, err)) != 0)
         return r;
     uint64_t seed = atomic_load_explicit(&s->round_seed, memory_order_relaxed) ^ ((uint64_t)id * 0xd6e8feb86659fd93ull) ^
                     (clock * 0x9e3779b97f4a7c15ull);
@@ -647,14 +675,6 @@ int embkv_capacity_for(embkv_store *s, uint64_t new_rows)
                       (unsigned long long)s->root->ssd_size, s->rec_size);
 }
 
-/* The first element of v[0..n) that is NaN or infinite, or n. */
-static uint32_t first_not_finite(const float *v, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return i;
-    return n;
-}
 
 static int put_row(embkv_store *s, int64_t id, const float *vec, const float *state, unsigned flags,
                    uint64_t clock)
@@ -932,7 +952,7 @@ int embkv_update_batch(embkv_store *s, const int64_t *ids, size_t n, embkv_updat
         return embkv__err(EMBKV_INVALID, "embkv_update_batch: store %s: unknown flags 0x%x (known: "
                           "EMBKV_UPDATE_CREATE)", s->path, unknown);
     }
-    return update_batch(s, ids, n, fn, ctx, flags, NULL, nupdated);
+    return update_batch(s, ids, n, fn, ctx, flags | UPDATE_FINITE, NULL, nupdated);
 }
 
 int update_batch_in_place(embkv_store *s, const int64_t *ids, size_t n, const int64_t *in_slot, const uint8_t *in_dirty,
