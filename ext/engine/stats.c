@@ -57,7 +57,12 @@ int embkv_check(embkv_store *s)
     uint64_t log_locs[CHECK_LOG_BATCH];
     size_t nlog = 0;
     uint32_t *want = calloc(ix->nbuckets, sizeof *want);
-    size_t total = (size_t)s->nchunks * s->recs_per_chunk;
+    /* (Chunks are added under slab_mu by writers allocating before they
+     * wait for this lock; the ones the index can name are there now.) */
+    pthread_mutex_lock(&s->slab_mu);
+    uint32_t nchunks = s->nchunks;
+    pthread_mutex_unlock(&s->slab_mu);
+    size_t total = (size_t)nchunks * s->recs_per_chunk;
     uint8_t *seen = calloc(total ? total : 1, 1);
     if (!want || !seen) {
         rc = embkv__err(EMBKV_NOMEM, "embkv_check: out of memory");
@@ -109,7 +114,7 @@ int embkv_check(embkv_store *s)
                 continue;
             }
             uint32_t c = loc_chunk(loc), r = loc_index(loc);
-            if (c >= s->nchunks || r >= s->recs_per_chunk) {
+            if (c >= nchunks || r >= s->recs_per_chunk) {
                 rc = embkv__err(EMBKV_CORRUPT, "store %s: id %lld: location outside the record space",
                                 s->path, (long long)id);
                 break;
