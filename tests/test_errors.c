@@ -8,6 +8,8 @@
  * files, dim / state_floats mismatch on reopen, insert-only and update-only
  * puts, NaN and infinity in a put, deletes and gets of missing ids, a pool too small for its rows, and a
  * second process opening a store that is open (EMBKV_LOCKED, both ways),
+ * processes creating one store at once (each opens it or is told it is
+ * open elsewhere),
  * the pool file's flock held by a process that is not a writer (waited
  * for a moment, then EMBKV_BUSY naming the file), store calls from inside
  * an embkv_update_batch callback (every write, check, sync, snapshot and
@@ -1390,6 +1392,58 @@ static void test_unknown_flags(void)
     free((void *)dir);
 }
 
+/* Eight processes creating one store at once: each one's open succeeds
+ * or finds the store open in another (EMBKV_LOCKED); none fails on the
+ * directory another had just made ("File exists"), and the store holds
+ * the row of each that opened it. */
+static void test_create_race(void)
+{
+    for (int round = 0; round < 6; round++) {
+        char d[700];
+        snprintf(d, sizeof d, "%.600s/race%d", test_tmpdir("create_race"), round);
+        mkdir(test_tmpdir("create_race"), 0755);
+        int go[2];
+        CHECK(pipe(go) == 0);
+        pid_t kids[8];
+        for (int k = 0; k < 8; k++) {
+            if ((kids[k] = fork()) == 0) {
+                char c;
+                close(go[1]);
+                if (read(go[0], &c, 1) != 0)
+                    _exit(99);
+                embkv_options o = {.dim = 8, .pool_size = 16 << 20, .expected_rows = 1000};
+                embkv_store *st = NULL;
+                int r = embkv_open(d, &o, EMBKV_OPEN_CREATE, &st);
+                if (r == EMBKV_OK) {
+                    float v[8] = {(float)k};
+                    r = embkv_put(st, k, v, NULL, 0) == EMBKV_OK && embkv_close(st) == EMBKV_OK ? 0 : 98;
+                } else if (r != EMBKV_LOCKED) {
+                    fprintf(stderr, "create race: %s\n", embkv_errmsg());
+                }
+                _exit(r);
+            }
+        }
+        close(go[0]);
+        close(go[1]);  /* (all start at once) */
+        int opened = 0, other = 0;
+        for (int k = 0; k < 8; k++) {
+            int status = 0;
+            waitpid(kids[k], &status, 0);
+            int r = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+            opened += r == 0;
+            other += r != 0 && r != EMBKV_LOCKED;
+        }
+        CHECK(other == 0 && opened > 0);
+        embkv_store *st = NULL;
+        CHECK_RC(embkv_open(d, NULL, 0, &st), EMBKV_OK);
+        if (st) {
+            CHECK(embkv_count(st) == (uint64_t)opened);
+            CHECK_RC(embkv_check(st), EMBKV_OK);
+            CHECK_RC(embkv_close(st), EMBKV_OK);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
@@ -1402,6 +1456,7 @@ int main(int argc, char **argv)
     test_full_advice();
     test_full_synced_deletes();
     test_locked();
+    test_create_race();
     test_pool_flock();
     test_destroy();
     test_update_callback();

@@ -1296,7 +1296,9 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         }
         if ((rc = refuse_nested(dir)) != EMBKV_OK)
             goto unlock;
-        if (mkdir(dir, 0755) != 0 || stat(dir, &st) != 0) {
+        /* (Another process may make it meanwhile: then it is there, as
+         * asked, and its lock decides which of the two makes the store.) */
+        if ((mkdir(dir, 0755) != 0 && errno != EEXIST) || stat(dir, &st) != 0) {
             rc = embkv__err(EMBKV_IO, "store %s: cannot create the directory: %s", dir, strerror(errno));
             goto unlock;
         }
