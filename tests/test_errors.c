@@ -608,6 +608,13 @@ static void test_rows(void)
     }
     CHECK_RC(embkv_delete(s, 31338), EMBKV_OK);
 
+    /* index growth for more ids than 2^64 less the rows: refused, not
+     * wrapped round to a count that fits */
+    CHECK_RC(embkv_grow_index_for(s, UINT64_MAX), EMBKV_FULL);
+    CHECK(strstr(embkv_errmsg(), "does not fit the pool") != NULL);
+    CHECK_RC(embkv_grow_index_for(s, UINT64_MAX - embkv_count(s) + 1), EMBKV_FULL);
+    CHECK_RC(embkv_grow_index_for(s, 10), EMBKV_OK);
+
     /* NULL arguments on a live store */
     CHECK_RC(embkv_put(s, 5, NULL, NULL, 0), EMBKV_INVALID);
     CHECK(embkv_exists(s, 5) == 0);

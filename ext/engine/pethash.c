@@ -729,7 +729,9 @@ int ix_grow(embkv_store *s, uint64_t need_entries)
 
 int ix_grow_for(embkv_store *s, uint64_t more)
 {
-    uint64_t need = atomic_load(&s->entries) + more;
+    uint64_t have = atomic_load(&s->entries);
+    /* (a count past 2^64 fits no index: ix_grow refuses the largest) */
+    uint64_t need = more > UINT64_MAX - have ? UINT64_MAX : have + more;
     if (need <= ix_grow_threshold(s))
         return EMBKV_OK;
     return ix_grow(s, need);
