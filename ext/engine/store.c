@@ -258,17 +258,44 @@ static int dir_verdict(const char *dir, int state, const char *found, bool creat
 /* Checked by reading the file, before libpmemobj opens it: pmemobj_open
  * writes to a pool even when it then refuses its layout, and a pool that
  * is not embkv's must be left exactly as it was. */
+/* Which file beside the pool says the directory was an embkv store
+ * before this open (it makes LOCK itself): the dirty map or the seal,
+ * which every open that got as far as the pool leaves; NULL: none. */
+static const char *store_sign(const char *dir)
+{
+    static const char *const signs[] = {DIRTY_FILE, POOL_SEAL};
+    char p[PATH_MAX];
+    for (size_t i = 0; i < sizeof signs / sizeof *signs; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, signs[i]);
+        if (access(p, F_OK) == 0)
+            return signs[i];
+    }
+    return NULL;
+}
+
 static int check_pool_header(const char *pool, const char *dir)
 {
     char sig[8] = {0}, layout[PMEMOBJ_MAX_LAYOUT] = {0};
     int fd = open(pool, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return embkv__err(EMBKV_IO, "store %s: cannot read %s: %s", dir, POOL_FILE, strerror(errno));
+    struct stat st;
+    bool is_dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
     ssize_t got = read(fd, sig, sizeof sig);
     ssize_t got_layout = pread(fd, layout, sizeof layout - 1, POOL_LAYOUT_OFFSET);
     close(fd);
-    if (got != (ssize_t)sizeof sig || memcmp(sig, POOL_SIG, sizeof POOL_SIG) != 0)
+    if (got != (ssize_t)sizeof sig || memcmp(sig, POOL_SIG, sizeof POOL_SIG) != 0) {
+        /* A pool that lost its header where the store's other files are
+         * is the store's, damaged, not a directory of someone else's. */
+        const char *sign = store_sign(dir);
+        if (sign)
+            return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: %s, where the store's pool was (its %s is "
+                              "there): restore the store from a backup", dir, POOL_FILE,
+                              is_dir ? "it is a directory" : got == 0 ? "it is empty"
+                                                             : "it does not begin as a pmemobj pool does",
+                              sign);
         return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: %s is not a pmemobj pool", dir, POOL_FILE);
+    }
     if (got_layout <= 0 || strcmp(layout, EMBKV_LAYOUT) != 0)
         return embkv__err(EMBKV_NOTSTORE, "%s is not an embkv store: %s is a pmemobj pool of layout \"%.64s\"",
                           dir, POOL_FILE, layout);
@@ -383,10 +410,20 @@ static int probe_pool(const char *pool, const char *dir, int lockfd)
     unsigned timeout = env && atoi(env) > 0 ? (unsigned)atoi(env) : PROBE_TIMEOUT_S;
     fflush(NULL);
     pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0)
+    /* The child's refusal comes back through a pipe: libpmemobj leaks
+     * megabytes on a pool it refuses, so the parent opens only a pool the
+     * child could open (an application retrying grew without bound). */
+    int why[2];
+    if (pipe2(why, O_CLOEXEC) != 0)
         return EMBKV_OK;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(why[0]);
+        close(why[1]);
+        return EMBKV_OK;
+    }
     if (pid == 0) {
+        close(why[0]);
         /* Not a holder of the store's lock: the flock is shared with the
          * parent's descriptor, and a probe outliving a killed parent for
          * a moment kept the next opener out ("open in another process"). */
@@ -409,18 +446,38 @@ static int probe_pool(const char *pool, const char *dir, int lockfd)
         signal(SIGABRT, SIG_DFL);
         alarm(timeout);
         PMEMobjpool *pop = pmemobj_open(pool, EMBKV_LAYOUT);
-        if (!pop)
-            _exit(2);  /* the real open reports why */
+        if (!pop) {
+            /* EINVAL: libpmemobj refuses the pool; anything else (its
+             * flock held, a pool of this identity open in the parent) the
+             * real open reports. */
+            if (errno == EINVAL) {
+                const char *m = pmemobj_errormsg();
+                ssize_t w = write(why[1], m, strlen(m));
+                (void)w;
+            }
+            _exit(2);
+        }
         size_t n = 0, limit = 1u << 30;
         for (PMEMoid o = pmemobj_first(pop); !OID_IS_NULL(o) && n < limit; o = pmemobj_next(o))
             n++;
         _exit(0);
     }
+    close(why[1]);
+    char refused[400];
+    ssize_t nr = 0, r;
+    while (nr < (ssize_t)sizeof refused - 1 &&
+           ((r = read(why[0], refused + nr, sizeof refused - 1 - (size_t)nr)) > 0 || (r < 0 && errno == EINTR)))
+        nr += r > 0 ? r : 0;
+    refused[nr] = 0;
+    close(why[0]);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0) {
         if (errno != EINTR)
             return EMBKV_OK;  /* reaped elsewhere (a SIGCHLD handler): cannot tell */
     }
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && nr > 0)
+        return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s: "
+                          "restore the store from a backup", dir, POOL_FILE, refused);
     if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
         return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged: libpmemobj did not finish opening it in %u s",
                           dir, POOL_FILE, timeout);
