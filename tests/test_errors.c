@@ -1079,6 +1079,14 @@ static void test_destroy(void)
     CHECK_RC(embkv_destroy(dir), EMBKV_OK);
     CHECK(access(dir, F_OK) != 0);
     CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);
+    CHECK(strstr(embkv_errmsg(), ": the directory does not exist") != NULL);
+    /* a file: said to be one (errno of an earlier call said "does not exist") */
+    FILE *plain = fopen(dir, "w");
+    CHECK(plain && fclose(plain) == 0);
+    CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);
+    CHECK(strstr(embkv_errmsg(), ": not a directory") != NULL);
+    CHECK(access(dir, F_OK) == 0);
+    unlink(dir);
     free((void *)dir);
 }
 

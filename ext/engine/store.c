@@ -1155,9 +1155,10 @@ int embkv_destroy(const char *dir)
     pthread_mutex_lock(&registry_mu);
     int rc = EMBKV_OK, fd = -1;
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    int found = stat(dir, &st) == 0, err = errno;
+    if (!found || !S_ISDIR(st.st_mode)) {
         rc = embkv__err(EMBKV_NOTSTORE, "no embkv store at %s: %s", dir,
-                        errno == ENOENT ? "the directory does not exist" : "not a directory");
+                        found ? "not a directory" : err == ENOENT ? "the directory does not exist" : strerror(err));
         goto out;
     }
     for (embkv_store *o = registry; o; o = o->next) {
