@@ -646,6 +646,12 @@ static void test_rows(void)
     size_t n = 0;
     int64_t few[16];
     CHECK_RC(embkv_scan_ids(s, &pos, few, 16, &n), EMBKV_INVALID);  /* cap < 64 */
+    int64_t room[64];
+    pos = UINT64_MAX;  /* (not a position a scan gave: not a resize either) */
+    CHECK_RC(embkv_scan_ids(s, &pos, room, 64, &n), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "position 18446744073709551615 is not one embkv_scan_ids gave: start a scan at 0")
+          != NULL);
+    pos = 0;
     CHECK_RC(embkv_scan_ids(s, NULL, few, 64, &n), EMBKV_INVALID);
     CHECK_RC(embkv_hotset(s, NULL, 3, NULL), EMBKV_INVALID);
     CHECK_RC(embkv_stats_get(s, NULL), EMBKV_INVALID);

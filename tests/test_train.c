@@ -154,6 +154,8 @@ static void test_options(void)
     BAD("init -1", "init", p->init = -1);
     BAD("staleness -2", "staleness", p->staleness = -2);
     BAD("staleness INT64_MIN", "staleness", p->staleness = INT64_MIN);
+    BAD("staleness INT64_MAX", "staleness must be from 0 to 2147483646, or EMBKV_STALENESS_UNLIMITED, got "
+        "9223372036854775807", p->staleness = INT64_MAX);
     BAD("eps 0", "eps", p->eps = 0);
     BAD("eps < 0", "eps", p->eps = -1e-8);
     BAD("initial_accumulator < 0", "initial_accumulator",

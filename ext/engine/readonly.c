@@ -288,6 +288,12 @@ int ro_scan_ids(embkv_store *s, uint64_t *pos, int64_t *ids, size_t cap, size_t 
     uint64_t b = *pos & ((1ull << 40) - 1), gen = *pos >> 40;
     if (*pos == 0)
         gen = ix->generation & 0xffffff;
+    if (b > ix->nbuckets) {
+        ro_leave(s);
+        return embkv__err(EMBKV_INVALID, "embkv_scan_ids: store %s: position %llu is not one embkv_scan_ids gave: "
+                          "start a scan at 0, and pass back the position each call returns", s->path,
+                          (unsigned long long)*pos);
+    }
     if (gen != (ix->generation & 0xffffff)) {
         ro_leave(s);
         return embkv__err(EMBKV_BUSY, "store %s: the index was resized during the scan", s->path);

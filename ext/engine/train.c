@@ -143,8 +143,9 @@ static int validate(embkv_store *s, const embkv_train_options *o)
                           "its initial values",
                           s->path);
     if (o->staleness < EMBKV_STALENESS_UNLIMITED || o->staleness >= (int64_t)STALENESS_LIMIT)
-        return embkv__err(EMBKV_INVALID, "store %s: option staleness must be >= 0 or unlimited, got %lld",
-                          s->path, (long long)o->staleness);
+        return embkv__err(EMBKV_INVALID, "store %s: option staleness must be from 0 to %lld, or "
+                          "EMBKV_STALENESS_UNLIMITED, got %lld", s->path, (long long)STALENESS_LIMIT - 1,
+                          (long long)o->staleness);
     if (o->rounding != EMBKV_ROUND_NEAREST && o->rounding != EMBKV_ROUND_STOCHASTIC)
         return embkv__err(EMBKV_INVALID, "store %s: option rounding: unknown rounding %d (nearest or stochastic)",
                           s->path, o->rounding);
