@@ -207,6 +207,7 @@ struct ekvtab {
     char opts_check[17];  /* the store's options check: as read or written (store_options), and as
                            * its CREATE recorded it in <name>_config ("" when not recorded) */
     char opts_recorded[17];
+    char store_recorded[17]; /* the store's id (its pool's) as its CREATE recorded it in <name>_config ("": not) */
     embkv_tabopts opts;
     uint64_t given;       /* options written in its CREATE (bit j: ek_options[j]) */
     char *optpath;        /* storage of opts.path */

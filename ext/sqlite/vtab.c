@@ -719,6 +719,18 @@ static int store_options(ekvtab *v, const char *dir, char **err)
             return irc;
         }
     }
+    uint64_t sid = embkv_store_id(v->store);
+    char sidhex[17];
+    snprintf(sidhex, sizeof sidhex, "%016llx", (unsigned long long)sid);
+    if (!bad && sid && v->store_recorded[0] && strcmp(v->store_recorded, sidhex) != 0) {
+        *err = sqlite3_mprintf("the store in %s is not the one this table was made on: its pool's id is %s, and "
+                               "the table's %s_config recorded %s (another store's files copied over this one's): "
+                               "restore the directory from a backup, or DROP TABLE \"%w\" (the store stays) and "
+                               "CREATE it again with path= naming the store, to use the rows that are there",
+                               dir, sidhex, v->zName, v->store_recorded, v->zName);
+        sqlite3_free(path);
+        return SQLITE_CORRUPT;
+    }
     ekvtab w;
     memset(&w, 0, sizeof w);
     char *perr = NULL;
@@ -767,10 +779,17 @@ static int store_options(ekvtab *v, const char *dir, char **err)
  */
 static int shadow_create(ekvtab *v, char **err)
 {
+    /* The store's id ties the table to the store it was made on: a store
+     * whose files another's replaced (the pool, its id file and its options
+     * copied over, its list of tables kept) is then not taken for it. */
+    uint64_t sid = v->store ? embkv_store_id(v->store) : 0;
+    char store[17] = "";
+    if (sid) snprintf(store, sizeof store, "%016llx", (unsigned long long)sid);
     char *sql = sqlite3_mprintf("CREATE TABLE \"%w\".\"%w_config\"(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
                                 "INSERT INTO \"%w\".\"%w_config\"(k, v) VALUES ('id', %Q), ('format', 1), "
-                                "('owns_dir', %d), ('options', %Q);",
-                                v->zDb, v->zName, v->zDb, v->zName, v->tid, v->owns_dir, v->opts_check);
+                                "('owns_dir', %d), ('options', %Q)%s%s%s;",
+                                v->zDb, v->zName, v->zDb, v->zName, v->tid, v->owns_dir, v->opts_check,
+                                sid ? ", ('store', '" : "", store, sid ? "')" : "");
     if (!sql) return SQLITE_NOMEM;
     char *msg = NULL;
     int rc = sqlite3_exec(v->db, sql, NULL, NULL, &msg);
@@ -796,9 +815,10 @@ static int shadow_read(ekvtab *v, char **err)
 {
     /* owns_dir absent (tables made before it was recorded): they made it. */
     char *sql = sqlite3_mprintf("SELECT v, coalesce((SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'owns_dir'), 1), "
-                                "(SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'options') "
+                                "(SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'options'), "
+                                "(SELECT v FROM \"%w\".\"%w_config\" WHERE k = 'store') "
                                 "FROM \"%w\".\"%w_config\" WHERE k = 'id'",
-                                v->zDb, v->zName, v->zDb, v->zName, v->zDb, v->zName);
+                                v->zDb, v->zName, v->zDb, v->zName, v->zDb, v->zName, v->zDb, v->zName);
     if (!sql) return SQLITE_NOMEM;
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(v->db, sql, -1, &st, NULL);
@@ -817,6 +837,9 @@ static int shadow_read(ekvtab *v, char **err)
         /* Tables made before the options were recorded have none. */
         const unsigned char *oc = sqlite3_column_text(st, 2);
         if (oc && strlen((const char *)oc) == 16) memcpy(v->opts_recorded, oc, 17);
+        /* (and before the store's id was: none) */
+        const unsigned char *sc = sqlite3_column_text(st, 3);
+        if (sc && strlen((const char *)sc) == 16) memcpy(v->store_recorded, sc, 17);
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         /* busy, I/O...: an error now, not a broken table */

@@ -194,6 +194,38 @@ class TestDamagedStoreFiles(TempDirTest):
         self.assertEqual(c.execute("SELECT count(*) FROM a").fetchone()[0], 1)
         c.close()
 
+    def test_another_stores_files_but_its_list_of_tables(self):
+        # Every file of store b copied over a's but a's list of tables (so
+        # the id file and the options travel with the pool): a's table
+        # refuses the store, naming the id its CREATE recorded; the advice
+        # (DROP, then CREATE with path=) attaches it to the rows there.
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=4, path='a')")
+        c.execute("CREATE VIRTUAL TABLE b USING embkv(dim=4, path='b')")
+        c.execute("INSERT INTO a VALUES (1, '[1,1,1,1]')")
+        c.execute("INSERT INTO b VALUES (1, '[2,2,2,2]'), (2, '[2,2,2,2]')")
+        c.close()
+        a, b = os.path.join(self.dir, "a"), os.path.join(self.dir, "b")
+        kept = read(os.path.join(a, "app-sqlite-tables"))
+        shutil.rmtree(a)
+        shutil.copytree(b, a)
+        with open(os.path.join(a, "app-sqlite-tables"), "wb") as fh:
+            fh.write(kept)
+        c = connect(self.db)
+        with self.assertRaises(sqlite3.DatabaseError) as cm:
+            c.execute("SELECT id FROM a").fetchall()
+        self.assertRegex(str(cm.exception), r"embkv table a: the store in %s is not the one this table was made on: "
+                         r"its pool's id is [0-9a-f]{16}, and the table's a_config recorded [0-9a-f]{16} \(another "
+                         r"store's files copied over this one's\): restore the directory from a backup, or DROP TABLE "
+                         r'"a" \(the store stays\) and CREATE it again with path= naming the store'
+                         % re.escape(os.path.realpath(a)))
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_CORRUPT)
+        c.execute("DROP TABLE a")
+        c.execute("CREATE VIRTUAL TABLE a USING embkv(dim=4, path='a')")
+        self.assertEqual(c.execute("SELECT id, embkv_json(vec) FROM a ORDER BY id").fetchall(),
+                         [(1, "[2,2,2,2]"), (2, "[2,2,2,2]")])
+        c.close()
+
     def test_grown_pool_file_is_damage_not_an_option(self):
         c = connect(self.db)
         c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=4, path='s', pool_size='16M')")
