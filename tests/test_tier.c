@@ -556,6 +556,45 @@ static void check_finds_damage(embkv_store *s, const char *seg, const char *what
     CHECK(strcmp(embkv_errmsg(), msg) == 0);
 }
 
+/* A segment file replaced by a directory of its name: the store opens, the
+ * rows that segment held fail naming it, every other row reads; the file
+ * put back, every row reads. */
+static void test_segment_is_a_directory(const char *root)
+{
+    char dir[600], logdir[700], path[800], aside[800];
+    size_t n = 70000;
+    uint64_t *gen = make_logged_store(root, "segdir", n, dir, sizeof dir, logdir, sizeof logdir);
+    char segs[64][64];
+    int nseg = list_segments(logdir, segs, 64);
+    CHECK(nseg >= 2);
+    if (nseg < 2) {
+        free(gen);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/%s", logdir, segs[0]);
+    snprintf(aside, sizeof aside, "%s/segment-aside", root);
+    CHECK(rename(path, aside) == 0 && mkdir(path, 0755) == 0);
+    embkv_store *s = NULL;
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    if (s) {
+        embkv_stats st;
+        CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+        CHECK(st.ssd_damaged_segments == 1);
+        int64_t f = -1, c = -1;
+        damage_count d = read_damaged(s, gen, n, "(no flip)", segs[0], "it is a directory, not a segment file", &f,
+                                      &c);
+        CHECK(d.truncated > 100 && d.other == 0 && d.flipped == 0 && d.ok + d.truncated == n);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    CHECK(rmdir(path) == 0 && rename(aside, path) == 0);
+    CHECK_RC(embkv_open(dir, NULL, 0, &s), EMBKV_OK);
+    if (s) {
+        check_all(s, gen, n);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+    free(gen);
+}
+
 static void test_damaged_log(const char *root)
 {
     char dir[600], logdir[700], path[800];
@@ -977,6 +1016,7 @@ int main(void)
     test_full(root);
     test_writers_compact(root);
     test_damaged_log(root);
+    test_segment_is_a_directory(root);
     test_unborn_segments(root);
     test_held_ssd_path(root);
     test_crash_then_damaged(root);

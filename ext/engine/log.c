@@ -247,6 +247,18 @@ static int seg_open_existing(embkv_log *l, uint32_t id, const char *name)
         free(g);
         return EMBKV_OK;
     }
+    if (g->fd < 0 && errno == EISDIR &&
+        (g->fd = openat(l->dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        /* A directory where a segment was: its rows are lost as with a
+         * damaged file, and the rest of the log works. */
+        seg_damage(g, "%s", "it is a directory, not a segment file");
+        int rc = seg_table_put(l, g);
+        if (rc != EMBKV_OK) {
+            close(g->fd);
+            free(g);
+        }
+        return rc;
+    }
     if (g->fd < 0) {
         int e = errno;
         free(g);
