@@ -693,6 +693,9 @@ uint32_t embkv_train_state_floats(const embkv_train_options *o, uint32_t dim);
  * bound raised or lifted lets them go at once), within their own wait_ms. */
 int embkv_train_configure(embkv_store *s, const embkv_train_options *o);
 
+/* A session is one thread's at a time: its pull, push or release while
+ * another thread's call of it runs is EMBKV_BUSY, doing nothing (closing
+ * it then is the caller's error). */
 typedef struct embkv_session embkv_session;
 int embkv_session_open(embkv_store *s, embkv_session **out);
 /* Returns every permit the session still holds.  Close every session

@@ -1207,6 +1207,43 @@ static void test_close_frees_blocked(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* A session used by a second thread while a call of it waits: refused
+ * (EMBKV_BUSY, saying a session is one thread's), nothing of the waiting
+ * call disturbed; pulls shared so used to lose updates and permits. */
+static void test_session_of_two_threads(void)
+{
+    embkv_store *s = stale_store("two-threads", 0, 3000);
+    embkv_session *h, *shared;
+    CHECK_RC(embkv_session_open(s, &h), EMBKV_OK);
+    CHECK_RC(embkv_session_open(s, &shared), EMBKV_OK);
+    float out[16], g[16] = {0};
+    CHECK_RC(embkv_pull(h, (int64_t[]){9}, 1, out), EMBKV_OK);
+    pull_job j = {.ss = shared, .ids = {9}, .n = 1};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pull_thread, &j) == 0);
+    sleep_ms(100);  /* (the thread waits for 9's permit) */
+    size_t nu = 99;
+    CHECK_RC(embkv_push(shared, (int64_t[]){9}, 1, g, 0.1, &nu), EMBKV_BUSY);
+    CHECK(nu == 0);
+    CHECK(strstr(embkv_errmsg(), "embkv_push: store ") &&
+          strstr(embkv_errmsg(), ": the session is in a call of another thread: a session is one thread's at a "
+                                 "time (open a session per thread with embkv_session_open)"));
+    CHECK_RC(embkv_pull(shared, (int64_t[]){10}, 1, out), EMBKV_BUSY);
+    size_t back = 99;
+    CHECK_RC(embkv_release(shared, (int64_t[]){9}, 1, &back), EMBKV_BUSY);
+    CHECK(back == 0);
+    CHECK_RC(embkv_push(h, (int64_t[]){9}, 1, g, 0.1, NULL), EMBKV_OK);
+    pthread_join(th, NULL);
+    CHECK(j.rc == EMBKV_OK);
+    /* the call over, the session is this thread's: its permit on 9 held */
+    CHECK_RC(embkv_push(shared, (int64_t[]){9}, 1, g, 0.1, &nu), EMBKV_OK);
+    CHECK(nu == 1);
+    CHECK_RC(embkv_pull(h, (int64_t[]){9}, 1, out), EMBKV_OK);  /* (returned: free again) */
+    embkv_session_close(h);
+    embkv_session_close(shared);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+}
+
 static void test_unlimited(void)
 {
     embkv_store *s = stale_store("unlimited", EMBKV_STALENESS_UNLIMITED, 100);
@@ -1530,6 +1567,7 @@ int main(void)
     test_permits_per_id();
     test_permit_counts_exact();
     test_close_frees_blocked();
+    test_session_of_two_threads();
     test_unlimited();
     test_stats_script();
     test_clock_limit();

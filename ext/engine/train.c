@@ -60,6 +60,10 @@ struct train_state {
 
 struct embkv_session {
     embkv_store *s;
+    /* A call of the session under way: its permit table and batch memo
+     * have no lock, a session being one thread's (a second call at once
+     * is refused, not let corrupt them). */
+    atomic_int busy;
     /* Permits held: id -> count (0: empty slot), linear probing. */
     int64_t *keys;
     uint32_t *counts;
@@ -783,7 +787,7 @@ static int pull_end(embkv_session *ss, struct train_state *t, int64_t *st, size_
     return rc;
 }
 
-int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
+static int pull_ex_unguarded(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
 {
     int rc = pull_check(ss, ids, n, out, "out", flags, "embkv_pull");
     if (rc != EMBKV_OK || n == 0)
@@ -814,7 +818,7 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
 /* The device pull: the permits, then the rows that are missing made (or
  * refused), then one gather of them all (gather.c), which reads a
  * repeated id once, as read_batch does. */
-int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
+static int pull_device_unguarded(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
 {
     int rc = pull_check(ss, ids, n, dev_out, "dev_out", flags, "embkv_pull_device");
     if (rc != EMBKV_OK || n == 0)
@@ -1273,7 +1277,7 @@ static int push_apply(embkv_session *ss, struct train_state *t, const embkv_trai
     return rc;
 }
 
-int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
+static int push_unguarded(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
 {
     if (!ss)
         return embkv__null_arg("embkv_push", "ss", (const void *)ss, (char *)NULL);
@@ -1318,7 +1322,7 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
  * push_grads_make sums them on the CPU (a row that came once as float32,
  * repeated ones in double from 0.0 in the batch's order), read from
  * pinned memory, then applied by push_apply: the same updates. */
-int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
+static int push_device_unguarded(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
                       double lr, size_t *nupdated)
 {
     if (nupdated)
@@ -1408,7 +1412,7 @@ out:
     return rc;
 }
 
-int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased)
+static int release_unguarded(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased)
 {
     if (nreleased)
         *nreleased = 0;
@@ -1430,6 +1434,88 @@ int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nrele
             return embkv__err(EMBKV_NOMEM, "embkv_release: out of memory for %zu ids", n);
     }
     return EMBKV_OK;
+}
+
+/* ------------------------------------------------------------ one thread at a time */
+
+static int session_enter(embkv_session *ss, const char *fn)
+{
+    if (atomic_exchange(&ss->busy, 1) == 0)
+        return EMBKV_OK;
+    return embkv__err(EMBKV_BUSY, "%s: store %s: the session is in a call of another thread: a session is one "
+                      "thread's at a time (open a session per thread with embkv_session_open)", fn, ss->s->path);
+}
+
+static void session_leave(embkv_session *ss)
+{
+    atomic_store(&ss->busy, 0);
+}
+
+int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
+{
+    if (!ss)
+        return pull_ex_unguarded(ss, ids, n, out, flags);
+    int rc = session_enter(ss, "embkv_pull");
+    if (rc == EMBKV_OK) {
+        rc = pull_ex_unguarded(ss, ids, n, out, flags);
+        session_leave(ss);
+    }
+    return rc;
+}
+
+int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
+{
+    if (!ss)
+        return pull_device_unguarded(ss, ids, n, dev_out, stream, flags);
+    int rc = session_enter(ss, "embkv_pull_device");
+    if (rc == EMBKV_OK) {
+        rc = pull_device_unguarded(ss, ids, n, dev_out, stream, flags);
+        session_leave(ss);
+    }
+    return rc;
+}
+
+int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
+{
+    if (!ss)
+        return push_unguarded(ss, ids, n, grads, lr, nupdated);
+    int rc = session_enter(ss, "embkv_push");
+    if (rc == EMBKV_OK) {
+        rc = push_unguarded(ss, ids, n, grads, lr, nupdated);
+        session_leave(ss);
+    } else if (nupdated) {
+        *nupdated = 0;
+    }
+    return rc;
+}
+
+int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
+                      double lr, size_t *nupdated)
+{
+    if (!ss)
+        return push_device_unguarded(ss, ids, n, dev_grads, stream, lr, nupdated);
+    int rc = session_enter(ss, "embkv_push_device");
+    if (rc == EMBKV_OK) {
+        rc = push_device_unguarded(ss, ids, n, dev_grads, stream, lr, nupdated);
+        session_leave(ss);
+    } else if (nupdated) {
+        *nupdated = 0;
+    }
+    return rc;
+}
+
+int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased)
+{
+    if (!ss)
+        return release_unguarded(ss, ids, n, nreleased);
+    int rc = session_enter(ss, "embkv_release");
+    if (rc == EMBKV_OK) {
+        rc = release_unguarded(ss, ids, n, nreleased);
+        session_leave(ss);
+    } else if (nreleased) {
+        *nreleased = 0;
+    }
+    return rc;
 }
 
 void embkv_session_close(embkv_session *ss)
