@@ -122,6 +122,19 @@ static void test_lists(embkv_store *s)
     embkv_knn_options o2 = {.skip = &eid, .nskip = 1, .extra_ids = &eid, .extra_vecs = extra, .nextra = 1};
     CHECK_RC(embkv_knn(s, q, 1, 2, &o2, ids, dist, &found), EMBKV_OK);
     CHECK(found == 2 && ids[0] == 17 && dist[0] == 1.0f && ids[1] != 17);
+    /* the same extra without skip: it replaces the table's 17 all the same
+     * (17 found once, at 1.0, not also at 0.0) */
+    embkv_knn_options o3 = {.extra_ids = &eid, .extra_vecs = extra, .nextra = 1};
+    CHECK_RC(embkv_knn(s, q, 1, 2, &o3, ids, dist, &found), EMBKV_OK);
+    CHECK(found == 2 && ids[0] == 17 && dist[0] == 1.0f && ids[1] != 17);
+    /* one id twice among the extras: refused, naming it */
+    int64_t twice[2] = {17, 17};
+    float two[2 * DIM];
+    memcpy(two, extra, sizeof extra);
+    memcpy(two + DIM, q, sizeof extra);
+    embkv_knn_options o4 = {.extra_ids = twice, .extra_vecs = two, .nextra = 2};
+    CHECK_RC(embkv_knn(s, q, 1, 3, &o4, ids, dist, &found), EMBKV_INVALID);
+    CHECK(strstr(embkv_errmsg(), "embkv_knn: extra id 17 is given twice: give each row once") != NULL);
     /* a deleted row is not found */
     CHECK_RC(embkv_delete(s, 17), EMBKV_OK);
     CHECK_RC(embkv_knn(s, q, 1, 1, NULL, ids, dist, &found), EMBKV_OK);

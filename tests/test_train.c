@@ -134,7 +134,7 @@ static void test_options(void)
     o.lr = 0.5;
     CHECK_RC(embkv_train_configure(s, &o), EMBKV_OK);
 
-    struct { const char *what, *needle; embkv_train_options o; } bad[24];
+    struct { const char *what, *needle; embkv_train_options o; } bad[32];
     int nb = 0;
 #define BAD(what_, needle_, field_stmt) do { \
         embkv_train_defaults(&bad[nb].o); { embkv_train_options *p = &bad[nb].o; field_stmt; } \
@@ -154,6 +154,11 @@ static void test_options(void)
     BAD("init -1", "init", p->init = -1);
     BAD("staleness -2", "staleness", p->staleness = -2);
     BAD("staleness INT64_MIN", "staleness", p->staleness = INT64_MIN);
+    BAD("ttl_ms too large", "option ttl_ms is at most 315360000000 ms, got 315360000001",
+        p->ttl_ms = EMBKV_TTL_MAX_MS + 1);
+    BAD("ttl_steps too large", "option ttl_steps is at most", p->ttl_steps = EMBKV_TTL_MAX_STEPS + 1);
+    BAD("max_rows too large", "option max_rows is at most 1099511627776, got 1099511627777",
+        p->max_rows = EMBKV_MAX_ROWS_MAX + 1);
     BAD("staleness INT64_MAX", "staleness must be from 0 to 2147483646, or EMBKV_STALENESS_UNLIMITED, got "
         "9223372036854775807", p->staleness = INT64_MAX);
     BAD("eps 0", "eps", p->eps = 0);

@@ -1196,6 +1196,12 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
     return EMBKV_OK;
 }
 
+static int cmp_extra_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
 {
@@ -1238,6 +1244,23 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
                           nq, k, EMBKV_KNN_MAX_K, EMBKV_KNN_MAX_QUERIES, EMBKV_KNN_MAX_RESULTS);
     if ((o.nonly && !o.only) || (o.nskip && !o.skip) || (o.nextra && (!o.extra_ids || !o.extra_vecs)))
         return embkv__err(EMBKV_INVALID, "embkv_knn: a NULL id list with a nonzero count");
+    if (o.nextra > 1) {
+        /* An extra row is a version of its id: two of one id would be two
+         * answers for one row. */
+        int64_t *sorted = malloc(o.nextra * sizeof *sorted);
+        if (!sorted)
+            return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
+        memcpy(sorted, o.extra_ids, o.nextra * sizeof *sorted);
+        qsort(sorted, o.nextra, sizeof *sorted, cmp_extra_id);
+        for (size_t i = 1; i < o.nextra; i++)
+            if (sorted[i] == sorted[i - 1]) {
+                long long twice = (long long)sorted[i];
+                free(sorted);
+                return embkv__err(EMBKV_INVALID, "embkv_knn: extra id %lld is given twice: give each row once "
+                                  "(its newest version)", twice);
+            }
+        free(sorted);
+    }
     uint32_t dim = s->dim;
     for (size_t q = 0; q < nq; q++)
         for (uint32_t j = 0; j < dim; j++)
@@ -1285,9 +1308,12 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
         return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory listing the cache's rows");
     }
     idset skip;
-    rc = idset_init(&skip, o.nskip + nd);
+    rc = idset_init(&skip, o.nskip + nd + o.nextra);
     for (size_t i = 0; i < o.nskip && rc == EMBKV_OK; i++)
         idset_add(&skip, o.skip[i]);
+    /* (an extra row replaces the table's version of its id) */
+    for (size_t i = 0; i < o.nextra && rc == EMBKV_OK; i++)
+        idset_add(&skip, o.extra_ids[i]);
     job.skip = &skip;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

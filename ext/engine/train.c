@@ -165,12 +165,15 @@ static int validate(embkv_store *s, const embkv_train_options *o)
                           "store %s: option evict: lru ranks the rows past max_rows, and max_rows is not set: give "
                           "max_rows too (ttl and ttl_steps need no evict)",
                           s->path);
-    if (o->ttl_ms > EMBKV_TTL_MAX_MS || o->ttl_steps > EMBKV_TTL_MAX_STEPS || o->max_rows > EMBKV_MAX_ROWS_MAX)
-        return embkv__err(EMBKV_INVALID,
-                          "store %s: options ttl (at most %llu ms), ttl_steps (at most %llu) and max_rows (at most "
-                          "%llu) are out of range",
-                          s->path, (unsigned long long)EMBKV_TTL_MAX_MS, (unsigned long long)EMBKV_TTL_MAX_STEPS,
-                          (unsigned long long)EMBKV_MAX_ROWS_MAX);
+    if (o->ttl_ms > EMBKV_TTL_MAX_MS)
+        return embkv__err(EMBKV_INVALID, "store %s: option ttl_ms is at most %llu ms, got %llu", s->path,
+                          (unsigned long long)EMBKV_TTL_MAX_MS, (unsigned long long)o->ttl_ms);
+    if (o->ttl_steps > EMBKV_TTL_MAX_STEPS)
+        return embkv__err(EMBKV_INVALID, "store %s: option ttl_steps is at most %llu, got %llu", s->path,
+                          (unsigned long long)EMBKV_TTL_MAX_STEPS, (unsigned long long)o->ttl_steps);
+    if (o->max_rows > EMBKV_MAX_ROWS_MAX)
+        return embkv__err(EMBKV_INVALID, "store %s: option max_rows is at most %llu, got %llu", s->path,
+                          (unsigned long long)EMBKV_MAX_ROWS_MAX, (unsigned long long)o->max_rows);
     return EMBKV_OK;
 }
 
