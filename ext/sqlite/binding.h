@@ -31,7 +31,7 @@
  *   binding.h
  *   txn.c errors.c dirusers.c values.c leftovers.c
  *   registry.c
- *   journal.c cursor.c wbuf.c stats.c pending.c
+ *   journal.c commitseq.c cursor.c wbuf.c stats.c pending.c
  *   vecfn.c train.c direct.c heat.c knn.c export.c vtab.c
  *   ext.c
  */
@@ -39,6 +39,7 @@
 #define EMBKV_BINDING_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +59,7 @@
 typedef struct ekconn ekconn;
 typedef struct ekvtab ekvtab;
 typedef struct ektxn ektxn;   /* txn.c's, opaque */
+typedef struct ekseq ekseq;   /* commitseq.c's, opaque */
 
 /* Options of an embkv virtual table, the key=value arguments of
  * CREATE VIRTUAL TABLE t USING embkv(...).  Adding an option is a field here
@@ -128,6 +130,12 @@ typedef struct ekwbuf {
     int jslot, jfd;       /* the COMMIT's journal slot and file (journal.c), -1 when none */
     uint64_t jtoken;      /* its token */
     char jtid[16];        /* the stable id of the table whose record holds it */
+    /* The COMMIT's numbers (commitseq.c): one per table of the connection
+     * on the store, with the number before it; in flight from the store
+     * write to the COMMIT's end. */
+#define EK_SEQ_TABLES 16
+    struct { ekseq *e; uint64_t n, prev; } seqs[EK_SEQ_TABLES];
+    int nseq, seq_inflight;
 } ekwbuf;
 
 /* A cursor's buffers (cursor.c). */
@@ -218,6 +226,8 @@ struct ekvtab {
     ekwbuf *wb;           /* this connection's uncommitted writes to the store */
     ektxn *txn;           /* wb->txn */
     int joined;           /* in the open transaction (xBegin came) */
+    ekseq *seq;           /* the process's COMMIT numbers of the table (commitseq.c), NULL until one */
+    uint64_t seq_seen;    /* the number this instance's read transaction last found in its shadow table */
     float *scratch;       /* dim floats */
     embkv_session *session; /* training session, see embkv_table_ref */
     int evict_writer;     /* counted as a writer by ekreg_train_configure */
@@ -471,6 +481,19 @@ pthread_mutex_t *ekreg_commit_lock(embkv_store *s);
 int ekreg_journal_take(embkv_store *s, int k);
 void ekreg_journal_drop(embkv_store *s, int k);
 void ekreg_commit_unlock(pthread_mutex_t *held);
+/* A table's COMMIT numbers in this process (commitseq.c), kept with the
+ * open store and dropped when the process closes it: a later open finds
+ * the COMMITs other processes made since in the store and in the file
+ * alike.  NULL when none (or, with create, out of memory).  The caller
+ * holds a reference to s. */
+struct ekseq {
+    struct ekseq *next;
+    char tid[17];
+    unsigned long long dev, ino;
+    _Atomic uint64_t seq;  /* the number of the last COMMIT that the store holds */
+    _Atomic uint64_t gen;  /* odd from a COMMIT's store write to its end */
+};
+ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create);
 /* Removes a store directory now, or when its last reference in this process
  * closes if it is still open. */
 void ekreg_discard(const char *dir);
@@ -546,6 +569,25 @@ void ekjournal_end(ekwbuf *wb);
  * connection that may not write (writer 0) refuses a table whose store
  * shows a COMMIT SQLite never made. */
 int ekjournal_recover(ekvtab *v, int writer, char **err);
+
+/* ========================================================================
+ * commitseq.c: the numbers of the COMMITs that wrote a table, in SQLite's
+ * file and in the process, for readers in WAL mode (S1-S3 there).
+ */
+/* At a COMMIT's prepare, after its commit record: the row ('seq', n) of
+ * each of the connection's tables on wb's store, into SQLite's
+ * transaction (an SQLite rc, *msg says why). */
+int ekseq_prepare(ekconn *c, ekwbuf *wb, char **msg);
+/* Around the store write: before it, after it, and at the COMMIT's end
+ * (rows_back: the store was put back as it was). */
+void ekseq_writing(ekwbuf *wb);
+void ekseq_written(ekwbuf *wb);
+void ekseq_end(ekwbuf *wb, int rows_back);
+/* After a cursor opens *snap: whether the store it shows is the one the
+ * connection's read transaction shows (it may take a new snapshot after a
+ * COMMIT in flight); SQLITE_BUSY_SNAPSHOT with *err when the store holds
+ * a COMMIT that transaction does not see. */
+int ekseq_check(ekvtab *v, embkv_snapshot **snap, char **err);
 
 /* Writes that no table of the transaction will commit: those of a table
  * dropped in it (SQLite calls no xSync/xCommit on a dropped table).  The

@@ -434,6 +434,14 @@ int vt_filter(sqlite3_vtab_cursor *pc, int idxNum, const char *idxStr, int argc,
             ekerr_table(v, "cannot open a snapshot: %s", embkv_errmsg());
             return ekerr_rc(erc);
         }
+        /* The store as SQLite's read transaction sees the database
+         * (commitseq.c: a WAL reader). */
+        char *why = NULL;
+        if ((rc = ekseq_check(v, &c->snap, &why)) != SQLITE_OK) {
+            ekerr_table(v, "%s", why ? why : "out of memory");
+            sqlite3_free(why);
+            return rc;
+        }
     }
     c->plan = idxNum;
     c->want_vec = !(idxStr && (strstr(idxStr, "ids-only") || strstr(idxStr, "no-vec")));

@@ -73,6 +73,7 @@ typedef struct ekopen {
     pthread_mutex_t commit_mu; /* see ekreg_commit_lock */
     int writers; /* table instances of connections that may write (ekreg_train_configure) */
     uint64_t jlive; /* journal slots owned by COMMITs or recoveries of this process (journal.c, J4) */
+    ekseq *seqs;    /* ekreg_seq's */
 } ekopen;
 
 static ekopen *ek_open_list;
@@ -123,6 +124,7 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
         e->discard = 0;
         e->writers = 0;
         e->jlive = 0;
+        e->seqs = NULL;
         e->pid = getpid();
         pthread_mutex_init(&e->commit_mu, NULL);
         e->next = ek_open_list;
@@ -131,6 +133,24 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
     pthread_mutex_unlock(&ek_mu);
     *out = s;
     return EMBKV_OK;
+}
+
+ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create)
+{
+    pthread_mutex_lock(&ek_mu);
+    ekopen *o = ek_open_list;
+    while (o && o->s != s) o = o->next;
+    ekseq *e = o ? o->seqs : NULL;
+    while (e && !(e->dev == who->dev && e->ino == who->ino && strcmp(e->tid, who->tid) == 0)) e = e->next;
+    if (o && !e && create && (e = calloc(1, sizeof *e)) != NULL) {
+        memcpy(e->tid, who->tid, sizeof e->tid);
+        e->dev = who->dev;
+        e->ino = who->ino;
+        e->next = o->seqs;
+        o->seqs = e;
+    }
+    pthread_mutex_unlock(&ek_mu);
+    return e;
 }
 
 pthread_mutex_t *ekreg_commit_lock(embkv_store *s)
@@ -214,6 +234,10 @@ void ekreg_close(embkv_store *s)
         if (e->s != s) continue;
         if (--e->refs == 0) {
             *pe = e->next;
+            for (ekseq *q = e->seqs, *qn; q; q = qn) {
+                qn = q->next;
+                free(q);
+            }
             if (e->discard && e->pid == getpid()) remove_dir = e->dir;
             else free(e->dir);
             pthread_mutex_destroy(&e->commit_mu);

@@ -202,13 +202,16 @@ int ekconn_commit_prepare(ekconn *c, char **msg)
         if (!pending_writes(wb) || wb->jslot >= 0) continue;
         ekvtab *o = record_holder(c, wb);
         if (o) rc = ekjournal_begin(wb, o, msg);
+        if (o && rc == SQLITE_OK) rc = ekseq_prepare(c, wb, msg);
     }
     /* (Before any commit lock: a reader this waits for may be a connection
      * of this process committing to one of the stores.) */
     if (rc == SQLITE_OK) rc = ekjournal_lock_files(c->db, msg);
     if (rc != SQLITE_OK)
-        for (ekwbuf *wb = c->wbufs; wb; wb = wb->next)
+        for (ekwbuf *wb = c->wbufs; wb; wb = wb->next) {
             if (pending_writes(wb) && wb->jslot >= 0) ekjournal_end(wb);
+            ekseq_end(wb, 0);  /* (nothing written: the numbers are dropped) */
+        }
     return rc;
 }
 
@@ -219,13 +222,19 @@ int ekwbuf_sync(ekwbuf *wb, ekconn *c, char **msg)
     int rc = ekconn_commit_prepare(c, msg);
     if (rc != SQLITE_OK) return rc;
     pthread_mutex_t *held = ekreg_commit_lock(wb->store);
+    ekseq_writing(wb);
     rc = wbuf_sync_locked(wb, wb->jslot >= 0, msg);
+    if (rc == SQLITE_OK)
+        ekseq_written(wb);
+    else
+        ekseq_end(wb, 1);  /* (the store as it was) */
     ekreg_commit_unlock(held);
     return rc == SQLITE_OK ? test_seam(msg) : rc;
 }
 
 void ekwbuf_end(ekwbuf *wb)
 {
+    ekseq_end(wb, 0);  /* (after SQLite's commit, S1; or nothing was written) */
     if (wb->synced) ekjournal_finish(wb, 1, 0);
     else if (wb->jslot >= 0) ekjournal_end(wb); /* (prepared, never written: another part failed first) */
     ektxn_clear(wb->txn);
@@ -244,11 +253,13 @@ int ekwbuf_unsync(ekwbuf *wb)
      * SQLite's transaction, and a journal under a token no record holds
      * would be put back after SQLite committed). */
     if (wb && !wb->synced && wb->jslot >= 0) ekjournal_end(wb);
+    if (wb && !wb->synced) ekseq_end(wb, 0);  /* (the next COMMIT numbers its own) */
     if (!wb || !wb->synced) return SQLITE_OK;
     pthread_mutex_t *held = ekreg_commit_lock(wb->store);
     int erc = ektxn_unapply(wb->txn, wb->store);
     if (erc == EMBKV_OK) erc = embkv_sync(wb->store);
     ekjournal_finish(wb, 0, erc == EMBKV_OK);
+    ekseq_end(wb, 1);
     ekreg_commit_unlock(held);
     wb->synced = 0;
     return erc == EMBKV_OK ? SQLITE_OK : ekerr_rc(erc);

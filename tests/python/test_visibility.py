@@ -6,9 +6,14 @@ committed COMMITs and pushes, and a later statement never sees a shorter
 prefix.  The model here keeps the states the writer committed, in order; each
 read must equal one of them, at or after the one the previous read matched.
 Also: a replaced row is never missing, a row's vec and clock come from one
-version, and a COMMIT never overwrites a row a concurrent pull created."""
+version, and a COMMIT never overwrites a row a concurrent pull created.
+And in WAL mode, a reader whose read transaction began before another
+connection's COMMIT is refused (SQLITE_BUSY_SNAPSHOT) rather than shown
+that COMMIT's embkv rows beside the ordinary rows from before it."""
 import itertools
 import json
+import os
+import sqlite3
 import threading
 import time
 import unittest
@@ -290,6 +295,116 @@ class TestInsertThenDelete(TempDirTest):
         a.close()
         b.close()
 
+
+class TestWalReaders(TempDirTest):
+    """A COMMIT writes e (embkv) and p (ordinary) together; a reader in WAL
+    mode whose snapshot is older must not join the new e with the old p."""
+
+    STALE = ("embkv table e: a COMMIT of another connection changed it after this read transaction began (SQLite "
+             "keeps a reader's snapshot in WAL mode, and the table cannot go back to it): end the read transaction "
+             "(COMMIT or ROLLBACK, or finish the statement) and read again")
+
+    def open(self, mode):
+        self.w = connect(self.db, isolation_level=None)
+        self.w.execute("PRAGMA journal_mode=%s" % mode)
+        self.w.execute("CREATE VIRTUAL TABLE e USING embkv(dim=1)")
+        self.w.execute("CREATE TABLE p(id INTEGER PRIMARY KEY, x)")
+        self.n = 1
+        self.w.execute("BEGIN")
+        self.w.execute("INSERT INTO e VALUES (1, '[1]')")
+        self.w.execute("INSERT INTO p VALUES (1, 1)")
+        self.w.execute("COMMIT")
+        self.r = connect(self.db, isolation_level=None, timeout=0.2)
+        self.addCleanup(self.r.close)
+        self.addCleanup(self.w.close)
+
+    def commit_both(self):
+        self.n += 1
+        self.w.execute("BEGIN")
+        self.w.execute("UPDATE e SET vec = json_array(?)", (self.n,))
+        self.w.execute("UPDATE p SET x = ?", (self.n,))
+        self.w.execute("COMMIT")
+
+    def joined(self):
+        return self.r.execute("SELECT p.x, embkv_json(e.vec) FROM p JOIN e USING (id)").fetchall()
+
+    def test_a_statement_that_read_p_before_the_commit(self):
+        self.open("wal")
+        fired = []
+
+        def hook(_):
+            if not fired:
+                fired.append(1)
+                self.commit_both()  # (between p's read and e's first read)
+            return 1
+        self.r.create_function("hook", 1, hook)
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.r.execute("SELECT p.x, e.vec FROM p CROSS JOIN e ON e.id = p.id WHERE hook(p.id)").fetchall()
+        self.assertEqual(str(cm.exception), self.STALE)
+        self.assertEqual(cm.exception.sqlite_errorcode, sqlite3.SQLITE_BUSY_SNAPSHOT)
+        self.assertEqual(self.joined(), [(2, "[2]")])  # (the advice: read again)
+
+    def test_a_read_transaction_across_a_commit(self):
+        self.open("wal")
+        self.r.execute("BEGIN")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+        self.assertEqual(self.joined(), [(1, "[1]")])  # (no COMMIT between: read again)
+        self.commit_both()
+        self.assertEqual(self.r.execute("SELECT x FROM p").fetchall(), [(1,)])  # SQLite's snapshot
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.joined()
+        self.assertEqual(str(cm.exception), self.STALE)
+        self.r.execute("COMMIT")
+        self.assertEqual(self.joined(), [(2, "[2]")])
+        # A reader whose read transaction began after the COMMIT, and the
+        # writer itself, read on.
+        self.r.execute("BEGIN")
+        self.assertEqual(self.joined(), [(2, "[2]")])
+        self.r.execute("COMMIT")
+        self.assertEqual(self.w.execute("SELECT embkv_json(vec) FROM e").fetchall(), [("[2]",)])
+
+    def test_a_commit_that_failed_after_its_store_write(self):
+        # SQLite's commit fails after the store was written (the seam of
+        # test_commit.py): until the writer's transaction goes on or ends
+        # (the rows are then put back), a reader waits for it, then is told
+        # to run again, rather than read rows SQLite never committed; after,
+        # the reader's transaction reads on, the old rows.
+        self.open("wal")
+        self.r.execute("BEGIN")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+        os.environ["EMBKV_TEST_COMMIT"] = "busy"
+        try:
+            self.w.execute("BEGIN")
+            self.w.execute("UPDATE e SET vec = json_array(9)")
+            self.w.execute("UPDATE p SET x = 9")
+            with self.assertRaises(sqlite3.OperationalError):
+                self.w.execute("COMMIT")
+        finally:
+            del os.environ["EMBKV_TEST_COMMIT"]
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            self.joined()
+        self.assertEqual(str(cm.exception), "embkv table e: a COMMIT of another connection is writing its store "
+                         "(waited 1000 ms): run the statement again")
+        self.w.execute("ROLLBACK")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+        self.r.execute("COMMIT")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+
+    def test_rollback_journal_mode_needs_no_refusal(self):
+        # The reader's lock holds the COMMIT off: it fails busy, and the
+        # reader's transaction reads on.
+        self.open("delete")
+        self.r.execute("BEGIN")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+        self.w.execute("PRAGMA busy_timeout=0")
+        self.w.execute("BEGIN")
+        self.w.execute("UPDATE e SET vec = json_array(5)")
+        with self.assertRaises(sqlite3.OperationalError):
+            self.w.execute("COMMIT")
+        self.assertEqual(self.joined(), [(1, "[1]")])
+        self.r.execute("COMMIT")
+        self.w.execute("COMMIT")
+        self.assertEqual(self.joined(), [(1, "[5]")])
 
 if __name__ == "__main__":
     unittest.main()
