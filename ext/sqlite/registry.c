@@ -135,8 +135,13 @@ int ekreg_open(const char *dir, const embkv_options *o, unsigned flags, embkv_st
     return EMBKV_OK;
 }
 
+/* Whether any COMMIT of the process numbered a table: until one did, a
+ * cursor's lookup takes no lock. */
+static atomic_int ek_seq_made;
+
 ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create)
 {
+    if (!create && !atomic_load_explicit(&ek_seq_made, memory_order_acquire)) return NULL;
     pthread_mutex_lock(&ek_mu);
     ekopen *o = ek_open_list;
     while (o && o->s != s) o = o->next;
@@ -148,6 +153,7 @@ ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create)
         e->ino = who->ino;
         e->next = o->seqs;
         o->seqs = e;
+        atomic_store_explicit(&ek_seq_made, 1, memory_order_release);
     }
     pthread_mutex_unlock(&ek_mu);
     return e;
