@@ -463,18 +463,29 @@ static int probe_pool(const char *pool, const char *dir, int lockfd)
         _exit(0);
     }
     close(why[1]);
+    int st = 0;
+    bool reaped = true;
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) {
+            reaped = false;  /* reaped elsewhere (a SIGCHLD handler): cannot tell */
+            break;
+        }
+    }
+    /* Read after the child's end, without waiting: a child another thread
+     * forked meanwhile may hold the pipe's write end (no end of file until
+     * it exits), and what the probe wrote, under a pipe's buffer, is
+     * there. */
     char refused[400];
     ssize_t nr = 0, r;
-    while (nr < (ssize_t)sizeof refused - 1 &&
-           ((r = read(why[0], refused + nr, sizeof refused - 1 - (size_t)nr)) > 0 || (r < 0 && errno == EINTR)))
-        nr += r > 0 ? r : 0;
+    int fl = fcntl(why[0], F_GETFL);
+    if (fl >= 0 && fcntl(why[0], F_SETFL, fl | O_NONBLOCK) == 0)
+        while (nr < (ssize_t)sizeof refused - 1 &&
+               ((r = read(why[0], refused + nr, sizeof refused - 1 - (size_t)nr)) > 0 || (r < 0 && errno == EINTR)))
+            nr += r > 0 ? r : 0;
     refused[nr] = 0;
     close(why[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0) {
-        if (errno != EINTR)
-            return EMBKV_OK;  /* reaped elsewhere (a SIGCHLD handler): cannot tell */
-    }
+    if (!reaped)
+        return EMBKV_OK;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && nr > 0)
         return embkv__err(EMBKV_CORRUPT, "store %s: %s is damaged (or made by an incompatible libpmemobj): %s: "
                           "restore the store from a backup", dir, POOL_FILE, refused);

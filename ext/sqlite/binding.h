@@ -491,7 +491,7 @@ struct ekseq {
     char tid[17];
     unsigned long long dev, ino;
     _Atomic uint64_t seq;  /* the number of the last COMMIT that the store holds */
-    _Atomic uint64_t gen;  /* odd from a COMMIT's store write to its end */
+    atomic_int inflight;   /* COMMITs between their store write and their end */
 };
 ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create);
 /* Removes a store directory now, or when its last reference in this process

@@ -18,23 +18,28 @@
  * tables on that store (n above both the row's value and the process's
  * count), and keeps the process's count per table (its stable id and its
  * database file) while the process has the store open (ekreg_seq: no other
- * process writes it meanwhile): gen turns odd before the store is written,
- * seq becomes n once it is, and gen turns even when the COMMIT ends (seq
- * back to what it was if its rows were put back).  A reader, having opened its snapshot,
- * reads gen (odd: waits for the COMMIT to end, then takes a new snapshot),
- * then seq; equal to what the same table instance last verified, the
+ * process writes it meanwhile): inflight counts up before the store is
+ * written, seq becomes n once it is, and inflight counts down when the
+ * COMMIT ends (seq back to what it was if its rows were put back).  A
+ * reader, having opened its snapshot, reads inflight (above 0: waits for
+ * the COMMITs to end, then takes a new snapshot), then seq; equal to what the same table instance last verified, the
  * snapshots agree; otherwise it reads the row 'seq' in its own read
  * transaction, and only that value equal to seq lets it on.
  *
  * Invariants (S1-S3), relied on by ekseq_check:
  *   S1. A COMMIT's seq is stored after its store write completes and
- *       before its gen turns even; SQLite commits it after the store write
- *       and before gen turns even too.
- *   S2. A table's COMMITs are serialized (SQLite's write lock on its
- *       database file): gen and seq have one writer at a time.
+ *       before its inflight count goes; SQLite commits it after the store
+ *       write and before the count goes too.
+ *   S2. A table's store writes are serialized (SQLite's write lock on its
+ *       database file, held from the first xSync to its own commit): one
+ *       COMMIT at a time stores seq.  (Two may be in flight at once: SQLite
+ *       lets its lock go before xCommit, so a count, not a flag.)
  *   S3. A connection's read transactions follow each other, each
  *       snapshot no older than the last: a value it verified holds until
  *       seq changes.
+ * A connection with a write transaction on the table's database is not
+ * checked: it reads the newest state (in WAL mode a writer's snapshot is
+ * the newest), and its own COMMIT refused or in flight is not another's.
  * Not covered: a table of another connection of the process on the same
  * store that the COMMIT's connection has not connected (its shadow table
  * gets no row: its readers are not checked against that COMMIT), reader
@@ -49,6 +54,7 @@ SQLITE_EXTENSION_INIT3
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A table is checked when it is in a database file (the file's identity is
  * part of the key: a copy of the file has the same stable ids). */
@@ -85,6 +91,9 @@ int ekseq_prepare(ekconn *c, ekwbuf *wb, char **msg)
         if (wb->nseq == EK_SEQ_TABLES) break;  /* (more tables of one store in one connection: unchecked) */
         ekseq *e = ekreg_seq(o->store, &o->who, 1);
         if (!e) return SQLITE_NOMEM;
+        int again = 0;  /* (one table twice in the connection: a renamed one a cached statement holds) */
+        for (int i = 0; i < wb->nseq && !again; i++) again = wb->seqs[i].e == e;
+        if (again) continue;
         uint64_t have = 0;
         int rc = shadow_seq(o, &have, msg);
         if (rc != SQLITE_OK) return rc;
@@ -110,7 +119,7 @@ void ekseq_writing(ekwbuf *wb)
 {
     for (int i = 0; i < wb->nseq; i++) {
         wb->seqs[i].prev = atomic_load(&wb->seqs[i].e->seq);
-        atomic_fetch_add(&wb->seqs[i].e->gen, 1);
+        atomic_fetch_add(&wb->seqs[i].e->inflight, 1);
     }
     wb->seq_inflight = wb->nseq > 0;
 }
@@ -125,42 +134,50 @@ void ekseq_end(ekwbuf *wb, int rows_back)
 {
     for (int i = 0; i < wb->nseq && wb->seq_inflight; i++) {
         if (rows_back) atomic_store(&wb->seqs[i].e->seq, wb->seqs[i].prev);
-        atomic_fetch_add(&wb->seqs[i].e->gen, 1);
+        atomic_fetch_sub(&wb->seqs[i].e->inflight, 1);
     }
     wb->seq_inflight = 0;
     wb->nseq = 0;
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
 int ekseq_check(ekvtab *v, embkv_snapshot **snap, char **err)
 {
-    if (!checked(v)) return SQLITE_OK;
+    if (!checked(v) || sqlite3_txn_state(v->db, v->zDb) == SQLITE_TXN_WRITE) return SQLITE_OK;
     if (!v->seq && !(v->seq = ekreg_seq(v->store, &v->who, 0))) return SQLITE_OK;  /* no COMMIT of the process wrote it */
     ekseq *e = v->seq;
-    /* A COMMIT between its store write and its end: waited for as for a
-     * lock (a second at least: the window is a sync long). */
-    int budget = -1, waited = 0;
-    for (;;) {
-        uint64_t g = atomic_load(&e->gen);
-        if (!(g & 1)) break;
+    /* COMMITs between their store write and their end: waited for as for
+     * a lock (a second at least: the window is a sync long), then a
+     * snapshot taken after them. */
+    int budget = -1;
+    double t0 = 0;
+    while (atomic_load(&e->inflight) > 0) {
         if (budget < 0) {
             budget = ek_pragma_int(v->db, "busy_timeout", 0);
             if (budget < 1000) budget = 1000;
+            t0 = now_ms();
         }
-        if (waited >= budget) {
-            *err = sqlite3_mprintf("a COMMIT of another connection is writing its store (waited %d ms): run the "
-                                   "statement again", waited);
-            return SQLITE_BUSY;
+        while (atomic_load(&e->inflight) > 0) {
+            if (now_ms() - t0 >= budget) {
+                *err = sqlite3_mprintf("a COMMIT of another connection is writing its store (waited %.0f ms): run "
+                                       "the statement again", now_ms() - t0);
+                return SQLITE_BUSY;
+            }
+            sqlite3_sleep(1);
         }
-        sqlite3_sleep(1);
-        waited++;
-        /* (the snapshot may be from before its write: a new one after it) */
-        if (atomic_load(&e->gen) == g) continue;
         embkv_snapshot_close(*snap);
         *snap = NULL;
         if (embkv_snapshot_open(v->store, snap) != EMBKV_OK) {
             *err = sqlite3_mprintf("cannot open a snapshot: %s", embkv_errmsg());
             return SQLITE_ERROR;
         }
+        /* (another one may have begun meanwhile: waited for as well) */
     }
     uint64_t s = atomic_load(&e->seq);
     if (s == v->seq_seen) return SQLITE_OK;  /* (S3) */
