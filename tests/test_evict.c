@@ -364,7 +364,7 @@ static void test_options(void)
     t.evict = EMBKV_EVICT_LFU;
     t.ttl_ms = EMBKV_TTL_MAX_MS + 1;
     CHECK_RC(embkv_train_configure(s, &t), EMBKV_INVALID);
-    CHECK(strstr(embkv_errmsg(), "options ttl (at most 315360000000 ms)") != NULL);
+    CHECK(strstr(embkv_errmsg(), "option ttl_ms is at most 315360000000 ms, got 315360000001") != NULL);
     /* without eviction, pulls take no permits at unlimited staleness */
     t.ttl_ms = 0;
     t.init = EMBKV_INIT_ZEROS;
