@@ -492,6 +492,7 @@ struct ekseq {
     unsigned long long dev, ino;
     _Atomic uint64_t seq;  /* the number of the last COMMIT that the store holds */
     atomic_int inflight;   /* COMMITs between their store write and their end */
+    _Atomic uint64_t handed; /* the last number a COMMIT took (0: the shadow table's not read yet) */
 };
 ekseq *ekreg_seq(embkv_store *s, const ekuser *who, int create);
 /* Removes a store directory now, or when its last reference in this process

@@ -15,8 +15,8 @@
  *
  * How: each COMMIT that writes a store writes, in SQLite's transaction,
  * the row ('seq', n) into the shadow table of each of the connection's
- * tables on that store (n above both the row's value and the process's
- * count), and keeps the process's count per table (its stable id and its
+ * tables on that store (n above the row's value and every number the
+ * process handed out), and keeps the process's count per table (its stable id and its
  * database file) while the process has the store open (ekreg_seq: no other
  * process writes it meanwhile): inflight counts up before the store is
  * written, seq becomes n once it is, and inflight counts down when the
@@ -94,10 +94,12 @@ int ekseq_prepare(ekconn *c, ekwbuf *wb, char **msg)
         int again = 0;  /* (one table twice in the connection: a renamed one a cached statement holds) */
         for (int i = 0; i < wb->nseq && !again; i++) again = wb->seqs[i].e == e;
         if (again) continue;
-        uint64_t have = 0;
-        int rc = shadow_seq(o, &have, msg);
-        if (rc != SQLITE_OK) return rc;
-        uint64_t mine = atomic_load(&e->seq), n = (have > mine ? have : mine) + 1;
+        /* Numbers go up from the shadow table's, read once while the
+         * process has the store open: no other process writes it then. */
+        uint64_t last = atomic_load(&e->handed);
+        int rc = SQLITE_OK;
+        if (last == 0 && (rc = shadow_seq(o, &last, msg)) != SQLITE_OK) return rc;
+        uint64_t mine = atomic_load(&e->seq), n = (last > mine ? last : mine) + 1;
         char *sql = sqlite3_mprintf("INSERT OR REPLACE INTO \"%w\".\"%w_config\"(k, v) VALUES ('seq', %lld)",
                                     o->zDb, o->zName, (long long)n);
         char *err = NULL;
@@ -109,6 +111,7 @@ int ekseq_prepare(ekconn *c, ekwbuf *wb, char **msg)
             sqlite3_free(err);
             return rc;
         }
+        atomic_store(&e->handed, n);
         wb->seqs[wb->nseq].e = e;
         wb->seqs[wb->nseq++].n = n;
     }
