@@ -130,4 +130,24 @@ static inline void fold_thread_checks(void)
     check_failed += atomic_exchange(&tfail, 0);
 }
 
+/* n threads of fn alive at once (tests of many threads: thread i is given
+ * i, on a small stack); a test that cannot start them all ends here, its
+ * barriers would wait for ever. */
+#include <pthread.h>
+static inline pthread_t *spawn_many(long n, void *(*fn)(void *), const char *test)
+{
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 512u << 10);
+    pthread_t *t = calloc((size_t)n, sizeof *t);
+    long made = 0;
+    for (long i = 0; t && i < n; i++)
+        made += pthread_create(&t[i], &a, fn, (void *)(intptr_t)i) == 0;
+    pthread_attr_destroy(&a);
+    CHECK(made == n);
+    if (made != n)
+        exit(test_summary(test));
+    return t;
+}
+
 #endif

@@ -832,16 +832,7 @@ static void phase_f(void)
     S = open_store(test_tmpdir("conc_f"), 0, F_THREADS);
     pthread_barrier_init(&f_in, NULL, F_THREADS + 1);
     pthread_barrier_init(&f_out, NULL, F_THREADS + 1);
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setstacksize(&a, 512u << 10);
-    pthread_t *t = calloc(F_THREADS, sizeof *t);
-    int made = 0;
-    for (long i = 0; i < F_THREADS; i++)
-        made += pthread_create(&t[i], &a, f_thread, (void *)(intptr_t)i) == 0;
-    CHECK(made == F_THREADS);
-    if (made != F_THREADS)
-        exit(test_summary("test_concurrency"));  /* (the barriers would wait for ever) */
+    pthread_t *t = spawn_many(F_THREADS, f_thread, "test_concurrency");
     pthread_barrier_wait(&f_in);
     float v[DIM];
     for (long i = 0; i < F_THREADS; i++) {
@@ -856,7 +847,6 @@ static void phase_f(void)
     fold_thread_checks();
     alarm(0);
     free(t);
-    pthread_attr_destroy(&a);
     pthread_barrier_destroy(&f_in);
     pthread_barrier_destroy(&f_out);
     CHECK(embkv_count(S) == F_THREADS);

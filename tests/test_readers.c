@@ -564,16 +564,7 @@ static void test_full_reader_table(void)
     CHECK_RC(embkv_open(d, NULL, EMBKV_OPEN_READONLY, &full_store), EMBKV_OK);
     pthread_barrier_init(&full_in, NULL, FULL_THREADS + 1);
     pthread_barrier_init(&full_out, NULL, FULL_THREADS + 1);
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setstacksize(&a, 512u << 10);
-    pthread_t *t = calloc(FULL_THREADS, sizeof *t);
-    int made = 0;
-    for (int i = 0; i < FULL_THREADS; i++)
-        made += pthread_create(&t[i], &a, full_reader, NULL) == 0;
-    CHECK(made == FULL_THREADS);
-    if (made != FULL_THREADS)
-        exit(test_summary("test_readers"));  /* (the barriers would wait for ever) */
+    pthread_t *t = spawn_many(FULL_THREADS, full_reader, "test_readers");
     pthread_barrier_wait(&full_in);
     CHECK(atomic_load(&full_ok) == FULL_THREADS);
     CHECK_RC(embkv_get(full_store, 1, v, NULL, NULL), EMBKV_BUSY);
@@ -587,7 +578,6 @@ static void test_full_reader_table(void)
     CHECK(v[0] == 5.0f);
     CHECK_RC(embkv_close(full_store), EMBKV_OK);
     CHECK_RC(embkv_destroy(d), EMBKV_OK);
-    pthread_attr_destroy(&a);
     pthread_barrier_destroy(&full_in);
     pthread_barrier_destroy(&full_out);
     free(t);
