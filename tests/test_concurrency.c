@@ -797,8 +797,8 @@ static void phase_e(void)
 /* F. more live threads than a chunk of epoch slots (1,024): each writes
  * and reads its row, then all stay alive while the main thread rewrites
  * every row and syncs (reclamation scans every slot), then read again.
- * The thread after the 1,024th used to wait for another to exit: for ever,
- * spinning. */
+ * A thread that found no slot would wait for another to exit: for ever,
+ * spinning (phase F's alarm says so). */
 enum { F_THREADS = 1100 };
 static pthread_barrier_t f_in, f_out;
 

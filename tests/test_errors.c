@@ -1086,7 +1086,7 @@ static void test_destroy(void)
     CHECK(access(dir, F_OK) != 0);
     CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);
     CHECK(strstr(embkv_errmsg(), ": the directory does not exist") != NULL);
-    /* a file: said to be one (errno of an earlier call said "does not exist") */
+    /* a file: said to be one (after a call that left errno ENOENT) */
     FILE *plain = fopen(dir, "w");
     CHECK(plain && fclose(plain) == 0);
     CHECK_RC(embkv_destroy(dir), EMBKV_NOTSTORE);
@@ -1214,9 +1214,9 @@ static void test_update_callback(void)
 /* ---- misuse of handles ------------------------------------------------ */
 
 /* embkv_close inside the thread's own write group: EMBKV_BUSY for the last
- * reference and for another, the handle still usable, nothing lost (the
- * last close used to free the store and report the sync's EMBKV_BUSY: the
- * unsynced rows were gone and the group's end touched freed memory). */
+ * reference and for another, the handle still usable, nothing lost (a
+ * last close that freed the store there would lose the unsynced rows, and
+ * the group's end would touch freed memory). */
 static void test_close_in_group(void)
 {
     const char *dir = strdup(test_tmpdir("close_in_group"));
@@ -1264,8 +1264,8 @@ static void test_close_in_group(void)
 
 /* The last reference's close with a session or a snapshot open: EMBKV_BUSY
  * saying how many, the handle still usable, and once they are closed the
- * close goes through (it used to free the store under them: their close
- * read freed memory).  Another reference's close goes on. */
+ * close goes through (a close that freed the store under them would make
+ * their close read freed memory).  Another reference's close goes on. */
 static void test_close_with_open(void)
 {
     const char *dir = strdup(test_tmpdir("close_with_open"));

@@ -1214,7 +1214,8 @@ static void test_close_frees_blocked(void)
 
 /* A session used by a second thread while a call of it waits: refused
  * (EMBKV_BUSY, saying a session is one thread's), nothing of the waiting
- * call disturbed; pulls shared so used to lose updates and permits. */
+ * call disturbed (a shared session's permit table and batch memo have no
+ * lock: two calls at once would lose updates and permits). */
 static void test_session_of_two_threads(void)
 {
     embkv_store *s = stale_store("two-threads", 0, 3000);

@@ -816,16 +816,20 @@ static int cmp_id(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Whether an id is among id[0..n) twice: a row met in two of its versions
- * (a search beside writers that could not tell its old place from its new
- * one: the answer would hold it twice); 0 on no memory (not known). */
-static bool ids_repeat(const int64_t *id, size_t n)
+/* Whether an id is among id[0..n) twice (*twice, may be NULL, gets it): a
+ * row met in two of its versions (a search beside writers that could not
+ * tell its old place from its new one: the answer would hold it twice), or
+ * a caller's extra row given twice; 0 on no memory (not known). */
+static bool ids_repeat(const int64_t *id, size_t n, int64_t *twice)
 {
     if (n <= 64) {
         for (size_t i = 1; i < n; i++)
             for (size_t j = 0; j < i; j++)
-                if (id[i] == id[j])
+                if (id[i] == id[j]) {
+                    if (twice)
+                        *twice = id[i];
                     return true;
+                }
         return false;
     }
     int64_t *c = malloc(n * sizeof *c);
@@ -835,7 +839,8 @@ static bool ids_repeat(const int64_t *id, size_t n)
     qsort(c, n, sizeof *c, cmp_id);
     bool rep = false;
     for (size_t i = 1; i < n && !rep; i++)
-        rep = c[i] == c[i - 1];
+        if ((rep = c[i] == c[i - 1]) && twice)
+            *twice = c[i];
     free(c);
     return rep;
 }
@@ -1196,12 +1201,6 @@ static int index_pass(knn_job *job, knn_worker *ws, unsigned nt, bool keepable, 
     return EMBKV_OK;
 }
 
-static int cmp_extra_id(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 int embkv_knn(embkv_store *s, const float *queries, size_t nq, size_t k, const embkv_knn_options *opt,
               int64_t *out_ids, double *out_dist, size_t *found)
 {
@@ -1244,23 +1243,12 @@ static int knn_run(embkv_store *s, const float *queries, size_t nq, size_t k, co
                           nq, k, EMBKV_KNN_MAX_K, EMBKV_KNN_MAX_QUERIES, EMBKV_KNN_MAX_RESULTS);
     if ((o.nonly && !o.only) || (o.nskip && !o.skip) || (o.nextra && (!o.extra_ids || !o.extra_vecs)))
         return embkv__err(EMBKV_INVALID, "embkv_knn: a NULL id list with a nonzero count");
-    if (o.nextra > 1) {
-        /* An extra row is a version of its id: two of one id would be two
-         * answers for one row. */
-        int64_t *sorted = malloc(o.nextra * sizeof *sorted);
-        if (!sorted)
-            return embkv__err(EMBKV_NOMEM, "embkv_knn: out of memory");
-        memcpy(sorted, o.extra_ids, o.nextra * sizeof *sorted);
-        qsort(sorted, o.nextra, sizeof *sorted, cmp_extra_id);
-        for (size_t i = 1; i < o.nextra; i++)
-            if (sorted[i] == sorted[i - 1]) {
-                long long twice = (long long)sorted[i];
-                free(sorted);
-                return embkv__err(EMBKV_INVALID, "embkv_knn: extra id %lld is given twice: give each row once "
-                                  "(its newest version)", twice);
-            }
-        free(sorted);
-    }
+    /* An extra row is a version of its id: two of one id would be two
+     * answers for one row. */
+    int64_t twice;
+    if (ids_repeat(o.extra_ids, o.nextra, &twice))
+        return embkv__err(EMBKV_INVALID, "embkv_knn: extra id %lld is given twice: give each row once (its newest "
+                          "version)", (long long)twice);
     uint32_t dim = s->dim;
     for (size_t q = 0; q < nq; q++)
         for (uint32_t j = 0; j < dim; j++)
@@ -1383,7 +1371,7 @@ merge:
              * that gave it is let go, and counted).  (Not with extra rows:
              * the caller's, which may repeat a stored id it did not
              * skip.) */
-            if (!index_order && !o.only && !o.nextra && ids_repeat(all->id, all->n)) {
+            if (!index_order && !o.only && !o.nextra && ids_repeat(all->id, all->n, NULL)) {
                 if (used_kept) {
                     atomic_fetch_add_explicit(&s->st_knn_kept_reruns, 1, memory_order_relaxed);
                     map_drop(s, kept_id);

@@ -1441,9 +1441,10 @@ static int release_unguarded(embkv_session *ss, const int64_t *ids, size_t n, si
 
 /* ------------------------------------------------------------ one thread at a time */
 
+/* (NULL passes: the call itself names the missing session) */
 static int session_enter(embkv_session *ss, const char *fn)
 {
-    if (atomic_exchange(&ss->busy, 1) == 0)
+    if (!ss || atomic_exchange(&ss->busy, 1) == 0)
         return EMBKV_OK;
     return embkv__err(EMBKV_BUSY, "%s: store %s: the session is in a call of another thread: a session is one "
                       "thread's at a time (open a session per thread with embkv_session_open)", fn, ss->s->path);
@@ -1451,13 +1452,12 @@ static int session_enter(embkv_session *ss, const char *fn)
 
 static void session_leave(embkv_session *ss)
 {
-    atomic_store(&ss->busy, 0);
+    if (ss)
+        atomic_store(&ss->busy, 0);
 }
 
 int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, unsigned flags)
 {
-    if (!ss)
-        return pull_ex_unguarded(ss, ids, n, out, flags);
     int rc = session_enter(ss, "embkv_pull");
     if (rc == EMBKV_OK) {
         rc = pull_ex_unguarded(ss, ids, n, out, flags);
@@ -1468,8 +1468,6 @@ int embkv_pull_ex(embkv_session *ss, const int64_t *ids, size_t n, float *out, u
 
 int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev_out, void *stream, unsigned flags)
 {
-    if (!ss)
-        return pull_device_unguarded(ss, ids, n, dev_out, stream, flags);
     int rc = session_enter(ss, "embkv_pull_device");
     if (rc == EMBKV_OK) {
         rc = pull_device_unguarded(ss, ids, n, dev_out, stream, flags);
@@ -1480,8 +1478,6 @@ int embkv_pull_device(embkv_session *ss, const int64_t *ids, size_t n, void *dev
 
 int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *grads, double lr, size_t *nupdated)
 {
-    if (!ss)
-        return push_unguarded(ss, ids, n, grads, lr, nupdated);
     int rc = session_enter(ss, "embkv_push");
     if (rc == EMBKV_OK) {
         rc = push_unguarded(ss, ids, n, grads, lr, nupdated);
@@ -1495,8 +1491,6 @@ int embkv_push(embkv_session *ss, const int64_t *ids, size_t n, const float *gra
 int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const void *dev_grads, void *stream,
                       double lr, size_t *nupdated)
 {
-    if (!ss)
-        return push_device_unguarded(ss, ids, n, dev_grads, stream, lr, nupdated);
     int rc = session_enter(ss, "embkv_push_device");
     if (rc == EMBKV_OK) {
         rc = push_device_unguarded(ss, ids, n, dev_grads, stream, lr, nupdated);
@@ -1509,8 +1503,6 @@ int embkv_push_device(embkv_session *ss, const int64_t *ids, size_t n, const voi
 
 int embkv_release(embkv_session *ss, const int64_t *ids, size_t n, size_t *nreleased)
 {
-    if (!ss)
-        return release_unguarded(ss, ids, n, nreleased);
     int rc = session_enter(ss, "embkv_release");
     if (rc == EMBKV_OK) {
         rc = release_unguarded(ss, ids, n, nreleased);
