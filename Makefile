@@ -249,9 +249,16 @@ asan-tests: $(asan_TESTS)
 tsan-tests: $(tsan_TESTS)
 
 # The stand-in driver and the GPU test built against it (FAKECUDA, above).
-$(B)/fakecuda/libcuda.so.1: tests/gpu/fakecuda.c
+# Its kernels are ext/engine/gpu_kernels.cu's, compiled by the host's C++
+# compiler (tests/gpu/kernels_on_cpu.cc): no operation fused, as on the GPU.
+CXX_KERNELS := g++ -std=c++17 -Wall -Wextra -Werror -O2 -g -fPIC -ffp-contract=off -fno-exceptions -fno-rtti \
+	-fvisibility=hidden -Itests/gpu/host
+$(B)/fakecuda/kernels_on_cpu.o: tests/gpu/kernels_on_cpu.cc tests/gpu/host/cuda_fp16.h ext/engine/gpu_kernels.cu
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(WARN) -O2 -g -fPIC -shared -I$(CUDA_HOME)/include -Wl,-soname,libcuda.so.1 -o $@ $< -pthread -lm
+	$(CXX_KERNELS) -c -o $@ $<
+$(B)/fakecuda/libcuda.so.1: tests/gpu/fakecuda.c $(B)/fakecuda/kernels_on_cpu.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) -O2 -g -fPIC -shared -I$(CUDA_HOME)/include -Wl,-soname,libcuda.so.1 -o $@ $^ -pthread -lm
 $(B)/fakecuda/test_gpu_real: tests/gpu/test_gpu_real.c tests/check.h $(B)/plain/libembkv.a $(B)/fakecuda/libcuda.so.1
 	$(CC) $(plain_CFLAGS) -Itests $< -o $@ $(B)/plain/libembkv.a $(LDLIBS) -L$(B)/fakecuda -l:libcuda.so.1
 

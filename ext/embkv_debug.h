@@ -69,4 +69,9 @@ uint64_t embkv_debug_knn_reused(embkv_store *s);
  * order: 0 unless P11 is broken or the pool was damaged meanwhile. */
 uint64_t embkv_debug_knn_kept_reruns(embkv_store *s);
 
+/* The pool record of id's current version (its 32-byte header, the
+ * encoded vector after it), or NULL when the row is not in the pool
+ * (absent, deleted, cached, in the SSD log): a test damages it in place,
+ * as the media would, and puts the bytes back. */
+void *embkv_debug_record(embkv_store *s, int64_t id);
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages embkv needs to build and test, when absent.
 set -euo pipefail
-pkgs=(gcc make sqlite3 libsqlite3-dev libpmemobj-dev libpmem-dev liburing-dev
+pkgs=(gcc g++ make sqlite3 libsqlite3-dev libpmemobj-dev libpmem-dev liburing-dev
       libcjson-dev zlib1g-dev pkg-config python3 python3-numpy python3-torch python3-tqdm python3-matplotlib
       python3-venv python3-pip python3-setuptools python3-wheel valgrind
       clang-14 libclang-rt-14-dev libfuzzer-14-dev wordnet-base)

@@ -24,6 +24,16 @@ int embkv_debug_bucket_of(embkv_store *s, int64_t id, uint64_t *bucket_out)
     return EMBKV_OK;
 }
 
+void *embkv_debug_record(embkv_store *s, int64_t id)
+{
+    ebr_enter();
+    uint64_t loc = ix_lookup(atomic_load(&s->ix), id, embkv__hash(id), NULL);
+    ebr_leave();
+    if (loc == LOC_NONE || loc == LOC_CACHED || (loc & LOC_FLAGS))
+        return NULL;
+    return rec_at(s, loc);
+}
+
 uint32_t embkv_debug_overflow(embkv_store *s, uint64_t b)
 {
     return __atomic_load_n(&atomic_load(&s->ix)->buckets[b].overflow, __ATOMIC_RELAXED);

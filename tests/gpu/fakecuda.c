@@ -6,12 +6,11 @@
  * from Python) run in `make test`.
  *
  * "Device memory" is host memory (cuMemAlloc is malloc, a registered or
- * pinned host range is its own device address), and a launch runs the
- * kernel on the CPU at once, from a model of ext/engine/gpu_kernels.cu: a
- * descriptor per row, a record's header checked, rows decoded as
- * dtype.c decodes them, gradients summed from 0.0 in the batch's order in
- * double.  What it checks of its callers: the fat binary handed to
- * cuModuleLoadData is one (its magic), launches cover every row with the
+ * pinned host range is its own device address), and a launch runs
+ * ext/engine/gpu_kernels.cu's own kernels on the CPU, compiled by the host
+ * compiler (kernels_on_cpu.cc, which replays each warp in lock step and
+ * checks the warps' collectives).  What it checks of its callers: the fat
+ * binary handed to cuModuleLoadData is one (its magic), launches cover every row with the
  * block size the kernels assume, calls that need a context have one
  * current, and every event and pinned block is freed (counted; reported
  * at exit when FAKECUDA_REPORT is set).  With FAKECUDA_ASYNC_US=N the
@@ -21,8 +20,6 @@
  * at once.  Timing says nothing of a GPU's.
  */
 #include <cuda.h>
-#include <float.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -43,6 +40,8 @@ static void complain(const char *what)
     atomic_fetch_add(&bad_calls, 1);
     fprintf(stderr, "fakecuda: %s\n", what);
 }
+
+void fakecuda_complain(const char *what) { complain(what); }
 
 static int current(void) { return depth > 0 || set_current; }
 
@@ -236,96 +235,16 @@ CUresult cuStreamSynchronize(CUstream s)
     return CUDA_SUCCESS;
 }
 
-/* ---- the kernels' model */
-
-static float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    float f;
-    if (e == 0) {
-        f = (float)m * 0x1p-24f;
-        return sign ? -f : f;
-    }
-    u = e == 0x1f ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static void gather(const uint64_t *desc, const int64_t *ids, float *out, uint32_t *bad, uint32_t n, uint32_t dim)
-{
-    for (uint32_t r = 0; r < n; r++) {
-        uint64_t d = desc[r];
-        float *o = out + (size_t)r * dim;
-        const char *src = (const char *)(uintptr_t)(d & ~7ull);
-        unsigned kind = d & 3;
-        int ok = src != NULL;
-        if (ok && (d & 4))
-            ok = *(const int64_t *)(src - 32) == ids[r];
-        if (ok && kind == 0) {
-            memcpy(o, src, 4 * (size_t)dim);
-            continue;
-        }
-        for (uint32_t j = 0; ok && j < dim && kind != 3; j++) {
-            uint16_t b;
-            memcpy(&b, src + 2 * (size_t)j, 2);
-            if (kind == 1) {
-                ok = (b & 0x7c00) != 0x7c00;
-                o[j] = half_to_float(b);
-            } else {
-                ok = (b & 0x7f80) != 0x7f80;
-                uint32_t u = (uint32_t)b << 16;
-                memcpy(&o[j], &u, 4);
-            }
-        }
-        if (ok && kind == 3) {
-            float scale, bias;
-            memcpy(&scale, src, 4);
-            memcpy(&bias, src + 4, 4);
-            if (!(scale >= 0) || !isfinite(scale) || !isfinite(bias)) {
-                ok = 0;
-            } else {
-                int fast = fabs((double)bias) + 256.0 * (double)scale < (double)FLT_MAX / 2;
-                const uint8_t *q = (const uint8_t *)src + 8;
-                for (uint32_t j = 0; j < dim; j++) {
-                    if (fast) {
-                        volatile float m = (float)q[j] * scale;  /* (rounded on its own) */
-                        o[j] = bias + m;
-                    } else {
-                        double x = (double)bias + (double)q[j] * (double)scale;
-                        o[j] = x > FLT_MAX ? FLT_MAX : x < -FLT_MAX ? -FLT_MAX : (float)x;
-                    }
-                }
-            }
-        }
-        if (!ok) {
-            memset(o, 0, 4 * (size_t)dim);
-            if (src && r < *bad)
-                *bad = r;
-        }
-    }
-}
-
-static void grad_sum(const float *g, const uint32_t *occ, const uint32_t *start, const uint32_t *slot, float *once,
-                     double *sums, uint32_t nu, uint32_t dim)
-{
-    for (uint32_t u = 0; u < nu; u++)
-        for (uint32_t j = 0; j < dim; j++) {
-            uint32_t a = start[u], b = start[u + 1];
-            if (b - a == 1) {
-                once[(size_t)slot[u] * dim + j] = g[(size_t)occ[a] * dim + j];
-                continue;
-            }
-            double s = 0.0 + (double)g[(size_t)occ[a] * dim + j];
-            for (uint32_t k = a + 1; k < b; k++)
-                s += (double)g[(size_t)occ[k] * dim + j];
-            sums[(size_t)slot[u] * dim + j] = s;
-        }
-}
+/* The kernels themselves, compiled for the CPU (kernels_on_cpu.cc). */
+void fakecuda_run_gather(unsigned blocks, unsigned threads, uint64_t desc, uint64_t ids, uint64_t out, uint64_t bad,
+                         uint32_t n, uint32_t dim);
+void fakecuda_run_grad_sum(unsigned blocks, unsigned threads, const uint64_t p[6], uint32_t nu, uint32_t dim);
 
 /* ---- the device's queue (FAKECUDA_ASYNC_US) */
 
 typedef struct launch {
     CUfunction f;
+    unsigned blocks;
     uint64_t ptr[6];  /* the kernel's pointer parameters, as given */
     uint32_t n, dim;
 } launch;
@@ -340,11 +259,9 @@ static pthread_once_t async_once = PTHREAD_ONCE_INIT;
 static void run_launch(const launch *l)
 {
     if (l->f == (CUfunction)(uintptr_t)GATHER)
-        gather((const uint64_t *)l->ptr[0], (const int64_t *)l->ptr[1], (float *)l->ptr[2], (uint32_t *)l->ptr[3],
-               l->n, l->dim);
+        fakecuda_run_gather(l->blocks, 256, l->ptr[0], l->ptr[1], l->ptr[2], l->ptr[3], l->n, l->dim);
     else
-        grad_sum((const float *)l->ptr[0], (const uint32_t *)l->ptr[1], (const uint32_t *)l->ptr[2],
-                 (const uint32_t *)l->ptr[3], (float *)l->ptr[4], (double *)l->ptr[5], l->n, l->dim);
+        fakecuda_run_grad_sum(l->blocks, 256, l->ptr, l->n, l->dim);
 }
 
 static void *device_main(void *arg)
@@ -425,13 +342,13 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         uint32_t n = *(uint32_t *)p[4], dim = *(uint32_t *)p[5];
         if ((uint64_t)gx * bx / 32 < n)
             complain("gather launch: fewer warps than rows");
-        launch l = {f, {*(uint64_t *)p[0], *(uint64_t *)p[1], *(uint64_t *)p[2], *(uint64_t *)p[3]}, n, dim};
+        launch l = {f, gx, {*(uint64_t *)p[0], *(uint64_t *)p[1], *(uint64_t *)p[2], *(uint64_t *)p[3]}, n, dim};
         device_launch(&l);
     } else if (f == (CUfunction)(uintptr_t)SUM) {
         uint32_t nu = *(uint32_t *)p[6], dim = *(uint32_t *)p[7];
         if ((uint64_t)gx * bx < (uint64_t)nu * dim)
             complain("sum launch: fewer threads than elements");
-        launch l = {f,
+        launch l = {f, gx,
                     {*(uint64_t *)p[0], *(uint64_t *)p[1], *(uint64_t *)p[2], *(uint64_t *)p[3], *(uint64_t *)p[4],
                      *(uint64_t *)p[5]},
                     nu, dim};

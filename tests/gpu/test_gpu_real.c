@@ -15,15 +15,24 @@
  *  D. embkv_push_device from device gradients equals embkv_push (adagrad,
  *     adam; repeated ids), rows and optimizer state bit for bit; pulls
  *     into device memory equal embkv_pull.
+ *  E. The kernel's decoding and checks: rows of random values over each
+ *     dtype's whole range (subnormals; i8 rows whose range needs the
+ *     double path), dim 100 (lanes with 4 elements and with 3), equal
+ *     embkv_get_batch bit for bit; records damaged in place (an f16 or
+ *     bf16 element that is not finite in one lane, an i8 scale NaN, a
+ *     header naming another id) come back as zeros beside whole rows, and
+ *     the next device call reports the first as EMBKV_CORRUPT, once.
  * --short: fewer batches (for compute-sanitizer's memcheck).
  */
 #include <cuda.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
 #include "embkv.h"
+#include "embkv_debug.h"
 #include "check.h"
 
 #define CK(call)                                                                                  \
@@ -130,6 +139,136 @@ static void test_tiers(const char *root, int dtype)
     free(ids);
     free(tier);
     free(found);
+}
+
+/* ------------------------------------------------------------ E: decoding */
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static float uniform(void) { return (float)(next_rand() >> 40) / (float)(1 << 24); } /* [0, 1) */
+
+/* A value over the dtype's range: every binade of it, either sign. */
+static float wide_value(int dtype)
+{
+    float m = 1.0f + uniform(), x;
+    int e = dtype == EMBKV_F16 ? -26 + (int)(next_rand() % 41)        /* f16: subnormals to 2^14 */
+                               : -140 + (int)(next_rand() % 266);     /* f32, bf16: subnormals to 2^125 */
+    x = ldexpf(m, e);
+    return next_rand() & 1 ? -x : x;
+}
+
+static void random_row(int dtype, int kind, float *v, int dim)
+{
+    if (dtype != EMBKV_I8) {
+        for (int j = 0; j < dim; j++)
+            v[j] = wide_value(dtype);
+        return;
+    }
+    /* i8: a row's range is what matters: ordinary, tiny, or near float32's
+     * own (the kernel's double path) */
+    float lo, span;
+    if (kind == 0)
+        lo = -100.0f * uniform(), span = 200.0f * uniform() + 1e-3f;
+    else if (kind == 1)
+        lo = ldexpf(uniform(), -130), span = ldexpf(1.0f + uniform(), -135);
+    else
+        lo = -FLT_MAX * uniform(), span = FLT_MAX;
+    for (int j = 0; j < dim; j++)
+        v[j] = fminf(lo + span * uniform(), FLT_MAX);
+    if (kind == 2)
+        v[next_rand() % (unsigned)dim] = FLT_MAX;  /* (a scale rounded up then reaches past it: clamped) */
+}
+
+static bool device_rows(embkv_store *s, const int64_t *ids, size_t n, int dim, float *got)
+{
+    size_t bytes = n * (size_t)dim * 4, missing = 0;
+    CUdeviceptr d;
+    CK(cuMemAlloc(&d, bytes));
+    CK(cuMemsetD8Async(d, 0x5a, bytes, stream));
+    int rc = embkv_get_batch_device(s, ids, n, (void *)d, stream, &missing);
+    if (rc != EMBKV_OK)
+        fprintf(stderr, "gather: %s\n", embkv_errmsg());
+    CK(cuStreamSynchronize(stream));
+    CK(cuMemcpyDtoH(got, d, bytes));
+    CK(cuMemFree(d));
+    return rc == EMBKV_OK;
+}
+
+static void test_decode(const char *root, int dtype)
+{
+    enum { DDIM = 100, DN = 900 };
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/decode-%d", root, dtype);
+    embkv_options o = {.dim = DDIM, .dtype = (uint32_t)dtype, .expected_rows = DN};
+    embkv_store *s;
+    CHECK_RC(embkv_open(dir, &o, EMBKV_OPEN_CREATE, &s), EMBKV_OK);
+    float v[DDIM];
+    for (int64_t id = 0; id < DN; id++) {
+        random_row(dtype, (int)(id % 3), v, DDIM);
+        if (embkv_put(s, id, v, NULL, 0) != EMBKV_OK) {
+            fprintf(stderr, "put %lld: %s\n", (long long)id, embkv_errmsg());
+            CHECK(false);
+            break;
+        }
+    }
+    int64_t ids[DN + 64];
+    size_t n = 0;
+    for (int64_t id = 0; id < DN; id++)
+        ids[n++] = (id * 337) % DN;
+    for (int i = 0; i < 32; i++)
+        ids[n++] = (int64_t)(next_rand() % DN);  /* repeats */
+    for (int i = 0; i < 32; i++)
+        ids[n++] = DN + 5 + i;                   /* missing: zeros */
+    CHECK(gather_equals_cpu(s, ids, n, DDIM));
+    CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);
+
+    /* Damaged in place: ids 11 (a value) and 13 (the header's id). */
+    unsigned char *r11 = embkv_debug_record(s, 11), *r13 = embkv_debug_record(s, 13);
+    CHECK(r11 != NULL && r13 != NULL);
+    if (!r11 || !r13) {
+        embkv_close(s);
+        return;
+    }
+    unsigned char keep11[32 + 4 * DDIM], keep13[8];
+    memcpy(keep11, r11, sizeof keep11);
+    memcpy(keep13, r13, sizeof keep13);
+    r13[1] ^= 0x01;  /* the header's id: 13 + 256 */
+    uint16_t inf16 = dtype == EMBKV_BF16 ? 0x7f80 : 0xfc00;  /* an infinity in the lane of element 33 or 40 */
+    float nan = NAN;
+    if (dtype == EMBKV_F16)
+        memcpy(r11 + 32 + 2 * 40, &inf16, 2);
+    else if (dtype == EMBKV_BF16)
+        memcpy(r11 + 32 + 2 * 33, &inf16, 2);
+    else if (dtype == EMBKV_I8)
+        memcpy(r11 + 32, &nan, 4);          /* the scale */
+    else
+        r11[0] ^= 0x40;                      /* f32 decodes anything: the header's id */
+    int64_t b[5] = {10, 11, 12, 13, 14}, good[3] = {10, 12, 14};
+    float got[5 * DDIM], want[3 * DDIM], zero[DDIM] = {0};
+    CHECK(device_rows(s, b, 5, DDIM, got));
+    CHECK_RC(embkv_get_batch(s, good, 3, want, NULL, NULL), EMBKV_OK);
+    CHECK(memcmp(got, want, sizeof v) == 0 && memcmp(got + 2 * DDIM, want + DDIM, sizeof v) == 0 &&
+          memcmp(got + 4 * DDIM, want + 2 * DDIM, sizeof v) == 0);
+    CHECK(memcmp(got + DDIM, zero, sizeof v) == 0 && memcmp(got + 3 * DDIM, zero, sizeof v) == 0);
+    CHECK_RC(embkv_gpu_sync(s), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 11:") != NULL && strstr(embkv_errmsg(), "damaged") != NULL);
+    CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);  /* reported once */
+    /* Alone, the header's damage is reported too. */
+    CHECK(device_rows(s, b + 3, 1, DDIM, got));
+    CHECK(memcmp(got, zero, sizeof v) == 0);
+    CHECK_RC(embkv_gpu_sync(s), EMBKV_CORRUPT);
+    CHECK(strstr(embkv_errmsg(), "id 13:") != NULL);
+    memcpy(r11, keep11, sizeof keep11);
+    memcpy(r13, keep13, sizeof keep13);
+    CHECK(gather_equals_cpu(s, b, 5, DDIM));
+    CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
 /* ------------------------------------------------------------ C: under load */
@@ -365,6 +504,8 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 2;
     }
+    for (int dtype = EMBKV_F32; dtype <= EMBKV_I8; dtype++)
+        test_decode(base, dtype);
     test_tiers(base, EMBKV_F32);
     if (!short_run) {
         test_tiers(base, EMBKV_F16);
