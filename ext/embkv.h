@@ -611,7 +611,8 @@ typedef struct embkv_stats {
      * read from the registered pool and rows the CPU staged, bytes
      * gathered, time the calls took on the CPU; gradient sums and their
      * rows; whether the pool's mapping is registered (1; -1: it failed,
-     * gpu_note says why; 0: not tried); leases not yet completed. */
+     * gpu_note says why; 0: not tried, or not done yet); leases not yet
+     * completed. */
     uint64_t gpu_gathers, gpu_rows_direct, gpu_rows_staged, gpu_bytes, gpu_ns, gpu_sums, gpu_sum_rows;
     int gpu_registered;
     uint32_t gpu_inflight;

@@ -31,11 +31,15 @@
  *     and adam, repeated ids); a NaN changes nothing; pull_device takes
  *     permits (staleness 0: a second pull of an id times out), creates
  *     rows, and gives a refused id (admission) its initial values.
+ *  F. The pool's registration, slow with a large pool, holds up neither
+ *     other gathers (theirs are staged meanwhile) nor writes, checkpoints
+ *     or the stats.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "embkv.h"
 #include "embkv_debug.h"
@@ -146,9 +150,23 @@ static int fk_enter(uint64_t p, char *why, size_t cap)
     return EMBKV_OK;
 }
 static void fk_leave(void) {}
+/* F: 1 holds the next registration (as a driver pinning a large mapping
+ * takes a while), 2 while it is held, 0 lets it go. */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static int hold_state;
+
 static int fk_host_register(void *p, size_t n, uint64_t *dev, char *why, size_t cap)
 {
     (void)n;
+    pthread_mutex_lock(&hold_mu);
+    if (hold_state == 1) {
+        hold_state = 2;
+        pthread_cond_broadcast(&hold_cv);
+        while (hold_state == 2)
+            pthread_cond_wait(&hold_cv, &hold_mu);
+    }
+    pthread_mutex_unlock(&hold_mu);
     if (fk_register_fails) {
         snprintf(why, cap, "cuMemHostRegister: operation not supported (the test's)");
         return EMBKV_NODEVICE;
@@ -859,6 +877,82 @@ static void test_push(void)
     CHECK_RC(embkv_close(s), EMBKV_OK);
 }
 
+/* ------------------------------------------------------------ F */
+
+static embkv_store *rs;
+static atomic_int r_first_rc = -100, r_others_done;
+static float r_first_out[4 * DIM], r_second_out[4 * DIM];
+static embkv_stats r_during;
+static int r_rcs[4];
+
+static void *r_first(void *arg)
+{
+    (void)arg;
+    int64_t ids[4] = {0, 1, 2, 3};
+    atomic_store(&r_first_rc, embkv_get_batch_device(rs, ids, 4, r_first_out, NULL, NULL));
+    return NULL;
+}
+
+static void *r_others(void *arg)
+{
+    (void)arg;
+    int64_t ids[4] = {4, 5, 6, 7};
+    float v[DIM] = {0.5f};
+    r_rcs[0] = embkv_get_batch_device(rs, ids, 4, r_second_out, NULL, NULL);
+    r_rcs[1] = embkv_put(rs, 8, v, NULL, 0);
+    r_rcs[2] = embkv_sync(rs);
+    r_rcs[3] = embkv_stats_get(rs, &r_during);
+    atomic_store(&r_others_done, 1);
+    return NULL;
+}
+
+/* F. While the first gather registers the pool (slow with a large one), a
+ * second gather (its pool rows staged), a write, a checkpoint and the
+ * stats all finish; then the first reads the pool in place. */
+static void test_slow_registration(void)
+{
+    gpu_backend_set(&fake);
+    embkv_options o = {.dim = DIM, .expected_rows = 64};
+    CHECK_RC(embkv_open(test_tmpdir("slowreg"), &o, EMBKV_OPEN_CREATE, &rs), EMBKV_OK);
+    float v[DIM];
+    for (int64_t id = 0; id < 16; id++) {
+        crow(id, 1, v);
+        CHECK_RC(embkv_put(rs, id, v, NULL, 0), EMBKV_OK);
+    }
+    pthread_mutex_lock(&hold_mu);
+    hold_state = 1;
+    pthread_mutex_unlock(&hold_mu);
+    pthread_t a, b;
+    pthread_create(&a, NULL, r_first, NULL);
+    pthread_mutex_lock(&hold_mu);
+    while (hold_state != 2)
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    pthread_mutex_unlock(&hold_mu);
+    pthread_create(&b, NULL, r_others, NULL);
+    for (int ms = 0; ms < 10000 && !atomic_load(&r_others_done); ms++)
+        usleep(1000);
+    CHECK(atomic_load(&r_others_done) == 1);  /* not held up by the registration */
+    CHECK(atomic_load(&r_first_rc) == -100);  /* which is still held */
+    pthread_mutex_lock(&hold_mu);
+    hold_state = 0;
+    pthread_cond_broadcast(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    CHECK(r_rcs[0] == EMBKV_OK && r_rcs[1] == EMBKV_OK && r_rcs[2] == EMBKV_OK && r_rcs[3] == EMBKV_OK);
+    CHECK(r_during.gpu_registered == 0 && r_during.gpu_rows_direct == 0 && r_during.gpu_rows_staged == 4);
+    CHECK_RC(atomic_load(&r_first_rc), EMBKV_OK);
+    float want[8 * DIM];
+    int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CHECK_RC(embkv_get_batch(rs, ids, 8, want, NULL, NULL), EMBKV_OK);
+    CHECK(memcmp(r_first_out, want, sizeof r_first_out) == 0);
+    CHECK(memcmp(r_second_out, want + 4 * DIM, sizeof r_second_out) == 0);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(rs, &st), EMBKV_OK);
+    CHECK(st.gpu_registered == 1 && st.gpu_rows_direct == 4 && st.gpu_rows_staged == 4);
+    CHECK_RC(embkv_close(rs), EMBKV_OK);
+}
+
 int main(void)
 {
     test_no_device();
@@ -872,6 +966,7 @@ int main(void)
     test_many_pushes();
     test_failures();
     test_push();
+    test_slow_registration();
     gpu_backend_set(NULL);
     return test_summary("test_gpu");
 }

@@ -39,7 +39,8 @@
  *
  * Locking.  g->mu guards the leases' states and buffers, and is never held
  * across a call into the store: the epoch hooks take it, and reclamation
- * may run inside any store call.
+ * may run inside any store call.  Nor across the pool's registration,
+ * which has an atomic state of its own (pool_registered).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +74,9 @@ struct gpu_state {
     lease leases[LEASES];
     uint64_t seq;
     ebr_foreign hook;
-    int registered;              /* 0 not tried, 1 the pool's mapping, -1 failed (why) */
+    /* 0 not tried, 2 being registered (gathers meanwhile stage), 1 the
+     * pool's mapping, -1 failed (reg_why, written before -1 is stored) */
+    _Atomic int registered;
     char reg_why[240];
     uint64_t pool_dev;
     /* A failure seen at a completion, reported by the next call. */
@@ -353,24 +356,29 @@ int gpu_target_check(embkv_store *s, const void *dev)
     return rc;
 }
 
-/* The pool's mapping registered with the driver, tried once per store. */
-static void register_pool(embkv_store *s, gpu_state *g)
+/* Whether the pool's mapping is registered with the driver: tried once
+ * per store, by the first gather, outside g->mu.  Pinning a large mapping
+ * takes a while (the driver touches every page), and g->mu is taken by
+ * every device call and by a reclaimer that waits for leases: they go on
+ * meanwhile, the gathers staging the pool's rows. */
+static bool pool_registered(embkv_store *s, gpu_state *g)
 {
-    pthread_mutex_lock(&g->mu);
-    if (g->registered == 0) {
-        char why[200];
-        if (s->reader) {
-            g->registered = -1;
-            snprintf(g->reg_why, sizeof g->reg_why, "a reader process's store: every row is staged");
-        } else if (g->be->host_register(s->pool_base, s->pool_size, &g->pool_dev, why, sizeof why) == EMBKV_OK) {
-            g->registered = 1;
-        } else {
-            g->registered = -1;
-            snprintf(g->reg_why, sizeof g->reg_why, "the pool's mapping (%zu bytes, %s/%s) could not be registered: "
-                     "%.120s; its rows are staged", s->pool_size, s->path, POOL_FILE, why);
-        }
+    int state = 0;
+    if (!atomic_compare_exchange_strong(&g->registered, &state, 2))
+        return state == 1;
+    char why[200];
+    if (s->reader) {
+        snprintf(g->reg_why, sizeof g->reg_why, "a reader process's store: every row is staged");
+        state = -1;
+    } else if (g->be->host_register(s->pool_base, s->pool_size, &g->pool_dev, why, sizeof why) == EMBKV_OK) {
+        state = 1;
+    } else {
+        snprintf(g->reg_why, sizeof g->reg_why, "the pool's mapping (%zu bytes, %s/%s) could not be registered: "
+                 "%.120s; its rows are staged", s->pool_size, s->path, POOL_FILE, why);
+        state = -1;
     }
-    pthread_mutex_unlock(&g->mu);
+    atomic_store(&g->registered, state);
+    return state == 1;
 }
 
 /* ------------------------------------------------------------ gather */
@@ -405,8 +413,7 @@ int gpu_gather(embkv_store *s, const int64_t *ids, size_t n, void *dev_out, void
     if (rc != EMBKV_OK)
         return rc;
     uint64_t t0 = now_ns();
-    register_pool(s, g);
-    bool direct = g->registered == 1;
+    bool direct = pool_registered(s, g);
     /* Staged rows start 16-byte aligned (a descriptor's low bits are its
      * kind and flags): sstride floats apart. */
     size_t dim = s->dim, vbytes = 4 * dim, m = 1, sstride = (dim + 3) & ~(size_t)3;
@@ -743,8 +750,9 @@ void gpu_stats(embkv_store *s, embkv_stats *st)
     st->gpu_sum_rows = atomic_load(&g->sum_rows);
     pthread_mutex_lock(&g->mu);
     leases_poll(g);
-    st->gpu_registered = g->registered;
-    snprintf(st->gpu_note, sizeof st->gpu_note, "%s", g->registered < 0 ? g->reg_why : "");
+    int reg = atomic_load(&g->registered);
+    st->gpu_registered = reg == 2 ? 0 : reg;  /* (being registered: not yet) */
+    snprintf(st->gpu_note, sizeof st->gpu_note, "%s", reg < 0 ? g->reg_why : "");
     int inflight = 0;
     for (int i = 0; i < LEASES; i++)
         inflight += atomic_load(&g->leases[i].state) != LEASE_FREE;
@@ -776,7 +784,7 @@ void gpu_close(embkv_store *s)
         if (in)
             g->be->leave();
     }
-    if (g->registered == 1) {
+    if (atomic_load(&g->registered) == 1) {
         bool in = g->be->enter(g->pool_dev, why, sizeof why) == EMBKV_OK;
         g->be->host_unregister(s->pool_base);
         if (in)
