@@ -485,6 +485,33 @@ class TestPermits(Base):
         self.pull_again()
         self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
 
+    def test_a_push_refused_in_a_transaction_returns_them(self):
+        """A backward (or step()) while the connection has uncommitted
+        writes to the table: the push is refused, and its permits go back
+        all the same, so that after the COMMIT the ids can be pulled again
+        from this connection and from another."""
+        for update in ("backward", "step"):
+            emb = ekt.EmbeddingBag(self.conn, "s", dim=DIM, mode="sum", init="zeros", staleness=0, wait_ms=300,
+                                   update=update)
+            out = emb(self.ids, self.offsets)
+            self.conn.execute("BEGIN")
+            self.conn.execute("INSERT INTO s(id, vec) VALUES (-7, ?)", (np.zeros(DIM, np.float32).tobytes(),))
+            with self.assertRaisesRegex(sqlite3.OperationalError, "embkv_push: table s: this connection has "
+                                        "uncommitted writes to the table; COMMIT them first"):
+                out.sum().backward()
+                if update == "step":
+                    emb.step()
+            self.conn.execute("COMMIT")
+            del out
+            self.pull_again()
+            other = embkv.connect(self.db)
+            ids = np.array([5, 6, 7], dtype=np.int64)
+            embkv.pull(other, "s", ids)
+            self.assertEqual(embkv.release(other, "s", ids), 3)
+            other.close()
+            self.assertEqual(self.conn.execute("SELECT max(clock) FROM s").fetchone()[0], 0)
+            self.conn.execute("DELETE FROM s WHERE id = -7")
+
     def test_a_nan_returns_the_permits_at_the_next_forward(self):
         """The pass raised in the step's own hook, the batch tensor still
         alive: the table's next forward returns the failed step's permits
