@@ -61,6 +61,7 @@ found dead on this machine.
 import datetime
 import io
 import json
+import operator
 import os
 import shutil
 import sqlite3
@@ -949,10 +950,27 @@ def checkpoint(modules, step, extra=None):
     torch.save takes: dense model and optimizer state, data position) kept
     beside it.  Collective: every rank calls it, between steps."""
     modules = _check_modules(modules, "checkpoint")
-    step = int(step)
     g = modules[0]._g
     model_dir = modules[0].model_dir
     last = _latest.get(model_dir)
+    # Every rank's step, before anything is written: a rank whose step is
+    # not an integer or not the others' would make a checkpoint that no
+    # restore can read (its redo files under another step's name).
+    try:
+        mine = (operator.index(step), None)
+    except TypeError:
+        mine = (None, "%s %r" % (type(step).__name__, step))
+    steps = g.gather("checkpoint (the step of each rank)", mine)
+    odd = next((r for r, (_, bad) in enumerate(steps) if bad), None)
+    if odd is not None:
+        raise TypeError("embkv.distributed.checkpoint: rank %d: step must be an integer, not %s; nothing was "
+                        "written" % (odd, steps[odd][1]))
+    step = steps[g.rank][0]
+    odd = next((r for r, (s, _) in enumerate(steps) if s != steps[0][0]), None)
+    if odd is not None:
+        raise EkdError("embkv.distributed.checkpoint: ranks disagree on the step: rank 0 has %d, rank %d %d; "
+                       "nothing was written: call it on every rank with the same step (the job's, counted alike "
+                       "on every rank)" % (steps[0][0], odd, steps[odd][0]))
     if last is not None and step <= last["step"]:
         raise ValueError("embkv.distributed.checkpoint: step %d is not after the last checkpoint's, %d"
                          % (step, last["step"]))

@@ -108,6 +108,8 @@ def main():
         return misc_case(ekd, rank, world)
     if cfg["mode"] == "failed-update":
         return failed_update_case(ekd, rank, world)
+    if cfg["mode"] == "checkpoint-step":
+        return checkpoint_step_case(ekd, rank, world)
     if "lr" in cfg:
         opts["lr"] = cfg["lr"]
     if "cache_size" in cfg:
@@ -237,6 +239,28 @@ def failed_update_case(ekd, rank, world):
         except Exception as e:
             print("forward failed:", e, flush=True)
     sys.exit(0)
+
+
+def checkpoint_step_case(ekd, rank, world):
+    """Checkpoints whose step differs between the ranks, or is no
+    integer on one: refused on every rank, nothing written; the same step
+    on every rank then checkpoints, and a restore reads it back."""
+    emb = ekd.ShardedEmbedding(cfg["model_dir"], "c", dim=2, optimizer="sgd", lr=1, init="zeros")
+    (emb(torch.tensor([1, 2, 3])).sum()).backward()
+    ekd.checkpoint([emb], 1)
+    (emb(torch.tensor([1, 2, 3])).sum()).backward()
+    for step in (2 + rank, 2.0 if rank == 1 else 2):
+        try:
+            ekd.checkpoint([emb], step)
+            print("checkpoint ok", flush=True)
+        except Exception as e:
+            print("checkpoint failed: %s: %s" % (type(e).__name__, e), flush=True)
+    print("files", sorted(os.listdir(cfg["model_dir"])), flush=True)
+    ekd.checkpoint([emb], 2)
+    step, _ = ekd.restore([emb])
+    print("restored", step, flush=True)
+    import torch.distributed as dist
+    dist.destroy_process_group()
 
 
 def cache_case(ekd, rank, world):

@@ -508,6 +508,24 @@ class TestBadInput(Base):
         self.assertIn("this rank's shard missed that update, so the ranks are no longer at one step: restart the "
                       "job (it resumes from the last checkpoint)", out0)
 
+    def test_checkpoint_step_disagrees(self):
+        """A step that differs between ranks (or is a float on one) is
+        refused on every rank before anything is written; the same step
+        then checkpoints and restores."""
+        res = run(2, self.cfg(mode="checkpoint-step"), timeout=120)
+        outs = self.ok(res)
+        for out in outs:
+            self.assertIn("checkpoint failed: EkdError: embkv.distributed.checkpoint: ranks disagree on the step: "
+                          "rank 0 has 2, rank 1 3; nothing was written: call it on every rank with the same step "
+                          "(the job's, counted alike on every rank)", out)
+            self.assertIn("checkpoint failed: TypeError: embkv.distributed.checkpoint: rank 1: step must be an "
+                          "integer, not float 2.0; nothing was written", out)
+            self.assertNotIn("checkpoint ok", out)
+            self.assertIn("restored 2", out)
+        files = [l for l in outs[0].splitlines() if l.startswith("files ")][0]
+        self.assertNotIn("redo-2", files)
+        self.assertNotIn("redo-3", files)
+
     def test_every_table(self):
         res = run(2, self.cfg(mode="subset"), timeout=120)
         for rc, out in res:
