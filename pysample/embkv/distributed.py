@@ -431,13 +431,15 @@ def _with_padding(w, flat, is_pad, inv, n):
 
 class _OwnerStep:
     """The rows this rank's shard served in the open step (each id pulled
-    once: one permit), and the gradients the ranks sent for them, summed."""
+    once: one permit), and the gradients the ranks sent for them, summed
+    in double (as embkv_push sums a row's gradients: finite gradients
+    never sum to an infinity on the way)."""
 
     def __init__(self, dim):
         self.dim = dim
         self.ids = np.empty(0, np.int64)
         self.rows = np.empty((0, dim), np.float32)
-        self.grad = np.empty((0, dim), np.float32)
+        self.grad = np.empty((0, dim), np.float64)
         self.has_grad = np.empty(0, bool)
         self.pulled = np.empty(0, bool)     # (false: only a gradient came, for a row a rank had cached)
 
@@ -446,7 +448,7 @@ class _OwnerStep:
         order = np.argsort(ids, kind="stable")
         self.ids = ids[order]
         self.rows = np.concatenate([self.rows, rows])[order]
-        self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float32)])[order]
+        self.grad = np.concatenate([self.grad, np.zeros((len(new), self.dim), np.float64)])[order]
         self.has_grad = np.concatenate([self.has_grad, np.zeros(len(new), bool)])[order]
         self.pulled = np.concatenate([self.pulled, np.full(len(new), pulled)])[order]
 
@@ -765,7 +767,14 @@ class _ShardedTable(torch.nn.Module):
         back = ~got & st.pulled
         try:
             if got.any():
-                embkv.push(self.conn, self.table, st.ids[got], st.grad[got])
+                g = st.grad[got]
+                big = np.abs(g) > np.finfo(np.float32).max
+                if big.any():
+                    r, j = np.argwhere(big)[0]
+                    raise EkdError("embkv.distributed: table %r: id %d: the gradients the ranks sent for it sum to "
+                                   "%g in element %d, past float32's range (each was finite): clip the gradients "
+                                   "or lower the loss's scale" % (self.table, st.ids[got][r], g[r, j], j))
+                embkv.push(self.conn, self.table, st.ids[got], g.astype(np.float32))
         finally:
             if back.any():
                 embkv.release(self.conn, self.table, st.ids[back])

@@ -219,12 +219,16 @@ def failed_update_case(ekd, rank, world):
     fails; both ranks catch their error (rank 1 has none) and go on to a
     checkpoint, which both refuse, naming rank 0's failed update; rank 0's
     next forward is refused too."""
-    emb = ekd.ShardedEmbedding(cfg["model_dir"], "f", dim=2, optimizer="sgd", lr=1, init="zeros")
+    emb = ekd.ShardedEmbedding(cfg["model_dir"], "f", dim=2, optimizer="sgd", lr=1,
+                               init="normal(1,0)" if cfg.get("overflow") else "zeros")
     ids = np.arange(100, dtype=np.int64)
     mine = torch.tensor([int(ids[emb.bucket_map[ekd.bucket_of(ids, emb.buckets)] == 0][0])])
     out = emb(mine)
     try:
-        (out * (float("nan") if rank == 1 else 1.0)).sum().backward()
+        if cfg.get("overflow"):
+            (out * 3e38).sum().backward()  # finite on each rank; the two sum past float32's range
+        else:
+            (out * (float("nan") if rank == 1 else 1.0)).sum().backward()
         print("update ok", flush=True)
     except Exception as e:
         print("update failed:", e, flush=True)

@@ -508,6 +508,17 @@ class TestBadInput(Base):
         self.assertIn("this rank's shard missed that update, so the ranks are no longer at one step: restart the "
                       "job (it resumes from the last checkpoint)", out0)
 
+    def test_gradients_that_sum_past_float32(self):
+        """Finite gradients from two ranks that sum past float32's range:
+        summed in double, the owner's update fails naming the id and the
+        sum (not a gradient that was never infinite)."""
+        res = run(2, self.cfg(mode="failed-update", overflow=True), timeout=120)
+        out0 = res[0][1]
+        self.assertIn("update failed: embkv.distributed: table 'f': id ", out0)
+        self.assertIn(": the gradients the ranks sent for it sum to 6e+38 in element 0, past float32's range (each "
+                      "was finite): clip the gradients or lower the loss's scale", out0)
+        self.assertNotIn("infinite", out0)
+
     def test_checkpoint_step_disagrees(self):
         """A step that differs between ranks (or is a float on one) is
         refused on every rank before anything is written; the same step
