@@ -1159,6 +1159,25 @@ static long lock_holder(int fd)
     return pid > 0 && *end == '\n' ? pid : 0;
 }
 
+/* Why flock of a store's lock file (fd) failed with errno err.  A holder
+ * that is this very process is a second copy of the engine in it (a
+ * program's library and an extension, or two extensions, each with its
+ * own registry of open stores, which do not know each other's). */
+static int lock_refused(const char *path, int fd, int err, const char *advice)
+{
+    if (err != EWOULDBLOCK)
+        return embkv__err(EMBKV_IO, "store %s: flock: %s", path, strerror(err));
+    long holder = lock_holder(fd);
+    if (holder == proc_pid())
+        return embkv__err(EMBKV_LOCKED, "store %s is open in this process (pid %ld) through another copy of embkv: "
+                          "two embkv libraries or extensions are loaded in it, and neither can use the other's "
+                          "stores: load one copy in a process (in Python, open every connection with "
+                          "embkv.connect, which loads the package's)", path, holder);
+    if (holder)
+        return embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)%s", path, holder, advice);
+    return embkv__err(EMBKV_LOCKED, "store %s is open in another process%s", path, advice);
+}
+
 int embkv_destroy(const char *dir)
 {
     if (!dir || !*dir)
@@ -1192,11 +1211,7 @@ int embkv_destroy(const char *dir)
         goto out;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        long holder = errno == EWOULDBLOCK ? lock_holder(fd) : 0;
-        rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", dir, strerror(errno))
-             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld): close it there first",
-                                 dir, holder)
-                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process: close it there first", dir);
+        rc = lock_refused(dir, fd, errno, ": close it there first");
         goto out;
     }
     /* Nor may another process be reading it (readers take no lock). */
@@ -1453,11 +1468,7 @@ int embkv_open(const char *dir, const embkv_options *opt, unsigned flags, embkv_
         goto unlock;
     }
     if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
-        long holder = errno == EWOULDBLOCK ? lock_holder(s->lockfd) : 0;
-        rc = errno != EWOULDBLOCK ? embkv__err(EMBKV_IO, "store %s: flock: %s", s->path, strerror(errno))
-             : holder ? embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)" SECOND_WRITER_ADVICE,
-                                 s->path, holder)
-                      : embkv__err(EMBKV_LOCKED, "store %s is open in another process" SECOND_WRITER_ADVICE, s->path);
+        rc = lock_refused(s->path, s->lockfd, errno, SECOND_WRITER_ADVICE);
         close(s->lockfd);
         free_store(s);
         goto unlock;

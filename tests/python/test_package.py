@@ -57,6 +57,34 @@ class Installed(TempDirTest):
         finally:
             c.close()
 
+    def test_two_copies_in_one_process(self):
+        """Two embkv extensions in one process (a file loaded by hand
+        beside the package's): the copy that finds the store open in the
+        other says so, naming this process, not "another process"."""
+        script = (
+            "import os, sqlite3, sys, embkv\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.enable_load_extension(True)\n"
+            "c.load_extension(sys.argv[2])\n"
+            "c.execute(\"CREATE VIRTUAL TABLE t USING embkv(dim=4, init='zeros')\")\n"
+            "c.execute(\"SELECT embkv_pull('t', 1)\").fetchone()\n"
+            "d = embkv.connect(sys.argv[1], timeout=0.1)\n"
+            "try:\n"
+            "    embkv.pull(d, 't', [0])\n"
+            "except sqlite3.OperationalError as e:\n"
+            "    print(os.getpid(), e)\n")
+        env = dict(os.environ)
+        env.pop("EMBKV_EXT", None)  # (the package's own copy for embkv.connect)
+        out = subprocess.run([sys.executable, "-c", script, self.db, os.path.join(REPO, "build", "embkv")], env=env,
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        pid, msg = out.stdout.split(" ", 1)
+        self.assertIn("embkv_pull: embkv table t: cannot open its store: store ", msg)
+        self.assertIn(" is open in this process (pid %s) through another copy of embkv: two embkv libraries or "
+                      "extensions are loaded in it, and neither can use the other's stores: load one copy in a "
+                      "process (in Python, open every connection with embkv.connect, which loads the package's)"
+                      % pid, msg)
+
     def test_find_extension_order(self):
         inside = os.path.join(os.path.dirname(embkv.__file__), "embkv")
         with WithoutEnv():
