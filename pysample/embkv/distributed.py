@@ -261,10 +261,15 @@ class _Group:
         return []
 
     def fail(self, what, e):
-        dead = self.dead()
-        who = ("rank %s (pid %s) is gone" % (", ".join(map(str, dead)),
-                                            ", ".join(str(self.where[r][1]) for r in dead))) if dead else \
-            "no rank on this machine is gone: one elsewhere died or hangs, or the process group's timeout passed"
+        if self.where[0] == (None, None):
+            # (the exchange of (host, pid) itself failed: no rank is known)
+            who = ("a rank died or hangs before the ranks had told each other their processes, or the process "
+                   "group's timeout passed")
+        else:
+            dead = self.dead()
+            who = ("rank %s (pid %s) is gone" % (", ".join(map(str, dead)),
+                                                ", ".join(str(self.where[r][1]) for r in dead))) if dead else \
+                "no rank on this machine is gone: one elsewhere died or hangs, or the process group's timeout passed"
         return EkdError("embkv.distributed: %s failed on rank %d of %d: %s (%s); restart the job: it resumes from "
                         "the last checkpoint" % (what, self.rank, self.world, who, str(e).strip().splitlines()[0]
                                                  if str(e).strip() else type(e).__name__))

@@ -96,6 +96,8 @@ def main():
     if cfg.get("marks"):
         with open(os.path.join(cfg["marks"], "up-%d-%d" % (os.getpid(), rank)), "w"):
             pass
+    if cfg["mode"] == "die-first" and rank == 1:
+        os.kill(os.getpid(), 9)  # before the ranks tell each other their processes
     dim = DIM
     opts = dict(OPTS)
     if cfg["mode"] == "bad-dim" and rank == world - 1:

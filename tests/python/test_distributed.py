@@ -519,6 +519,17 @@ class TestBadInput(Base):
                       "was finite): clip the gradients or lower the loss's scale", out0)
         self.assertNotIn("infinite", out0)
 
+    def test_a_rank_dead_before_the_first_exchange(self):
+        """A rank killed before the construction's first exchange: the
+        other fails at once, saying that no rank was known yet (not that
+        none on this machine is gone)."""
+        res = run(2, self.cfg(mode="die-first", timeout=60), timeout=120)
+        self.assertEqual(res[1][0], -9)
+        self.assertNotEqual(res[0][0], 0)
+        self.assertIn("embkv.distributed: the construction of a sharded table failed on rank 0 of 2: a rank died or "
+                      "hangs before the ranks had told each other their processes, or the process group's timeout "
+                      "passed (", res[0][1])
+
     def test_checkpoint_step_disagrees(self):
         """A step that differs between ranks (or is a float on one) is
         refused on every rank before anything is written; the same step
