@@ -598,6 +598,12 @@ class _ShardedTable(torch.nn.Module):
                 raise ValueError("embkv.distributed: table %r: %s" % (table, dir_error))
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
+        if buckets is not None:
+            try:
+                buckets = operator.index(buckets)
+            except TypeError:
+                raise TypeError("embkv.distributed: table %r: buckets must be an integer, not %r"
+                                % (table, buckets)) from None
         if "durable" in options or "path" in options:
             raise ValueError("embkv.distributed: table %r: options path and durable are the module's own (each "
                              "shard is a store under model_dir, durable at the job's checkpoints)" % table)
@@ -1006,12 +1012,16 @@ def checkpoint(modules, step, extra=None):
                 n = m.conn.execute("SELECT embkv_export(?, ?, ?)", (m.table, path, ids.tobytes())).fetchone()[0]
             redo[m.table] = name if n else None
         _fsync_dir(d)
-        if g.rank == 0 and extra is not None:
+    except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+        err = "could not write its redo files: %s: %s" % (type(e).__name__, e)
+    if err is None and g.rank == 0 and extra is not None:
+        try:
             buf = io.BytesIO()
             torch.save(extra, buf)
             _write_atomic(_extra_file(model_dir, step), buf.getvalue())
-    except Exception as e:  # noqa: BLE001  (every rank must learn of it)
-        err = "%s: %s" % (type(e).__name__, e)
+        except Exception as e:  # noqa: BLE001
+            err = "could not write extra to %s (torch.save of it failed, or the file): %s: %s" % (
+                _extra_file(model_dir, step), type(e).__name__, e)
     every = g.gather("checkpoint %d (its redo files)" % step, (redo, err, failed))
     lost = [f for _, _, f in every if f]
     if lost:
@@ -1020,8 +1030,7 @@ def checkpoint(modules, step, extra=None):
                        % (step, lost[0]))
     bad = [(r, e) for r, (_, e, _) in enumerate(every) if e]
     if bad:
-        raise EkdError("embkv.distributed.checkpoint: step %d: rank %d could not write its redo files: %s"
-                       % (step, bad[0][0], bad[0][1]))
+        raise EkdError("embkv.distributed.checkpoint: step %d: rank %d %s" % (step, bad[0][0], bad[0][1]))
     # 2. the manifest (rank 0), the commit point
     man = {"format": _FORMAT, "version": _VERSION, "step": step, "buckets": modules[0].buckets,
            "job": modules[0].job,

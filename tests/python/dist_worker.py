@@ -262,6 +262,10 @@ def checkpoint_step_case(ekd, rank, world):
         except Exception as e:
             print("checkpoint failed: %s: %s" % (type(e).__name__, e), flush=True)
     print("files", sorted(os.listdir(cfg["model_dir"])), flush=True)
+    try:
+        ekd.checkpoint([emb], 2, extra={"f": lambda: 0})  # (torch.save cannot pickle it)
+    except Exception as e:
+        print("extra failed: %s: %s" % (type(e).__name__, e), flush=True)
     ekd.checkpoint([emb], 2)
     step, _ = ekd.restore([emb])
     print("restored", step, flush=True)

@@ -467,6 +467,9 @@ class TestBadInput(Base):
         with self.assertRaises(ValueError) as cm:
             ekd.ShardedEmbedding(self.dir, "u", dim=2, local_cache=True, staleness="unlimited")
         self.assertIn("give staleness=N with N >= 1 (not 'unlimited')", str(cm.exception))
+        with self.assertRaises(TypeError) as cm:
+            ekd.ShardedEmbedding(self.dir, "u", dim=2, buckets=64.0)
+        self.assertIn("table 'u': buckets must be an integer, not 64.0", str(cm.exception))
         with self.assertRaises(ValueError) as cm:
             ekd.ShardedEmbedding(self.dir, "u", dim=2, local_cache=True)
         self.assertIn("give staleness=N with N >= 1 (it is not given)", str(cm.exception))
@@ -544,6 +547,9 @@ class TestBadInput(Base):
                           "integer, not float 2.0; nothing was written", out)
             self.assertNotIn("checkpoint ok", out)
             self.assertIn("restored 2", out)
+            self.assertIn("extra failed: EkdError: embkv.distributed.checkpoint: step 2: rank 0 could not write "
+                          "extra to %s (torch.save of it failed, or the file): "
+                          % os.path.join(self.dir, "m", "extra-2.pt"), out)
         files = [l for l in outs[0].splitlines() if l.startswith("files ")][0]
         self.assertNotIn("redo-2", files)
         self.assertNotIn("redo-3", files)
