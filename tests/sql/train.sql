@@ -260,8 +260,9 @@ SELECT embkv_pull('sw0', 1);
 SELECT 'unlimited', length(embkv_pull('z', '[10, 10]')), length(embkv_pull('z', 10)), length(embkv_pull('z', 10));
 
 -- 8. Training writes and SQL transactions.  A connection with uncommitted
---    SQL writes to a table cannot pull, push or release it; other tables are
---    not affected; after COMMIT it can.
+--    SQL writes to a table cannot pull or push it; it can release (0 here:
+--    it holds no permit), which changes no row; other tables are not
+--    affected; after COMMIT it can.
 BEGIN;
 INSERT INTO sgd(id, vec) VALUES (9, '[9, 9]');
 SELECT embkv_pull('sgd', 1);
