@@ -369,6 +369,15 @@ static int table_map(embkv_store *s, struct readers **out)
         rc = embkv__err(EMBKV_IO, "store %s: cannot size %s: %s", s->path, READERS_FILE, strerror(errno));
         goto out;
     }
+    /* Its blocks allocated before it is mapped: a store on a full file
+     * system is then an error here, not a SIGBUS at the first write of a
+     * page the file system has no room for. */
+    int e = posix_fallocate(fd, 0, RD_FILE_BYTES);
+    if (e != 0) {
+        rc = embkv__err(EMBKV_IO, "store %s: no room for its reader table %s (%u bytes): %s: free space on its file "
+                        "system", s->path, READERS_FILE, (unsigned)RD_FILE_BYTES, strerror(e));
+        goto out;
+    }
     map = mmap(NULL, RD_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         rc = embkv__err(EMBKV_IO, "store %s: cannot map %s: %s", s->path, READERS_FILE, strerror(errno));
