@@ -537,6 +537,10 @@ int embkv_backup_step(embkv_backup *b, size_t rows, int *done);
  * travel with the copy: the SQLite binding puts the table's options). */
 const char *embkv_backup_dir(const embkv_backup *b);
 int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info);
+/* Instead of finish: the copy removed, nothing placed at dir, the backup
+ * freed (for an application whose own files could not be written into
+ * embkv_backup_dir).  EMBKV_BUSY, nothing done, while a step runs. */
+int embkv_backup_abandon(embkv_backup *b);
 /* Whether an application may create path (absolute) for this store's
  * data: EMBKV_OK when it is outside the store's directory, its SSD tier
  * and every other embkv store; EMBKV_INVALID naming the one it is in (a

@@ -532,6 +532,17 @@ const char *embkv_backup_dir(const embkv_backup *b)
     return b ? b->tmp : NULL;
 }
 
+int embkv_backup_abandon(embkv_backup *b)
+{
+    if (!b)
+        return embkv__err(EMBKV_INVALID, "embkv_backup_abandon: backup is NULL");
+    if (pthread_mutex_trylock(&b->step_mu) != 0)
+        return embkv__err(EMBKV_BUSY, "embkv_backup_abandon: a step of this backup is running");
+    pthread_mutex_unlock(&b->step_mu);
+    backup_free(b);  /* (the copy, never renamed, goes with it) */
+    return EMBKV_OK;
+}
+
 int embkv_backup_finish(embkv_backup *b, embkv_backup_info *info)
 {
     if (info)

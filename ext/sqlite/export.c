@@ -1360,7 +1360,11 @@ static void fn_backup(sqlite3_context *ctx, int argc, sqlite3_value **argv)
                  strerror(errno));
     }
     embkv_backup_info info;
-    if (b) {
+    if (b && erc != EMBKV_OK) {
+        /* (a copy without the table's own files is no backup of it: never
+         * placed at its name) */
+        (void)embkv_backup_abandon(b);
+    } else if (b) {
         int frc = embkv_backup_finish(b, &info);
         if (erc == EMBKV_OK && frc != EMBKV_OK) {
             erc = frc;

@@ -23,6 +23,11 @@
   racing for one name: one wins, the other says the file exists, and no
   temporary file is left.
 
+- A backup or a CREATE onto a file system with room for the pool but not
+  for the rest (a small tmpfs, mounted when the test runs as root): a
+  clean error naming what has no room, never a SIGBUS, and nothing left at
+  the backup's name but a whole backup.
+
 Run by tests/run.sh through tests/python_run.sh, or by hand:
     EMBKV_EXT=build/embkv /usr/bin/python3 tests/python/test_export.py -v
 """
@@ -826,6 +831,95 @@ class TestBadFiles(TempDirTest):
             self.assertEqual([f for f in os.listdir(self.dir) if "embkv-tmp" in f], [])
             os.unlink(path)
             results.clear()
+
+
+class TestFullFileSystem(TempDirTest):
+    """A file system with room for the pool and little else (a tmpfs of
+    16 MiB + k KiB for a pool of 16 MiB): every backup and CREATE there
+    either works or fails with a message naming what has no room; the
+    process never dies of SIGBUS (a mapped file whose blocks the file
+    system could not give), and a failed backup leaves nothing at its
+    name."""
+
+    SCRIPT = r"""
+import json, sqlite3, sys
+ext, db, target, mode = sys.argv[1:5]
+c = sqlite3.connect(db, isolation_level=None)
+c.enable_load_extension(True)
+c.load_extension(ext)
+try:
+    if mode == "backup":
+        c.execute("CREATE VIRTUAL TABLE item USING embkv(dim=16, init='zeros', pool_size='16M')")
+        c.execute("INSERT INTO item(id, vec) VALUES (1, zeroblob(64))")
+        print("ok", c.execute("SELECT embkv_backup('item', ?)", (target,)).fetchone()[0])
+    else:
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=16, pool_size='16M', path=%s)" % json.dumps(target))
+        print("ok created")
+except sqlite3.Error as e:
+    print("error", e)
+"""
+
+    def setUp(self):
+        super().setUp()
+        if os.geteuid() != 0:
+            self.skipTest("mounting a small tmpfs needs root")
+        self.small = os.path.join(self.dir, "small")
+        os.makedirs(self.small)
+        self.mounted = False
+
+    def mount(self, kib):
+        if self.mounted:
+            subprocess.run(["umount", self.small], check=True)
+            self.mounted = False
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dk" % kib, "tmpfs", self.small],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a tmpfs here: %s" % r.stderr.strip())
+        self.mounted = True
+
+    def tearDown(self):
+        if self.mounted:
+            if subprocess.run(["umount", self.small], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", self.small])
+        super().tearDown()
+
+    def attempt(self, mode, kib, n):
+        self.mount(kib)
+        db = os.path.join(self.dir, "m%d.db" % n)
+        target = os.path.join(self.small, "b")
+        r = subprocess.run([sys.executable, "-c", self.SCRIPT, EXT, db, target, mode], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, "%s at 16 MiB + %d KiB: exit %d (%s)" % (mode, kib - 16384, r.returncode,
+                                                                                 r.stderr[-500:]))
+        return r.stdout.strip(), target
+
+    def test_backup_and_create_on_a_nearly_full_file_system(self):
+        seen = set()
+        for n, extra in enumerate([16] + list(range(60, 104, 4))):
+            out, target = self.attempt("backup", 16384 + extra, n)
+            if out.startswith("ok"):
+                self.assertEqual(json.loads(out[3:])["rows"], 1)
+                copy = os.path.join(self.dir, "copy%d" % n)  # (a table records itself there: room elsewhere)
+                shutil.copytree(target, copy)
+                c = connect(os.path.join(self.dir, "check%d.db" % n))
+                try:
+                    c.execute("CREATE VIRTUAL TABLE r USING embkv(dim=16, path=%s)" % json.dumps(copy))
+                    self.assertEqual(c.execute("SELECT count(*) FROM r").fetchone()[0], 1)
+                finally:
+                    c.close()
+                seen.add("whole")
+                continue
+            self.assertTrue(out.startswith("error embkv_backup: table item: "), out)
+            self.assertIn("No space left on device", out)
+            self.assertEqual(os.listdir(self.small), [], out)  # nothing at the name, no temporary copy
+            if "no room for its reader table READERS (69632 bytes)" in out:
+                seen.add("readers")
+            elif "into the backup" in out:
+                seen.add("app file")
+        self.assertEqual(seen, {"readers", "app file", "whole"})
+        out, target = self.attempt("create", 16384 + 16, 99)
+        self.assertIn("error embkv table t: option path: store %s: no room for its reader table READERS (69632 "
+                      "bytes): No space left on device: free space on its file system" % target, out)
 
 
 if __name__ == "__main__":
