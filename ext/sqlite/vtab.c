@@ -964,7 +964,7 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
     v->zDb = sqlite3_mprintf("%s", argv[1]);
     v->zName = sqlite3_mprintf("%s", argv[2]);
     char *err = NULL, *dir = NULL;
-    int made_dir = 0, listed = 0, create_held = 0, rc;
+    int made_dir = 0, leftovers = 0, listed = 0, create_held = 0, rc;
     if (!v->zDb || !v->zName) {
         rc = SQLITE_NOMEM;
         goto fail;
@@ -1016,7 +1016,9 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
             create_held = 1;
         }
         struct stat st;
-        made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT) || holds_no_store(dir);
+        made_dir = v->is_tmp || (stat(dir, &st) != 0 && errno == ENOENT);
+        if (!made_dir && holds_no_store(dir))
+            made_dir = leftovers = 1;  /* (what a killed CREATE left: this one makes the store) */
         v->owns_dir = made_dir;  /* a path naming an existing store attaches to it */
         const char *dbfile = sqlite3_db_filename(v->db, v->zDb);
         if (!v->opts.path && !v->is_tmp && dbfile && *dbfile) ekleft_sweep_db(v->conn, v->zDb, v->zName, dbfile);
@@ -1093,6 +1095,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         }
     }
     sqlite3_free(ssd_path);
+    if (erc != EMBKV_OK && leftovers)
+        made_dir = 0;  /* the engine found more there than leftovers (a store without its pool): not ours to remove */
     if (erc != EMBKV_OK) {
         /* The option is at fault when the CREATE's path names something
          * that is not a store of this version; a damaged or busy store is

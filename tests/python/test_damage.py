@@ -241,6 +241,44 @@ class TestDamagedStoreFiles(TempDirTest):
                           "from a backup" % ((os.path.join(self.dir, "s"),) * 2), str(cm.exception))
         c.close()
 
+    def test_a_store_without_its_pool_is_kept_by_a_refused_create(self):
+        """A directory holding what is left of a store whose pool is lost
+        (its dirty map, its SSD log's segments, no list of tables): a
+        CREATE naming it is refused, and the directory stays as it was for
+        the advice (put the pool back) to be followed."""
+        c = connect(self.db)
+        c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=64, path='s', pool_size='16M', ssd_size='8M', "
+                  "capacity=1000)")
+        for a in range(0, 30000, 10000):
+            c.execute("BEGIN")
+            c.executemany("INSERT INTO t(id, vec) VALUES (?, zeroblob(256))", [(i,) for i in range(a, a + 10000)])
+            c.execute("COMMIT")
+        self.assertGreater(c.execute("SELECT count(*) FROM t WHERE tier = 'ssd'").fetchone()[0], 0)
+        c.close()
+        src = os.path.join(self.dir, "s")
+        for name, keep in (("d", ("LOCK", "READERS", "store.dirty")), ("e", ("LOCK", "READERS", "store.dirty", "log"))):
+            d = os.path.join(self.dir, name)
+            os.makedirs(d)
+            for f in keep:
+                (shutil.copytree if f == "log" else shutil.copy2)(os.path.join(src, f), os.path.join(d, f))
+            before = sorted(os.listdir(d)), sorted(os.listdir(os.path.join(d, "log"))) if "log" in keep else []
+            c = connect(os.path.join(self.dir, "%s.db" % name))
+            with self.assertRaises(sqlite3.DatabaseError) as cm:
+                c.execute("CREATE VIRTUAL TABLE u USING embkv(dim=64, path='%s')" % d)
+            c.close()
+            self.assertIn("store %s: store.pool is missing, but the directory holds the rest of a store (%s): its "
+                          "rows cannot be read, and no new store is made over them; put the pool file back"
+                          % (d, "segments in log/" if "log" in keep else "store.dirty"), str(cm.exception))
+            self.assertEqual((sorted(os.listdir(d)), sorted(os.listdir(os.path.join(d, "log"))) if "log" in keep
+                              else []), before)
+        # the advice followed: the pool back, the store opens with every row
+        shutil.copy2(os.path.join(src, "store.pool"), os.path.join(d, "store.pool"))
+        shutil.copy2(os.path.join(src, "store.sealed"), os.path.join(d, "store.sealed"))
+        c = connect(os.path.join(self.dir, "e2.db"))
+        c.execute("CREATE VIRTUAL TABLE u USING embkv(dim=64, path='%s')" % d)
+        self.assertEqual(c.execute("SELECT count(*) FROM u").fetchone()[0], 30000)
+        c.close()
+
     def test_a_table_without_its_store_answers_the_reason_code(self):
         """A table whose store is damaged answers every use but DROP with
         SQLITE_CORRUPT, one whose directory is gone with SQLITE_CANTOPEN:
