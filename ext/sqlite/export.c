@@ -962,6 +962,16 @@ static int open_in(importer *m)
         return im_fail(m, SQLITE_ERROR, errno == ENOENT ? "file '%s' does not exist" : "cannot open file '%s': %s",
                        m->file, strerror(errno));
     if (S_ISDIR(sb.st_mode)) return im_fail(m, SQLITE_ERROR, "file '%s' is a directory, not an embkv export", m->file);
+    /* (a FIFO would block the open below for good; a device is no export) */
+    if (!S_ISREG(sb.st_mode))
+        return im_fail(m, SQLITE_ERROR, "file '%s' is not a regular file (a %s), not an embkv export", m->file,
+                       S_ISFIFO(sb.st_mode) ? "FIFO" : S_ISCHR(sb.st_mode) ? "character device"
+                       : S_ISBLK(sb.st_mode) ? "block device" : S_ISSOCK(sb.st_mode) ? "socket" : "special file");
+    /* The system's reason when it may not be read (SQLite says only
+     * "unable to open database file"). */
+    int fd = open(m->file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return im_fail(m, SQLITE_ERROR, "cannot open file '%s': %s", m->file, strerror(errno));
+    close(fd);
     char *lit = literal_path(m->file);
     if (!lit) return im_fail(m, SQLITE_NOMEM, "out of memory");
     int orc = sqlite3_open_v2(lit, &m->in, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);

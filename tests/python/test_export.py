@@ -626,6 +626,53 @@ class TestBadFiles(TempDirTest):
         self.c.execute("DELETE FROM dst")
         return None
 
+    def test_files_that_are_no_regular_file_or_unreadable(self):
+        """A FIFO (an open of it would wait for a writer for good), a
+        device, a file the process may not read: refused at once, naming
+        the file and the system's reason."""
+        fifo = os.path.join(self.dir, "pipe.export")
+        os.mkfifo(fifo)
+        done = threading.Event()
+
+        def unblock():  # (should the import wait on the FIFO: a writer that closes, so that the test fails, not hangs)
+            if not done.wait(5):
+                os.close(os.open(fifo, os.O_WRONLY))
+        t = threading.Thread(target=unblock)
+        t.start()
+        t0 = time.monotonic()
+        msg = self.attempt(fifo)
+        done.set()
+        t.join()
+        self.assertEqual(msg, "embkv_import: table dst: file '%s' is not a regular file (a FIFO), not an embkv export"
+                         % fifo)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(self.attempt("/dev/zero"), "embkv_import: table dst: file '/dev/zero' is not a regular file "
+                         "(a character device), not an embkv export")
+        if os.geteuid() != 0:  # (root reads anything)
+            locked = os.path.join(self.dir, "locked.export")
+            shutil.copy(self.good, locked)
+            os.chmod(locked, 0)
+            self.assertEqual(self.attempt(locked), "embkv_import: table dst: cannot open file '%s': Permission "
+                             "denied" % locked)
+        else:  # as nobody: the reason the system gives
+            os.chmod(self.dir, 0o755)
+            os.chmod(self.good, 0o600)
+            script = ("import sqlite3, sys\n"
+                      "c = sqlite3.connect(':memory:')\n"
+                      "c.enable_load_extension(True)\n"
+                      "c.load_extension(sys.argv[1])\n"
+                      "c.execute(\"CREATE VIRTUAL TABLE d USING embkv(dim=4, optimizer=adagrad)\")\n"
+                      "try:\n"
+                      "    c.execute(\"SELECT embkv_import('d', ?)\", (sys.argv[2],)).fetchone()\n"
+                      "except sqlite3.Error as e:\n"
+                      "    print(e)\n")
+            r = subprocess.run([sys.executable, "-c", script, EXT, self.good], user=65534, capture_output=True,
+                               text=True, timeout=60, cwd="/")
+            if r.returncode != 0 and "Permission denied" in r.stderr and "embkv_import" not in r.stderr:
+                self.skipTest("user nobody cannot run this Python or load the extension here")
+            self.assertEqual(r.stdout.strip(), "embkv_import: table d: cannot open file '%s': Permission denied"
+                             % self.good, r.stderr[-500:])
+
     def test_truncated(self):
         with open(self.good, "rb") as f:
             data = f.read()
