@@ -563,7 +563,7 @@ class TestFullPool(Base):
             pull(conn, "big", list(range(5000, 6000)) + [5000, 5001], 8192)
         msg = str(cm.exception)
         self.assertIn("embkv_pull: table big: cannot create 1000 missing row(s), the first id 5000: ", msg)
-        self.assertIn("no room for 1000 puts and 0 deletes: the pool is full", msg)
+        self.assertIn("no room for 1000 puts and 0 deletes at once: the pool has ", msg)
         self.assertEqual(conn.execute("SELECT count(*) FROM big").fetchone(), (0,))
         self.assertEqual(training_stats(conn, "big")["rows_created"], 0)
         # a batch that fits is created whole, duplicates once each
@@ -572,6 +572,27 @@ class TestFullPool(Base):
         self.assertFalse(vecs.any())
         self.assertEqual(conn.execute("SELECT count(*) FROM big").fetchone(), (150,))
         self.assertEqual(training_stats(conn, "big")["rows_created"], 150)
+        self.assertNotIn("SSD tier", msg)
+        conn.close()
+
+    def test_a_pull_larger_than_the_pool_with_an_ssd_tier(self):
+        """With an SSD tier the message says why a write bigger than the
+        pool's free records fails, and the smaller pulls it advises go
+        through, the tier making room between them."""
+        conn = connect(self.db)
+        conn.execute("CREATE VIRTUAL TABLE s USING embkv(dim=64, init='zeros', pool_size='16M', ssd_size='64M', "
+                     "capacity=1000)")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            pull(conn, "s", list(range(50000)), 64)
+        self.assertIn("no room for 50000 puts and 0 deletes at once: the pool has ", str(cm.exception))
+        self.assertIn(" kept for deletes only (rows move to the SSD tier between writes, not during one: smaller "
+                      "writes go through as it makes room); ", str(cm.exception))
+        for a in range(0, 50000, 5000):
+            ids = list(range(a, a + 5000))
+            pull(conn, "s", ids, 64)
+            conn.execute("SELECT embkv_release('s', ?)", (np.array(ids, np.int64).tobytes(),)).fetchone()
+        self.assertEqual(conn.execute("SELECT count(*) FROM s").fetchone(), (50000,))
+        self.assertGreater(conn.execute("SELECT count(*) FROM s WHERE tier = 'ssd'").fetchone()[0], 0)
         conn.close()
 
     def test_an_index_past_the_pool_says_what_to_do(self):
