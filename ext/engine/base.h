@@ -123,6 +123,11 @@ uint64_t now_ns(void);
  * handle records it at its open; a handle whose pid is not this one was
  * inherited through fork() (fork_refused). */
 long proc_pid(void);
+/* The blocks of a file's first len bytes allocated (its size at least
+ * len), before it is mapped to be written: on a full file system an
+ * error (its errno) here, not a SIGBUS at a write into the map.  0 also
+ * where the file system cannot allocate ahead (nothing more is done). */
+int file_reserve(int fd, uint64_t len);
 /* A condition variable's deadline ms from now (CLOCK_REALTIME: their
  * default clock; the background threads' ticks). */
 struct timespec deadline_after_ms(long ms);

@@ -285,7 +285,7 @@ int dirtymap_open(embkv_store *s, bool *usable)
         if (same || ftruncate(fd, 0) == 0) {
             /* (blocks allocated first: on a full file system, DRAM bitmaps
              * below, not a SIGBUS at a write into the map) */
-            if (ftruncate(fd, (off_t)len) == 0 && posix_fallocate(fd, 0, (off_t)len) == 0)
+            if (ftruncate(fd, (off_t)len) == 0 && file_reserve(fd, len) == 0)
                 map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             *usable = same && map != MAP_FAILED && !s->is_pmem;
         }

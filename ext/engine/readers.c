@@ -372,7 +372,7 @@ static int table_map(embkv_store *s, struct readers **out)
     /* Its blocks allocated before it is mapped: a store on a full file
      * system is then an error here, not a SIGBUS at the first write of a
      * page the file system has no room for. */
-    int e = posix_fallocate(fd, 0, RD_FILE_BYTES);
+    int e = file_reserve(fd, RD_FILE_BYTES);
     if (e != 0) {
         rc = embkv__err(EMBKV_IO, "store %s: no room for its reader table %s (%u bytes): %s: free space on its file "
                         "system", s->path, READERS_FILE, (unsigned)RD_FILE_BYTES, strerror(e));

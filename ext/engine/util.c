@@ -1,11 +1,14 @@
 /*
  * util.c - small pieces every layer uses: the monotonic clock, growable
- * vectors of locations, the distinct ids of a batch, and whether a path
- * lies below a directory holding a given file (a store's pool).
+ * vectors of locations, the distinct ids of a batch, whether a path
+ * lies below a directory holding a given file (a store's pool), and the
+ * blocks of a file to be mapped.
  *
  * Here, at the bottom, so that no file needs a higher one for them (there
  * were three copies of the clock).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,6 +35,16 @@ long proc_pid(void)
     p = (long)getpid();
     atomic_store(&cached_pid, p);
     return p;
+}
+
+int file_reserve(int fd, uint64_t len)
+{
+    /* The system call, not posix_fallocate: where a file system has none,
+     * glibc's stand-in writes a zero byte into every block that reads as
+     * zero, which could undo another process's write into a shared map. */
+    if (fallocate(fd, 0, 0, (off_t)len) == 0)
+        return 0;
+    return errno == EOPNOTSUPP || errno == ENOSYS ? 0 : errno;
 }
 
 uint64_t now_ns(void)
