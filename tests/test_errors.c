@@ -924,6 +924,45 @@ static void test_full_synced_deletes(void)
     free((void *)dir);
 }
 
+/* A child forked while the store was open keeps its lock (the child
+ * shares the lock file's open file): the parent's reopen after its close
+ * is refused naming fork, not another copy of embkv in this process. */
+static void test_locked_by_a_child(void)
+{
+    const char *dir = strdup(test_tmpdir("forked"));
+    embkv_options o = opts(DIM, 0);
+    embkv_store *s = create_with_rows(dir, 1, 5);
+    if (!s) return;
+    int p[2];
+    CHECK(pipe(p) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char c;
+        close(p[1]);
+        while (read(p[0], &c, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(p[0]);
+    CHECK_RC(embkv_close(s), EMBKV_OK);
+    s = NULL;
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_LOCKED);
+    char want[200];
+    snprintf(want, sizeof want, "is open in another process (its lock names pid %ld, this process's number: a child "
+             "that inherited it through fork, or a process of another PID namespace): one process at a time",
+             (long)getpid());
+    CHECK(strstr(embkv_errmsg(), want) != NULL);
+    if (!strstr(embkv_errmsg(), want))
+        fprintf(stderr, "got: %s\n", embkv_errmsg());
+    close(p[1]);
+    CHECK(waitpid(pid, NULL, 0) == pid);
+    CHECK_RC(embkv_open(dir, &o, 0, &s), EMBKV_OK);
+    if (s) {
+        CHECK(embkv_count(s) == 5);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+    }
+}
+
 /* Two processes, one store. */
 static void test_locked(void)
 {
@@ -1497,6 +1536,7 @@ int main(int argc, char **argv)
     test_full_advice();
     test_full_synced_deletes();
     test_locked();
+    test_locked_by_a_child();
     test_create_race();
     test_pool_flock();
     test_destroy();

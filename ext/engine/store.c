@@ -1159,20 +1159,55 @@ static long lock_holder(int fd)
     return pid > 0 && *end == '\n' ? pid : 0;
 }
 
-/* Why flock of a store's lock file (fd) failed with errno err.  A holder
- * that is this very process is a second copy of the engine in it (a
+/* 1 when another descriptor of this process than fd holds fd's file open
+ * (another copy of the engine in the process has the lock), 0 when none
+ * does, -1 when it cannot be told (no /proc). */
+static int held_here(int fd)
+{
+    struct stat me, o;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d || fstat(fd, &me) != 0) {
+        if (d)
+            closedir(d);
+        return -1;
+    }
+    int found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        char *end;
+        long n = strtol(e->d_name, &end, 10);
+        if (*end || end == e->d_name || n == fd || n == dirfd(d))
+            continue;
+        found = fstat((int)n, &o) == 0 && o.st_dev == me.st_dev && o.st_ino == me.st_ino;
+    }
+    closedir(d);
+    return found;
+}
+
+/* Why flock of a store's lock file (fd) failed with errno err.  A lock
+ * naming this very process is held by a second copy of the engine in it (a
  * program's library and an extension, or two extensions, each with its
- * own registry of open stores, which do not know each other's). */
+ * own registry of open stores, which do not know each other's) when one
+ * of its descriptors has the file; else by a child that inherited it, or
+ * by a process of another PID namespace with the same number.  (The
+ * binding keys on "another process": it waits for one, and keeps its
+ * directory.) */
 static int lock_refused(const char *path, int fd, int err, const char *advice)
 {
     if (err != EWOULDBLOCK)
         return embkv__err(EMBKV_IO, "store %s: flock: %s", path, strerror(err));
     long holder = lock_holder(fd);
-    if (holder == proc_pid())
+    int here = holder == proc_pid() ? held_here(fd) : 0;
+    if (here == 1)
         return embkv__err(EMBKV_LOCKED, "store %s is open in this process (pid %ld) through another copy of embkv: "
                           "two embkv libraries or extensions are loaded in it, and neither can use the other's "
                           "stores: load one copy in a process (in Python, open every connection with "
                           "embkv.connect, which loads the package's)", path, holder);
+    if (holder == proc_pid())
+        return embkv__err(EMBKV_LOCKED, "store %s is open in another process (its lock names pid %ld, this "
+                          "process's number: a child that inherited it through fork, or a process of another PID "
+                          "namespace%s)%s", path, holder, here < 0 ? ", or another copy of embkv in this process" : "",
+                          advice);
     if (holder)
         return embkv__err(EMBKV_LOCKED, "store %s is open in another process (pid %ld)%s", path, holder, advice);
     return embkv__err(EMBKV_LOCKED, "store %s is open in another process%s", path, advice);

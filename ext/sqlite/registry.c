@@ -281,12 +281,13 @@ int ek_remove_tree(const char *dir)
 /* A dropped store's directory: embkv_destroy, which also removes its SSD
  * log when that lies outside the directory (ssd_path); the whole tree when
  * it refuses (a store still open here at exit, files it does not know),
- * but for a store another process has open (to read: readers take no
- * lock), which stays, its table gone. */
+ * but for a store another process (or another copy of embkv in this one)
+ * has open (to read: readers take no lock), which stays, its table gone. */
 static void remove_store_dir(const char *dir)
 {
     int rc = embkv_destroy(dir);
-    if (rc != EMBKV_OK && !(rc == EMBKV_LOCKED && strstr(embkv_errmsg(), "another process")))
+    if (rc != EMBKV_OK && !(rc == EMBKV_LOCKED && (strstr(embkv_errmsg(), "another process") ||
+                                                   strstr(embkv_errmsg(), "another copy of embkv"))))
         ek_remove_tree(dir);
 }
 
