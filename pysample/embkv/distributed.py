@@ -599,11 +599,14 @@ class _ShardedTable(torch.nn.Module):
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
         if buckets is not None:
+            # (told every rank at the exchange too, as dir_error is)
             try:
                 buckets = operator.index(buckets)
             except TypeError:
-                raise TypeError("embkv.distributed: table %r: buckets must be an integer, not %r"
-                                % (table, buckets)) from None
+                dir_error = dir_error or "buckets must be an integer, not %r" % (buckets,)
+                buckets = None
+                if not dist.is_available() or not dist.is_initialized():
+                    raise TypeError("embkv.distributed: table %r: %s" % (table, dir_error)) from None
         if "durable" in options or "path" in options:
             raise ValueError("embkv.distributed: table %r: options path and durable are the module's own (each "
                              "shard is a store under model_dir, durable at the job's checkpoints)" % table)
@@ -646,7 +649,8 @@ class _ShardedTable(torch.nn.Module):
         every = self._g.gather("the construction of table %r" % table, want)
         bad_dir = [(r, w["dir_error"]) for r, w in enumerate(every) if w["dir_error"]]
         if bad_dir:
-            raise ValueError("embkv.distributed: table %r: rank %d: %s" % (table, bad_dir[0][0], bad_dir[0][1]))
+            raise (TypeError if bad_dir[0][1].startswith("buckets") else ValueError)(
+                "embkv.distributed: table %r: rank %d: %s" % (table, bad_dir[0][0], bad_dir[0][1]))
         for r, w in enumerate(every):
             for k in want:
                 if k in ("model_dir", "dir_error"):
@@ -779,7 +783,8 @@ class _ShardedTable(torch.nn.Module):
         try:
             if got.any():
                 g = st.grad[got]
-                big = np.abs(g) > np.finfo(np.float32).max
+                # (an infinity or a NaN a rank sent is the push's to refuse, as such)
+                big = np.isfinite(g) & (np.abs(g) > np.finfo(np.float32).max)
                 if big.any():
                     r, j = np.argwhere(big)[0]
                     raise EkdError("embkv.distributed: table %r: id %d: the gradients the ranks sent for it sum to "

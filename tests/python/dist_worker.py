@@ -121,6 +121,8 @@ def main():
         opts["buckets"] = 1
     if cfg["mode"] == "buckets-given" and rank == world - 1:
         opts["buckets"] = 4096
+    if cfg["mode"] == "buckets-float" and rank == world - 1:
+        opts["buckets"] = 64.0
     if cfg.get("split") == "step":
         opts["update"] = "step"
     try:
@@ -229,6 +231,8 @@ def failed_update_case(ekd, rank, world):
     try:
         if cfg.get("overflow"):
             (out * 3e38).sum().backward()  # finite on each rank; the two sum past float32's range
+        elif cfg.get("inf"):
+            (out * (float("inf") if rank == 1 else 1.0)).sum().backward()
         else:
             (out * (float("nan") if rank == 1 else 1.0)).sum().backward()
         print("update ok", flush=True)

@@ -450,6 +450,9 @@ class TestBadInput(Base):
         self.failing(2, self.cfg(mode="buckets-given"), "table 'user': ranks disagree on buckets: rank 0 leaves it "
                                                         "out (the checkpoint's, or 4096 for a new table), rank 1 "
                                                         "gives 4096: give it on every rank or on none")
+        # (one rank's bad argument: every rank refuses at once, none waits)
+        self.failing(2, self.cfg(mode="buckets-float", timeout=60), "table 'user': rank 1: buckets must be an "
+                                                                     "integer, not 64.0")
         self.failing(2, self.cfg(mode="bad-buckets"), "table 'user': buckets must be from the number of ranks (2) "
                                                       "to 1048576, not 1")
 
@@ -521,6 +524,10 @@ class TestBadInput(Base):
         self.assertIn(": the gradients the ranks sent for it sum to 6e+38 in element 0, past float32's range (each "
                       "was finite): clip the gradients or lower the loss's scale", out0)
         self.assertNotIn("infinite", out0)
+        # an infinity a rank sent is named as such
+        res = run(2, self.cfg(mode="failed-update", inf=True, model_dir=os.path.join(self.dir, "inf")), timeout=120)
+        self.assertIn("update failed: embkv_push: table f: id ", res[0][1])
+        self.assertIn(": gradient element 0 is infinite", res[0][1])
 
     def test_a_rank_dead_before_the_first_exchange(self):
         """A rank killed before the construction's first exchange: the
