@@ -941,6 +941,7 @@ static void test_slow_registration(void)
     pthread_join(b, NULL);
     CHECK(r_rcs[0] == EMBKV_OK && r_rcs[1] == EMBKV_OK && r_rcs[2] == EMBKV_OK && r_rcs[3] == EMBKV_OK);
     CHECK(r_during.gpu_registered == 0 && r_during.gpu_rows_direct == 0 && r_during.gpu_rows_staged == 4);
+    CHECK(strcmp(r_during.gpu_note, "the pool's mapping is being registered; its rows are staged meanwhile") == 0);
     CHECK_RC(atomic_load(&r_first_rc), EMBKV_OK);
     float want[8 * DIM];
     int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};

@@ -752,7 +752,9 @@ void gpu_stats(embkv_store *s, embkv_stats *st)
     leases_poll(g);
     int reg = atomic_load(&g->registered);
     st->gpu_registered = reg == 2 ? 0 : reg;  /* (being registered: not yet) */
-    snprintf(st->gpu_note, sizeof st->gpu_note, "%s", reg < 0 ? g->reg_why : "");
+    snprintf(st->gpu_note, sizeof st->gpu_note, "%s", reg < 0  ? g->reg_why
+                                                      : reg == 2 ? "the pool's mapping is being registered; its rows "
+                                                                   "are staged meanwhile" : "");
     int inflight = 0;
     for (int i = 0; i < LEASES; i++)
         inflight += atomic_load(&g->leases[i].state) != LEASE_FREE;

@@ -272,8 +272,9 @@ int slab_room_for(embkv_store *s, uint64_t puts, uint64_t deletes, bool hold)
         return embkv__err(rc, "store %s: no room for %llu puts and %llu deletes at once: the pool has %zu free "
                           "records, %u of them kept for deletes only%s; %s",
                           s->path, (unsigned long long)puts, (unsigned long long)deletes, have, s->delete_reserve,
-                          s->log ? " (rows move to the SSD tier between writes, not during one: smaller writes "
-                                   "go through as it makes room)" : "",
+                          s->log && puts + deletes > 1 ? " (rows move to the SSD tier between writes, not "
+                                                         "during one: smaller writes go through while it has room)"
+                                                       : "",
                           full_why(s, (size_t)want - have, puts + deletes > 1 && want - have < puts, why, sizeof why));
     }
     return rc;

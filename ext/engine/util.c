@@ -42,9 +42,11 @@ int file_reserve(int fd, uint64_t len)
     /* The system call, not posix_fallocate: where a file system has none,
      * glibc's stand-in writes a zero byte into every block that reads as
      * zero, which could undo another process's write into a shared map. */
-    if (fallocate(fd, 0, 0, (off_t)len) == 0)
-        return 0;
-    return errno == EOPNOTSUPP || errno == ENOSYS ? 0 : errno;
+    int r;
+    while ((r = fallocate(fd, 0, 0, (off_t)len)) != 0 && errno == EINTR) {
+    }
+    /* (EPERM: a seccomp filter, say; an immutable file fails its map) */
+    return r == 0 || errno == EOPNOTSUPP || errno == ENOSYS || errno == EPERM ? 0 : errno;
 }
 
 uint64_t now_ns(void)

@@ -334,7 +334,7 @@ static void fn_stats(sqlite3_context *ctx, int argc, sqlite3_value **argv)
         ok = ok && cJSON_AddNumberToObject(mg, "moved", (double)st.migrate_moved);
         ok = ok && cJSON_AddNumberToObject(mg, "errors", (double)st.migrate_errors);
     }
-    if (ok && st.gpu_registered) {
+    if (ok && (st.gpu_registered || st.gpu_gathers || st.gpu_sums)) {
         /* Device gathers and sums (docs/gpu.md), from the first on. */
         cJSON *gpu = cJSON_AddObjectToObject(o, "gpu");
         ok = gpu != NULL;

@@ -227,6 +227,15 @@ static void test_decode(const char *root, int dtype)
         ids[n++] = DN + 5 + i;                   /* missing: zeros */
     CHECK(gather_equals_cpu(s, ids, n, DDIM));
     CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);
+    embkv_stats st;
+    CHECK_RC(embkv_stats_get(s, &st), EMBKV_OK);
+    if (st.gpu_registered != 1) {
+        /* (staged rows are checked by the CPU, in the call: the kernel's
+         * checks below need the pool read in place; test_tiers fails on it) */
+        printf("decode, dtype %d: the pool is not registered (%s): damage checks skipped\n", dtype, st.gpu_note);
+        CHECK_RC(embkv_close(s), EMBKV_OK);
+        return;
+    }
 
     /* Damaged in place: ids 11 (a value) and 13 (the header's id). */
     unsigned char *r11 = embkv_debug_record(s, 11), *r13 = embkv_debug_record(s, 13);
@@ -235,8 +244,10 @@ static void test_decode(const char *root, int dtype)
         embkv_close(s);
         return;
     }
+    /* (the record: its header, then the vector as the dtype keeps it) */
+    size_t rbytes = 32 + (dtype == EMBKV_F32 ? 4 * DDIM : dtype == EMBKV_I8 ? 8 + DDIM : 2 * DDIM);
     unsigned char keep11[32 + 4 * DDIM], keep13[8];
-    memcpy(keep11, r11, sizeof keep11);
+    memcpy(keep11, r11, rbytes);
     memcpy(keep13, r13, sizeof keep13);
     r13[1] ^= 0x01;  /* the header's id: 13 + 256 */
     uint16_t inf16 = dtype == EMBKV_BF16 ? 0x7f80 : 0xfc00;  /* an infinity in the lane of element 33 or 40 */
@@ -264,7 +275,7 @@ static void test_decode(const char *root, int dtype)
     CHECK(memcmp(got, zero, sizeof v) == 0);
     CHECK_RC(embkv_gpu_sync(s), EMBKV_CORRUPT);
     CHECK(strstr(embkv_errmsg(), "id 13:") != NULL);
-    memcpy(r11, keep11, sizeof keep11);
+    memcpy(r11, keep11, rbytes);
     memcpy(r13, keep13, sizeof keep13);
     CHECK(gather_equals_cpu(s, b, 5, DDIM));
     CHECK_RC(embkv_gpu_sync(s), EMBKV_OK);

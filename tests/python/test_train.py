@@ -586,7 +586,7 @@ class TestFullPool(Base):
             pull(conn, "s", list(range(50000)), 64)
         self.assertIn("no room for 50000 puts and 0 deletes at once: the pool has ", str(cm.exception))
         self.assertIn(" kept for deletes only (rows move to the SSD tier between writes, not during one: smaller "
-                      "writes go through as it makes room); ", str(cm.exception))
+                      "writes go through while it has room); ", str(cm.exception))
         for a in range(0, 50000, 5000):
             ids = list(range(a, a + 5000))
             pull(conn, "s", ids, 64)
