@@ -1105,7 +1105,8 @@ static int vt_init(sqlite3 *db, void *aux, int argc, const char *const *argv, sq
         int dtype_fault = emsg && strstr(emsg, ": has dtype ");
         int path_fault = create && v->opts.path && !dtype_fault &&
                          !(emsg && (strstr(emsg, "option ssd_") || strstr(emsg, ": ssd_path ") ||
-                                    strstr(emsg, "cache_size") || strstr(emsg, "migrate_rate"))) &&
+                                    strstr(emsg, "cache_size") || strstr(emsg, "migrate_rate") ||
+                                    strstr(emsg, ": no room for "))) &&  /* (a full file system: not the path's fault) */
                          (erc == EMBKV_NOTSTORE || erc == EMBKV_VERSION || erc == EMBKV_INVALID || erc == EMBKV_IO);
         /* A pool too large for its filesystem: pool_size sized it, or
          * capacity did (bits 2 and 3 of given, in ek_options' order). */

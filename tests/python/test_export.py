@@ -965,8 +965,8 @@ except sqlite3.Error as e:
                 seen.add("app file")
         self.assertEqual(seen, {"readers", "app file", "whole"})
         out, target = self.attempt("create", 16384 + 16, 99)
-        self.assertIn("error embkv table t: option path: store %s: no room for its reader table READERS (69632 "
-                      "bytes): No space left on device: free space on its file system" % target, out)
+        self.assertIn("error embkv table t: cannot open its store: store %s: no room for its reader table READERS "
+                      "(69632 bytes): No space left on device: free space on its file system" % target, out)
 
 
 if __name__ == "__main__":
