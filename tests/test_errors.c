@@ -1132,6 +1132,21 @@ static void test_destroy(void)
     CHECK(strstr(embkv_errmsg(), ": not a directory") != NULL);
     CHECK(access(dir, F_OK) == 0);
     unlink(dir);
+    /* a symbolic link to a store: that store removed (not its files only,
+     * then an error), the link left dangling */
+    embkv_store *ls = NULL;
+    embkv_options lo = opts(DIM, 0);
+    CHECK_RC(embkv_open(dir, &lo, EMBKV_OPEN_CREATE, &ls), EMBKV_OK);
+    if (ls)
+        CHECK_RC(embkv_close(ls), EMBKV_OK);
+    char link[PATH_MAX];
+    snprintf(link, sizeof link, "%s-link", dir);
+    CHECK(symlink(dir, link) == 0);
+    CHECK_RC(embkv_destroy(link), EMBKV_OK);
+    CHECK(access(dir, F_OK) != 0);
+    struct stat lst;
+    CHECK(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode));
+    unlink(link);
     free((void *)dir);
 }
 

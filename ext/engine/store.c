@@ -1217,6 +1217,13 @@ int embkv_destroy(const char *dir)
 {
     if (!dir || !*dir)
         return embkv__err(EMBKV_INVALID, "embkv_destroy: directory is NULL or empty");
+    /* A symbolic link names the directory it leads to, as at an open: that
+     * store is removed, the link stays (its files were removed through the
+     * link, and then the link itself could not be rmdir'ed). */
+    char *real = NULL;
+    struct stat lst;
+    if (lstat(dir, &lst) == 0 && S_ISLNK(lst.st_mode) && (real = realpath(dir, NULL)))
+        dir = real;
     pthread_mutex_lock(&registry_mu);
     int rc = EMBKV_OK, fd = -1;
     struct stat st;
@@ -1266,6 +1273,7 @@ out:
     if (fd >= 0)
         close(fd);
     pthread_mutex_unlock(&registry_mu);
+    free(real);
     return rc;
 }
 
