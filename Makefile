@@ -141,7 +141,15 @@ deps:
 # C users: $(INCLUDEDIR)/embkv.h (the public API), $(LIBDIR)/libembkv.a and
 # libembkv.so, $(PKGCONFIGDIR)/embkv.pc; the SQLite extension as
 # $(EXTDIR)/embkv.so (`.load $(EXTDIR)/embkv` in the sqlite3 shell).
+# The paths reach the shell through the environment, never its parser: a
+# quote, a backslash, # or ` in one is refused before anything is made
+# (the shell would break on it, and pkg-config would cut the path there).
+install uninstall: export EMBKV_INSTALL_PATHS = $(PREFIX)|$(LIBDIR)|$(INCLUDEDIR)|$(EXTDIR)|$(PKGCONFIGDIR)|$(DESTDIR)
+CHECK_INSTALL_PATHS = @case "$$EMBKV_INSTALL_PATHS" in *[\"\'\`\#]* | *\\*) \
+	echo "embkv: PREFIX, LIBDIR, INCLUDEDIR, EXTDIR, PKGCONFIGDIR and DESTDIR may not hold a quote, a backslash, \# or \`" \
+	     "(here: $$EMBKV_INSTALL_PATHS): choose another directory, or make a link to it" >&2; exit 1;; esac
 install: all
+	$(CHECK_INSTALL_PATHS)
 	@test -n "$(VERSION)" || { echo "embkv: no EMBKV_VERSION_STRING in ext/embkv.h" >&2; exit 1; }
 	@for v in 'PREFIX=$(PREFIX)' 'LIBDIR=$(LIBDIR)' 'INCLUDEDIR=$(INCLUDEDIR)' 'EXTDIR=$(EXTDIR)' \
 	          'PKGCONFIGDIR=$(PKGCONFIGDIR)'; do case "$${v#*=}" in /*) ;; *) \
@@ -170,6 +178,7 @@ install: all
 	$(if $(LDCONFIG),@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi)
 
 uninstall:
+	$(CHECK_INSTALL_PATHS)
 	rm -f "$(DESTDIR)$(INCLUDEDIR)/embkv.h" "$(DESTDIR)$(LIBDIR)/libembkv.a" \
 	    "$(DESTDIR)$(LIBDIR)/libembkv.so" "$(DESTDIR)$(LIBDIR)/libembkv.so.$(SOVERSION)" \
 	    "$(DESTDIR)$(LIBDIR)/libembkv.so.$(VERSION)" "$(DESTDIR)$(EXTDIR)/embkv.so" \

@@ -167,6 +167,15 @@ fi
 [[ $msg == *"PREFIX must be an absolute path, not 'relative-prefix'"* ]] ||
     fail "make install PREFIX=relative-prefix said\n$msg"
 [[ ! -e $root/relative-prefix ]] || fail "make install PREFIX=relative-prefix made $root/relative-prefix"
+# characters the shell or pkg-config would break on: refused, nothing made
+for odd in "$tmp/q\"uote" "$tmp/h#ash" "$tmp/back\\slash"; do
+    before=$(ls -A "$tmp")
+    if msg=$(mk install PREFIX="$odd" LDCONFIG= 2>&1); then
+        fail "make install PREFIX='$odd' was accepted"
+    fi
+    [[ $msg == *"may not hold a quote, a backslash, # or \`"* ]] || fail "make install PREFIX='$odd' said\n$msg"
+    [[ $(ls -A "$tmp") == "$before" ]] || fail "make install PREFIX='$odd' made directories"
+done
 
 # ---- 3. pip install into a fresh virtual environment -----------------------
 venv=$tmp/venv
