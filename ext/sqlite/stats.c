@@ -118,6 +118,22 @@ static int split_name(sqlite3 *db, const char *table, char **zDb, char **zName)
     return *zName ? SQLITE_OK : SQLITE_NOMEM;
 }
 
+/* Whether the schema declares zName an embkv virtual table (which this
+ * copy of the extension did not connect: another copy loaded on the
+ * connection did, whose module its xConnect went to). */
+static int declared_embkv(sqlite3 *db, const char *zDb, const char *zName)
+{
+    char *sql = sqlite3_mprintf("SELECT 1 FROM \"%w\".sqlite_schema WHERE type = 'table' AND name = ?1 COLLATE "
+                                "NOCASE AND lower(sql) GLOB 'create virtual table*using*embkv*'", zDb ? zDb : "main");
+    if (!sql) return 0;
+    sqlite3_stmt *st = NULL;
+    int yes = sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
+              sqlite3_bind_text(st, 1, zName, -1, SQLITE_STATIC) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    sqlite3_free(sql);
+    return yes;
+}
+
 static ekvtab *resolve(ekconn *c, const char *table, char **err)
 {
     /* A plain name of a connected table, as training loops pass on every
@@ -133,7 +149,11 @@ static ekvtab *resolve(ekconn *c, const char *table, char **err)
         rc = touch_table(c->db, zDb, zName, &why);
         if (rc == SQLITE_OK) v = find_connected(c, zDb, zName);
     }
-    if (!v)
+    if (!v && rc == SQLITE_OK && declared_embkv(c->db, zDb, zName))
+        *err = sqlite3_mprintf("%s is an embkv table connected through another copy of the embkv extension "
+                               "loaded on this connection (two extension files: the functions are the last "
+                               "one's): load one copy in a process", table);
+    else if (!v)
         *err = rc == SQLITE_OK ? sqlite3_mprintf("%s is not an embkv table", table)
                                : sqlite3_mprintf("%s", why ? why : "out of memory");
     sqlite3_free(why);

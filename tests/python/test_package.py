@@ -7,6 +7,7 @@ import importlib
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import unittest
@@ -84,6 +85,29 @@ class Installed(TempDirTest):
                       "extensions are loaded in it, and neither can use the other's stores: load one copy in a "
                       "process (in Python, open every connection with embkv.connect, which loads the package's)"
                       % pid, msg)
+
+    def test_two_copies_on_one_connection(self):
+        """A second extension file loaded on a connection whose table the
+        first connected: the second's functions (the last registered) say
+        so, not that the table is no embkv table."""
+        pkg_so = os.path.join(os.path.dirname(embkv.__file__), "embkv.so")
+        c = sqlite3.connect(self.db, isolation_level=None)
+        try:
+            c.enable_load_extension(True)
+            c.load_extension(os.path.join(REPO, "build", "embkv"))
+            c.execute("CREATE VIRTUAL TABLE t USING embkv(dim=2, init='zeros')")
+            c.execute("SELECT count(*) FROM t").fetchone()
+            c.load_extension(pkg_so)
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                c.execute("SELECT embkv_pull('t', 1)").fetchone()
+            self.assertIn("embkv_pull: t is an embkv table connected through another copy of the embkv extension "
+                          "loaded on this connection (two extension files: the functions are the last one's): load "
+                          "one copy in a process", str(cm.exception))
+            with self.assertRaises(sqlite3.OperationalError) as cm:
+                c.execute("SELECT embkv_pull('nosuch', 1)").fetchone()
+            self.assertIn("no such table", str(cm.exception))
+        finally:
+            c.close()
 
     def test_find_extension_order(self):
         inside = os.path.join(os.path.dirname(embkv.__file__), "embkv")
