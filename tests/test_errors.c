@@ -929,10 +929,13 @@ static void test_full_synced_deletes(void)
  * is refused naming fork, not another copy of embkv in this process. */
 static void test_locked_by_a_child(void)
 {
-    const char *dir = strdup(test_tmpdir("forked"));
+    char *dir = strdup(test_tmpdir("forked"));
     embkv_options o = opts(DIM, 0);
-    embkv_store *s = create_with_rows(dir, 1, 5);
-    if (!s) return;
+    embkv_store *s = dir ? create_with_rows(dir, 1, 5) : NULL;
+    if (!s) {
+        free(dir);
+        return;
+    }
     int p[2];
     CHECK(pipe(p) == 0);
     pid_t pid = fork();
@@ -961,6 +964,7 @@ static void test_locked_by_a_child(void)
         CHECK(embkv_count(s) == 5);
         CHECK_RC(embkv_close(s), EMBKV_OK);
     }
+    free(dir);
 }
 
 /* Two processes, one store. */
