@@ -590,23 +590,23 @@ class _ShardedTable(torch.nn.Module):
         # (Told every rank at the construction's exchange: each host may
         # have a model_dir of its own, and one rank's refusal alone would
         # leave the others waiting for it.)
-        dir_error = None
+        rank_error = None
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            dir_error = "model_dir %s is not a directory: name a directory (made if missing)" % (
+            rank_error = "model_dir %s is not a directory: name a directory (made if missing)" % (
                 os.path.abspath(model_dir),)
             if not dist.is_available() or not dist.is_initialized():
-                raise ValueError("embkv.distributed: table %r: %s" % (table, dir_error))
+                raise ValueError("embkv.distributed: table %r: %s" % (table, rank_error))
         if update not in ("backward", "step"):
             raise ValueError("embkv.distributed: update must be 'backward' or 'step', not %r" % (update,))
         if buckets is not None:
-            # (told every rank at the exchange too, as dir_error is)
+            # (told every rank at the exchange, as a model_dir that is a file is)
             try:
                 buckets = operator.index(buckets)
             except TypeError:
-                dir_error = dir_error or "buckets must be an integer, not %r" % (buckets,)
+                rank_error = rank_error or "buckets must be an integer, not %r" % (buckets,)
                 buckets = None
                 if not dist.is_available() or not dist.is_initialized():
-                    raise TypeError("embkv.distributed: table %r: %s" % (table, dir_error)) from None
+                    raise TypeError("embkv.distributed: table %r: %s" % (table, rank_error)) from None
         if "durable" in options or "path" in options:
             raise ValueError("embkv.distributed: table %r: options path and durable are the module's own (each "
                              "shard is a store under model_dir, durable at the job's checkpoints)" % table)
@@ -644,16 +644,16 @@ class _ShardedTable(torch.nn.Module):
         want = {"table": table, "dim": None if dim is None else int(dim), "options": dict(sorted(options.items())),
                 "buckets": None if buckets is None else int(buckets), "update": update,
                 "kind": type(self).__name__, "padding_idx": padding_idx, "local_cache": self.local_cache,
-                "bag": getattr(self, "_bag_args", None), "model_dir": self.model_dir, "dir_error": dir_error}
+                "bag": getattr(self, "_bag_args", None), "model_dir": self.model_dir, "rank_error": rank_error}
         # The ranks must agree on the table: each compares every rank's.
         every = self._g.gather("the construction of table %r" % table, want)
-        bad_dir = [(r, w["dir_error"]) for r, w in enumerate(every) if w["dir_error"]]
-        if bad_dir:
-            raise (TypeError if bad_dir[0][1].startswith("buckets") else ValueError)(
-                "embkv.distributed: table %r: rank %d: %s" % (table, bad_dir[0][0], bad_dir[0][1]))
+        bad = [(r, w["rank_error"]) for r, w in enumerate(every) if w["rank_error"]]
+        if bad:
+            raise (TypeError if bad[0][1].startswith("buckets") else ValueError)(
+                "embkv.distributed: table %r: rank %d: %s" % (table, bad[0][0], bad[0][1]))
         for r, w in enumerate(every):
             for k in want:
-                if k in ("model_dir", "dir_error"):
+                if k in ("model_dir", "rank_error"):
                     continue  # (each host its own)
                 if k == "options" and _norm(w[k]) != _norm(every[0][k]):
                     raise EkdError("embkv.distributed: table %r: ranks disagree on options: %s (rank 0 against rank "
