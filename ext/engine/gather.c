@@ -363,8 +363,10 @@ int gpu_target_check(embkv_store *s, const void *dev)
  * meanwhile, the gathers staging the pool's rows. */
 static bool pool_registered(embkv_store *s, gpu_state *g)
 {
-    int state = 0;
-    if (!atomic_compare_exchange_strong(&g->registered, &state, 2))
+    /* (a load first: every gather asks, and a failed exchange would still
+     * take the line for writing) */
+    int state = atomic_load_explicit(&g->registered, memory_order_acquire);
+    if (state != 0 || !atomic_compare_exchange_strong(&g->registered, &state, 2))
         return state == 1;
     char why[200];
     if (s->reader) {
